@@ -1,0 +1,148 @@
+# kvlab: `make help` lists the targets and the defconfigs.
+#
+#   make defconfig-NAME   start from defconfigs/NAME
+#   make menuconfig       change the configuration (.config)
+#   make                  build one binary per ablation step and run the steps
+#
+# Out-of-tree use, as in kbuild: make O=DIR keeps .config, include/ and the
+# build trees in DIR (the tests use this).
+
+.DEFAULT_GOAL := all
+MAKEFLAGS += --no-builtin-rules --no-builtin-variables --no-print-directory
+.SUFFIXES:
+SHELL := /bin/bash
+
+PYTHON := /usr/bin/python3
+KCONFIG := $(PYTHON) scripts/kconfig.py
+O ?= .
+KCONFIG_CONFIG ?= $(O)/.config
+export KCONFIG_CONFIG
+BUILD := $(O)/build$(if $(filter 1,$(SANITIZE)),-san)
+KCONFIG_FILES := Kconfig $(wildcard */Kconfig)
+NPROC := $(shell nproc)
+# Parallel compilation inside each step unless the user chose -j.
+SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+
+# Goals that work without a .config.
+no-config-goals := help menuconfig oldconfig olddefconfig savedefconfig defconfig-% clean mrproper \
+                   deps test bench check-config
+need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOALS)),all)
+
+# ---------------------------------------------------------------- configuration
+
+unquote = $(patsubst "%",%,$(1))
+comma := ,
+
+ifneq ($(need-config),)
+-include $(O)/include/config/auto.conf
+endif
+
+RUN := $(call unquote,$(CONFIG_RUN_NAME))
+OUTDIR := $(call unquote,$(CONFIG_OUTPUT_DIR))
+STEPS_DIR := $(call unquote,$(CONFIG_ABLATION_STEPS_DIR))
+STEPS := $(if $(CONFIG_ABLATION),$(strip $(subst $(comma), ,$(call unquote,$(CONFIG_ABLATION_STEPS)))),base)
+STEP_BUILD = $(BUILD)/$(RUN)/$(1)
+
+$(KCONFIG_CONFIG):
+	@echo "error: no configuration ($(KCONFIG_CONFIG)) (hint: start from a defconfig with make defconfig-NAME, \
+	make help lists them, or run make menuconfig)" >&2; exit 1
+
+# The base configuration as autoconf.h, config.json and auto.conf (read above).
+$(O)/include/config/auto.conf: $(KCONFIG_CONFIG) $(KCONFIG_FILES)
+	@scripts/deps.sh
+	@$(KCONFIG) genconfig $(KCONFIG_CONFIG) $(O)
+	@touch $@
+
+# ---------------------------------------------------------------- build and run
+
+.PHONY: all build run deps FORCE
+FORCE:
+
+deps:
+	@scripts/deps.sh
+
+all: build
+	@$(PYTHON) scripts/run_steps.py --config $(KCONFIG_CONFIG) --build $(BUILD)/$(RUN) \
+	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
+
+run:
+	@$(PYTHON) scripts/run_steps.py --config $(KCONFIG_CONFIG) --build $(BUILD)/$(RUN) \
+	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
+
+build: $(addprefix build-step-,$(STEPS))
+
+# One specialised build per step: its configuration is the base .config with
+# the step's fragment merged over it, its headers and objects its own.
+build-step-%: deps FORCE
+	@$(KCONFIG) step $(call STEP_BUILD,$*) $(KCONFIG_CONFIG) $(if $(filter base,$*),,$(STEPS_DIR)/$*)
+	@echo "  BUILD   step $* -> $(call STEP_BUILD,$*)"
+	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(call STEP_BUILD,$*) SANITIZE=$(SANITIZE)
+
+# ---------------------------------------------------------------- configuration targets
+
+.PHONY: menuconfig oldconfig olddefconfig savedefconfig check-config
+
+defconfig-%: deps
+	@test -f defconfigs/$* || { echo "error: no defconfig named '$*' in defconfigs/ (hint: make help lists them)" >&2; exit 1; }
+	@$(KCONFIG) defconfig defconfigs/$* $(KCONFIG_CONFIG)
+
+menuconfig: deps
+	@MENUCONFIG_STYLE=aquatic $(PYTHON) -m menuconfig Kconfig
+
+oldconfig: deps
+	@$(PYTHON) -m oldconfig Kconfig
+
+olddefconfig: deps
+	@$(KCONFIG) olddefconfig $(KCONFIG_CONFIG)
+
+savedefconfig: deps
+	@$(KCONFIG) savedefconfig $(KCONFIG_CONFIG) $(O)/defconfig
+
+check-config: deps
+	@$(KCONFIG) check-symbols
+
+# ---------------------------------------------------------------- tests, benchmarks
+
+.PHONY: test bench
+
+test: deps
+	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
+
+bench: deps
+	@$(PYTHON) scripts/bench.py
+
+# ---------------------------------------------------------------- cleaning
+
+.PHONY: clean mrproper help
+
+clean:
+	rm -rf $(O)/build $(O)/build-san
+
+mrproper: clean
+	rm -rf $(O)/include/generated $(O)/include/config $(KCONFIG_CONFIG) $(KCONFIG_CONFIG).old $(O)/defconfig
+
+help:
+	@echo "kvlab: does attention need Q, K and V?"
+	@echo
+	@echo "Configuration:"
+	@echo "  defconfig-NAME   start from defconfigs/NAME (list below)"
+	@echo "  menuconfig       edit the configuration in a terminal menu"
+	@echo "  oldconfig        update .config after a Kconfig change, asking about new symbols"
+	@echo "  olddefconfig     update .config, new symbols take their defaults"
+	@echo "  savedefconfig    write the minimal equivalent of .config to ./defconfig"
+	@echo "  scripts/config NAME=VALUE...   change values from the command line"
+	@echo
+	@echo "Build and run:"
+	@echo "  all (default)    build one binary per ablation step and run the steps;"
+	@echo "                   completed steps are skipped (FORCE=1 redoes them)"
+	@echo "  build            build only"
+	@echo "  run              run only (after build)"
+	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
+	@echo "  bench            kernel benchmark: output/bench/bench.json"
+	@echo "  check-config     Kconfig consistency (every symbol defined and used)"
+	@echo "  clean            remove build trees (keeps .config and output/)"
+	@echo "  mrproper         clean, and remove .config and generated headers (keeps output/)"
+	@echo
+	@echo "Defconfigs:"
+	@for f in defconfigs/*; do [ -f "$$f" ] || continue; \
+	    printf "  defconfig-%-32s %s\n" "$${f#defconfigs/}" "$$(head -n1 "$$f" | sed 's/^# *//')"; done

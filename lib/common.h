@@ -1,0 +1,63 @@
+/* Shared runtime helpers: fatal errors with source location, checked
+ * allocation, recoverable error messages, atomic file writes, clocks.
+ *
+ * Two error styles, on purpose:
+ *  - FATAL(...) for programming errors and for the top level of a binary:
+ *    prints one line "error: ... [file.c:line]" and exits 1.
+ *  - Err for library code that reads user files (checkpoints, data): the
+ *    caller decides whether to stop (trainer) or go on (mechint with many files).
+ */
+#ifndef KVLAB_COMMON_H
+#define KVLAB_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KV_NORETURN __attribute__((noreturn))
+#define KV_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+void fatal_at(const char *file, int line, const char *fmt, ...) KV_NORETURN KV_PRINTF(3, 4);
+#define FATAL(...) fatal_at(__FILE__, __LINE__, __VA_ARGS__)
+
+void *xmalloc_at(size_t n, const char *file, int line);
+void *xcalloc_at(size_t n, size_t size, const char *file, int line);
+void *xrealloc_at(void *p, size_t n, const char *file, int line);
+char *xstrdup_at(const char *s, const char *file, int line);
+#define xmalloc(n) xmalloc_at((n), __FILE__, __LINE__)
+#define xcalloc(n, s) xcalloc_at((n), (s), __FILE__, __LINE__)
+#define xrealloc(p, n) xrealloc_at((p), (n), __FILE__, __LINE__)
+#define xstrdup(s) xstrdup_at((s), __FILE__, __LINE__)
+
+/* A recoverable error: one line naming the file or field, the problem and a hint. */
+typedef struct {
+    char msg[1024];
+} Err;
+/* Formats into e (if non-NULL) and returns -1 so callers can `return err_set(...)`. */
+int err_set(Err *e, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* Writes data to path atomically: temp file in the same directory, fsync, rename. */
+int write_file_atomic(const char *path, const void *data, size_t n, Err *e);
+/* Streaming variant for large files (checkpoints): write into a temporary
+ * file next to path; atomic_commit fsyncs and renames it into place,
+ * atomic_abort removes it. A crash at any point leaves path untouched. */
+typedef struct {
+    FILE *f;
+    char *path, *tmp;
+} AtomicFile;
+int atomic_open(AtomicFile *af, const char *path, Err *e);
+int atomic_write(AtomicFile *af, const void *data, size_t n, Err *e);
+int atomic_commit(AtomicFile *af, Err *e);
+void atomic_abort(AtomicFile *af);
+
+/* Reads a whole file (NUL-terminated for convenience); *n gets the size. */
+char *read_file(const char *path, size_t *n, Err *e);
+/* mkdir -p */
+int make_dirs(const char *path, Err *e);
+int file_exists(const char *path);
+
+double wall_seconds(void);   /* monotonic clock */
+double unix_seconds(void);   /* wall-clock time since the epoch */
+double peak_rss_mib(void);   /* peak resident set size of this process */
+
+#endif

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Makes sure the Debian packages kvlab needs are installed. As root (CI, a
+# fresh machine) it installs what is missing; otherwise it stops and prints
+# the exact command to run. Called by make before anything that needs them.
+set -euo pipefail
+
+PACKAGES=(
+    python3-kconfiglib      # Kconfig: menuconfig, defconfigs, autoconf.h
+    libopenblas-openmp-dev  # sgemm; the OpenMP build shares our thread pool
+    libcjson-dev            # safetensors headers, metrics, configs
+    libunistring-dev        # Unicode classes for the GPT-2 BPE pre-tokeniser
+    python3-matplotlib      # training-curve plots
+    python3-numpy           # independent checks in the tests
+    curl                    # data downloads when no local mirror exists
+    ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "kvlab: installing missing Debian packages: ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+    SUDO=()
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    SUDO=(sudo)
+else
+    echo "error: missing Debian packages: ${missing[*]} (hint: run: sudo apt-get update && sudo apt-get install -y ${missing[*]})" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "kvlab: installed ${missing[*]}"

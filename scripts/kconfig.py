@@ -1,0 +1,398 @@
+#!/usr/bin/python3
+"""kvlab's configuration tool: a strict front end to Debian's kconfiglib.
+
+Every command that reads a configuration fails, naming the symbol, when an
+assignment names an unknown symbol, has an invalid value, or does not take
+effect (unmet dependencies). kconfiglib's own tools only warn and drop such
+assignments silently, which is how the earlier framework lost settings.
+
+Commands (run from the repository root, with the Debian python: /usr/bin/python3):
+  defconfig FILE OUT          resolve a defconfig into a full configuration
+  merge OUT BASE FRAGMENT...  merge fragments over a full configuration (ablation steps)
+  set CONFIG NAME=VALUE...    change values in a configuration
+  olddefconfig CONFIG         update a configuration to the current Kconfig (drops unknown symbols, warns)
+  savedefconfig CONFIG OUT    write the minimal defconfig equivalent to CONFIG
+  genconfig CONFIG OUTDIR     write OUTDIR/include/generated/{autoconf.h,config.json,config_data.h}
+                              and OUTDIR/include/config/ (auto.conf + per-symbol files for fixdep)
+  step OUTDIR BASE [FRAGMENT] merge + genconfig for one ablation step into OUTDIR
+  steps CONFIG                print the ablation step names, one per line
+  list-defconfigs             print "name<TAB>description" for every defconfig
+  check-symbols               every CONFIG_ name used in the tree exists in Kconfig and every
+                              Kconfig symbol is used outside Kconfig files
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+try:
+    import kconfiglib
+except ImportError:
+    sys.exit("error: kconfiglib is missing (hint: apt-get install python3-kconfiglib, or run make, which installs it)")
+
+KCONFIG = "Kconfig"
+HEADER = "# kvlab configuration: edit with `make menuconfig` or `scripts/config NAME=VALUE`\n"
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_kconfig():
+    kconf = kconfiglib.Kconfig(KCONFIG, warn_to_stderr=False)
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = False
+    kconf.warn_assign_redun = False
+    return kconf
+
+
+def parse_assignments(path):
+    """Returns [(lineno, name, value)] for CONFIG_ lines and '# CONFIG_X is not set'."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            m = re.match(r"^CONFIG_([A-Za-z0-9_]+)=(.*)$", line)
+            if m:
+                val = m.group(2)
+                if val.startswith('"'):
+                    if len(val) < 2 or not val.endswith('"'):
+                        raise ConfigError(f"{path}:{lineno}: CONFIG_{m.group(1)}: malformed string value {val} "
+                                          "(hint: strings are written \"...\" with \\\" and \\\\ escapes)")
+                    val = kconfiglib.unescape(val[1:-1])
+                out.append((lineno, m.group(1), val))
+                continue
+            m = re.match(r"^# CONFIG_([A-Za-z0-9_]+) is not set$", line)
+            if m:
+                out.append((lineno, m.group(1), "n"))
+                continue
+            if line.strip() and not line.lstrip().startswith("#"):
+                raise ConfigError(f"{path}:{lineno}: not a CONFIG_NAME=value line: {line!r}")
+    return out
+
+
+def load_strict(kconf, path, replace, check_values=True):
+    """Loads path into kconf; any warning or an assignment that did not take is an error."""
+    assignments = parse_assignments(path)
+    for lineno, name, _ in assignments:
+        if name not in kconf.syms or not kconf.syms[name].nodes:
+            raise ConfigError(f"{path}:{lineno}: unknown symbol CONFIG_{name} "
+                              "(hint: `make menuconfig` shows every symbol; search with '/')")
+    del kconf.warnings[:]
+    kconf.load_config(path, replace=replace)
+    for w in kconf.warnings:
+        raise ConfigError(f"{path}: {re.sub(r'^warning: ', '', w.strip())}")
+    if check_values:
+        check_took_effect(kconf, path, assignments)
+    return assignments
+
+
+def check_took_effect(kconf, path, assignments):
+    for lineno, name, want in assignments:
+        sym = kconf.syms[name]
+        got = sym.str_value
+        if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+            want = want if want in ("y", "m", "n") else want
+        if sym.orig_type == kconfiglib.INT and got and want:
+            try:
+                same = int(got, 0) == int(want, 0)
+            except ValueError:
+                same = False
+        else:
+            same = got == want
+        if not same:
+            why = ""
+            if sym.direct_dep is not kconf.y and kconfiglib.expr_value(sym.direct_dep) == 0:
+                why = f": it depends on {kconfiglib.expr_str(sym.direct_dep)}, which is not met"
+            elif not sym.visibility:
+                why = ": it has no prompt in this configuration, so it is derived, not set"
+            elif sym.ranges:
+                why = f" (allowed range: {describe_ranges(sym)})"
+            raise ConfigError(f"{path}:{lineno}: CONFIG_{name}={want!r} did not take effect, "
+                              f"value is {got!r}{why}")
+
+
+def describe_ranges(sym):
+    return ", ".join(f"{kconfiglib.expr_str(lo)}..{kconfiglib.expr_str(hi)}" for lo, hi, _ in sym.ranges)
+
+
+def is_numeric_string_symbol(sym):
+    """A string symbol whose default is a number holds a number (our float options)."""
+    if sym.orig_type != kconfiglib.STRING:
+        return False
+    for default, _cond in sym.defaults:
+        if isinstance(default, kconfiglib.Symbol) and default.is_constant:
+            return bool(NUMBER_RE.match(default.name))
+    return False
+
+
+def check_values(kconf, origin):
+    """Checks the values that Kconfig itself cannot type-check."""
+    for sym in kconf.unique_defined_syms:
+        if not sym.config_string:
+            continue
+        if is_numeric_string_symbol(sym) and not NUMBER_RE.match(sym.str_value):
+            raise ConfigError(f"{origin}: CONFIG_{sym.name}={sym.str_value!r} is not a number "
+                              "(hint: write it like 0.1, 6e-4 or 1)")
+    for name in ("RUN_NAME",):
+        sym = kconf.syms.get(name)
+        if sym is not None and sym.config_string and not NAME_RE.match(sym.str_value):
+            raise ConfigError(f"{origin}: CONFIG_{name}={sym.str_value!r} must be non-empty and use only "
+                              "letters, digits, '-', '_' and '.'")
+    sym = kconf.syms.get("ABLATION_STEPS")
+    if sym is not None and sym.config_string:
+        for step in step_names(kconf):
+            if not NAME_RE.match(step) or step == "base":
+                raise ConfigError(f"{origin}: CONFIG_ABLATION_STEPS: step name {step!r} must use only letters, "
+                                  "digits, '-', '_' and '.' (and 'base' is reserved)")
+
+
+def step_names(kconf):
+    if kconf.syms["ABLATION"].str_value != "y":
+        return ["base"]
+    steps = [s.strip() for s in kconf.syms["ABLATION_STEPS"].str_value.split(",")]
+    if not steps or any(not s for s in steps):
+        raise ConfigError("CONFIG_ABLATION_STEPS: empty step name (hint: write steps like \"V0,V1\")")
+    if len(set(steps)) != len(steps):
+        raise ConfigError(f"CONFIG_ABLATION_STEPS: repeated step name in {','.join(steps)}")
+    return steps
+
+
+def write_config(kconf, path):
+    """Writes a full configuration; kconfiglib leaves the file untouched when nothing changed,
+    which keeps make's timestamps honest."""
+    kconf.write_config(path, header=HEADER, save_old=False)
+
+
+def resolved_json(kconf):
+    out = {}
+    for sym in kconf.unique_defined_syms:
+        if not sym.config_string:
+            continue
+        v = sym.str_value
+        if sym.orig_type in (kconfiglib.BOOL, kconfiglib.TRISTATE):
+            out[sym.name] = v != "n"
+        elif sym.orig_type in (kconfiglib.INT, kconfiglib.HEX):
+            out[sym.name] = int(v, 0)
+        else:
+            out[sym.name] = v
+    return out
+
+
+def write_if_changed(path, text):
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def c_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_defconfig(defconfig, out):
+    kconf = load_kconfig()
+    load_strict(kconf, defconfig, replace=True)
+    check_values(kconf, defconfig)
+    write_config(kconf, out)
+    print(f"{out}: written from {defconfig}")
+
+
+def cmd_merge(out, base, *fragments):
+    kconf = load_kconfig()
+    load_strict(kconf, base, replace=True, check_values=False)
+    for frag in fragments:
+        if not os.path.isfile(frag):
+            raise ConfigError(f"{frag}: step fragment not found (hint: create it with the CONFIG_ lines "
+                              "of this step, see defconfigs/steps/)")
+        load_strict(kconf, frag, replace=False)
+    check_values(kconf, " + ".join((base,) + fragments))
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    write_config(kconf, out)
+
+
+def cmd_set(config, *assignments):
+    kconf = load_kconfig()
+    load_strict(kconf, config, replace=True, check_values=False)
+    lines = []
+    for a in assignments:
+        name, eq, value = a.partition("=")
+        name = name[7:] if name.startswith("CONFIG_") else name
+        if not eq:
+            raise ConfigError(f"{a}: expected NAME=VALUE")
+        sym = kconf.syms.get(name)
+        if sym is None or not sym.nodes:
+            raise ConfigError(f"unknown symbol CONFIG_{name} (hint: `make menuconfig` shows every symbol; "
+                              "search with '/')")
+        if sym.orig_type == kconfiglib.STRING:
+            value = '"' + kconfiglib.escape(value) + '"'
+        lines.append(f"CONFIG_{name}={value}\n")
+    tmp = config + ".set"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    try:
+        load_strict(kconf, tmp, replace=False)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace(tmp, "scripts/config"))
+    finally:
+        os.remove(tmp)
+    check_values(kconf, config)
+    write_config(kconf, config)
+    for a in assignments:
+        print(f"{config}: {a}")
+
+
+def cmd_olddefconfig(config):
+    kconf = load_kconfig()
+    kconf.load_config(config)
+    for w in kconf.warnings:
+        print(f"warning: {config}: {w.strip()}", file=sys.stderr)
+    check_values(kconf, config)
+    write_config(kconf, config)
+
+
+def cmd_savedefconfig(config, out):
+    kconf = load_kconfig()
+    load_strict(kconf, config, replace=True, check_values=False)
+    kconf.write_min_config(out)
+    print(f"{out}: minimal configuration written")
+
+
+def cmd_genconfig(config, outdir):
+    kconf = load_kconfig()
+    load_strict(kconf, config, replace=True, check_values=False)
+    check_values(kconf, config)
+    gen = os.path.join(outdir, "include", "generated")
+    deps = os.path.join(outdir, "include", "config")
+    os.makedirs(gen, exist_ok=True)
+    kconf.write_autoconf(os.path.join(gen, "autoconf.h"),
+                         header="/* Generated from " + config + " by scripts/kconfig.py: do not edit. */\n")
+    resolved = resolved_json(kconf)
+    text = json.dumps(resolved, indent=1, sort_keys=True) + "\n"
+    write_if_changed(os.path.join(gen, "config.json"), text)
+    # The resolved configuration compiled into the binaries, so every checkpoint and metrics
+    # file records exactly what ran (like the kernel's IKCONFIG).
+    compact = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
+    write_if_changed(os.path.join(gen, "config_data.h"),
+                     "/* Generated by scripts/kconfig.py: do not edit. */\n"
+                     f"#define KVLAB_CONFIG_JSON {c_string(compact)}\n")
+    kconf.sync_deps(deps)
+
+
+def cmd_step(outdir, base, *fragments):
+    """Resolves one ablation step (base + fragments) into outdir/.config and generates its headers."""
+    cmd_merge(os.path.join(outdir, ".config"), base, *fragments)
+    cmd_genconfig(os.path.join(outdir, ".config"), outdir)
+
+
+def cmd_steps(config):
+    kconf = load_kconfig()
+    load_strict(kconf, config, replace=True, check_values=False)
+    for s in step_names(kconf):
+        print(s)
+
+
+def defconfig_files():
+    return sorted(p for p in glob.glob("defconfigs/*") if os.path.isfile(p))
+
+
+def defconfig_description(path):
+    with open(path, encoding="utf-8") as f:
+        first = f.readline().strip()
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def cmd_list_defconfigs():
+    for p in defconfig_files():
+        print(f"{os.path.basename(p)}\t{defconfig_description(p)}")
+
+
+SOURCE_GLOBS = ["**/*.c", "**/*.h", "**/*.cu", "**/*.cuh", "**/*.py", "**/*.sh", "**/Makefile*",
+                "scripts/*"]
+
+
+def cmd_check_symbols():
+    kconf = load_kconfig()
+    defined = {s.name for s in kconf.unique_defined_syms}
+    choices = {s.name for c in kconf.unique_choices for s in c.syms}
+    used = {}
+    files = set()
+    for g in SOURCE_GLOBS:
+        files.update(p for p in glob.glob(g, recursive=True)
+                     if os.path.isfile(p) and not p.startswith(("build", "output", "data", "include/generated")))
+    for p in sorted(files):
+        with open(p, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        for name in re.findall(r"\bCONFIG_([A-Z0-9][A-Z0-9_]*)", text):
+            used.setdefault(name, set()).add(p)
+    problems = []
+    for name, where in sorted(used.items()):
+        if name not in defined:
+            problems.append(f"CONFIG_{name} is used in {', '.join(sorted(where))} but not defined in Kconfig")
+    for name in sorted(defined):
+        # A choice member is consumed when any code tests it; plain symbols must be read somewhere.
+        if name not in used:
+            problems.append(f"CONFIG_{name} is defined in Kconfig but nothing uses it"
+                            + (" (choice member)" if name in choices else ""))
+    for p in defconfig_files() + sorted(glob.glob("defconfigs/steps/*")):
+        for lineno, name, _ in parse_assignments(p):
+            if name not in defined:
+                problems.append(f"{p}:{lineno}: unknown symbol CONFIG_{name}")
+    for line in problems:
+        print(line)
+    if problems:
+        raise ConfigError(f"{len(problems)} Kconfig consistency problem(s)")
+    print(f"Kconfig consistency: {len(defined)} symbols defined, all used; "
+          f"{len(used)} names referenced, all defined")
+
+
+COMMANDS = {
+    "defconfig": (cmd_defconfig, 2),
+    "merge": (cmd_merge, -3),
+    "set": (cmd_set, -2),
+    "olddefconfig": (cmd_olddefconfig, 1),
+    "savedefconfig": (cmd_savedefconfig, 2),
+    "genconfig": (cmd_genconfig, 2),
+    "step": (cmd_step, -2),
+    "steps": (cmd_steps, 1),
+    "list-defconfigs": (cmd_list_defconfigs, 0),
+    "check-symbols": (cmd_check_symbols, 0),
+}
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        sys.stderr.write(__doc__)
+        return 2
+    fn, nargs = COMMANDS[argv[1]]
+    args = argv[2:]
+    if (nargs >= 0 and len(args) != nargs) or (nargs < 0 and len(args) < -nargs):
+        sys.stderr.write(__doc__)
+        return 2
+    try:
+        fn(*args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except kconfiglib.KconfigError as e:
+        print(f"error: Kconfig: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
