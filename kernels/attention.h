@@ -1,0 +1,136 @@
+/* Multi-head attention in every variant of kvlab (docs/kernels.md has the math).
+ *
+ * The configured variant is a compile-time constant (ATTN_VARIANT, from the
+ * Kconfig "Attention" menu), so code for the other variants is removed by the
+ * compiler. Self-attention takes the fused projection output of one layer,
+ * (B, T, P*C) with the P projection blocks of the variant side by side and the
+ * heads contiguous inside each block:
+ *
+ *   variant    P  blocks    query  key  value   scores      output
+ *   QKV        3  [Q|K|V]   Q      K    V       s Q K^T     A V
+ *   KV         2  [K|V]     K      K    V       s K K^T     A V
+ *   K          1  [K]       K      K    K       s K K^T     A K
+ *   KV tying   2  [Q|V]     Q      V    V       s Q V^T     A V
+ *
+ * with s = 1/sqrt(head dim). +Pos (ATTN_POS) turns the scores into
+ * S' = alpha S + f(i) + g(j) + b, the factored form of the paper's term
+ * sum_c w_c (S_ij + P_ijc) + b (alpha = sum_c w_c), see attn_pos_*.
+ * Order of operations: scale, positional term, masks (causal, key padding),
+ * softmax, dropout, times values. Cross-attention (decoder queries, encoder
+ * keys and values) is always plain QKV without +Pos. */
+#ifndef KVLAB_ATTENTION_H
+#define KVLAB_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
+
+/* The configured variant, as compile-time constants. */
+#if IS_ENABLED(CONFIG_ATTN_KV)
+#define ATTN_VARIANT ATTN_KV
+#elif IS_ENABLED(CONFIG_ATTN_K)
+#define ATTN_VARIANT ATTN_K
+#elif IS_ENABLED(CONFIG_ATTN_KV_TYING)
+#define ATTN_VARIANT ATTN_KV_TYING
+#else
+#define ATTN_VARIANT ATTN_QKV
+#endif
+#define ATTN_POS IS_ENABLED(CONFIG_ATTN_POS)
+#ifdef CONFIG_ATTN_POS_DIM
+#define ATTN_POS_DIM CONFIG_ATTN_POS_DIM
+#else
+#define ATTN_POS_DIM 0
+#endif
+#define ATTN_POS_PER_HEAD IS_ENABLED(CONFIG_ATTN_POS_PER_HEAD)
+
+/* Projections of a variant, and which block (0..P-1) plays each role. */
+static inline int attn_num_proj(int variant) {
+    return variant == ATTN_QKV ? 3 : variant == ATTN_K ? 1 : 2;
+}
+static inline int attn_key_block(int variant) {
+    return variant == ATTN_QKV || variant == ATTN_KV_TYING ? 1 : 0;
+}
+static inline int attn_value_block(int variant) {
+    return variant == ATTN_QKV ? 2 : variant == ATTN_K ? 0 : 1;
+}
+/* Projection block names in order, e.g. "q","k","v"; used for tensor names. */
+const char *attn_block_name(int variant, int block);
+/* "QKV", "KV+Pos", "KV tying", ... */
+const char *attn_variant_label(int variant, int pos);
+/* "qkv", "kv_pos", "kv_tying", ... (metadata and file-friendly) */
+const char *attn_variant_id(int variant, int pos);
+/* KV-cache floats per token per layer (C = channels): both K and V unless
+ * the variant's key and value are the same tensor (K, KV tying). */
+static inline int attn_cache_tensors(int variant) {
+    return attn_key_block(variant) == attn_value_block(variant) ? 1 : 2;
+}
+
+/* ---- +Pos: the fixed sinusoidal basis and the learned weights -------------
+ * P[i,j] = concat(feat(i), feat(j))[:m], feat(p) = [sin(p f0), cos(p f0),
+ * sin(p f1), ...] with c = ceil(m/4)*2 channels and f_k = 10000^(-2k/c).
+ * Channels 0..ci-1 come from the query position i (ci = min(c, m)), the
+ * remaining m-ci from the key position j, so w.P[i,j] = f(i) + g(j). */
+int attn_pos_channels(int m);                 /* c */
+int attn_pos_query_channels(int m);           /* ci */
+/* feat table: T rows of c values (float64 math, rounded to float). */
+void attn_pos_features(float *feat, int T, int m);
+/* Full P[i,j] (m values), for tests and analyses; never used in training. */
+void attn_pos_entry(double *out, int i, int j, int m);
+
+typedef struct {
+    int m;              /* positional dim */
+    int groups;         /* 1 (per layer) or H (per head) */
+    const float *w;     /* (groups, m) */
+    const float *b;     /* (groups) */
+    const float *feat;  /* (T, c) from attn_pos_features */
+    int T;              /* positions in feat (>= sequence length) */
+} AttnPos;
+
+typedef struct {
+    float *dw;          /* (groups, m), accumulated */
+    float *db;          /* (groups), accumulated */
+} AttnPosGrad;
+
+/* ---- shapes ------------------------------------------------------------------ */
+
+typedef struct {
+    int B, T, H, hd;            /* C = H * hd */
+    int causal;                 /* mask keys j > i */
+    const unsigned char *key_pad; /* (B, T): nonzero = padding key, masked; or NULL */
+    float dropout;              /* on the attention probabilities (0 = off) */
+    uint64_t seed;              /* dropout seed for this layer and step */
+} AttnArgs;
+
+/* Self-attention in the configured variant.
+ * proj: (B, T, P*C); out: (B, T, C) heads concatenated; lse: (B, H, T) row
+ * log-sum-exp saved for the backward pass (the T x T probabilities are
+ * recomputed there, never stored). pos is NULL unless ATTN_POS. */
+void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos,
+                       const AttnArgs *a);
+/* dproj (B, T, P*C) and dpos are accumulated. */
+void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
+                        const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a);
+
+/* Cross-attention, always QKV: q (B, Tq, C) from the decoder, kv (B, Tk, 2C)
+ * = [K|V] from the encoder, key_pad (B, Tk) or NULL, no causal mask. */
+typedef struct {
+    int B, Tq, Tk, H, hd;
+    const unsigned char *key_pad;
+    float dropout;
+    uint64_t seed;
+} CrossAttnArgs;
+void cross_attention_forward(float *out, float *lse, const float *q, const float *kv,
+                             const CrossAttnArgs *a);
+void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
+                              const float *kv, const float *out, const float *lse,
+                              const CrossAttnArgs *a);
+
+/* One (batch, head) as dense T x T matrices, computed by the same code as
+ * the forward pass, for tests and analyses: the scores S' before any mask
+ * (scale and +Pos applied), and the probabilities A (masks and softmax
+ * applied, no dropout). */
+void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
+void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
+
+#endif

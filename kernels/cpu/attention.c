@@ -1,0 +1,622 @@
+/* CPU attention: every variant through one code path (docs/kernels.md).
+ *
+ * Work is split over (batch, head) pairs with OpenMP; inside a pair the
+ * score, value and gradient products are single-threaded sgemm calls (the
+ * OpenMP build of OpenBLAS stays on one thread inside a parallel region).
+ * The T x T probabilities are never stored: the forward pass keeps the row
+ * log-sum-exp and the backward pass recomputes the scores block by block,
+ * so memory is O(B H T) and each score block is walked once per pass while
+ * it is hot in cache.
+ *
+ *  - causal or general (cross): query rows in blocks of ATTN_ROW_BLOCK; a
+ *    causal block only multiplies the keys up to its last row.
+ *  - bidirectional KV and K (query role = key role): the score matrix is
+ *    symmetric, so ssyrk computes each pair once, and the backward pass
+ *    forms dK = s (G + G^T) K with one product instead of two.
+ *
+ * Roles are pointers into the projection buffer: a variant that reuses a
+ * projection in several roles simply passes the same pointer, and its
+ * gradients from each role accumulate into the same place. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "hash.h"
+#include "kernels.h"
+#include "vecmath.h"
+
+#define ATTN_ROW_BLOCK 64
+
+/* ------------------------------------------------------------------ names */
+
+const char *attn_block_name(int variant, int block) {
+    static const char *names[4][3] = {{"q", "k", "v"}, {"k", "v", ""}, {"k", "", ""}, {"q", "v", ""}};
+    return names[variant][block];
+}
+
+const char *attn_variant_label(int variant, int pos) {
+    static const char *base[4] = {"QKV", "KV", "K", "KV tying"};
+    static const char *with_pos[4] = {"QKV+Pos", "KV+Pos", "K+Pos", "KV tying+Pos"};
+    return pos ? with_pos[variant] : base[variant];
+}
+
+const char *attn_variant_id(int variant, int pos) {
+    static const char *base[4] = {"qkv", "kv", "k", "kv_tying"};
+    static const char *with_pos[4] = {"qkv_pos", "kv_pos", "k_pos", "kv_tying_pos"};
+    return pos ? with_pos[variant] : base[variant];
+}
+
+/* ------------------------------------------------------------------ +Pos basis */
+
+int attn_pos_channels(int m) { return (m + 3) / 4 * 2; }
+
+int attn_pos_query_channels(int m) {
+    int c = attn_pos_channels(m);
+    return c < m ? c : m;
+}
+
+static double pos_feature(int p, int k, int c) {
+    double f = pow(10000.0, -2.0 * (k / 2) / c);
+    return k % 2 == 0 ? sin(p * f) : cos(p * f);
+}
+
+void attn_pos_features(float *feat, int T, int m) {
+    int c = attn_pos_channels(m);
+    for (int p = 0; p < T; p++)
+        for (int k = 0; k < c; k++) feat[(size_t)p * c + k] = (float)pos_feature(p, k, c);
+}
+
+void attn_pos_entry(double *out, int i, int j, int m) {
+    int c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
+    for (int k = 0; k < ci; k++) out[k] = pos_feature(i, k, c);
+    for (int k = ci; k < m; k++) out[k] = pos_feature(j, k - ci, c);
+}
+
+/* ------------------------------------------------------------------ problem */
+
+/* One attention call with its roles resolved to strided pointers. Head h of
+ * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */
+typedef struct {
+    int B, Tq, Tk, H, hd;
+    int causal, symmetric, pos;
+    float scale;
+    const float *q, *k, *v;
+    float *dq, *dk, *dv;
+    int q_ld, kv_ld;
+    size_t q_bstride, kv_bstride;
+    float *out;
+    const float *dout;
+    size_t o_bstride;
+    int o_ld;
+    float *lse;
+    const float *padf;  /* (B, Tk) 1 = key visible, 0 = padding */
+    float dropout;
+    uint32_t drop_thr;
+    uint64_t seed;
+    /* +Pos: per group f (Tq), g (Tk), alpha, bias; per task accumulators */
+    int pos_groups;
+    const float *f, *g, *alpha, *bias;
+    float *pos_acc; /* (B*H, 2 + Tq + Tk): sum G'S, sum G', row sums, column sums */
+} Problem;
+
+static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : h; }
+
+/* Per-thread scratch, grown on demand (calls come from serial code). */
+static float *workspace(size_t floats) {
+    static float *buf;
+    static size_t cap;
+    if (floats > cap) {
+        dev_free(buf);
+        buf = dev_alloc(floats * sizeof(float));
+        cap = floats;
+    }
+    return buf;
+}
+
+static float *scratch_for(const Problem *p, size_t *per_thread) {
+    size_t rows = p->symmetric ? (size_t)p->Tq : (size_t)(ATTN_ROW_BLOCK < p->Tq ? ATTN_ROW_BLOCK : p->Tq);
+    *per_thread = 2 * rows * (size_t)p->Tk;
+    return workspace(*per_thread * (size_t)omp_get_max_threads());
+}
+
+/* Key-padding mask as floats (1 visible, 0 padded; all ones without
+ * padding), so the inner loops multiply instead of branching and vectorise. */
+static float *pad_floats(const unsigned char *key_pad, int B, int Tk) {
+    static float *buf;
+    static size_t cap;
+    size_t n = (size_t)B * Tk;
+    if (n > cap) {
+        dev_free(buf);
+        buf = dev_alloc(n * sizeof(float));
+        cap = n;
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = key_pad && key_pad[i] ? 0.0f : 1.0f;
+    return buf;
+}
+
+/* f, g, alpha, bias of every +Pos group (O(groups * T * m)). */
+static float *pos_prepare(Problem *p, const AttnPos *P, int T) {
+    static float *buf;
+    static size_t cap;
+    int G = P->groups, m = P->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
+    size_t n = (size_t)G * (2 * T + 2);
+    if (n > cap) {
+        dev_free(buf);
+        buf = dev_alloc(n * sizeof(float));
+        cap = n;
+    }
+    float *f = buf, *g = f + (size_t)G * T, *alpha = g + (size_t)G * T, *bias = alpha + G;
+    for (int gi = 0; gi < G; gi++) {
+        const float *w = P->w + (size_t)gi * m;
+        float a = 0.0f;
+        for (int k = 0; k < m; k++) a += w[k];
+        alpha[gi] = a;
+        bias[gi] = P->b[gi];
+        for (int t = 0; t < T; t++) {
+            const float *ft = P->feat + (size_t)t * c;
+            float fi = 0.0f, gj = 0.0f;
+            for (int k = 0; k < ci; k++) fi += w[k] * ft[k];
+            for (int k = ci; k < m; k++) gj += w[k] * ft[k - ci];
+            f[(size_t)gi * T + t] = fi;
+            g[(size_t)gi * T + t] = gj;
+        }
+    }
+    p->pos_groups = G;
+    p->f = f;
+    p->g = g;
+    p->alpha = alpha;
+    p->bias = bias;
+    return buf;
+}
+
+/* ------------------------------------------------------------------ scores */
+
+/* S[0:rows, 0:kmax] = scale * Q[r0:r0+rows] K[0:kmax]^T, row stride ldS. */
+static void scores_block(const Problem *p, const float *Q, const float *K, int r0, int rows, int kmax,
+                         float *S, int ldS) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kmax, p->hd, p->scale,
+                Q + (size_t)r0 * p->q_ld, p->q_ld, K, p->kv_ld, 0.0f, S, ldS);
+}
+
+/* Full symmetric S = scale * K K^T: ssyrk fills the lower triangle once,
+ * the upper one is a mirror copy. */
+static void scores_symmetric(const Problem *p, const float *K, float *S) {
+    int T = p->Tk;
+    cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, T, p->hd, p->scale, K, p->kv_ld, 0.0f, S, T);
+    for (int i = 0; i < T; i++)
+        for (int j = i + 1; j < T; j++) S[(size_t)i * T + j] = S[(size_t)j * T + i];
+}
+
+/* Turns one row of raw scores into probabilities in place: +Pos, masks,
+ * softmax, dropout. Keys [jmax, kmax) are causally masked. Returns lse. */
+static float softmax_row(const Problem *p, float *row, int b, int h, int i, int jmax, int kmax, int dropout) {
+    const float *padf = p->padf + (size_t)b * p->Tk;
+    if (p->pos) {
+        int gi = pos_group(p, h);
+        const float *g = p->g + (size_t)gi * p->Tk;
+        float alpha = p->alpha[gi], fib = p->f[(size_t)gi * p->Tq + i] + p->bias[gi];
+#pragma omp simd
+        for (int j = 0; j < jmax; j++) row[j] = alpha * row[j] + g[j] + fib;
+    }
+#pragma omp simd
+    for (int j = 0; j < jmax; j++) row[j] = padf[j] != 0.0f ? row[j] : -INFINITY;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < jmax; j++) mx = row[j] > mx ? row[j] : mx;
+    if (mx == -INFINITY) { /* every key masked: the row attends to nothing */
+        memset(row, 0, (size_t)kmax * sizeof(float));
+        return -INFINITY;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < jmax; j++) {
+        float e = vexpf(row[j] - mx);
+        row[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    if (dropout) {
+        float ds = inv / (1.0f - p->dropout);
+        size_t base = (((size_t)b * p->H + h) * p->Tq + i) * p->Tk;
+#pragma omp simd
+        for (int j = 0; j < jmax; j++) row[j] = dropout_keep(p->seed, base + j, p->drop_thr) ? row[j] * ds : 0.0f;
+    } else {
+#pragma omp simd
+        for (int j = 0; j < jmax; j++) row[j] *= inv;
+    }
+    for (int j = jmax; j < kmax; j++) row[j] = 0.0f;
+    return mx + logf(sum);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+/* Probabilities of query rows [r0, r0+rows) into S (row stride Tk) and their
+ * lse; returns the number of keys the block uses. The forward pass and
+ * attention_probs() both go through here, so they agree bit for bit. */
+static int probs_block(const Problem *p, int b, int h, int r0, int rows, float *S, float *lse, int dropout) {
+    size_t hoff = (size_t)h * p->hd;
+    const float *Q = p->q + b * p->q_bstride + hoff;
+    const float *K = p->k + b * p->kv_bstride + hoff;
+    int Tk = p->Tk;
+    int kmax = p->causal ? r0 + rows : Tk;
+    if (p->symmetric) /* one call for the whole matrix (r0 == 0, rows == Tq) */
+        scores_symmetric(p, K, S);
+    else
+        scores_block(p, Q, K, r0, rows, kmax, S, Tk);
+    for (int r = 0; r < rows; r++) {
+        int i = r0 + r;
+        lse[i] = softmax_row(p, S + (size_t)r * Tk, b, h, i, p->causal ? i + 1 : kmax, kmax, dropout);
+    }
+    return kmax;
+}
+
+static int row_block(const Problem *p) { return p->symmetric ? p->Tq : ATTN_ROW_BLOCK; }
+
+static void forward_one(const Problem *p, int b, int h, float *S) {
+    size_t hoff = (size_t)h * p->hd;
+    const float *V = p->v + b * p->kv_bstride + hoff;
+    float *O = p->out + b * p->o_bstride + hoff;
+    float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
+    for (int r0 = 0; r0 < p->Tq; r0 += row_block(p)) {
+        int rows = p->Tq - r0 < row_block(p) ? p->Tq - r0 : row_block(p);
+        int kmax = probs_block(p, b, h, r0, rows, S, lse, p->dropout > 0.0f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->hd, kmax, 1.0f, S, p->Tk, V, p->kv_ld,
+                    0.0f, O + (size_t)r0 * p->o_ld, p->o_ld);
+    }
+}
+
+static void run_forward(const Problem *p) {
+    size_t per;
+    float *ws = scratch_for(p, &per);
+#pragma omp parallel
+    {
+        float *S = ws + per * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic)
+        for (int task = 0; task < p->B * p->H; task++) forward_one(p, task / p->H, task % p->H, S);
+    }
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* Softmax backward of one row, in place. On entry S holds raw scaled scores
+ * and dA = dO V^T; on exit S holds the (dropped-out) probabilities, for dV,
+ * and dA holds the score gradient (times alpha under +Pos), for dQ and dK.
+ * G'_ij = A_ij (dA_ij - D_i) with D_i = dO_i . O_i (= sum_j A_ij dA_ij). */
+static void backward_row(const Problem *p, float *S, float *dA, int b, int h, int i, int jmax, int kmax,
+                         float lse, float D, float *acc, float *colsum) {
+    if (lse == -INFINITY) { /* fully masked row: no probability, no gradient */
+        memset(S, 0, (size_t)kmax * sizeof(float));
+        memset(dA, 0, (size_t)kmax * sizeof(float));
+        return;
+    }
+    const float *padf = p->padf + (size_t)b * p->Tk;
+    float alpha = 1.0f, fib = 0.0f;
+    const float *g = NULL;
+    if (p->pos) {
+        int gi = pos_group(p, h);
+        alpha = p->alpha[gi];
+        fib = p->f[(size_t)gi * p->Tq + i] + p->bias[gi];
+        g = p->g + (size_t)gi * p->Tk;
+    }
+    float gs = 0.0f, rsum = 0.0f;
+    if (p->dropout > 0.0f) {
+        float ds = 1.0f / (1.0f - p->dropout);
+        size_t base = (((size_t)b * p->H + h) * p->Tq + i) * p->Tk;
+        for (int j = 0; j < jmax; j++) {
+            float s = S[j];
+            float x = p->pos ? alpha * s + g[j] + fib : s;
+            float a = vexpf(x - lse) * padf[j];
+            float keep = dropout_keep(p->seed, base + j, p->drop_thr) ? ds : 0.0f;
+            float gp = a * (dA[j] * keep - D);
+            if (p->pos) {
+                gs += gp * s;
+                rsum += gp;
+                colsum[j] += gp;
+            }
+            S[j] = a * keep;
+            dA[j] = alpha * gp;
+        }
+    } else if (p->pos) {
+#pragma omp simd reduction(+ : gs, rsum)
+        for (int j = 0; j < jmax; j++) {
+            float s = S[j];
+            float a = vexpf(alpha * s + g[j] + fib - lse) * padf[j];
+            float gp = a * (dA[j] - D);
+            gs += gp * s;
+            rsum += gp;
+            colsum[j] += gp;
+            S[j] = a;
+            dA[j] = alpha * gp;
+        }
+    } else {
+#pragma omp simd
+        for (int j = 0; j < jmax; j++) {
+            float a = vexpf(S[j] - lse) * padf[j];
+            S[j] = a;
+            dA[j] = a * (dA[j] - D);
+        }
+    }
+    for (int j = jmax; j < kmax; j++) S[j] = dA[j] = 0.0f;
+    if (p->pos) {
+        acc[0] += gs;
+        acc[1] += rsum;
+        acc[2 + i] += rsum;
+    }
+}
+
+static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
+    size_t hoff = (size_t)h * p->hd;
+    const float *Q = p->q + b * p->q_bstride + hoff;
+    const float *K = p->k + b * p->kv_bstride + hoff;
+    const float *V = p->v + b * p->kv_bstride + hoff;
+    float *dQ = p->dq + b * p->q_bstride + hoff;
+    float *dK = p->dk + b * p->kv_bstride + hoff;
+    float *dV = p->dv + b * p->kv_bstride + hoff;
+    const float *O = p->out + b * p->o_bstride + hoff;
+    const float *dO = p->dout + b * p->o_bstride + hoff;
+    const float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
+    int Tq = p->Tq, Tk = p->Tk, hd = p->hd;
+    float *acc = p->pos ? p->pos_acc + ((size_t)b * p->H + h) * (2 + Tq + Tk) : NULL;
+    float *colsum = acc ? acc + 2 + Tq : NULL;
+
+    if (p->symmetric) {
+        scores_symmetric(p, K, S);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, 1.0f, dO, p->o_ld, V, p->kv_ld,
+                    0.0f, dA, Tk);
+        for (int i = 0; i < Tq; i++) {
+            float D = 0.0f;
+            for (int d = 0; d < hd; d++) D += dO[(size_t)i * p->o_ld + d] * O[(size_t)i * p->o_ld + d];
+            backward_row(p, S + (size_t)i * Tk, dA + (size_t)i * Tk, b, h, i, Tk, Tk, lse[i], D, acc, colsum);
+        }
+        /* dV += A^T dO */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hd, Tq, 1.0f, S, Tk, dO, p->o_ld, 1.0f, dV,
+                    p->kv_ld);
+        /* K plays query and key: dK += s (G + G^T) K, symmetrised in place */
+        for (int i = 0; i < Tq; i++) {
+            dA[(size_t)i * Tk + i] *= 2.0f;
+            for (int j = 0; j < i; j++) {
+                float t = dA[(size_t)i * Tk + j] + dA[(size_t)j * Tk + i];
+                dA[(size_t)i * Tk + j] = t;
+                dA[(size_t)j * Tk + i] = t;
+            }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tk, p->scale, dA, Tk, K, p->kv_ld, 1.0f,
+                    dK, p->kv_ld);
+        return;
+    }
+    for (int r0 = 0; r0 < Tq; r0 += ATTN_ROW_BLOCK) {
+        int rows = Tq - r0 < ATTN_ROW_BLOCK ? Tq - r0 : ATTN_ROW_BLOCK;
+        int kmax = p->causal ? r0 + rows : Tk;
+        scores_block(p, Q, K, r0, rows, kmax, S, Tk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kmax, hd, 1.0f, dO + (size_t)r0 * p->o_ld,
+                    p->o_ld, V, p->kv_ld, 0.0f, dA, Tk);
+        for (int r = 0; r < rows; r++) {
+            int i = r0 + r;
+            const float *o = O + (size_t)i * p->o_ld, *d = dO + (size_t)i * p->o_ld;
+            float D = 0.0f;
+            for (int c = 0; c < hd; c++) D += d[c] * o[c];
+            backward_row(p, S + (size_t)r * Tk, dA + (size_t)r * Tk, b, h, i, p->causal ? i + 1 : kmax, kmax,
+                         lse[i], D, acc, colsum);
+        }
+        /* dV[0:kmax] += A_blk^T dO_blk; dQ_blk += s G_blk K; dK[0:kmax] += s G_blk^T Q_blk */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kmax, hd, rows, 1.0f, S, Tk,
+                    dO + (size_t)r0 * p->o_ld, p->o_ld, 1.0f, dV, p->kv_ld);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, kmax, p->scale, dA, Tk, K, p->kv_ld,
+                    1.0f, dQ + (size_t)r0 * p->q_ld, p->q_ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kmax, hd, rows, p->scale, dA, Tk,
+                    Q + (size_t)r0 * p->q_ld, p->q_ld, 1.0f, dK, p->kv_ld);
+    }
+}
+
+static void run_backward(const Problem *p) {
+    size_t per;
+    float *ws = scratch_for(p, &per);
+#pragma omp parallel
+    {
+        float *S = ws + per * (size_t)omp_get_thread_num();
+        float *dA = S + per / 2;
+#pragma omp for schedule(dynamic)
+        for (int task = 0; task < p->B * p->H; task++) backward_one(p, task / p->H, task % p->H, S, dA);
+    }
+}
+
+/* Reduces the per-task +Pos sums into dw, db (fixed order: deterministic).
+ * dw_c = sum G'S + sum_i feat_c(i) rowsum_i (query channels)
+ *      = sum G'S + sum_j feat_c(j) colsum_j (key channels); db = sum G'. */
+static void pos_reduce(const Problem *p, const AttnPos *P, AttnPosGrad *dP) {
+    int Tq = p->Tq, Tk = p->Tk, m = P->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
+    size_t stride = 2 + (size_t)Tq + Tk;
+    float *sum = workspace(stride); /* free again: the backward pass is done */
+    for (int gi = 0; gi < P->groups; gi++) {
+        memset(sum, 0, stride * sizeof(float));
+        for (int b = 0; b < p->B; b++)
+            for (int h = 0; h < p->H; h++) {
+                if (pos_group(p, h) != gi) continue;
+                const float *a = p->pos_acc + ((size_t)b * p->H + h) * stride;
+                for (size_t k = 0; k < stride; k++) sum[k] += a[k];
+            }
+        float *dw = dP->dw + (size_t)gi * m;
+        for (int k = 0; k < m; k++) {
+            double s = sum[0];
+            if (k < ci)
+                for (int i = 0; i < Tq; i++) s += (double)P->feat[(size_t)i * c + k] * sum[2 + i];
+            else
+                for (int j = 0; j < Tk; j++) s += (double)P->feat[(size_t)j * c + (k - ci)] * sum[2 + Tq + j];
+            dw[k] += (float)s;
+        }
+        dP->db[gi] += sum[1];
+    }
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+static void check_args(const char *op, int B, int Tq, int Tk, int H, int hd, float dropout) {
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || hd <= 0)
+        FATAL("%s: bad shape B=%d Tq=%d Tk=%d H=%d head_dim=%d (all must be positive)", op, B, Tq, Tk, H, hd);
+    if (!(dropout >= 0.0f && dropout < 1.0f)) FATAL("%s: dropout must be in [0, 1), got %g", op, (double)dropout);
+}
+
+static void self_problem(Problem *p, const char *op, float *out, float *lse, const float *proj, float *dproj,
+                         const float *dout, const AttnPos *pos, const AttnArgs *a) {
+    check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
+    if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
+    if (ATTN_POS) {
+        if (!pos || !pos->w || !pos->b || !pos->feat) FATAL("%s: +Pos is configured but no positional weights given", op);
+        if (pos->m != ATTN_POS_DIM) FATAL("%s: positional dim %d, configured %d", op, pos->m, ATTN_POS_DIM);
+        if (pos->groups != (ATTN_POS_PER_HEAD ? a->H : 1))
+            FATAL("%s: %d +Pos weight groups, configured %d", op, pos->groups, ATTN_POS_PER_HEAD ? a->H : 1);
+        if (pos->T < a->T) FATAL("%s: +Pos basis has %d positions, sequence has %d", op, pos->T, a->T);
+    } else if (pos) {
+        FATAL("%s: positional weights given but +Pos is not configured", op);
+    }
+    int C = a->H * a->hd, P = attn_num_proj(ATTN_VARIANT);
+    int kb = attn_key_block(ATTN_VARIANT), vb = attn_value_block(ATTN_VARIANT);
+    memset(p, 0, sizeof *p);
+    p->B = a->B;
+    p->Tq = p->Tk = a->T;
+    p->H = a->H;
+    p->hd = a->hd;
+    p->causal = a->causal;
+    p->symmetric = kb == 0 && !a->causal; /* query role == key role */
+    p->pos = ATTN_POS;
+    p->scale = 1.0f / sqrtf((float)a->hd);
+    p->q = proj;
+    p->k = proj + (size_t)kb * C;
+    p->v = proj + (size_t)vb * C;
+    if (dproj) {
+        p->dq = dproj;
+        p->dk = dproj + (size_t)kb * C;
+        p->dv = dproj + (size_t)vb * C;
+    }
+    p->q_ld = p->kv_ld = P * C;
+    p->q_bstride = p->kv_bstride = (size_t)a->T * P * C;
+    p->out = out;
+    p->dout = dout;
+    p->o_ld = C;
+    p->o_bstride = (size_t)a->T * C;
+    p->lse = lse;
+    p->padf = pad_floats(a->key_pad, a->B, a->T);
+    p->dropout = a->dropout;
+    p->drop_thr = (uint32_t)(a->dropout * 16777216.0f);
+    p->seed = a->seed;
+    if (ATTN_POS) pos_prepare(p, pos, a->T);
+}
+
+void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos, const AttnArgs *a) {
+    Problem p;
+    self_problem(&p, "attention_forward", out, lse, proj, NULL, NULL, pos, a);
+    run_forward(&p);
+}
+
+void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
+                        const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
+    Problem p;
+    if (!dproj || !dout) FATAL("attention_backward: NULL gradient buffer");
+    if (ATTN_POS && (!dpos || !dpos->dw || !dpos->db))
+        FATAL("attention_backward: +Pos is configured but no positional gradient buffers given");
+    self_problem(&p, "attention_backward", (float *)out, (float *)lse, proj, dproj, dout, pos, a);
+    static float *acc;
+    static size_t cap;
+    if (ATTN_POS) {
+        size_t n = (size_t)a->B * a->H * (2 + 2 * (size_t)a->T);
+        if (n > cap) {
+            dev_free(acc);
+            acc = dev_alloc(n * sizeof(float));
+            cap = n;
+        }
+        memset(acc, 0, n * sizeof(float));
+        p.pos_acc = acc;
+    }
+    run_backward(&p);
+    if (ATTN_POS) pos_reduce(&p, pos, dpos);
+}
+
+static void cross_problem(Problem *p, const char *op, float *out, float *lse, const float *q, const float *kv,
+                          float *dq, float *dkv, const float *dout, const CrossAttnArgs *a) {
+    check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
+    if (!q || !kv || !out || !lse) FATAL("%s: NULL buffer", op);
+    int C = a->H * a->hd;
+    memset(p, 0, sizeof *p);
+    p->B = a->B;
+    p->Tq = a->Tq;
+    p->Tk = a->Tk;
+    p->H = a->H;
+    p->hd = a->hd;
+    p->scale = 1.0f / sqrtf((float)a->hd);
+    p->q = q;
+    p->k = kv;
+    p->v = kv + C;
+    if (dq) {
+        p->dq = dq;
+        p->dk = dkv;
+        p->dv = dkv + C;
+    }
+    p->q_ld = C;
+    p->kv_ld = 2 * C;
+    p->q_bstride = (size_t)a->Tq * C;
+    p->kv_bstride = (size_t)a->Tk * 2 * C;
+    p->out = out;
+    p->dout = dout;
+    p->o_ld = C;
+    p->o_bstride = (size_t)a->Tq * C;
+    p->lse = lse;
+    p->padf = pad_floats(a->key_pad, a->B, a->Tk);
+    p->dropout = a->dropout;
+    p->drop_thr = (uint32_t)(a->dropout * 16777216.0f);
+    p->seed = a->seed;
+}
+
+void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
+    Problem p;
+    cross_problem(&p, "cross_attention_forward", out, lse, q, kv, NULL, NULL, NULL, a);
+    run_forward(&p);
+}
+
+void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
+                              const float *out, const float *lse, const CrossAttnArgs *a) {
+    Problem p;
+    if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
+    cross_problem(&p, "cross_attention_backward", (float *)out, (float *)lse, q, kv, dq, dkv, dout, a);
+    run_backward(&p);
+}
+
+/* ------------------------------------------------------------------ dense views */
+
+void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    Problem p;
+    float dummy;
+    self_problem(&p, "attention_scores", &dummy, &dummy, proj, NULL, NULL, pos, a);
+    if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_scores: (b, h) = (%d, %d) out of range", b, h);
+    int T = a->T;
+    const float *Q = p.q + b * p.q_bstride + (size_t)h * p.hd;
+    const float *K = p.k + b * p.kv_bstride + (size_t)h * p.hd;
+    if (attn_key_block(ATTN_VARIANT) == 0)
+        scores_symmetric(&p, K, S);
+    else
+        scores_block(&p, Q, K, 0, T, T, S, T);
+    if (p.pos) {
+        int gi = pos_group(&p, h);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++)
+                S[(size_t)i * T + j] = p.alpha[gi] * S[(size_t)i * T + j] + p.g[(size_t)gi * T + j] +
+                                       p.f[(size_t)gi * T + i] + p.bias[gi];
+    }
+}
+
+void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    Problem p;
+    self_problem(&p, "attention_probs", A, A, proj, NULL, NULL, pos, a);
+    if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_probs: (b, h) = (%d, %d) out of range", b, h);
+    float *lse = xmalloc((size_t)a->T * sizeof(float));
+    for (int r0 = 0; r0 < a->T; r0 += row_block(&p)) {
+        int rows = a->T - r0 < row_block(&p) ? a->T - r0 : row_block(&p);
+        int kmax = probs_block(&p, b, h, r0, rows, A + (size_t)r0 * a->T, lse, 0);
+        for (int r = 0; r < rows; r++) /* keys beyond the block's reach are masked */
+            memset(A + (size_t)(r0 + r) * a->T + kmax, 0, (size_t)(a->T - kmax) * sizeof(float));
+    }
+    free(lse);
+}

@@ -1,0 +1,46 @@
+/* CPU backend: memory is ordinary host memory; threads are one OpenMP pool
+ * shared with OpenBLAS (we link the OpenMP build of OpenBLAS, which runs
+ * single-threaded inside our parallel regions and uses the same pool
+ * outside them, so the two never oversubscribe the cores). */
+#include "kernels.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+/* Not declared by every cblas.h; provided by OpenBLAS. */
+void openblas_set_num_threads(int num_threads);
+
+static int g_threads = 1;
+
+void backend_init(int nthreads) {
+    if (nthreads < 0) FATAL("backend_init: nthreads must be >= 0, got %d", nthreads);
+    if (nthreads == 0) nthreads = omp_get_num_procs();
+    g_threads = nthreads;
+    omp_set_num_threads(nthreads);
+    openblas_set_num_threads(nthreads);
+}
+
+const char *backend_name(void) { return "cpu (OpenBLAS sgemm + OpenMP)"; }
+
+int backend_threads(void) { return g_threads; }
+
+void *dev_alloc(size_t bytes) {
+    /* 64-byte alignment for full-width vector loads */
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) FATAL("dev_alloc: out of memory allocating %zu bytes", bytes);
+    memset(p, 0, rounded);
+    return p;
+}
+
+void dev_free(void *p) { free(p); }
+
+void dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+
+void dev_upload(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+void dev_download(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

@@ -1,0 +1,381 @@
+/* CPU implementations of the non-attention ops in kernels/kernels.h.
+ * Forward and backward of each op sit side by side. Loops are written so gcc
+ * vectorises them; reductions use per-thread partial sums combined in a fixed
+ * order, so results depend only on the thread count, never on timing. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "common.h"
+#include "hash.h"
+#include "kernels.h"
+#include "vecmath.h"
+
+#define ARG_CHECK(cond, op, ...)                       \
+    do {                                               \
+        if (!(cond)) FATAL(op ": " __VA_ARGS__);       \
+    } while (0)
+
+/* ------------------------------------------------------------------ embedding */
+
+void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                       int B, int T, int C, int V) {
+    ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
+    for (int i = 0; i < B * T; i++) {
+        ARG_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding_forward",
+                  "token %d at position %d is outside the vocabulary (size %d)", tokens[i], i, V);
+    }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B * T; i++) {
+        const float *e = wte + (size_t)tokens[i] * C;
+        const float *p = wpe + (size_t)(i % T) * C;
+        float *o = out + (size_t)i * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                        int B, int T, int C) {
+    ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    /* Tokens repeat, so rows of dwte get several updates: split the work by
+     * channel ranges instead of rows, which needs no atomics and keeps the
+     * summation order fixed. */
+    const int chunk = 64;
+    int nchunks = (C + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < nchunks; k++) {
+        int c0 = k * chunk, c1 = c0 + chunk < C ? c0 + chunk : C;
+        for (int i = 0; i < B * T; i++) {
+            const float *d = dout + (size_t)i * C;
+            float *e = dwte + (size_t)tokens[i] * C;
+            float *p = dwpe + (size_t)(i % T) * C;
+            for (int c = c0; c < c1; c++) {
+                e[c] += d[c];
+                p[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ layernorm */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *o = out + (size_t)i * C;
+        float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        if (b) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c];
+        }
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+/* Per-thread partial sums of the weight/bias gradients, combined in thread order. */
+static float *partials(size_t n) {
+    static float *buf;
+    static size_t cap;
+    if (n > cap) {
+        dev_free(buf);
+        buf = dev_alloc(n * sizeof(float));
+        cap = n;
+    }
+    memset(buf, 0, n * sizeof(float));
+    return buf;
+}
+
+void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
+    int nt = omp_get_max_threads();
+    float *part = partials((size_t)nt * 2 * C);
+#pragma omp parallel
+    {
+        int tid = omp_get_thread_num();
+        float *pw = part + (size_t)tid * 2 * C, *pb = pw + C;
+#pragma omp for schedule(static)
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *d = dout + (size_t)i * C;
+            float *dx = dinp + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            /* dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = d * w */
+            float sum_d = 0.0f, sum_dx = 0.0f;
+#pragma omp simd reduction(+ : sum_d, sum_dx)
+            for (int c = 0; c < C; c++) {
+                float xh = (x[c] - m) * s, dxh = d[c] * w[c];
+                sum_d += dxh;
+                sum_dx += dxh * xh;
+            }
+            sum_d /= C;
+            sum_dx /= C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) {
+                float xh = (x[c] - m) * s;
+                pw[c] += d[c] * xh;
+                pb[c] += d[c];
+                dx[c] += s * (d[c] * w[c] - sum_d - xh * sum_dx);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const float *pw = part + (size_t)t * 2 * C, *pb = pw + C;
+        for (int c = 0; c < C; c++) dw[c] += pw[c];
+        if (db)
+            for (int c = 0; c < C; c++) db[c] += pb[c];
+    }
+}
+
+/* ------------------------------------------------------------------ linear */
+
+void linear_forward(float *out, const float *inp, const float *w, const float *b,
+                    int N, int C, int OC) {
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (b) {
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < N; i++) {
+            float *o = out + (size_t)i * OC;
+#pragma omp simd
+            for (int j = 0; j < OC; j++) o[j] += b[j];
+        }
+    }
+}
+
+void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC) {
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (db) {
+        /* column sums in blocks of 64 columns: contiguous reads, fixed order */
+        const int chunk = 64;
+        int nchunks = (OC + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+        for (int k = 0; k < nchunks; k++) {
+            int j0 = k * chunk, j1 = j0 + chunk < OC ? j0 + chunk : OC;
+            float acc[64] = {0};
+            for (int i = 0; i < N; i++) {
+                const float *d = dout + (size_t)i * OC;
+#pragma omp simd
+                for (int j = j0; j < j1; j++) acc[j - j0] += d[j];
+            }
+            for (int j = j0; j < j1; j++) db[j] += acc[j - j0];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + vtanhf(u));
+    }
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float th = vtanhf(u);
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+        dinp[i] += g * dout[i];
+    }
+}
+
+void relu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+/* ------------------------------------------------------------------ residual */
+
+void residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void residual_backward(float *da, float *db, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        da[i] += dout[i];
+        db[i] += dout[i];
+    }
+}
+
+/* ------------------------------------------------------------------ dropout */
+
+uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site) {
+    return mix64(mix64(run_seed * 0x9e3779b97f4a7c15ull + step) ^ (site * 0xd1b54a32d192ed03ull));
+}
+
+static uint32_t dropout_threshold(float p, const char *op) {
+    if (!(p >= 0.0f && p < 1.0f)) FATAL("%s: dropout probability must be in [0, 1), got %g", op, (double)p);
+    return (uint32_t)(p * 16777216.0f);
+}
+
+void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
+    uint32_t thr = dropout_threshold(p, "dropout_forward");
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = dropout_keep(seed, i, thr) ? inp[i] * scale : 0.0f;
+}
+
+void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
+    uint32_t thr = dropout_threshold(p, "dropout_backward");
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) dinp[i] += dropout_keep(seed, i, thr) ? dout[i] * scale : 0.0f;
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+
+int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+                         int N, int V, int ignore_index, float smoothing) {
+    ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
+    ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
+              "label smoothing must be in [0, 1), got %g", (double)smoothing);
+    int counted = 0;
+    for (int i = 0; i < N; i++) {
+        if (targets[i] == ignore_index) continue;
+        ARG_CHECK(targets[i] >= 0 && targets[i] < V, "crossentropy_forward",
+                  "target %d at row %d is outside [0, %d)", targets[i], i, V);
+        counted++;
+    }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        float s = 0.0f, sx = 0.0f;
+#pragma omp simd reduction(+ : s, sx)
+        for (int j = 0; j < V; j++) {
+            s += vexpf(x[j] - mx);
+            sx += x[j];
+        }
+        float l = mx + logf(s);
+        lse[i] = l;
+        int t = targets[i];
+        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * x[t] - smoothing * sx / V;
+    }
+    return counted;
+}
+
+void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                           const int *targets, int N, int V, int ignore_index,
+                           float smoothing, float scale) {
+    ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
+    float off = smoothing / V;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float *d = dlogits + (size_t)i * V;
+        int t = targets[i];
+        if (t == ignore_index) {
+            if (d != x) continue; /* accumulate nothing */
+            memset(d, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float l = lse[i];
+        if (d == x) {
+#pragma omp simd
+            for (int j = 0; j < V; j++) d[j] = (vexpf(x[j] - l) - off) * scale;
+        } else {
+#pragma omp simd
+            for (int j = 0; j < V; j++) d[j] += (vexpf(x[j] - l) - off) * scale;
+        }
+        d[t] -= (1.0f - smoothing) * scale;
+    }
+}
+
+int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+    int correct = 0;
+#pragma omp parallel for schedule(static) reduction(+ : correct)
+    for (int i = 0; i < N; i++) {
+        if (targets[i] == ignore_index) continue;
+        const float *x = logits + (size_t)i * V;
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (x[j] > x[best]) best = j;
+        correct += best == targets[i];
+    }
+    return correct;
+}
+
+/* ------------------------------------------------------------------ optimiser */
+
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+    }
+}
+
+double grad_norm(const float *grad, size_t n) {
+    int nt = omp_get_max_threads();
+    double part[1024] = {0};
+    if (nt > 1024) nt = 1024;
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num(), T = omp_get_num_threads();
+        size_t lo = n * (size_t)tid / (size_t)T, hi = n * (size_t)(tid + 1) / (size_t)T;
+        double s = 0.0;
+        for (size_t i = lo; i < hi; i++) s += (double)grad[i] * grad[i];
+        part[tid] = s;
+    }
+    double s = 0.0;
+    for (int t = 0; t < nt; t++) s += part[t];
+    return sqrt(s);
+}
+
+void scale_inplace(float *x, size_t n, float s) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+double clip_grad_norm(float *grad, size_t n, double max_norm) {
+    ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
+    double norm = grad_norm(grad, n);
+    if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
+    return norm;
+}

@@ -1,0 +1,108 @@
+/* kernels: the backend-neutral compute interface used by every model family.
+ *
+ * Model code calls only these functions. A backend (kernels/cpu/ today, a
+ * CUDA one later) implements all of them for buffers from dev_alloc(), which
+ * live wherever the backend computes. Conventions, as in llm.c:
+ *  - activations are row-major (N, C) with N = B*T rows;
+ *  - linear weights are (OC, C) ("out, in"), so out = inp W^T + b;
+ *  - every *_backward ACCUMULATES (+=) into the gradients it is given, so
+ *    gradients from several uses (residual branches, tied weights, roles
+ *    that share a projection) add up; the caller zeroes them once per step;
+ *  - bad shapes or arguments stop the program with a message naming the op.
+ * Attention has its own header, kernels/attention.h. */
+#ifndef KVLAB_KERNELS_H
+#define KVLAB_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- backend ---------------------------------------------------------- */
+
+/* Starts the backend with nthreads threads (0 = one per core). */
+void backend_init(int nthreads);
+const char *backend_name(void);
+int backend_threads(void);
+
+void *dev_alloc(size_t bytes);          /* zero-filled */
+void dev_free(void *p);
+void dev_zero(void *p, size_t bytes);
+void dev_upload(void *dst, const void *host_src, size_t bytes);
+void dev_download(void *host_dst, const void *src, size_t bytes);
+
+/* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] -------------- */
+
+void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                       int B, int T, int C, int V);
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                        int B, int T, int C);
+
+/* ---- layernorm over the last dim, eps 1e-5, biased variance -------------
+ * mean and rstd (N floats each) are saved for the backward pass; b may be
+ * NULL (no bias), then db must be NULL too. */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int N, int C);
+void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C);
+
+/* ---- linear: out (N,OC) = inp (N,C) W^T + b, through sgemm ---------------
+ * b may be NULL (then db must be NULL). dinp may be NULL when the input
+ * needs no gradient (e.g. the first layer's input is data). */
+void linear_forward(float *out, const float *inp, const float *w, const float *b,
+                    int N, int C, int OC);
+void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC);
+
+/* ---- activations (elementwise over n values) ---------------------------- */
+
+/* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+void gelu_forward(float *out, const float *inp, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void relu_forward(float *out, const float *inp, size_t n);
+void relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* ---- residual add: out = a + b; backward adds dout to both --------------- */
+
+void residual_forward(float *out, const float *a, const float *b, size_t n);
+void residual_backward(float *da, float *db, const float *dout, size_t n);
+
+/* ---- dropout --------------------------------------------------------------
+ * Inverted dropout with probability p. The keep/drop decision of element i
+ * is a hash of (seed, i): nothing is stored, the backward pass recomputes
+ * it, and results do not depend on the thread count. Use a different seed
+ * per call site and step (dropout_seed). out may alias inp. */
+uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site);
+void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed);
+void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed);
+
+/* ---- softmax cross-entropy over V classes ----------------------------------
+ * Row loss with label smoothing eps (PyTorch's definition: target mass
+ * (1-eps) on the gold class plus eps/V on every class):
+ *   loss = lse - (1-eps) x[gold] - eps mean(x)
+ * Rows whose target equals ignore_index (use -1 for none) get loss 0 and no
+ * gradient. lse (N floats) is saved for the backward pass. Returns the
+ * number of rows that count (targets != ignore_index). */
+int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+                         int N, int V, int ignore_index, float smoothing);
+/* dlogits = (softmax(x) - target distribution) * scale for counted rows,
+ * scale is typically 1/(counted rows) (times 1/grad-accum steps). dlogits
+ * may alias logits (computed in place: the logits are not needed again). */
+void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                           const int *targets, int N, int V, int ignore_index,
+                           float smoothing, float scale);
+/* Counts rows whose argmax equals the target (ignoring ignore_index rows). */
+int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index);
+
+/* ---- optimiser --------------------------------------------------------------
+ * AdamW (decoupled weight decay, bias correction) on n values; t is the
+ * 1-based step. Weight decay is the caller's choice per tensor (matrices
+ * only, by convention). */
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+/* Global L2 norm of n gradient values (accumulated in double). */
+double grad_norm(const float *grad, size_t n);
+void scale_inplace(float *x, size_t n, float s);
+/* Clips to max_norm like torch.nn.utils.clip_grad_norm_: scales by
+ * max_norm / (norm + 1e-6) when norm > max_norm. Returns the norm before. */
+double clip_grad_norm(float *grad, size_t n, double max_norm);
+
+#endif

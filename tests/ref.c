@@ -1,0 +1,144 @@
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/hash.h"
+#include "attention.h"
+
+/* Role columns of each variant, from the table in docs/kernels.md:
+ * which projection block serves as query, key and value. */
+static void roles(int variant, int *P, int *qb, int *kb, int *vb) {
+    switch (variant) {
+    case ATTN_QKV: *P = 3, *qb = 0, *kb = 1, *vb = 2; break;
+    case ATTN_KV: *P = 2, *qb = 0, *kb = 0, *vb = 1; break;
+    case ATTN_K: *P = 1, *qb = 0, *kb = 0, *vb = 0; break;
+    default: *P = 2, *qb = 0, *kb = 1, *vb = 1; break; /* KV tying: Q, then V as key and value */
+    }
+}
+
+/* One head: scores, +Pos, masks, softmax, dropout, values. */
+static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const double *K, const double *V, int kv_ld,
+                     int Tq, int Tk, int hd, int causal, const unsigned char *pad, const double *w, double bias,
+                     int m, double dropout, uint64_t seed, size_t drop_base) {
+    double s = 1.0 / sqrt((double)hd);
+    double *row = malloc((size_t)Tk * sizeof(double));
+    double *P = malloc((size_t)(m > 0 ? m : 1) * sizeof(double));
+    uint32_t thr = (uint32_t)((float)dropout * 16777216.0f);
+    for (int i = 0; i < Tq; i++) {
+        double mx = -INFINITY;
+        for (int j = 0; j < Tk; j++) {
+            double dot = 0.0;
+            for (int d = 0; d < hd; d++) dot += Q[(size_t)i * q_ld + d] * K[(size_t)j * kv_ld + d];
+            double sc = s * dot;
+            if (w) {
+                attn_pos_entry(P, i, j, m);
+                double t = bias;
+                for (int c = 0; c < m; c++) t += w[c] * (sc + P[c]);
+                sc = t;
+            }
+            if ((causal && j > i) || (pad && pad[j])) sc = -INFINITY;
+            row[j] = sc;
+            if (sc > mx) mx = sc;
+        }
+        double sum = 0.0;
+        for (int j = 0; j < Tk; j++) {
+            row[j] = mx == -INFINITY ? 0.0 : exp(row[j] - mx);
+            sum += row[j];
+        }
+        for (int d = 0; d < hd; d++) out[(size_t)i * o_ld + d] = 0.0;
+        if (sum == 0.0) continue;
+        for (int j = 0; j < Tk; j++) {
+            double a = row[j] / sum;
+            if (dropout > 0.0)
+                a = dropout_keep(seed, drop_base + (size_t)i * Tk + j, thr) ? a / (1.0 - (float)dropout) : 0.0;
+            for (int d = 0; d < hd; d++) out[(size_t)i * o_ld + d] += a * V[(size_t)j * kv_ld + d];
+        }
+    }
+    free(row);
+    free(P);
+}
+
+void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int causal,
+                        const unsigned char *key_pad, const double *w, const double *bias, int m, int groups,
+                        double dropout, uint64_t seed) {
+    int P, qb, kb, vb;
+    roles(variant, &P, &qb, &kb, &vb);
+    int C = H * hd, ld = P * C;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const double *base = proj + (size_t)b * T * ld + (size_t)h * hd;
+            int gi = groups == 1 ? 0 : h;
+            ref_head(out + (size_t)b * T * C + (size_t)h * hd, C, base + (size_t)qb * C, ld, base + (size_t)kb * C,
+                     base + (size_t)vb * C, ld, T, T, hd, causal, key_pad ? key_pad + (size_t)b * T : NULL,
+                     w ? w + (size_t)gi * m : NULL, w ? bias[gi] : 0.0, m, dropout, seed,
+                     ((size_t)b * H + h) * T * T);
+        }
+}
+
+void ref_cross_attention(double *out, const double *q, const double *kv, int B, int Tq, int Tk, int H, int hd,
+                         const unsigned char *key_pad, double dropout, uint64_t seed) {
+    int C = H * hd;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const double *K = kv + (size_t)b * Tk * 2 * C + (size_t)h * hd;
+            ref_head(out + (size_t)b * Tq * C + (size_t)h * hd, C, q + (size_t)b * Tq * C + (size_t)h * hd, C, K,
+                     K + C, 2 * C, Tq, Tk, hd, 0, key_pad ? key_pad + (size_t)b * Tk : NULL, NULL, 0.0, 0, dropout,
+                     seed, ((size_t)b * H + h) * Tq * Tk);
+        }
+}
+
+void ref_layernorm(double *out, const double *inp, const double *w, const double *b, int N, int C) {
+    for (int i = 0; i < N; i++) {
+        const double *x = inp + (size_t)i * C;
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] = (x[c] - m) / sqrt(v + 1e-5) * w[c] + (b ? b[c] : 0.0);
+    }
+}
+
+void ref_linear(double *out, const double *inp, const double *w, const double *b, int N, int C, int OC) {
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int c = 0; c < C; c++) s += inp[(size_t)i * C + c] * w[(size_t)o * C + c];
+            out[(size_t)i * OC + o] = s;
+        }
+}
+
+void ref_gelu(double *out, const double *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double x = inp[i];
+        out[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+    }
+}
+
+void ref_relu(double *out, const double *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0 ? inp[i] : 0.0;
+}
+
+double ref_crossentropy(const double *logits, const int *targets, int N, int V, int ignore_index, double smoothing) {
+    double total = 0.0;
+    int count = 0;
+    for (int i = 0; i < N; i++) {
+        if (targets[i] == ignore_index) continue;
+        const double *x = logits + (size_t)i * V;
+        double mx = x[0], s = 0.0;
+        for (int j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < V; j++) s += exp(x[j] - mx);
+        double lse = mx + log(s);
+        /* -sum_j q_j log p_j with q = (1-eps) onehot + eps/V */
+        double loss = 0.0;
+        for (int j = 0; j < V; j++) {
+            double q = smoothing / V + (j == targets[i] ? 1.0 - smoothing : 0.0);
+            loss -= q * (x[j] - lse);
+        }
+        total += loss;
+        count++;
+    }
+    return count ? total / count : 0.0;
+}

@@ -1,0 +1,28 @@
+/* Float64 reference implementations, written straight from the math in
+ * docs/kernels.md (and ../shared/reference/attention-variants.md) with no
+ * attention to speed. Tests compare the float32 kernels' forward outputs to
+ * these, and their backward passes to central finite differences of these. */
+#ifndef KVLAB_REF_H
+#define KVLAB_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Self-attention of any variant. proj (B, T, P*C) in the variant's block
+ * layout; +Pos when w != NULL, with `groups` sets of (m weights, 1 bias),
+ * applied in the unfactored form sum_c w_c (S_ij + P_ijc) + b. */
+void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int causal,
+                        const unsigned char *key_pad, const double *w, const double *bias, int m, int groups,
+                        double dropout, uint64_t seed);
+/* Cross-attention, QKV: q (B, Tq, C), kv (B, Tk, 2C). */
+void ref_cross_attention(double *out, const double *q, const double *kv, int B, int Tq, int Tk, int H, int hd,
+                         const unsigned char *key_pad, double dropout, uint64_t seed);
+
+void ref_layernorm(double *out, const double *inp, const double *w, const double *b, int N, int C);
+void ref_linear(double *out, const double *inp, const double *w, const double *b, int N, int C, int OC);
+void ref_gelu(double *out, const double *inp, size_t n);
+void ref_relu(double *out, const double *inp, size_t n);
+/* Mean cross-entropy over rows whose target != ignore_index. */
+double ref_crossentropy(const double *logits, const int *targets, int N, int V, int ignore_index, double smoothing);
+
+#endif

@@ -1,0 +1,688 @@
+/* Kernel tests: every op's forward against a float64 reference and its
+ * backward against float64 central finite differences of that reference;
+ * attention in the variant this binary is built for (tests are built once
+ * per variant configuration, see tests/Makefile) across causal and
+ * bidirectional masks, key padding, dropout and cross-attention.
+ *
+ * Tolerances: a backward pass passes when
+ *   max_k |g_k - fd_k| <= GRAD_TOL * max_k |fd_k| + 1e-6,
+ * over the checked entries, with GRAD_TOL = 1e-3 (float32 kernels against
+ * float64 differences with step 1e-5, whose own error is ~1e-9). Forward
+ * outputs must match the reference within 2e-5 relative to the largest
+ * output (float32 rounding over sums of ~100 terms). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "attention.h"
+#include "common.h"
+#include "kernels.h"
+#include "ref.h"
+#include "test.h"
+
+#define GRAD_TOL 1e-3
+#define FWD_TOL 2e-5
+#define FD_STEP 1e-5
+
+/* ------------------------------------------------------------------ helpers */
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+
+static double urand(void) { /* xorshift64*, uniform in [0, 1) */
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static float *randf(size_t n, double scale) {
+    float *x = dev_alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)((2.0 * urand() - 1.0) * scale);
+    return x;
+}
+
+static double *to_double(const float *x, size_t n) {
+    double *d = xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static double dot(const double *a, const float *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static double max_abs_diff(const float *a, const double *b, size_t n, double *bmax) {
+    double m = 0.0, mb = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        m = d > m ? d : m;
+        mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+    }
+    if (bmax) *bmax = mb;
+    return m;
+}
+
+/* A scalar loss of the reference as a function of its inputs. */
+typedef double (*LossFn)(void *ctx);
+
+/* Compares the analytic gradient g of input x (double copy xd, which the
+ * loss reads) with central differences on up to max_checks entries. */
+static void check_grad(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx, int max_checks) {
+    size_t step = n > (size_t)max_checks ? n / (size_t)max_checks : 1;
+    double err = 0.0, fmax = 0.0;
+    size_t worst = 0;
+    for (size_t k = (size_t)(urand() * (double)step) % step; k < n; k += step) {
+        double old = xd[k];
+        xd[k] = old + FD_STEP;
+        double lp = loss(ctx);
+        xd[k] = old - FD_STEP;
+        double lm = loss(ctx);
+        xd[k] = old;
+        double fd = (lp - lm) / (2 * FD_STEP);
+        double e = fabs(fd - g[k]);
+        if (e > err) err = e, worst = k;
+        fmax = fabs(fd) > fmax ? fabs(fd) : fmax;
+    }
+    CHECK(err <= GRAD_TOL * fmax + 1e-6, "%s: gradient error %.3g (max |fd| %.3g, worst entry %zu)", what, err, fmax,
+          worst);
+}
+
+/* ------------------------------------------------------------------ vexp accuracy */
+
+#include "../kernels/cpu/vecmath.h"
+
+static void test_vecmath(void) {
+    double worst = 0.0;
+    for (double x = -87.0; x <= 88.0; x += 0.0137) {
+        double e = fabs(vexpf((float)x) - exp((float)x)) / exp((float)x);
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst < 3e-7, "vexpf relative error %.3g (want < 3e-7, ~2 ulp)", worst);
+    CHECK(vexpf(-INFINITY) == 0.0f && vexpf(-1000.0f) == 0.0f, "vexpf of very negative inputs is 0");
+    CHECK(isnan(vexpf(NAN)), "vexpf propagates NaN");
+    double tw = 0.0;
+    for (double x = -12.0; x <= 12.0; x += 0.001) {
+        double e = fabs(vtanhf((float)x) - tanh((float)x));
+        tw = e > tw ? e : tw;
+    }
+    CHECK(tw < 3e-7, "vtanhf absolute error %.3g (want < 3e-7)", tw);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct {
+    int variant, B, T, H, hd, causal, m, groups;
+    unsigned char *pad;
+    double dropout;
+    uint64_t seed;
+    double *proj, *w, *b; /* double inputs read by the loss */
+    const float *R;        /* loss weights = dout */
+    double *out;
+} SelfCtx;
+
+static double self_loss(void *vctx) {
+    SelfCtx *c = vctx;
+    size_t n = (size_t)c->B * c->T * c->H * c->hd;
+    ref_self_attention(c->out, c->proj, c->variant, c->B, c->T, c->H, c->hd, c->causal, c->pad, c->w, c->b, c->m,
+                       c->groups, c->dropout, c->seed);
+    return dot(c->out, c->R, n);
+}
+
+static void attention_case(const char *name, int B, int T, int H, int hd, int causal, int padded, float dropout) {
+    const int variant = ATTN_VARIANT, P = attn_num_proj(variant), C = H * hd, m = ATTN_POS_DIM;
+    const int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    size_t nproj = (size_t)B * T * P * C, nout = (size_t)B * T * C;
+    char what[256];
+    float *proj = randf(nproj, 1.0), *R = randf(nout, 1.0);
+    float *out = dev_alloc(nout * sizeof(float)), *lse = dev_alloc((size_t)B * H * T * sizeof(float));
+    float *dproj = dev_alloc(nproj * sizeof(float));
+    unsigned char *pad = NULL;
+    if (padded) { /* pad the last keys of batch 0 and key 0 of the last batch (a causal row with nothing to see) */
+        pad = xcalloc((size_t)B * T, 1);
+        for (int t = T - T / 3; t < T; t++) pad[t] = 1;
+        pad[(size_t)(B - 1) * T] = 1;
+    }
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad, .dropout = dropout,
+                  .seed = 0x1234abcdu};
+    AttnPos pos = {0};
+    AttnPosGrad dpos = {0};
+    float *w = NULL, *bb = NULL, *feat = NULL;
+    if (ATTN_POS) {
+        w = randf((size_t)groups * m, 0.5);
+        bb = randf((size_t)groups, 0.5);
+        /* random weights, but a gain alpha = sum(w) of either sign and away from 0,
+         * so that the scores matter and the variants stay distinguishable */
+        for (int gi = 0; gi < groups; gi++) {
+            double sum = 0.0, target = (urand() < 0.5 ? -1.0 : 1.0) * (0.7 + 0.6 * urand());
+            for (int k = 0; k < m; k++) sum += w[gi * m + k];
+            w[gi * m] += (float)(target - sum);
+        }
+        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
+        attn_pos_features(feat, T, m);
+        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
+        dpos.dw = dev_alloc((size_t)groups * m * sizeof(float));
+        dpos.db = dev_alloc((size_t)groups * sizeof(float));
+    }
+    attention_forward(out, lse, proj, ATTN_POS ? &pos : NULL, &a);
+    attention_backward(dproj, ATTN_POS ? &dpos : NULL, R, proj, out, lse, ATTN_POS ? &pos : NULL, &a);
+
+    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj, nproj),
+                 w ? to_double(w, (size_t)groups * m) : NULL, bb ? to_double(bb, (size_t)groups) : NULL, R,
+                 xmalloc(nout * sizeof(double))};
+    self_loss(&c);
+    double omax, err = max_abs_diff(out, c.out, nout, &omax);
+    snprintf(what, sizeof what, "%s %s forward", attn_variant_label(variant, ATTN_POS), name);
+    CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
+    snprintf(what, sizeof what, "%s %s d(proj)", attn_variant_label(variant, ATTN_POS), name);
+    check_grad(what, c.proj, nproj, dproj, self_loss, &c, 300);
+    if (ATTN_POS) {
+        snprintf(what, sizeof what, "%s %s d(pos w)", attn_variant_label(variant, ATTN_POS), name);
+        check_grad(what, c.w, (size_t)groups * m, dpos.dw, self_loss, &c, 1000);
+        /* rows of G' sum to zero: db = 0 and all query-position channels get
+         * the same gradient (attention-variants.md 3.3) */
+        int ci = attn_pos_query_channels(m);
+        for (int gi = 0; gi < groups; gi++) {
+            double spread = 0.0, scale = 1e-3;
+            for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dpos.dw[gi * m + k]));
+            for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dpos.dw[gi * m + k] - dpos.dw[gi * m]));
+            CHECK(fabs(dpos.db[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
+                  (double)dpos.db[gi]);
+            CHECK(spread <= 1e-5 * scale * B * T, "%s %s: query-channel gradients differ by %.3g, expected equal",
+                  attn_variant_label(variant, 1), name, spread);
+        }
+    }
+    /* Every other variant computes something else on the same buffer. */
+    for (int other = 0; other < 4; other++) {
+        if (other == variant || attn_num_proj(other) != P) continue;
+        double *o2 = xmalloc(nout * sizeof(double));
+        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad, c.w, c.b, m, groups, dropout, a.seed);
+        double d = max_abs_diff(out, o2, nout, NULL);
+        CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
+              name, attn_variant_label(other, ATTN_POS), d);
+        free(o2);
+    }
+    free(c.proj);
+    free(c.w);
+    free(c.b);
+    free(c.out);
+    dev_free(proj);
+    dev_free(R);
+    dev_free(out);
+    dev_free(lse);
+    dev_free(dproj);
+    dev_free(w);
+    dev_free(bb);
+    dev_free(dpos.dw);
+    dev_free(dpos.db);
+    free(feat);
+    free(pad);
+}
+
+typedef struct {
+    int B, Tq, Tk, H, hd;
+    unsigned char *pad;
+    double dropout;
+    uint64_t seed;
+    double *q, *kv;
+    const float *R;
+    double *out;
+} CrossCtx;
+
+static double cross_loss(void *vctx) {
+    CrossCtx *c = vctx;
+    ref_cross_attention(c->out, c->q, c->kv, c->B, c->Tq, c->Tk, c->H, c->hd, c->pad, c->dropout, c->seed);
+    return dot(c->out, c->R, (size_t)c->B * c->Tq * c->H * c->hd);
+}
+
+static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout) {
+    int C = H * hd;
+    size_t nq = (size_t)B * Tq * C, nkv = (size_t)B * Tk * 2 * C;
+    float *q = randf(nq, 1.0), *kv = randf(nkv, 1.0), *R = randf(nq, 1.0);
+    float *out = dev_alloc(nq * sizeof(float)), *lse = dev_alloc((size_t)B * H * Tq * sizeof(float));
+    float *dq = dev_alloc(nq * sizeof(float)), *dkv = dev_alloc(nkv * sizeof(float));
+    unsigned char *pad = NULL;
+    if (padded) {
+        pad = xcalloc((size_t)B * Tk, 1);
+        for (int b = 0; b < B; b++)
+            for (int t = Tk - 1 - b; t < Tk; t++) pad[(size_t)b * Tk + t] = 1;
+    }
+    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad, .dropout = dropout, .seed = 99};
+    cross_attention_forward(out, lse, q, kv, &a);
+    cross_attention_backward(dq, dkv, R, q, kv, out, lse, &a);
+    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q, nq), to_double(kv, nkv), R,
+                  xmalloc(nq * sizeof(double))};
+    cross_loss(&c);
+    double omax, err = max_abs_diff(out, c.out, nq, &omax);
+    char what[128];
+    snprintf(what, sizeof what, "cross-attention %s forward", name);
+    CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g", what, err);
+    snprintf(what, sizeof what, "cross-attention %s d(q)", name);
+    check_grad(what, c.q, nq, dq, cross_loss, &c, 200);
+    snprintf(what, sizeof what, "cross-attention %s d(kv)", name);
+    check_grad(what, c.kv, nkv, dkv, cross_loss, &c, 300);
+    free(c.q);
+    free(c.kv);
+    free(c.out);
+    free(pad);
+    dev_free(q);
+    dev_free(kv);
+    dev_free(R);
+    dev_free(out);
+    dev_free(lse);
+    dev_free(dq);
+    dev_free(dkv);
+}
+
+/* Symmetry of the scores before masking: exact for KV and K (each pair is
+ * computed once), broken by +Pos (B_ij = f(i) + g(j) is not symmetric). */
+static void test_score_symmetry(void) {
+    int B = 1, T = 33, H = 2, hd = 8, P = attn_num_proj(ATTN_VARIANT), m = ATTN_POS_DIM;
+    int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    float *proj = randf((size_t)B * T * P * H * hd, 1.0), *S = xmalloc((size_t)T * T * sizeof(float));
+    float *w = NULL, *bb = NULL, *feat = NULL;
+    AttnPos pos = {0};
+    if (ATTN_POS) {
+        w = randf((size_t)groups * m, 0.5);
+        bb = randf((size_t)groups, 0.5);
+        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
+        attn_pos_features(feat, T, m);
+        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
+    }
+    for (int causal = 0; causal <= 1; causal++) {
+        AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal};
+        attention_scores(S, proj, ATTN_POS ? &pos : NULL, &a, 0, 1);
+        double asym = 0.0;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S[i * T + j] - S[j * T + i]));
+        int sym_variant = ATTN_VARIANT == ATTN_KV || ATTN_VARIANT == ATTN_K;
+        if (sym_variant && !ATTN_POS)
+            CHECK(asym == 0.0, "%s scores (causal=%d) not exactly symmetric: %.3g", attn_variant_label(ATTN_VARIANT, 0),
+                  causal, asym);
+        else
+            CHECK(asym > 1e-3, "%s scores unexpectedly symmetric (%.3g)", attn_variant_label(ATTN_VARIANT, ATTN_POS),
+                  asym);
+        if (ATTN_POS) { /* factored form against the direct sum_c w_c (S_ij + P_ijc) + b */
+            float *S0 = xmalloc((size_t)T * T * sizeof(float));
+            AttnPos zero = pos;
+            float *one = xmalloc((size_t)groups * m * sizeof(float)), *zb = xcalloc((size_t)groups, sizeof(float));
+            for (int k = 0; k < groups * m; k++) one[k] = 1.0f / m; /* alpha = 1, B = mean of P: undone below */
+            zero.w = one;
+            zero.b = zb;
+            attention_scores(S0, proj, &zero, &a, 0, 1);
+            double worst = 0.0, smax = 0.0, Pij[256];
+            int gi = ATTN_POS_PER_HEAD ? 1 : 0;
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) {
+                    attn_pos_entry(Pij, i, j, m);
+                    double raw = S0[i * T + j], mean = 0.0;
+                    for (int k = 0; k < m; k++) mean += Pij[k] / m;
+                    raw -= mean; /* raw scaled score s q_i.k_j */
+                    double direct = bb[gi];
+                    for (int k = 0; k < m; k++) direct += w[gi * m + k] * (raw + Pij[k]);
+                    worst = fmax(worst, fabs(S[i * T + j] - direct));
+                    smax = fmax(smax, fabs(direct));
+                }
+            CHECK(worst <= 1e-6 * fmax(1.0, smax) * 4, "+Pos factored scores differ from the direct sum by %.3g", worst);
+            free(S0);
+            free(one);
+            free(zb);
+        }
+    }
+    dev_free(proj);
+    free(S);
+    dev_free(w);
+    dev_free(bb);
+    free(feat);
+}
+
+/* P table against the reference's float64 test vectors. */
+static void test_pos_vectors(void) {
+    static const double p10_00[10] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+    static const double p10_35[10] = {0.141120, -0.989992, 0.138798, 0.990321, 0.006463,
+                                      0.999979, -0.958924, 0.283662, 0.230002, 0.973190};
+    static const double p10_72[10] = {0.656987, 0.753902, 0.319225, 0.947679, 0.015080,
+                                      0.999886, 0.909297, -0.416147, 0.092699, 0.995694};
+    static const double p20_35[20] = {0.141120, -0.989992, 0.457755, 0.889079, 0.075285, 0.997162, 0.011943,
+                                      0.999929, 0.001893, 0.999998, -0.958924, 0.283662, 0.712073, 0.702105,
+                                      0.125264, 0.992123, 0.019904, 0.999802, 0.003155, 0.999995};
+    static const double p50_12[6] = {0.841471, 0.540302, 0.472732, 0.881206, 0.240078, 0.970754};
+    double out[64];
+    struct {
+        int m, i, j, n;
+        const double *want;
+    } cases[] = {{10, 0, 0, 10, p10_00}, {10, 3, 5, 10, p10_35}, {10, 7, 2, 10, p10_72},
+                 {20, 3, 5, 20, p20_35}, {50, 1, 2, 6, p50_12}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        attn_pos_entry(out, cases[c].i, cases[c].j, cases[c].m);
+        double worst = 0.0;
+        for (int k = 0; k < cases[c].n; k++) worst = fmax(worst, fabs(out[k] - cases[c].want[k]));
+        CHECK(worst < 6e-7, "P[%d,%d] for m=%d differs from the reference vector by %.3g", cases[c].i, cases[c].j,
+              cases[c].m, worst);
+    }
+    CHECK(attn_pos_channels(10) == 6 && attn_pos_channels(20) == 10 && attn_pos_channels(50) == 26,
+          "channels per axis c = ceil(m/4)*2");
+    CHECK(attn_pos_query_channels(50) == 26 && attn_pos_query_channels(10) == 6, "query channels");
+}
+
+/* ------------------------------------------------------------------ other ops */
+
+typedef struct {
+    int N, C, OC;
+    double *x, *w, *b, *out;
+    const float *R;
+} OpCtx;
+
+static double ln_loss(void *v) {
+    OpCtx *c = v;
+    ref_layernorm(c->out, c->x, c->w, c->b, c->N, c->C);
+    return dot(c->out, c->R, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(int with_bias) {
+    int N = 7, C = 37;
+    float *x = randf((size_t)N * C, 2.0), *w = randf(C, 1.0), *b = with_bias ? randf(C, 1.0) : NULL;
+    float *R = randf((size_t)N * C, 1.0), *out = dev_alloc((size_t)N * C * 4), *mean = dev_alloc(N * 4),
+          *rstd = dev_alloc(N * 4), *dx = dev_alloc((size_t)N * C * 4), *dw = dev_alloc(C * 4),
+          *db = with_bias ? dev_alloc(C * 4) : NULL;
+    for (int k = 0; k < C; k++) x[3 * C + k] = x[3 * C + k] * 0.2f + 3.0f; /* a row with a large mean */
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    layernorm_backward(dx, dw, db, R, x, w, mean, rstd, N, C);
+    OpCtx c = {N, C, 0, to_double(x, (size_t)N * C), to_double(w, C), b ? to_double(b, C) : NULL,
+               xmalloc((size_t)N * C * sizeof(double)), R};
+    ln_loss(&c);
+    double omax, err = max_abs_diff(out, c.out, (size_t)N * C, &omax);
+    CHECK(err <= FWD_TOL * omax, "layernorm forward error %.3g", err);
+    check_grad("layernorm d(inp)", c.x, (size_t)N * C, dx, ln_loss, &c, 400);
+    check_grad("layernorm d(w)", c.w, C, dw, ln_loss, &c, 100);
+    if (b) check_grad("layernorm d(b)", c.b, C, db, ln_loss, &c, 100);
+    free(c.x), free(c.w), free(c.b), free(c.out);
+    dev_free(x), dev_free(w), dev_free(b), dev_free(R), dev_free(out), dev_free(mean), dev_free(rstd), dev_free(dx),
+        dev_free(dw), dev_free(db);
+}
+
+static double lin_loss(void *v) {
+    OpCtx *c = v;
+    ref_linear(c->out, c->x, c->w, c->b, c->N, c->C, c->OC);
+    return dot(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+static void test_linear(int with_bias) {
+    int N = 9, C = 70, OC = 67; /* odd sizes, more than one 64-column chunk */
+    float *x = randf((size_t)N * C, 1.0), *w = randf((size_t)OC * C, 0.5), *b = with_bias ? randf(OC, 1.0) : NULL;
+    float *R = randf((size_t)N * OC, 1.0), *out = dev_alloc((size_t)N * OC * 4), *dx = dev_alloc((size_t)N * C * 4),
+          *dw = dev_alloc((size_t)OC * C * 4), *db = with_bias ? dev_alloc(OC * 4) : NULL;
+    linear_forward(out, x, w, b, N, C, OC);
+    linear_backward(dx, dw, db, R, x, w, N, C, OC);
+    OpCtx c = {N, C, OC, to_double(x, (size_t)N * C), to_double(w, (size_t)OC * C), b ? to_double(b, OC) : NULL,
+               xmalloc((size_t)N * OC * sizeof(double)), R};
+    lin_loss(&c);
+    double omax, err = max_abs_diff(out, c.out, (size_t)N * OC, &omax);
+    CHECK(err <= FWD_TOL * omax, "linear forward error %.3g", err);
+    check_grad("linear d(inp)", c.x, (size_t)N * C, dx, lin_loss, &c, 300);
+    check_grad("linear d(w)", c.w, (size_t)OC * C, dw, lin_loss, &c, 300);
+    if (b) check_grad("linear d(b)", c.b, OC, db, lin_loss, &c, 100);
+    free(c.x), free(c.w), free(c.b), free(c.out);
+    dev_free(x), dev_free(w), dev_free(b), dev_free(R), dev_free(out), dev_free(dx), dev_free(dw), dev_free(db);
+}
+
+static double gelu_loss(void *v) {
+    OpCtx *c = v;
+    ref_gelu(c->out, c->x, (size_t)c->N);
+    return dot(c->out, c->R, (size_t)c->N);
+}
+
+static double relu_loss(void *v) {
+    OpCtx *c = v;
+    ref_relu(c->out, c->x, (size_t)c->N);
+    return dot(c->out, c->R, (size_t)c->N);
+}
+
+static void test_activations(void) {
+    int N = 1001;
+    float *x = randf(N, 6.0), *R = randf(N, 1.0), *out = dev_alloc(N * 4), *dx = dev_alloc(N * 4);
+    for (int i = 0; i < N; i++) /* keep ReLU's kink out of the difference's reach */
+        if (fabsf(x[i]) < 1e-3f) x[i] = 0.5f;
+    OpCtx c = {N, 0, 0, to_double(x, N), NULL, NULL, xmalloc(N * sizeof(double)), R};
+    gelu_forward(out, x, N);
+    gelu_backward(dx, x, R, N);
+    gelu_loss(&c);
+    double omax, err = max_abs_diff(out, c.out, N, &omax);
+    CHECK(err <= 1e-6 * omax, "gelu forward error %.3g", err);
+    check_grad("gelu d(inp)", c.x, N, dx, gelu_loss, &c, 1001);
+    memset(dx, 0, N * 4);
+    relu_forward(out, x, N);
+    relu_backward(dx, x, R, N);
+    relu_loss(&c);
+    err = max_abs_diff(out, c.out, N, &omax);
+    CHECK(err == 0.0, "relu forward error %.3g", err);
+    check_grad("relu d(inp)", c.x, N, dx, relu_loss, &c, 1001);
+    /* residual: exact */
+    float *y = randf(N, 1.0), *da = dev_alloc(N * 4), *dbb = dev_alloc(N * 4);
+    residual_forward(out, x, y, N);
+    residual_backward(da, dbb, R, N);
+    int ok = 1;
+    for (int i = 0; i < N; i++) ok &= out[i] == x[i] + y[i] && da[i] == R[i] && dbb[i] == R[i];
+    CHECK(ok, "residual forward/backward");
+    free(c.x), free(c.out);
+    dev_free(x), dev_free(R), dev_free(out), dev_free(dx), dev_free(y), dev_free(da), dev_free(dbb);
+}
+
+static void test_embedding(void) {
+    int B = 3, T = 5, C = 130, V = 11;
+    int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
+    float *wte = randf((size_t)V * C, 1.0), *wpe = randf((size_t)T * C, 1.0), *out = dev_alloc((size_t)B * T * C * 4);
+    float *dout = randf((size_t)B * T * C, 1.0), *dwte = dev_alloc((size_t)V * C * 4), *dwpe = dev_alloc((size_t)T * C * 4);
+    embedding_forward(out, tokens, wte, wpe, B, T, C, V);
+    embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+    int ok = 1;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++) ok &= out[i * C + c] == wte[tokens[i] * C + c] + wpe[(i % T) * C + c];
+    CHECK(ok, "embedding forward is wte[token] + wpe[position]");
+    double err = 0.0;
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int i = 0; i < B * T; i++)
+                if (tokens[i] == v) s += dout[i * C + c];
+            err = fmax(err, fabs(s - dwte[v * C + c]));
+        }
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int b = 0; b < B; b++) s += dout[(b * T + t) * C + c];
+            err = fmax(err, fabs(s - dwpe[t * C + c]));
+        }
+    CHECK(err < 1e-5, "embedding backward sums the gradients of each token and position (error %.3g)", err);
+    dev_free(wte), dev_free(wpe), dev_free(out), dev_free(dout), dev_free(dwte), dev_free(dwpe);
+}
+
+typedef struct {
+    int N, V, ignore;
+    double smoothing;
+    double *logits;
+    const int *targets;
+} CeCtx;
+
+static double ce_loss(void *v) {
+    CeCtx *c = v;
+    return ref_crossentropy(c->logits, c->targets, c->N, c->V, c->ignore, c->smoothing);
+}
+
+static void test_crossentropy(double smoothing) {
+    int N = 8, V = 13, ignore = 0;
+    int targets[8] = {3, 0, 12, 5, 0, 7, 1, 11}; /* two rows are padding (0) */
+    float *logits = randf((size_t)N * V, 4.0), *losses = dev_alloc(N * 4), *lse = dev_alloc(N * 4);
+    float *dl = dev_alloc((size_t)N * V * 4);
+    int counted = crossentropy_forward(losses, lse, logits, targets, N, V, ignore, (float)smoothing);
+    CHECK(counted == 6, "crossentropy counts %d rows, expected 6", counted);
+    double mean = 0.0;
+    for (int i = 0; i < N; i++) mean += losses[i];
+    mean /= counted;
+    CeCtx c = {N, V, ignore, smoothing, to_double(logits, (size_t)N * V), targets};
+    double want = ce_loss(&c);
+    CHECK(fabs(mean - want) < 1e-5 * fabs(want), "crossentropy loss %.7f, reference %.7f (smoothing %.2f)", mean, want,
+          smoothing);
+    CHECK(losses[1] == 0.0f && losses[4] == 0.0f, "ignored rows have zero loss");
+    crossentropy_backward(dl, logits, lse, targets, N, V, ignore, (float)smoothing, 1.0f / counted);
+    char what[64];
+    snprintf(what, sizeof what, "crossentropy d(logits), smoothing %.2f", smoothing);
+    check_grad(what, c.logits, (size_t)N * V, dl, ce_loss, &c, 1000);
+    /* in place: dlogits overwrite the logits */
+    crossentropy_backward(logits, logits, lse, targets, N, V, ignore, (float)smoothing, 1.0f / counted);
+    double err = 0.0;
+    for (int i = 0; i < N * V; i++) err = fmax(err, fabs(logits[i] - dl[i]));
+    CHECK(err == 0.0, "in-place crossentropy backward equals out-of-place (%.3g)", err);
+    free(c.logits);
+    dev_free(logits), dev_free(losses), dev_free(lse), dev_free(dl);
+}
+
+static void test_dropout(void) {
+    size_t n = 200000;
+    float p = 0.3f;
+    float *x = randf(n, 1.0), *y = dev_alloc(n * 4), *y2 = dev_alloc(n * 4), *dx = dev_alloc(n * 4);
+    uint64_t s = dropout_seed(1337, 5, 2);
+    dropout_forward(y, x, n, p, s);
+    dropout_forward(y2, x, n, p, s);
+    dropout_backward(dx, x, n, p, s); /* dout = x: dx must equal y */
+    size_t kept = 0;
+    int same = 1, scaled = 1, mask = 1;
+    for (size_t i = 0; i < n; i++) {
+        kept += y[i] != 0.0f;
+        same &= y[i] == y2[i];
+        if (y[i] != 0.0f) scaled &= fabsf(y[i] - x[i] / (1 - p)) <= 1e-6f * fabsf(y[i]);
+        mask &= dx[i] == y[i];
+    }
+    double frac = (double)kept / n, sd = sqrt(p * (1 - p) / n);
+    CHECK(fabs(frac - (1 - p)) < 5 * sd, "dropout keeps %.4f of values, expected %.2f", frac, 1 - p);
+    CHECK(same, "dropout is deterministic for a seed");
+    CHECK(scaled, "kept values are scaled by 1/(1-p)");
+    CHECK(mask, "dropout backward uses the forward mask");
+    dropout_forward(y2, x, n, p, dropout_seed(1337, 6, 2));
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += (y[i] == 0.0f) != (y2[i] == 0.0f);
+    CHECK(differ > n / 10, "another step gives another mask (%zu of %zu differ)", differ, n);
+    dev_free(x), dev_free(y), dev_free(y2), dev_free(dx);
+}
+
+static void test_adamw_and_clip(void) {
+    /* Hand-computed with lr 0.1, betas (0.9, 0.999), eps 1e-8, wd 0.01, p0 = 1:
+     * step 1, g = 0.5:   m = 0.05, v = 2.5e-4, mhat = 0.5, vhat = 0.25,
+     *                    p = 1 - 0.1 (0.5/(0.5+1e-8) + 0.01) = 0.899000002
+     * step 2, g = -0.25: m = 0.02, v = 3.1225e-4, mhat = 0.02/0.19, vhat = 3.1225e-4/0.001999,
+     *                    p = 0.899 - 0.1 (0.266337... + 0.00899) = 0.8714672987 */
+    float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
+    adamw_update(&p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    CHECK_CLOSE(m, 0.05, 1e-8, 1e-6, "adamw m after step 1");
+    CHECK_CLOSE(v, 2.5e-4, 0, 1e-4, "adamw v after step 1 (float32 1-beta2 is 0.00099999)");
+    CHECK_CLOSE(p, 0.899000002, 1e-7, 0, "adamw param after step 1");
+    g = -0.25f;
+    adamw_update(&p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    CHECK_CLOSE(p, 0.8714672987, 2e-7, 0, "adamw param after step 2 (bias correction)");
+    float q = 1.0f, mq = 0.0f, vq = 0.0f, gq = 0.5f;
+    adamw_update(&q, &gq, &mq, &vq, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+    CHECK_CLOSE(q, 0.9, 1e-7, 0, "adamw without weight decay: p = 1 - 0.1 * 1");
+
+    float grads[5] = {3.0f, 0.0f, 4.0f, 0.0f, 0.0f}; /* norm 5 */
+    double norm = clip_grad_norm(grads, 5, 1.0);
+    CHECK_CLOSE(norm, 5.0, 1e-12, 0, "clip returns the norm before clipping");
+    CHECK_CLOSE(grads[0], 3.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales by max/(norm+1e-6)");
+    CHECK_CLOSE(grads[2], 4.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales every entry");
+    CHECK_CLOSE(grad_norm(grads, 5), 1.0, 1e-6, 0, "norm after clipping is the maximum");
+    float small[2] = {0.3f, 0.4f};
+    clip_grad_norm(small, 2, 1.0);
+    CHECK(small[0] == 0.3f && small[1] == 0.4f, "no clipping below the maximum");
+}
+
+/* ------------------------------------------------------------------ argument errors */
+
+/* Runs fn in a child; it must exit 1 with a message naming op on stderr. */
+static void expect_error(const char *op, void (*fn)(void)) {
+    int fds[2];
+    if (pipe(fds) != 0) FATAL("pipe failed");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[1024] = {0};
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof buf - 1 && (n = read(fds[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)n;
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(buf, op) != NULL,
+          "bad arguments to %s: exit status %d, message '%s'", op, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
+}
+
+static float dummy[64];
+static void bad_linear(void) { linear_forward(dummy, dummy + 8, dummy + 16, NULL, 0, 4, 4); }
+static void bad_layernorm(void) { layernorm_forward(dummy, dummy, dummy, dummy, dummy, NULL, 2, -1); }
+static void bad_attention(void) {
+    float lse[4];
+    AttnArgs a = {.B = 1, .T = 2, .H = 0, .hd = 4};
+    attention_forward(dummy, lse, dummy, NULL, &a);
+}
+static void bad_dropout(void) { dropout_forward(dummy, dummy, 4, 1.5f, 1); }
+static void bad_embedding(void) {
+    int tok[2] = {0, 7};
+    embedding_forward(dummy, tok, dummy, dummy, 1, 2, 2, 5);
+}
+static void bad_crossentropy(void) {
+    int t[1] = {9};
+    crossentropy_forward(dummy, dummy, dummy, t, 1, 4, -1, 0.0f);
+}
+static void bad_cross_attention(void) {
+    float lse[4];
+    CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
+    cross_attention_forward(dummy, lse, dummy, dummy, &a);
+}
+
+static void test_argument_errors(void) {
+    expect_error("linear_forward", bad_linear);
+    expect_error("layernorm_forward", bad_layernorm);
+    expect_error("attention_forward", bad_attention);
+    expect_error("dropout_forward", bad_dropout);
+    expect_error("embedding_forward", bad_embedding);
+    expect_error("crossentropy_forward", bad_crossentropy);
+    expect_error("cross_attention_forward", bad_cross_attention);
+}
+
+int main(void) {
+    backend_init(0);
+    printf("kernels test: attention variant %s (m=%d, %s), %d threads\n", attn_variant_label(ATTN_VARIANT, ATTN_POS),
+           ATTN_POS_DIM, ATTN_POS_PER_HEAD ? "per head" : "per layer", backend_threads());
+    test_vecmath();
+    test_pos_vectors();
+    test_score_symmetry();
+    attention_case("bidirectional", 2, 9, 2, 4, 0, 0, 0.0f);
+    attention_case("causal, 2 row blocks", 2, 70, 2, 4, 1, 0, 0.0f);
+    attention_case("bidirectional, 2 row blocks", 1, 70, 2, 4, 0, 0, 0.0f);
+    attention_case("bidirectional, key padding", 2, 9, 2, 4, 0, 1, 0.0f);
+    attention_case("causal, key padding", 2, 9, 2, 4, 1, 1, 0.0f);
+    attention_case("causal, dropout", 2, 9, 2, 4, 1, 0, 0.25f);
+    attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 1, 0.25f);
+    cross_case("plain", 2, 6, 11, 2, 4, 0, 0.0f);
+    cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
+    cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);
+    test_layernorm(1);
+    test_layernorm(0);
+    test_linear(1);
+    test_linear(0);
+    test_activations();
+    test_embedding();
+    test_crossentropy(0.0);
+    test_crossentropy(0.1);
+    test_dropout();
+    test_adamw_and_clip();
+    test_argument_errors();
+    return TEST_SUMMARY("test_kernels");
+}
