@@ -1,0 +1,133 @@
+/* tokenize: encodes a UTF-8 text file with GPT-2 BPE into llm.c token
+ * shards (formats.md §2.3). The input is one document, so the token stream
+ * is <|endoftext|> followed by the text's tokens; the first N tokens go to
+ * PREFIX_val_000000.bin and the rest to PREFIX_train_000001.bin, like
+ * llm.c's tiny Shakespeare split. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistr.h>
+
+#include "bpe.h"
+#include "common.h"
+#include "token_shards.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tokenize --encoder PATH --vocab PATH --input TEXT --out-prefix PREFIX [--val-tokens N]\n"
+               "  --encoder PATH     GPT-2 encoder.json\n"
+               "  --vocab PATH       GPT-2 vocab.bpe\n"
+               "  --input TEXT       UTF-8 text file, encoded as one document\n"
+               "  --out-prefix P     writes P_val_000000.bin and P_train_000001.bin\n"
+               "  --val-tokens N     tokens in the validation shard (default 32768)\n");
+}
+
+static int fail(const char *msg) {
+    fprintf(stderr, "tokenize: error: %s\n", msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *encoder = NULL, *vocab = NULL, *input = NULL, *prefix = NULL;
+    long long val_tokens = 32768;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tokenize: error: %s needs a value (hint: see tokenize --help)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (strcmp(a, "--encoder") == 0) {
+            encoder = v;
+        } else if (strcmp(a, "--vocab") == 0) {
+            vocab = v;
+        } else if (strcmp(a, "--input") == 0) {
+            input = v;
+        } else if (strcmp(a, "--out-prefix") == 0) {
+            prefix = v;
+        } else if (strcmp(a, "--val-tokens") == 0) {
+            char *end;
+            errno = 0;
+            val_tokens = strtoll(v, &end, 10);
+            if (errno || end == v || *end || val_tokens < 1) {
+                fprintf(stderr, "tokenize: error: --val-tokens '%s' is not a positive integer\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "tokenize: error: unknown option '%s' (hint: see tokenize --help)\n", a);
+            return 2;
+        }
+    }
+    if (!encoder || !vocab || !input || !prefix || !*prefix) {
+        fprintf(stderr, "tokenize: error: --encoder, --vocab, --input and --out-prefix are required\n");
+        usage(stderr);
+        return 2;
+    }
+
+    Err e;
+    Bpe *bpe = bpe_load(encoder, vocab, &e);
+    if (!bpe) return fail(e.msg);
+    size_t len;
+    char *text = read_file(input, &len, &e);
+    if (!text) {
+        bpe_free(bpe);
+        fprintf(stderr, "tokenize: error: %s (hint: check --input)\n", e.msg);
+        return 1;
+    }
+    const uint8_t *bad = u8_check((const uint8_t *)text, len);
+    if (bad) /* still lossless: each invalid byte becomes its own token */
+        fprintf(stderr, "tokenize: warning: %s: not valid UTF-8 at byte %zu; invalid bytes are encoded one by one\n",
+                input, (size_t)(bad - (const uint8_t *)text));
+    double t0 = wall_seconds();
+    size_t n = 0, cap = 1;
+    int *ids = xmalloc(cap * sizeof(int));
+    ids[n++] = bpe_eot(bpe); /* the document starts with <|endoftext|>, as in llm.c's data scripts */
+    int rc = bpe_encode(bpe, text, len, &ids, &n, &cap, &e);
+    double dt = wall_seconds() - t0;
+    free(text);
+    bpe_free(bpe);
+    if (rc != 0) {
+        free(ids);
+        return fail(e.msg);
+    }
+    printf("%s: %zu bytes -> %zu tokens (incl. the leading <|endoftext|>) in %.3f s\n", input, len, n, dt);
+    if ((size_t)val_tokens >= n) {
+        fprintf(stderr, "tokenize: error: %s: only %zu tokens, need more than --val-tokens %lld to leave a training shard (hint: lower --val-tokens)\n",
+                input, n, val_tokens);
+        free(ids);
+        return 1;
+    }
+
+    /* create the prefix's folder, e.g. data/tinyshakespeare/ */
+    char *dir = xstrdup(prefix);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = 0;
+        if (make_dirs(dir, &e) != 0) {
+            free(dir);
+            free(ids);
+            return fail(e.msg);
+        }
+    }
+    free(dir);
+    size_t plen = strlen(prefix) + 32;
+    char *val_path = xmalloc(plen), *train_path = xmalloc(plen);
+    snprintf(val_path, plen, "%s_val_000000.bin", prefix);
+    snprintf(train_path, plen, "%s_train_000001.bin", prefix);
+    size_t nval = (size_t)val_tokens;
+    rc = shard_write(val_path, ids, nval, &e) == 0 && shard_write(train_path, ids + nval, n - nval, &e) == 0 ? 0 : 1;
+    if (rc == 0) {
+        printf("wrote %s (%zu tokens)\n", val_path, nval);
+        printf("wrote %s (%zu tokens)\n", train_path, n - nval);
+    } else {
+        fprintf(stderr, "tokenize: error: %s\n", e.msg);
+    }
+    free(val_path);
+    free(train_path);
+    free(ids);
+    return rc;
+}
