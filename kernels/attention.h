@@ -33,8 +33,10 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 #define ATTN_VARIANT ATTN_K
 #elif IS_ENABLED(CONFIG_ATTN_KV_TYING)
 #define ATTN_VARIANT ATTN_KV_TYING
-#else
+#elif IS_ENABLED(CONFIG_ATTN_QKV)
 #define ATTN_VARIANT ATTN_QKV
+#else
+#error "no attention variant in the configuration (run make olddefconfig)"
 #endif
 #define ATTN_POS IS_ENABLED(CONFIG_ATTN_POS)
 #ifdef CONFIG_ATTN_POS_DIM
@@ -42,7 +44,13 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 #else
 #define ATTN_POS_DIM 0
 #endif
-#define ATTN_POS_PER_HEAD IS_ENABLED(CONFIG_ATTN_POS_PER_HEAD)
+#if IS_ENABLED(CONFIG_ATTN_POS_PER_HEAD)
+#define ATTN_POS_PER_HEAD 1
+#elif IS_ENABLED(CONFIG_ATTN_POS_PER_LAYER) || !ATTN_POS
+#define ATTN_POS_PER_HEAD 0
+#else
+#error "+Pos without a weight-sharing choice (run make olddefconfig)"
+#endif
 
 /* Projections of a variant, and which block (0..P-1) plays each role. */
 static inline int attn_num_proj(int variant) {
@@ -125,6 +133,18 @@ void cross_attention_forward(float *out, float *lse, const float *q, const float
 void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
                               const float *kv, const float *out, const float *lse,
                               const CrossAttnArgs *a);
+
+/* Decoding with a KV cache: one new query at position t against the cached
+ * key-role and value-role rows 0..t (row stride ld; keys and values may be
+ * the same buffer, as in K and KV tying, whose caches hold one tensor).
+ * q is the new token's query-role projection (C floats); out gets C. */
+void attention_decode(float *out, const float *q, const float *keys, const float *values, int ld, int t, int H,
+                      int hd, const AttnPos *pos);
+
+/* Bidirectional KV and K attention compute each score pair once (ssyrk).
+ * Turning that off sends them through the general path: for benchmarks
+ * that measure the saving and tests that compare the two paths. Default on. */
+void attention_set_symmetric_path(int on);
 
 /* One (batch, head) as dense T x T matrices, computed by the same code as
  * the forward pass, for tests and analyses: the scores S' before any mask

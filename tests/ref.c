@@ -18,13 +18,28 @@ static void roles(int variant, int *P, int *qb, int *kb, int *vb) {
     }
 }
 
+/* The positional table P[i,j,:] for all (i, j), kept between calls: finite
+ * differences evaluate the same shapes thousands of times. */
+static const double *pos_table(int Tq, int Tk, int m) {
+    static double *table;
+    static int tq, tk, tm;
+    if (!table || tq != Tq || tk != Tk || tm != m) {
+        free(table);
+        table = malloc((size_t)Tq * Tk * m * sizeof(double));
+        for (int i = 0; i < Tq; i++)
+            for (int j = 0; j < Tk; j++) attn_pos_entry(table + ((size_t)i * Tk + j) * m, i, j, m);
+        tq = Tq, tk = Tk, tm = m;
+    }
+    return table;
+}
+
 /* One head: scores, +Pos, masks, softmax, dropout, values. */
 static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const double *K, const double *V, int kv_ld,
                      int Tq, int Tk, int hd, int causal, const unsigned char *pad, const double *w, double bias,
                      int m, double dropout, uint64_t seed, size_t drop_base) {
     double s = 1.0 / sqrt((double)hd);
     double *row = malloc((size_t)Tk * sizeof(double));
-    double *P = malloc((size_t)(m > 0 ? m : 1) * sizeof(double));
+    const double *table = w ? pos_table(Tq, Tk, m) : NULL;
     uint32_t thr = (uint32_t)((float)dropout * 16777216.0f);
     for (int i = 0; i < Tq; i++) {
         double mx = -INFINITY;
@@ -33,7 +48,7 @@ static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const dou
             for (int d = 0; d < hd; d++) dot += Q[(size_t)i * q_ld + d] * K[(size_t)j * kv_ld + d];
             double sc = s * dot;
             if (w) {
-                attn_pos_entry(P, i, j, m);
+                const double *P = table + ((size_t)i * Tk + j) * m;
                 double t = bias;
                 for (int c = 0; c < m; c++) t += w[c] * (sc + P[c]);
                 sc = t;
@@ -57,7 +72,6 @@ static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const dou
         }
     }
     free(row);
-    free(P);
 }
 
 void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int causal,

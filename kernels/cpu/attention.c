@@ -78,6 +78,10 @@ void attn_pos_entry(double *out, int i, int j, int m) {
 
 /* ------------------------------------------------------------------ problem */
 
+static int g_symmetric_path = 1;
+
+void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
+
 /* One attention call with its roles resolved to strided pointers. Head h of
  * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */
 typedef struct {
@@ -481,7 +485,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
     p->H = a->H;
     p->hd = a->hd;
     p->causal = a->causal;
-    p->symmetric = kb == 0 && !a->causal; /* query role == key role */
+    p->symmetric = kb == 0 && !a->causal && g_symmetric_path; /* query role == key role */
     p->pos = ATTN_POS;
     p->scale = 1.0f / sqrtf((float)a->hd);
     p->q = proj;
@@ -582,6 +586,42 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     cross_problem(&p, "cross_attention_backward", (float *)out, (float *)lse, q, kv, dq, dkv, dout, a);
     run_backward(&p);
+}
+
+/* ------------------------------------------------------------------ decoding */
+
+void attention_decode(float *out, const float *q, const float *keys, const float *values, int ld, int t, int H,
+                      int hd, const AttnPos *pos) {
+    if (t < 0 || H <= 0 || hd <= 0 || ld < H * hd) FATAL("attention_decode: bad shape t=%d H=%d hd=%d ld=%d", t, H, hd, ld);
+    if (ATTN_POS && (!pos || pos->T <= t)) FATAL("attention_decode: +Pos basis missing or shorter than position %d", t);
+    int n = t + 1;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *s = xmalloc((size_t)n * sizeof(float));
+    for (int h = 0; h < H; h++) {
+        const float *qh = q + (size_t)h * hd;
+        /* s_j = scale * k_j . q for the cached rows j = 0..t */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, keys + (size_t)h * hd, ld, qh, 1, 0.0f, s, 1);
+        if (ATTN_POS) { /* alpha s_j + g(j) + f(t) + b, with this head's weights */
+            int gi = pos->groups == 1 ? 0 : h, m = pos->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
+            const float *w = pos->w + (size_t)gi * m;
+            float alpha = 0.0f, ft = 0.0f;
+            for (int k = 0; k < m; k++) alpha += w[k];
+            for (int k = 0; k < ci; k++) ft += w[k] * pos->feat[(size_t)t * c + k];
+            for (int j = 0; j < n; j++) {
+                float g = 0.0f;
+                for (int k = ci; k < m; k++) g += w[k] * pos->feat[(size_t)j * c + (k - ci)];
+                s[j] = alpha * s[j] + g + ft + pos->b[gi];
+            }
+        }
+        float mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        for (int j = 0; j < n; j++) sum += (s[j] = vexpf(s[j] - mx));
+        for (int j = 0; j < n; j++) s[j] /= sum;
+        /* out_h = sum_j a_j v_j */
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, values + (size_t)h * hd, ld, s, 1, 0.0f,
+                    out + (size_t)h * hd, 1);
+    }
+    free(s);
 }
 
 /* ------------------------------------------------------------------ dense views */
