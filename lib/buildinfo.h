@@ -1,0 +1,14 @@
+/* What a binary was built from: the resolved configuration (JSON) and the
+ * git commit, both compiled in so that every checkpoint and metrics file
+ * records exactly what ran. Also the parsing of numeric string options. */
+#ifndef KVLAB_BUILDINFO_H
+#define KVLAB_BUILDINFO_H
+
+const char *build_config_json(void);
+const char *build_git_commit(void);
+/* A string Kconfig option holding a number, checked against [lo, hi]; stops
+ * with an error naming the symbol when the text is not such a number. */
+double config_number(const char *symbol, const char *text, double lo, double hi);
+#define KCONFIG_NUMBER(sym, lo, hi) config_number(#sym, sym, (lo), (hi))
+
+#endif

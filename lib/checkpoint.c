@@ -1,0 +1,140 @@
+#include "checkpoint.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
+    if (ndim < 1 || ndim > PARAM_MAX_DIMS) FATAL("param_add: %s: %d dimensions", name, ndim);
+    if (strlen(name) >= PARAM_NAME_MAX) FATAL("param_add: name too long: %s", name);
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 64;
+        t->specs = xrealloc(t->specs, (size_t)t->cap * sizeof(ParamSpec));
+    }
+    ParamSpec *s = &t->specs[t->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ndim = ndim;
+    s->decay = decay;
+    s->numel = 1;
+    va_list ap;
+    va_start(ap, ndim);
+    for (int d = 0; d < ndim; d++) {
+        s->shape[d] = va_arg(ap, int);
+        s->numel *= (size_t)s->shape[d];
+    }
+    va_end(ap);
+    s->offset = t->total;
+    t->total += s->numel;
+    return s->offset;
+}
+
+const ParamSpec *param_find(const ParamTable *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->specs[i].name, name) == 0) return &t->specs[i];
+    return NULL;
+}
+
+void param_table_free(ParamTable *t) {
+    free(t->specs);
+    memset(t, 0, sizeof *t);
+}
+
+static StTensorIn tensor_in(const ParamSpec *s, const char *name, const float *base) {
+    StTensorIn in = {.name = name, .dtype = ST_F32, .ndim = s->ndim, .data = base + s->offset};
+    for (int d = 0; d < s->ndim; d++) in.shape[d] = s->shape[d];
+    return in;
+}
+
+int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
+                    const StMeta *meta, int nmeta, Err *e) {
+    int per = m && v ? 3 : 1;
+    StTensorIn *in = xmalloc((size_t)t->n * per * sizeof(StTensorIn));
+    char (*names)[PARAM_NAME_MAX + 8] = xmalloc((size_t)t->n * per * sizeof *names);
+    int n = 0;
+    for (int i = 0; i < t->n; i++) {
+        in[n] = tensor_in(&t->specs[i], t->specs[i].name, params);
+        n++;
+        if (per == 3) {
+            snprintf(names[n], sizeof names[n], "optim.m.%s", t->specs[i].name);
+            in[n] = tensor_in(&t->specs[i], names[n], m);
+            n++;
+            snprintf(names[n], sizeof names[n], "optim.v.%s", t->specs[i].name);
+            in[n] = tensor_in(&t->specs[i], names[n], v);
+            n++;
+        }
+    }
+    StMeta *all = xmalloc((size_t)(nmeta + 2) * sizeof(StMeta));
+    all[0] = (StMeta){"framework", "kvlab"};
+    all[1] = (StMeta){"format_version", CHECKPOINT_FORMAT_VERSION};
+    memcpy(all + 2, meta, (size_t)nmeta * sizeof(StMeta));
+    int rc = st_save(path, in, n, all, nmeta + 2, e);
+    free(all);
+    free(names);
+    free(in);
+    return rc;
+}
+
+StFile *checkpoint_open(const char *path, const char *family, Err *e) {
+    StFile *f = st_open(path, e);
+    if (!f) return NULL;
+    const char *fw = st_meta(f, "framework"), *ver = st_meta(f, "format_version"), *fam = st_meta(f, "family");
+    if (!fw || strcmp(fw, "kvlab") != 0) {
+        err_set(e, "%s: not a kvlab checkpoint (safetensors without kvlab metadata) (hint: kvlab reads only "
+                   "checkpoints it wrote; check the path)", path);
+    } else if (!ver || strcmp(ver, CHECKPOINT_FORMAT_VERSION) != 0) {
+        err_set(e, "%s: checkpoint format version %s, this build reads version %s (hint: use the kvlab version "
+                   "that wrote it)", path, ver ? ver : "(missing)", CHECKPOINT_FORMAT_VERSION);
+    } else if (!fam || strcmp(fam, family) != 0) {
+        err_set(e, "%s: checkpoint of model family '%s', expected '%s' (hint: use that family's binary)", path,
+                fam ? fam : "(missing)", family);
+    } else {
+        return f;
+    }
+    st_close(f);
+    return NULL;
+}
+
+int checkpoint_expect(StFile *f, const char *key, const char *want, const char *hint, Err *e) {
+    const char *got = st_meta(f, key);
+    if (got && strcmp(got, want) == 0) return 0;
+    return err_set(e, "%s: mismatched checkpoint: %s is '%s', this binary has '%s' (hint: %s)", st_path(f), key,
+                   got ? got : "(missing)", want, hint);
+}
+
+static int read_one(StFile *f, const ParamSpec *s, const char *name, float *dst, Err *e) {
+    const StTensorInfo *ti = st_find(f, name);
+    if (!ti)
+        return err_set(e, "%s: tensor '%s' is missing (hint: the checkpoint is from a different model shape or "
+                          "variant; use the binary of the step that wrote it)", st_path(f), name);
+    if (st_read_f32(f, name, s->ndim, s->shape, dst, e) != 0) return -1;
+    for (size_t k = 0; k < s->numel; k++)
+        if (!isfinite(dst[k]))
+            return err_set(e, "%s: tensor '%s' holds a non-finite value at index %zu (hint: the run that wrote it "
+                              "diverged; use an earlier checkpoint)", st_path(f), name, k);
+    return 0;
+}
+
+int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e) {
+    char name[PARAM_NAME_MAX + 16];
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *s = &t->specs[i];
+        if (read_one(f, s, s->name, params + s->offset, e) != 0) return -1;
+        if (m && v) {
+            snprintf(name, sizeof name, "optim.m.%s", s->name);
+            if (read_one(f, s, name, m + s->offset, e) != 0) return -1;
+            snprintf(name, sizeof name, "optim.v.%s", s->name);
+            if (read_one(f, s, name, v + s->offset, e) != 0) return -1;
+        }
+    }
+    /* nothing unexpected: every tensor is a parameter or one of its moments */
+    for (int i = 0; i < st_count(f); i++) {
+        const char *n = st_get(f, i)->name;
+        const char *base = strncmp(n, "optim.m.", 8) == 0 || strncmp(n, "optim.v.", 8) == 0 ? n + 8 : n;
+        if (!param_find(t, base))
+            return err_set(e, "%s: unexpected tensor '%s' (hint: the checkpoint is from a different model shape or "
+                              "variant; use the binary of the step that wrote it)", st_path(f), n);
+    }
+    return 0;
+}

@@ -1,0 +1,56 @@
+/* Named parameter tables and kvlab checkpoints (safetensors).
+ *
+ * A model describes its parameters as a ParamTable: names, shapes and
+ * offsets into ONE contiguous float buffer (llm.c style), and whether AdamW
+ * decays them. Checkpoints store every tensor under its name plus string
+ * metadata (family, variant, the resolved configuration, ...). A resumable
+ * state file adds the AdamW moments as "optim.m.<name>" / "optim.v.<name>".
+ * Loading is strict: a foreign file, another family or variant, a missing,
+ * extra or misshaped tensor, or a non-finite value is an error naming the
+ * file and the problem. */
+#ifndef KVLAB_CHECKPOINT_H
+#define KVLAB_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "safetensors.h"
+
+#define PARAM_NAME_MAX 96
+#define PARAM_MAX_DIMS 4
+
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[PARAM_MAX_DIMS];
+    size_t offset, numel;
+    int decay; /* AdamW weight decay applies (matrices) */
+} ParamSpec;
+
+typedef struct {
+    ParamSpec *specs;
+    int n, cap;
+    size_t total; /* floats */
+} ParamTable;
+
+/* Appends a tensor of the given shape (ndim values follow); returns its offset. */
+size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
+const ParamSpec *param_find(const ParamTable *t, const char *name);
+void param_table_free(ParamTable *t);
+
+#define CHECKPOINT_FORMAT_VERSION "1"
+
+/* Writes params (and, if m and v are given, the AdamW moments) with the
+ * metadata pairs; "framework" and "format_version" are added. Atomic. */
+int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
+                    const StMeta *meta, int nmeta, Err *e);
+
+/* Opens a checkpoint and checks it is a kvlab checkpoint of this family. */
+StFile *checkpoint_open(const char *path, const char *family, Err *e);
+/* Checks that the metadata key holds want; the error says what the file has. */
+int checkpoint_expect(StFile *f, const char *key, const char *want, const char *hint, Err *e);
+/* Reads every tensor of t into params (m and v too when non-NULL). */
+int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
+
+#endif
