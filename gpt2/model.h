@@ -1,0 +1,99 @@
+/* GPT-2 in C: token + learned position embeddings, pre-LayerNorm blocks
+ * (attention in the configured variant, then a 4x MLP), final LayerNorm,
+ * output head tied to the token embedding unless configured otherwise.
+ * Parameters live in one contiguous buffer, gradients in another (llm.c
+ * style); tensor names and layouts are in docs/checkpoints.md. */
+#ifndef KVLAB_GPT2_MODEL_H
+#define KVLAB_GPT2_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "checkpoint.h"
+
+typedef struct {
+    int V;          /* vocabulary size (from the data set) */
+    int T;          /* context length = rows of the position table */
+    int L, H, C;    /* layers, heads, channels */
+    int bias;       /* biases in linear layers and LayerNorms */
+    int attn_bias;  /* biases on the Q/K/V projections */
+    int tie;        /* output head = token embedding */
+    int head_bias;  /* bias on an untied head */
+    int gelu;       /* 1 GELU, 0 ReLU */
+    float dropout;
+    /* attention, fixed at compile time (kernels/attention.h) */
+    int variant, pos, pos_m, pos_groups;
+} GPT2Config;
+
+/* The configuration this binary was built for, with the data set's vocabulary. */
+GPT2Config gpt2_config_from_kconfig(int vocab);
+/* JSON description of the model (stored in checkpoint metadata). */
+char *gpt2_config_json(const GPT2Config *c);
+
+typedef struct {
+    size_t ln1w, ln1b, attnw, attnb, posw, posb, projw, projb, ln2w, ln2b, fcw, fcb, fcpw, fcpb;
+} GPT2LayerParams;
+
+typedef struct {
+    float *encoded;                   /* (B,T,C) embeddings after dropout */
+    float *ln1, *ln1_mean, *ln1_rstd; /* per layer: (B,T,C), (B,T), (B,T) */
+    float *proj;                      /* per layer: (B,T,P*C) projection blocks */
+    float *atty, *att_lse;            /* per layer: (B,T,C), (B,H,T) */
+    float *res2;                      /* per layer: residual stream after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_act;             /* per layer: (B,T,4C) before/after the activation */
+    float *res3;                      /* per layer: block output */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;                    /* (B,T,V), overwritten by its gradient in backward */
+    float *losses, *ce_lse;           /* (B,T) */
+    float *branch;                    /* (B,T,C) scratch: output of a sublayer */
+} GPT2Acts;
+
+typedef struct {
+    float *dres, *dbranch, *dln, *datty, *dproj, *dfch_act, *dfch;
+} GPT2Scratch;
+
+typedef struct {
+    GPT2Config cfg;
+    ParamTable table;
+    float *params, *grads, *m, *v; /* table.total floats each */
+    size_t wte, wpe, lnfw, lnfb, headw, headb;
+    GPT2LayerParams *layer;
+    float *pos_feat;               /* +Pos sinusoidal features, (T, c) */
+    /* activations for batches up to B x T */
+    int B, T;
+    GPT2Acts acts;
+    GPT2Scratch scratch;
+    float *act_memory, *scratch_memory;
+    int *inputs, *targets;
+    /* last forward pass */
+    int fwd_B, fwd_T, fwd_training, counted;
+    uint64_t dropout_seed_base;
+    double loss;
+} GPT2;
+
+/* Builds the parameter table and initialises the parameters from seed
+ * (GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)). */
+void gpt2_init(GPT2 *m, const GPT2Config *cfg, uint64_t seed);
+void gpt2_free(GPT2 *m);
+/* Parameters that take part in matrix multiplies (for the FLOP count). */
+size_t gpt2_matmul_params(const GPT2Config *c);
+/* Training FLOPs per token (forward + backward), the formula in docs. */
+double gpt2_flops_per_token(const GPT2Config *c, int T);
+
+/* Forward pass over B sequences of T tokens; returns the mean loss over the
+ * targets that count (targets of -1 are ignored; NULL targets: no loss).
+ * training = 1 applies dropout with seeds derived from dropout_seed. */
+double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
+                    uint64_t dropout_seed);
+/* Number of targets that counted in the last forward pass and, of those,
+ * how many the model ranked first. */
+int gpt2_correct(GPT2 *m);
+void gpt2_zero_grad(GPT2 *m);
+/* Backward pass of the last forward; the loss gradient is scaled by
+ * loss_scale / counted (loss_scale = 1 / gradient-accumulation steps). */
+void gpt2_backward(GPT2 *m, float loss_scale);
+/* AdamW on every tensor; weight decay only where the table says so. */
+void gpt2_adamw(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+
+#endif
