@@ -62,11 +62,11 @@ deps:
 	@scripts/deps.sh
 
 all: build
-	@$(PYTHON) scripts/run_steps.py --config $(KCONFIG_CONFIG) --build $(BUILD)/$(RUN) \
+	@$(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) \
 	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
 
 run:
-	@$(PYTHON) scripts/run_steps.py --config $(KCONFIG_CONFIG) --build $(BUILD)/$(RUN) \
+	@$(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) \
 	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
 
 build: $(addprefix build-step-,$(STEPS))

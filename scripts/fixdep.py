@@ -6,7 +6,7 @@ configuration change would rebuild everything. Instead the object depends on
 one file per CONFIG_ symbol that its sources mention; kconfiglib's sync_deps()
 touches exactly the files of the symbols whose value changed.
 
-usage: fixdep.py RAW_DEPFILE CONFIG_DIR > DEPFILE
+usage: fixdep.py RAW_DEPFILE SYMBOL_FILES_DIR > DEPFILE
 """
 import re
 import sys

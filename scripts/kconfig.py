@@ -50,7 +50,7 @@ def load_kconfig():
 
 
 def parse_assignments(path):
-    """Returns [(lineno, name, value)] for CONFIG_ lines and '# CONFIG_X is not set'."""
+    """Returns [(lineno, name, value)] for assignment lines and 'is not set' comments."""
     out = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -70,7 +70,7 @@ def parse_assignments(path):
                 out.append((lineno, m.group(1), "n"))
                 continue
             if line.strip() and not line.lstrip().startswith("#"):
-                raise ConfigError(f"{path}:{lineno}: not a CONFIG_NAME=value line: {line!r}")
+                raise ConfigError(f"{path}:{lineno}: not an assignment (CONFIG_ prefix, name, =, value): {line!r}")
     return out
 
 
@@ -322,6 +322,24 @@ SOURCE_GLOBS = ["**/*.c", "**/*.h", "**/*.cu", "**/*.cuh", "**/*.py", "**/*.sh",
                 "scripts/*"]
 
 
+def kconfig_references(kconf):
+    """Symbols that other Kconfig entries read: presets in defaults, dependencies, ranges, selects."""
+    refs = {}
+    for node in kconf.node_iter():
+        item = node.item
+        exprs = [node.dep]
+        if isinstance(item, (kconfiglib.Symbol, kconfiglib.Choice)):
+            exprs += [e for d in item.defaults for e in d]
+        if isinstance(item, kconfiglib.Symbol):
+            exprs += [e for r in item.ranges for e in r] + [e for s in item.selects for e in s]
+        owner = getattr(item, "name", None)
+        for e in exprs:
+            for s in kconfiglib.expr_items(e):
+                if isinstance(s, kconfiglib.Symbol) and s.nodes and s.name != owner:
+                    refs.setdefault(s.name, set()).add(f"Kconfig ({owner or 'menu'})")
+    return refs
+
+
 def cmd_check_symbols():
     kconf = load_kconfig()
     defined = {s.name for s in kconf.unique_defined_syms}
@@ -336,6 +354,12 @@ def cmd_check_symbols():
             text = f.read()
         for name in re.findall(r"\bCONFIG_([A-Z0-9][A-Z0-9_]*)", text):
             used.setdefault(name, set()).add(p)
+        if p.endswith(".py"):  # Python reads the resolved config.json, whose keys have no prefix
+            for name in re.findall(r"[\"']([A-Z][A-Z0-9_]+)[\"']", text):
+                if name in defined:
+                    used.setdefault(name, set()).add(p)
+    for name, where in kconfig_references(kconf).items():
+        used.setdefault(name, set()).update(where)
     problems = []
     for name, where in sorted(used.items()):
         if name not in defined:

@@ -1,0 +1,142 @@
+/* One benchmark record: the training-step speed of the configured attention
+ * variant at a fixed GPT-2 shape, next to this machine's sgemm rate measured
+ * in the same process. Prints one JSON object (scripts/bench.py collects
+ * them into output/bench/bench.json and prints the table).
+ *
+ * usage: bench_step [L H C T B V steps] (defaults: the issue's shape
+ * 6 6 384 256 12 65, 10 timed steps after 2 warm-up steps) */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "gpt2/model.h"
+#include "kernels.h"
+#include "rng.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* GFLOP/s of reps n^3 sgemm calls (all threads) into rates[]; returns the median. */
+static double sgemm_gflops(int n, int reps, double *rates) {
+    float *a = dev_alloc((size_t)n * n * sizeof(float)), *b = dev_alloc((size_t)n * n * sizeof(float));
+    float *c = dev_alloc((size_t)n * n * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+    double *t = xmalloc((size_t)reps * sizeof(double));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    for (int r = 0; r < reps; r++) {
+        double t0 = wall_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        t[r] = wall_seconds() - t0;
+    }
+    for (int r = 0; r < reps; r++) rates[r] = 2.0 * n * n * (double)n / t[r] / 1e9;
+    qsort(t, (size_t)reps, sizeof(double), cmp_double);
+    double g = 2.0 * n * n * (double)n / t[reps / 2] / 1e9;
+    dev_free(a), dev_free(b), dev_free(c), free(t);
+    return g;
+}
+
+/* Median ms of one bidirectional self-attention forward + backward at
+ * (B, T, H, C), as an encoder or ViT layer would run it. */
+static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
+    int P = attn_num_proj(ATTN_VARIANT), hd = C / H, m = ATTN_POS_DIM, groups = ATTN_POS_PER_HEAD ? H : 1;
+    size_t np = (size_t)B * T * P * C, no = (size_t)B * T * C;
+    float *proj = dev_alloc(np * sizeof(float)), *dproj = dev_alloc(np * sizeof(float));
+    float *out = dev_alloc(no * sizeof(float)), *dout = dev_alloc(no * sizeof(float));
+    float *lse = dev_alloc((size_t)B * H * T * sizeof(float));
+    Rng rng = rng_seeded(5, 6);
+    for (size_t i = 0; i < np; i++) proj[i] = (float)rng_normal(&rng);
+    for (size_t i = 0; i < no; i++) dout[i] = (float)rng_normal(&rng);
+    AttnPos pos = {0};
+    AttnPosGrad dpos = {0};
+    float *feat = NULL;
+    if (ATTN_POS) {
+        feat = dev_alloc((size_t)T * attn_pos_channels(m) * sizeof(float));
+        attn_pos_features(feat, T, m);
+        pos = (AttnPos){.m = m, .groups = groups, .feat = feat, .T = T, .w = dev_alloc((size_t)groups * m * 4),
+                        .b = dev_alloc((size_t)groups * 4)};
+        dpos = (AttnPosGrad){.dw = dev_alloc((size_t)groups * m * 4), .db = dev_alloc((size_t)groups * 4)};
+    }
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = 0};
+    double *t = xmalloc((size_t)reps * sizeof(double));
+    for (int r = -1; r < reps; r++) {
+        double t0 = wall_seconds();
+        attention_forward(out, lse, proj, ATTN_POS ? &pos : NULL, &a);
+        attention_backward(dproj, ATTN_POS ? &dpos : NULL, dout, proj, out, lse, ATTN_POS ? &pos : NULL, &a);
+        if (r >= 0) t[r] = wall_seconds() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof(double), cmp_double);
+    double ms = 1e3 * t[reps / 2];
+    dev_free(proj), dev_free(dproj), dev_free(out), dev_free(dout), dev_free(lse), dev_free(feat);
+    if (ATTN_POS) dev_free((void *)pos.w), dev_free((void *)pos.b), dev_free(dpos.dw), dev_free(dpos.db);
+    free(t);
+    return ms;
+}
+
+int main(int argc, char **argv) {
+    int L = 6, H = 6, C = 384, T = 256, B = 12, V = 65, steps = 10;
+    if (argc == 8) {
+        L = atoi(argv[1]), H = atoi(argv[2]), C = atoi(argv[3]), T = atoi(argv[4]), B = atoi(argv[5]);
+        V = atoi(argv[6]), steps = atoi(argv[7]);
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: %s [L H C T B V steps]\n", argv[0]);
+        return 2;
+    }
+    backend_init(0);
+    GPT2Config cfg = {.V = V, .T = T, .L = L, .H = H, .C = C, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                      .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                      .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0};
+    GPT2 m;
+    gpt2_init(&m, &cfg, 1);
+    int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
+    Rng rng = rng_seeded(1, 2);
+    for (int i = 0; i < B * T; i++) in[i] = (int)rng_below(&rng, V), tg[i] = (int)rng_below(&rng, V);
+    double rates[10];
+    double sg_before = sgemm_gflops(2048, 5, rates);
+    double *t = xmalloc((size_t)steps * sizeof(double));
+    for (int s = -2; s < steps; s++) {
+        double t0 = wall_seconds();
+        gpt2_forward(&m, in, tg, B, T, 1, (uint64_t)s);
+        gpt2_zero_grad(&m);
+        gpt2_backward(&m, 1.0f);
+        gpt2_adamw(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+        if (s >= 0) t[s] = wall_seconds() - t0;
+    }
+    double sg_after = sgemm_gflops(2048, 5, rates + 5);
+    double *sorted = xmalloc((size_t)steps * sizeof(double));
+    memcpy(sorted, t, (size_t)steps * sizeof(double));
+    qsort(sorted, (size_t)steps, sizeof(double), cmp_double);
+    double ms = 1e3 * sorted[steps / 2];
+    double fpt = gpt2_flops_per_token(&cfg, T);
+    double tokens = (double)B * T, gflops = fpt * tokens / (ms * 1e-3) / 1e9;
+    double sg = sg_before > sg_after ? sg_before : sg_after;
+    /* the symmetric-score saving: bidirectional attention alone, with and
+     * (for KV and K) without the each-pair-once path */
+    double attn_ms = bidir_attention_ms(B, T, H, C, 10), attn_general_ms = -1.0;
+    if (attn_key_block(ATTN_VARIANT) == 0) {
+        attention_set_symmetric_path(0);
+        attn_general_ms = bidir_attention_ms(B, T, H, C, 10);
+        attention_set_symmetric_path(1);
+    }
+    /* attention FLOPs counted over the causal triangle only, for reference */
+    double fpt_causal = fpt - 6.0 * L * (double)T * C;
+    printf("{\"variant\": \"%s\", \"label\": \"%s\", \"parameters\": %zu, \"flops_per_token\": %.0f, "
+           "\"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
+           "\"ratio\": %.4f, \"threads\": %d, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, "
+           "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
+           "\"bidir_attention_ms_general_path\": %.2f, \"step_ms\": [",
+           attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), m.table.total, fpt,
+           ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
+           fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms);
+    for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);
+    printf("], \"sgemm_gflops_runs\": [");
+    for (int r = 0; r < 10; r++) printf("%s%.2f", r ? ", " : "", rates[r]);
+    printf("]}\n");
+    gpt2_free(&m);
+    free(in), free(tg), free(t), free(sorted);
+    return 0;
+}

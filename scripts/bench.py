@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""make bench: training-step speed of every attention variant against this
+machine's sgemm rate, measured in one run.
+
+Builds bench/bench_step once per variant (QKV, KV, KV+Pos, K, K+Pos, KV
+tying), runs them round-robin for a few rounds so that machine noise hits
+every variant alike. Every bench process also measures this machine's
+2048^3 sgemm rate, before and after its steps. Interference from other
+processes on a shared machine only ever slows a measurement down, so the
+primary figures compare best with best: the fastest step of each variant
+against the fastest sgemm of the run; medians are recorded beside them.
+Writes output/bench/bench.json (one record per variant) and prints the table.
+
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+VARIANTS = [("qkv", "QKV"), ("kv", "KV"), ("kv_pos", "KV_POS"), ("k", "K"), ("k_pos", "K_POS"),
+            ("kv_tying", "KV_TYING")]
+
+
+def build(variant, fragment, sanitize=False):
+    bdir = os.path.join(REPO, "build", "bench", variant)
+    base = os.path.join(REPO, "tests", "configs", "base")
+    subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment)],
+                   cwd=REPO, check=True)
+    subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
+                    "BENCH=y"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(bdir, "bench", "bench_step")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--shape", nargs=6, type=int, default=[6, 6, 384, 256, 12, 65], metavar=("L", "H", "C", "T",
+                                                                                             "B", "V"))
+    args = ap.parse_args()
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS detects the CPU)")
+    print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "
+          f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
+          f"OPENBLAS_CORETYPE={coretype}", flush=True)
+    binaries = {}
+    for variant, frag in VARIANTS:
+        print(f"  building {variant}", flush=True)
+        binaries[variant] = build(variant, frag)
+    runs = {v: [] for v, _ in VARIANTS}
+    for rnd in range(args.rounds):
+        for variant, _ in VARIANTS:
+            cmd = [binaries[variant]] + [str(x) for x in args.shape] + [str(args.steps)]
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"error: {variant} benchmark failed: {r.stderr.strip()}", file=sys.stderr)
+                return 1
+            rec = json.loads(r.stdout)
+            runs[variant].append(rec)
+            print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} ms/step, "
+                  f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
+                  flush=True)
+    all_sgemm = [g for v in runs.values() for r in v for g in r["sgemm_gflops_runs"]]
+    sgemm, sgemm_median = max(all_sgemm), statistics.median(all_sgemm)
+    records = []
+    for variant, _ in VARIANTS:
+        rs = runs[variant]
+        first = rs[0]
+        steps = [ms for r in rs for ms in r["step_ms"]]
+        ms, ms_median = min(steps), statistics.median(steps)
+        tokens = first["shape"]["B"] * first["shape"]["T"]
+        gflops = first["flops_per_token"] * tokens / (ms / 1e3) / 1e9
+        gflops_median = first["flops_per_token"] * tokens / (ms_median / 1e3) / 1e9
+        rec = {
+            "variant": variant,
+            "label": first["label"],
+            "ms_per_step": round(ms, 2),
+            "tokens_per_s": round(tokens / (ms / 1e3), 1),
+            "gflops": round(gflops, 2),
+            "sgemm_gflops": round(sgemm, 2),
+            "ratio": round(gflops / sgemm, 4),
+            "ms_per_step_median": round(ms_median, 2),
+            "sgemm_gflops_median": round(sgemm_median, 2),
+            "ratio_median": round(gflops_median / sgemm_median, 4),
+            "parameters": first["parameters"],
+            "flops_per_token": first["flops_per_token"],
+            "flops_formula": "6*N_matmul + 12*L*T*C per token (attention over the full T x T square)",
+            "step_ms": steps,
+            "bidir_attention_ms": statistics.median(r["bidir_attention_ms"] for r in rs),
+            "shape": first["shape"],
+            "threads": first["threads"],
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        }
+        if first["bidir_attention_ms_general_path"] > 0:
+            rec["bidir_attention_ms_general_path"] = statistics.median(
+                r["bidir_attention_ms_general_path"] for r in rs)
+            rec["symmetric_saving"] = round(1 - rec["bidir_attention_ms"] / rec["bidir_attention_ms_general_path"], 4)
+        records.append(rec)
+    by = {r["variant"]: r for r in records}
+    for r in records:
+        q = by["qkv"]
+        r["flops_vs_qkv"] = round(r["flops_per_token"] / q["flops_per_token"], 4)
+        r["time_vs_qkv"] = round(r["ms_per_step"] / q["ms_per_step"], 4)
+        if r["variant"].endswith("_pos"):
+            base = by[r["variant"][:-4]]
+            r["pos_overhead"] = round(r["ms_per_step"] / base["ms_per_step"] - 1, 4)
+    out = os.path.join(REPO, "output", "bench")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "bench.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+    print(f"\nsgemm (2048^3, {records[0]['threads']} threads, {len(all_sgemm)} calls in this run): best "
+          f"{sgemm:.1f} GFLOP/s, median {sgemm_median:.1f}")
+    print("ms/step and ratio: fastest step of each variant against the fastest sgemm (medians in bench.json)")
+    print("model FLOPs per token = 6*N_matmul + 12*L*T*C (training; attention counted over the full T x T)")
+    head = f"{'variant':10s} {'params':>10s} {'MFLOP/tok':>10s} {'ms/step':>9s} {'tok/s':>8s} {'GFLOP/s':>8s} " \
+           f"{'ratio':>6s} {'FLOPs/QKV':>9s} {'time/QKV':>9s} {'+Pos cost':>9s} {'bidir attn ms':>14s}"
+    print(head)
+    for r in records:
+        pos = f"{100 * r['pos_overhead']:+.1f}%" if "pos_overhead" in r else ""
+        attn = f"{r['bidir_attention_ms']:.1f}"
+        if "symmetric_saving" in r:
+            attn += f" ({r['bidir_attention_ms_general_path']:.1f} general, -{100 * r['symmetric_saving']:.0f}%)"
+        print(f"{r['label']:10s} {r['parameters']:10,d} {r['flops_per_token'] / 1e6:10.2f} {r['ms_per_step']:9.1f} "
+              f"{r['tokens_per_s']:8.0f} {r['gflops']:8.1f} {r['ratio']:6.3f} {r['flops_vs_qkv']:9.3f} "
+              f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}")
+    print(f"\nwritten {os.path.relpath(path, REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"bench took {time.time() - t0:.0f} s")
+    sys.exit(rc)

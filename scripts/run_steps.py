@@ -1,0 +1,310 @@
+#!/usr/bin/python3
+"""Runs the ablation steps that `make build` compiled, then summarises them.
+
+For every step (and every model family the step enables) it fetches the data
+the step needs, skips the step when it already completed with the same
+resolved configuration, otherwise runs the step's own binary with its log
+captured to train_step<STEP>.log, and carries on with the next step when one
+fails. Afterwards it writes ablation_summary.json and ablation_summary.md,
+prints the comparison table and plots every step's curves overlaid.
+
+Called by `make`; see `make help`.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Model families: Kconfig symbol -> binary (inside a step's build tree) and data sets.
+FAMILIES = {
+    "GPT2": {
+        "name": "gpt2",
+        "binary": "gpt2/train_gpt2",
+        "data": lambda c: (["tinyshakespeare-bpe"] if c.get("GPT2_DATA_BPE") else
+                           [] if c.get("GPT2_DATA_NUMBERS") else ["tinyshakespeare"]),
+        "tokenizer": "gpt2/tokenize",
+    },
+}
+
+
+def say(msg):
+    print(msg, flush=True)
+
+
+def load_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def variant_label(cfg):
+    base = ("KV" if cfg.get("ATTN_KV") else "K" if cfg.get("ATTN_K") else
+            "KV tying" if cfg.get("ATTN_KV_TYING") else "QKV")
+    return base + ("+Pos" if cfg.get("ATTN_POS") else "")
+
+
+def step_files(out, sid, family):
+    return {
+        "final": os.path.join(out, f"final_model_step{sid}.safetensors"),
+        "best": os.path.join(out, f"best_model_step{sid}.safetensors"),
+        "state": os.path.join(out, f"state_step{sid}.safetensors"),
+        "metrics": os.path.join(out, f"training_metrics_step{sid}.json"),
+        "log": os.path.join(out, f"train_step{sid}.log"),
+        "config": os.path.join(out, f"config_step{sid}"),
+        "binary": os.path.join(out, f"train_{family}_step{sid}"),
+    }
+
+
+def archive(out, sid, files):
+    """Moves a step's earlier outputs aside instead of overwriting them."""
+    present = [p for p in files.values() if os.path.exists(p)]
+    if not present:
+        return None
+    dest = os.path.join(out, "previous", f"{sid}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(dest, exist_ok=True)
+    for p in present:
+        shutil.move(p, os.path.join(dest, os.path.basename(p)))
+    return dest
+
+
+def fetch_data(cfg, family, build_dir):
+    names = family["data"](cfg)
+    if not names:
+        return True
+    cmd = [os.path.join(REPO, "scripts", "get_data.sh"), "--data", cfg.get("DATA_DIR", "data")]
+    mirror = cfg.get("DATA_MIRROR")
+    if mirror and os.path.isdir(os.path.join(REPO, mirror)):
+        cmd += ["--mirror", mirror]  # otherwise get_data.sh tries $KVLAB_DATA_MIRROR, then downloads
+    cmd += ["--tokenizer", os.path.join(build_dir, family["tokenizer"])]
+    return subprocess.call(cmd + names, cwd=REPO) == 0
+
+
+def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
+    files = step_files(out, sid, family["name"])
+    metrics = load_json(files["metrics"]) or {}
+    same_config = read_text(files["config"]) == cfg_text
+    if same_config and not force and metrics.get("status") == "complete" and os.path.exists(files["final"]):
+        say(f"step {sid}: already complete for this configuration, skipped (make FORCE=1 redoes it)")
+        return "skipped"
+    if force or not same_config:
+        moved = archive(out, sid, files)
+        if moved:
+            why = "forced" if force else "configuration changed"
+            say(f"step {sid}: {why}; earlier outputs moved to {os.path.relpath(moved, REPO)}")
+    elif os.path.exists(files["state"]):
+        say(f"step {sid}: continuing from {os.path.relpath(files['state'], REPO)}")
+    if not fetch_data(cfg, family, build_dir):
+        say(f"step {sid}: FAILED: data preparation failed (see the error above)")
+        return "failed"
+    write_atomic(files["config"], cfg_text)
+    binary = os.path.join(build_dir, family["binary"])
+    shutil.copy2(binary, files["binary"] + ".tmp")
+    os.replace(files["binary"] + ".tmp", files["binary"])
+    say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)")
+    with open(files["log"], "a", encoding="utf-8") as log:
+        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {binary} train --out {out} --step {sid}\n")
+        log.flush()
+        proc = subprocess.Popen([files["binary"], "train", "--out", out, "--step", sid], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            sys.stdout.write(f"[{sid}] {line}")
+            sys.stdout.flush()
+            log.write(line)
+            log.flush()
+        rc = proc.wait()
+    if rc != 0:
+        say(f"step {sid}: FAILED with exit status {rc}; see {os.path.relpath(files['log'], REPO)} "
+            "(the other steps' results are kept)")
+        return "failed"
+    return "done"
+
+
+# ---------------------------------------------------------------- summary
+
+def last(xs):
+    return xs[-1] if xs else None
+
+
+def fmt(v, spec):
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, spec)
+
+
+def summarise(out, rows):
+    steps = []
+    for sid, status, cfg in rows:
+        m = load_json(os.path.join(out, f"training_metrics_step{sid}.json")) or {}
+        s = m.get("metrics", {})
+        vals = s.get("val_losses", [])
+        accs = s.get("val_accuracies", [])
+        steps.append({
+            "step": sid,
+            "status": m.get("status", status) if status != "failed" else "failed",
+            "variant": m.get("variant_label", variant_label(cfg)),
+            "parameters": m.get("parameters"),
+            "flops_per_token": m.get("flops_per_token"),
+            "kv_cache_bytes_per_token": m.get("kv_cache_bytes_per_token"),
+            "best_val_loss": m.get("best_val_loss"),
+            "best_val_iteration": m.get("best_val_iteration"),
+            "final_val_loss": last(vals),
+            "final_val_accuracy": last(accs),
+            "final_train_loss": last(s.get("train_losses", [])),
+            "iterations": m.get("final_iteration"),
+            "tokens_per_s": m.get("tokens_per_s"),
+            "ms_per_step": m.get("ms_per_iter"),
+            "peak_memory_mib": m.get("peak_memory_mib"),
+            "train_seconds": m.get("train_seconds"),
+            "dataset": m.get("dataset"),
+        })
+    base = next((s for s in steps if s["parameters"]), None)
+    for s in steps:
+        if base and s["parameters"] and s is not base:
+            s["parameters_vs_first"] = s["parameters"] / base["parameters"] - 1.0
+            s["flops_vs_first"] = s["flops_per_token"] / base["flops_per_token"] - 1.0
+            if s["best_val_loss"] is not None and base["best_val_loss"] is not None:
+                s["best_val_loss_vs_first"] = s["best_val_loss"] - base["best_val_loss"]
+    summary = {"run": os.path.basename(os.path.normpath(out)), "steps": steps,
+               "created_unix": time.time()}
+    write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
+
+    head = ["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc", "tok/s", "ms/step",
+            "peak MiB", "cache B/tok", "status"]
+    table = []
+    for s in steps:
+        params = fmt(s["parameters"], ",d")
+        flops = fmt(s["flops_per_token"] and s["flops_per_token"] / 1e6, ".2f")
+        if "parameters_vs_first" in s:
+            params += f" ({100 * s['parameters_vs_first']:+.1f}%)"
+            flops += f" ({100 * s['flops_vs_first']:+.1f}%)"
+        table.append([s["step"], s["variant"], params, flops, fmt(s["best_val_loss"], ".4f"),
+                      fmt(s["final_val_loss"], ".4f"), fmt(s["final_val_accuracy"], ".3f"),
+                      fmt(s["tokens_per_s"], ",.0f"), fmt(s["ms_per_step"], ".1f"),
+                      fmt(s["peak_memory_mib"], ".0f"), fmt(s["kv_cache_bytes_per_token"], ",.0f"), s["status"]])
+    widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [head] + table]
+    md = ["# Ablation summary: " + summary["run"], "",
+          "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    md += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
+    md += ["", "Parameters and FLOPs per token (training, 6 N_matmul + 12 L T C) in parentheses relative to the "
+               "first step; val = validation loss in nats; cache = KV-cache bytes per generated token.",
+           "Curves: ablation_curves.png (loss against tokens and against wall time)."]
+    write_atomic(os.path.join(out, "ablation_summary.md"), "\n".join(md) + "\n")
+    say("")
+    say(f"Ablation summary ({os.path.relpath(out, REPO)}/ablation_summary.md):")
+    for line in lines:
+        say("  " + line)
+    return steps
+
+
+def plot(out, rows):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("warning: matplotlib is missing, no plots (hint: apt-get install python3-matplotlib)")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, (sid, _status, cfg) in enumerate(rows):
+        m = load_json(os.path.join(out, f"training_metrics_step{sid}.json"))
+        if not m:
+            continue
+        s = m.get("metrics", {})
+        color = f"C{i % 10}"
+        label = f"{sid} ({m.get('variant_label', variant_label(cfg))})"
+        for ax, key_train, key_val in ((axes[0], "tokens", "val_tokens"),
+                                       (axes[1], "timestamps", "val_timestamps")):
+            xs, ys = s.get(key_train, []), s.get("train_losses", [])
+            if xs and ys:
+                ax.plot(xs, ys, color=color, alpha=0.35, linewidth=1)
+            xs, ys = s.get(key_val, []), s.get("val_losses", [])
+            if xs and ys:
+                ax.plot(xs, ys, color=color, marker="o", markersize=3, linewidth=1.8, label=label + " val")
+    axes[0].set_xlabel("training tokens")
+    axes[1].set_xlabel("wall time (s)")
+    for ax in axes:
+        ax.set_ylabel("loss (nats)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: training (thin) and validation (dots) loss")
+    fig.tight_layout()
+    path = os.path.join(out, "ablation_curves.png")
+    fig.savefig(path + ".tmp.png", dpi=110)
+    os.replace(path + ".tmp.png", path)
+    plt.close(fig)
+    say(f"Plots: {os.path.relpath(path, REPO)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="build/<run name>")
+    ap.add_argument("--out", required=True, help="<output folder>/<run name>")
+    ap.add_argument("--steps", required=True)
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    steps = args.steps.split()
+    plan = []
+    for step in steps:
+        build_dir = os.path.abspath(os.path.join(args.build, step))
+        cfg = load_json(os.path.join(build_dir, "include", "generated", "config.json"))
+        cfg_text = read_text(os.path.join(build_dir, ".config"))
+        if cfg is None or cfg_text is None:
+            say(f"error: step {step} has no build in {build_dir} (hint: run make build first)")
+            return 1
+        families = [f for sym, f in FAMILIES.items() if cfg.get(sym)]
+        if not families:
+            say(f"error: step {step} enables no model family (hint: enable one under 'Model families' in "
+                "make menuconfig)")
+            return 1
+        for fam in families:
+            sid = step if len(families) == 1 else f"{step}-{fam['name']}"
+            plan.append((step, sid, fam, build_dir, cfg, cfg_text))
+    say(f"kvlab run '{os.path.basename(out)}': {len(plan)} step(s) -> {os.path.relpath(out, REPO)}/")
+    for step, sid, fam, _b, cfg, _t in plan:
+        say(f"  {sid}: {fam['name']}, attention {variant_label(cfg)}")
+    rows, failed = [], 0
+    t0 = time.time()
+    for step, sid, fam, build_dir, cfg, cfg_text in plan:
+        status = run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        failed += status == "failed"
+        rows.append((sid, status, cfg))
+    summarise(out, rows)
+    plot(out, rows)
+    say(f"Run time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out, REPO)}/")
+    if failed:
+        say(f"error: {failed} of {len(rows)} step(s) failed (hint: their logs are train_step<STEP>.log in "
+            f"{os.path.relpath(out, REPO)}/)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
