@@ -670,6 +670,9 @@ int main(void) {
     attention_case("causal, key padding", 2, 9, 2, 4, 1, 1, 0.0f);
     attention_case("causal, dropout", 2, 9, 2, 4, 1, 0, 0.25f);
     attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 1, 0.25f);
+    attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
+    attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
+    attention_set_symmetric_path(1);
     cross_case("plain", 2, 6, 11, 2, 4, 0, 0.0f);
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);

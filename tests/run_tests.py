@@ -1,0 +1,618 @@
+#!/usr/bin/python3
+"""kvlab's test runner (`make test`; `make test SANITIZE=1` builds everything
+with AddressSanitizer and UndefinedBehaviorSanitizer).
+
+1. Kconfig: consistency of symbols, every defconfig and step fragment,
+   rejection of bad defconfigs and overrides, the make front end.
+2. C unit tests, built once per attention-variant configuration
+   (tests/configs/), each printing "# name: N passed, M failed".
+3. Integration: an ablation end to end through make, skipping of completed
+   steps, a failing step, resume after SIGKILL and SIGTERM, sampling with
+   and without the KV cache, bad checkpoints and data, menuconfig driven
+   through a pseudo-terminal, incremental rebuilds, the data script.
+
+Ends with "N passed, M failed" and exits non-zero when anything failed.
+usage: tests/run_tests.py [--sanitize] [-k SUBSTRING]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+KCONFIG = [PY, os.path.join(REPO, "scripts", "kconfig.py")]
+# A symbol that must not exist, spelled so that check-symbols does not count it as a use.
+UNDEFINED = "CONFIG" + "_NOT_A_SYMBOL"
+NPROC = str(os.cpu_count() or 2)
+
+
+class Results:
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def check(self, cond, msg):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print(f"FAIL {msg}", flush=True)
+        return cond
+
+    def add(self, passed, failed):
+        self.passed += passed
+        self.failed += failed
+
+
+R = Results()
+
+
+def run(cmd, **kw):
+    kw.setdefault("cwd", REPO)
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run(cmd, **kw)
+
+
+def section(title):
+    print(f"\n== {title}", flush=True)
+
+
+# ---------------------------------------------------------------- 1. Kconfig
+
+def test_kconfig(tmp):
+    section("Kconfig and configuration front end")
+    r = run(KCONFIG + ["check-symbols"])
+    R.check(r.returncode == 0, f"check-symbols: every Kconfig symbol defined and used\n{r.stdout}{r.stderr}")
+    defconfigs = sorted(p for p in glob.glob(os.path.join(REPO, "defconfigs", "*")) if os.path.isfile(p))
+    R.check(len(defconfigs) >= 3, "defconfigs exist")
+    for path in defconfigs:
+        name = os.path.basename(path)
+        out = os.path.join(tmp, f"cfg-{name}")
+        r = run(KCONFIG + ["defconfig", path, out])
+        if not R.check(r.returncode == 0, f"defconfig {name} resolves strictly: {r.stderr.strip()}"):
+            continue
+        first = open(path, encoding="utf-8").readline()
+        R.check(first.startswith("# ") and len(first) > 10, f"defconfig {name} starts with a one-line description")
+        steps = run(KCONFIG + ["steps", out]).stdout.split()
+        steps_dir = re.search(r'^CONFIG_ABLATION_STEPS_DIR="(.*)"$', open(out).read(), re.M)
+        for step in steps:
+            frag = [] if step == "base" else [os.path.join(REPO, steps_dir.group(1), step)]
+            r = run(KCONFIG + ["step", os.path.join(tmp, f"step-{name}-{step}"), out] + frag)
+            R.check(r.returncode == 0, f"defconfig {name}: step {step} merges and generates: {r.stderr.strip()}")
+    bad = {
+        "unknown symbol": (f"CONFIG_GPT2=y\n{UNDEFINED}=y\n", UNDEFINED),
+        "invalid int": ("CONFIG_GPT2_N_LAYER=many\n", "GPT2_N_LAYER"),
+        "out of range": ("CONFIG_GPT2_N_LAYER=100000\n", "GPT2_N_LAYER"),
+        "unmet dependency": ("CONFIG_ATTN_KV=y\nCONFIG_ATTN_KV_TYING=y\n", "ATTN_KV_TYING"),
+        "not a number": ('CONFIG_GPT2_LR="fast"\n', "GPT2_LR"),
+        "bad run name": ('CONFIG_RUN_NAME="a b/c"\n', "RUN_NAME"),
+        "bad step name": ('CONFIG_ABLATION=y\nCONFIG_ABLATION_STEPS="V0,,V1"\n', "ABLATION_STEPS"),
+        "derived symbol": ("CONFIG_GPT2_SIZE_124M=y\nCONFIG_GPT2_N_LAYER=3\n", "GPT2_N_LAYER"),
+    }
+    for what, (text, sym) in bad.items():
+        path = os.path.join(tmp, "bad_defconfig")
+        with open(path, "w") as f:
+            f.write(text)
+        r = run(KCONFIG + ["defconfig", path, os.path.join(tmp, "bad.config")])
+        R.check(r.returncode != 0 and sym in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+                f"bad defconfig ({what}) fails naming {sym} in one line: rc={r.returncode} {r.stderr.strip()}")
+    good = os.path.join(tmp, "good.config")
+    run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"), good])
+    r = run(KCONFIG + ["merge", os.path.join(tmp, "m.config"), good, os.path.join(tmp, "no_such_fragment")])
+    R.check(r.returncode != 0 and "no_such_fragment" in r.stderr, f"a missing step fragment is named: {r.stderr}")
+    env = dict(os.environ, KCONFIG_CONFIG=good)
+    r = run([os.path.join(REPO, "scripts", "config"), "SEED=4242", "GPT2_LR=3e-4"], env=env)
+    text = open(good).read()
+    R.check(r.returncode == 0 and "CONFIG_SEED=4242" in text and 'CONFIG_GPT2_LR="3e-4"' in text,
+            f"scripts/config changes values in .config: {r.stderr}")
+    r = run([os.path.join(REPO, "scripts", "config"), f"{UNDEFINED}=1"], env=env)
+    R.check(r.returncode != 0 and UNDEFINED in r.stderr, f"scripts/config rejects unknown symbols: {r.stderr}")
+    r = run([os.path.join(REPO, "scripts", "config"), "ATTN_POS_DIM=10"], env=env)
+    R.check(r.returncode != 0 and "ATTN_POS" in r.stderr, f"scripts/config rejects unmet dependencies: {r.stderr}")
+    r = run(["make", "help"])
+    R.check(r.returncode == 0 and all(f"defconfig-{os.path.basename(p)}" in r.stdout for p in defconfigs),
+            "make help lists every defconfig")
+    r = run(["make", "defconfig-no-such-thing", f"O={tmp}"])
+    R.check(r.returncode != 0 and "no-such-thing" in r.stderr, f"make defconfig-<unknown> fails: {r.stderr}")
+    r = run(["make", f"O={os.path.join(tmp, 'empty')}", "build"])
+    R.check(r.returncode != 0 and "defconfig" in r.stderr, f"make without .config says how to start: {r.stderr}")
+
+
+def test_menuconfig(tmp):
+    """Drives kconfiglib's menuconfig through a pseudo-terminal: jump to SEED, edit, save, quit."""
+    import pty
+    section("menuconfig in a pseudo-terminal")
+    cfg = os.path.join(tmp, "menu.config")
+    run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"), cfg])
+    env = dict(os.environ, KCONFIG_CONFIG=cfg, TERM="xterm", LINES="40", COLUMNS="120")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(REPO)
+        os.execve(PY, [PY, "-m", "menuconfig", "Kconfig"], env)
+    screen = []
+
+    def read_for(seconds):
+        end = time.time() + seconds
+        while time.time() < end:
+            r, _, _ = select.select([fd], [], [], 0.1)
+            if r:
+                try:
+                    screen.append(os.read(fd, 65536).decode(errors="replace"))
+                except OSError:
+                    return
+
+    def send(keys, wait=0.6):
+        os.write(fd, keys.encode())
+        read_for(wait)
+
+    read_for(2.0)
+    send("/")            # jump-to dialog
+    send("SEED")
+    send("\r")           # jump to the match
+    send("\r")           # edit the value
+    send("\x7f" * 12)    # clear it
+    send("4242")
+    send("\r")
+    send("S")            # save ...
+    send("\r")           # ... to the configuration file
+    send("Q")            # quit
+    read_for(1.0)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+    text = open(cfg).read()
+    R.check("CONFIG_SEED=4242" in text, "menuconfig changed CONFIG_SEED and saved .config")
+    R.check("GPT-2" in "".join(screen), "menuconfig showed the menus")
+
+
+# ---------------------------------------------------------------- 2. C unit tests
+
+# name -> step fragments merged over tests/configs/base
+TEST_CONFIGS = [
+    ("qkv", ["defconfigs/steps/QKV"]),
+    ("kv", ["defconfigs/steps/KV"]),
+    ("k", ["defconfigs/steps/K"]),
+    ("kv_tying", ["defconfigs/steps/KV_TYING"]),
+    ("qkv_pos", ["defconfigs/steps/QKV", "tests/configs/pos_m10"]),
+    ("kv_pos", ["defconfigs/steps/KV_POS"]),
+    ("kv_pos_head", ["defconfigs/steps/KV_POS", "tests/configs/pos_per_head"]),
+    ("k_pos_head", ["defconfigs/steps/K_POS", "tests/configs/pos_per_head"]),
+    ("kv_tying_pos", ["defconfigs/steps/KV_TYING", "tests/configs/pos_m7"]),
+]
+
+
+def parse_counts(output):
+    m = re.findall(r"^# (\S+): (\d+) passed, (\d+) failed", output, re.M)
+    return (int(m[-1][1]), int(m[-1][2])) if m else None
+
+
+def test_units(build_root, sanitize, only):
+    section("C unit tests" + (" (sanitizers)" if sanitize else ""))
+    env = dict(os.environ)
+    data = os.path.join(REPO, "data")
+    env.setdefault("KVLAB_DATA_DIR", data)
+    env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
+    env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
+    env["ASAN_OPTIONS"] = "detect_leaks=1"  # LeakSanitizer: the tests free what they allocate
+    for i, (name, frags) in enumerate(TEST_CONFIGS):
+        if only and only not in name and only not in "unit":
+            continue
+        bdir = os.path.join(build_root, "tests", name)
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
+                [os.path.join(REPO, f) for f in frags])
+        if not R.check(r.returncode == 0, f"test configuration {name}: {r.stderr.strip()}"):
+            continue
+        what = "TESTS=y" if i == 0 else "VARIANT_TESTS=y"
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", what,
+                 f"SANITIZE={1 if sanitize else ''}"])
+        if not R.check(r.returncode == 0, f"build of test configuration {name}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+            continue
+        progs = sorted(p for p in glob.glob(os.path.join(bdir, "tests", "test_*")) if os.access(p, os.X_OK)
+                       and not p.endswith((".o", ".d")))
+        for prog in progs:
+            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2"):
+                continue
+            t0 = time.time()
+            r = run([prog], env=env)
+            counts = parse_counts(r.stdout)
+            label = f"{name}/{os.path.basename(prog)}"
+            if counts is None or r.returncode not in (0, 1):
+                R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+                continue
+            R.add(*counts)
+            for line in r.stdout.splitlines():
+                if line.startswith(("FAIL", "SKIP", "  got")):
+                    print(f"  {label}: {line}")
+            if r.returncode != 0 and counts[1] == 0:
+                R.check(False, f"{label} exited {r.returncode}: {r.stderr[-2000:]}")
+            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)", flush=True)
+
+
+# ---------------------------------------------------------------- 3. integration
+
+TINY = """CONFIG_GPT2=y
+CONFIG_GPT2_DATA_NUMBERS=y
+CONFIG_GPT2_N_LAYER=1
+CONFIG_GPT2_N_HEAD=2
+CONFIG_GPT2_N_EMBD=16
+CONFIG_GPT2_BLOCK_SIZE=16
+CONFIG_GPT2_BATCH_SIZE=8
+CONFIG_GPT2_MAX_ITERS=30
+CONFIG_GPT2_WARMUP_ITERS=5
+CONFIG_GPT2_LR="3e-3"
+CONFIG_GPT2_EVAL_INTERVAL=10
+CONFIG_GPT2_EVAL_ITERS=4
+CONFIG_GPT2_LOG_INTERVAL=1
+CONFIG_GPT2_CHECKPOINT_INTERVAL=10
+CONFIG_GPT2_SAMPLE_LENGTH=8
+CONFIG_GPT2_DROPOUT="0.1"
+CONFIG_ABLATION=y
+CONFIG_ABLATION_STEPS="V0,V1"
+CONFIG_RUN_NAME="tiny"
+"""
+
+
+class Workspace:
+    """An out-of-tree configuration (make O=DIR) with its own outputs."""
+
+    def __init__(self, tmp, name, defconfig_text, sanitize):
+        self.dir = os.path.join(tmp, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.sanitize = sanitize
+        self.out = os.path.join(self.dir, "output")
+        path = os.path.join(self.dir, "defconfig")
+        with open(path, "w") as f:
+            f.write(defconfig_text + f'CONFIG_OUTPUT_DIR="{self.out}"\n')
+        r = run(KCONFIG + ["defconfig", path, os.path.join(self.dir, ".config")])
+        R.check(r.returncode == 0, f"workspace {name}: {r.stderr}")
+
+    def make(self, *args, env=None):
+        cmd = ["make", f"O={self.dir}"] + (["SANITIZE=1"] if self.sanitize else []) + list(args)
+        e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", **(env or {}))
+        return run(cmd, env=e)
+
+    def set(self, *assignments):
+        r = run(KCONFIG + ["set", os.path.join(self.dir, ".config")] + list(assignments))
+        R.check(r.returncode == 0, f"set {assignments}: {r.stderr}")
+
+    def run_dir(self, run_name="tiny"):
+        return os.path.join(self.out, run_name)
+
+    def binary(self, step, run_name="tiny"):
+        build = "build-san" if self.sanitize else "build"
+        return os.path.join(self.dir, build, run_name, step, "gpt2", "train_gpt2")
+
+
+def metrics(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def safetensors_tensors(path):
+    """name -> raw bytes (independent reader, for comparing checkpoints)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    return {k: data[base + v["data_offsets"][0]:base + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}, header.get("__metadata__", {})
+
+
+def test_ablation_end_to_end(ws):
+    section("ablation end to end (make, two steps)")
+    r = ws.make()
+    out = ws.run_dir()
+    if not R.check(r.returncode == 0, f"make runs both steps:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"):
+        return False
+    for step in ("V0", "V1"):
+        for f in (f"final_model_step{step}.safetensors", f"best_model_step{step}.safetensors",
+                  f"training_metrics_step{step}.json", f"train_step{step}.log", f"config_step{step}",
+                  f"train_gpt2_step{step}"):
+            R.check(os.path.isfile(os.path.join(out, f)), f"step {step} wrote {f}")
+        R.check(not os.path.exists(os.path.join(out, f"state_step{step}.safetensors")),
+                f"step {step}: the resume state is removed once complete")
+        m = metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+        s = m["metrics"]
+        R.check(m["status"] == "complete" and m["final_iteration"] == 30, f"{step}: metrics say complete at 30")
+        R.check(len(s["iterations"]) == len(s["train_losses"]) == 30 and s["iterations"][-1] == 30,
+                f"{step}: a train loss per iteration with its own iteration list")
+        R.check(s["val_iterations"] == [10, 20, 30] and len(s["val_losses"]) == 3 and
+                len(s["val_perplexities"]) == 3 and len(s["val_accuracies"]) == 3,
+                f"{step}: validation series with their own iterations: {s.get('val_iterations')}")
+        R.check(all(k in m for k in ("parameters", "flops_per_token", "peak_memory_mib", "tokens_per_s", "config",
+                                     "seed", "git_commit", "kv_cache_bytes_per_token", "variant")),
+                f"{step}: metrics carry the run's facts")
+        R.check(len(s["learning_rates"]) == 30 and len(s["timestamps"]) == 30, f"{step}: lr and timestamps")
+        cfg = open(os.path.join(out, f"config_step{step}")).read()
+        build = "build-san" if ws.sanitize else "build"
+        R.check(cfg == open(os.path.join(ws.dir, build, "tiny", step, ".config")).read(),
+                f"{step}: config_step is the resolved configuration that was built")
+        tensors, meta = safetensors_tensors(os.path.join(out, f"final_model_step{step}.safetensors"))
+        R.check(meta.get("family") == "gpt2" and meta.get("ablation_step") == step and "config" in meta,
+                f"{step}: checkpoint metadata names family, step and configuration")
+    m0 = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    m1 = metrics(os.path.join(out, "training_metrics_stepV1.json"))
+    C = 16
+    R.check(m0["variant"] == "qkv" and m1["variant"] == "kv_tying", "V0 is QKV and V1 is KV tying")
+    R.check(m0["parameters"] - m1["parameters"] == C * C + C,
+            f"V1 has one projection (C^2 + C) fewer: {m0['parameters']} vs {m1['parameters']}")
+    R.check(m0["kv_cache_bytes_per_token"] == 2 * m1["kv_cache_bytes_per_token"],
+            "KV tying caches one tensor per layer instead of two")
+    summ = json.load(open(os.path.join(out, "ablation_summary.json")))
+    R.check([s["step"] for s in summ["steps"]] == ["V0", "V1"] and
+            all(s["best_val_loss"] is not None and s["tokens_per_s"] and s["peak_memory_mib"]
+                for s in summ["steps"]), "ablation_summary.json has both steps with their numbers")
+    md = open(os.path.join(out, "ablation_summary.md")).read()
+    R.check("| V0 | QKV |" in md and "| V1 | KV tying |" in md, "ablation_summary.md has the table")
+    R.check("Ablation summary" in r.stdout and "KV tying" in r.stdout, "the comparison table is printed")
+    with open(os.path.join(out, "ablation_curves.png"), "rb") as f:
+        R.check(f.read(8) == b"\x89PNG\r\n\x1a\n", "ablation_curves.png is a PNG")
+    log = open(os.path.join(out, "train_stepV0.log")).read()
+    R.check("done:" in log and "eval  step" in log, "train_stepV0.log has the progress and the end")
+    return True
+
+
+def test_skip_and_redo(ws):
+    section("completed steps are skipped; changed configurations and FORCE=1 redo them")
+    out = ws.run_dir()
+    final = os.path.join(out, "final_model_stepV0.safetensors")
+    mtime = os.path.getmtime(final)
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("already complete") == 2,
+            f"a second make skips both completed steps:\n{r.stdout[-2000:]}")
+    R.check(os.path.getmtime(final) == mtime, "skipped steps keep their files untouched")
+    r = ws.make("FORCE=1")
+    R.check(r.returncode == 0 and "forced" in r.stdout and os.path.getmtime(final) != mtime,
+            "FORCE=1 redoes completed steps")
+    R.check(len(glob.glob(os.path.join(out, "previous", "V0-*", "final_model_stepV0.safetensors"))) >= 1,
+            "redone steps move their earlier outputs to previous/")
+    ws.set("SEED=7")
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("configuration changed") == 2,
+            f"a changed configuration reruns the steps:\n{r.stdout[-1500:]}")
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    R.check(m["seed"] == 7, "the rerun used the new configuration")
+    ws.set("SEED=1337")
+
+
+def test_rebuild_tracking(ws):
+    section("rebuilds follow configuration changes exactly")
+    r = ws.make("build")
+    R.check(r.returncode == 0 and " CC " not in r.stdout, f"nothing to rebuild without changes:\n{r.stdout}")
+    ws.set("SEED=99")
+    r = ws.make("build")
+    compiled = sorted(set(re.findall(r"CC\s+(\S+)", r.stdout)))
+    R.check(compiled == ["gpt2/train_gpt2.c", "lib/buildinfo.c"],
+            f"changing CONFIG_SEED recompiles only the files that read it: {compiled}")
+    ws.set("GPT2_N_EMBD=32")
+    r = ws.make("build")
+    compiled = sorted(set(re.findall(r"CC\s+(\S+)", r.stdout)))
+    R.check("gpt2/model.c" in compiled and "kernels/cpu/attention.c" not in compiled,
+            f"changing the width recompiles the model, not the kernels: {compiled}")
+    ws.set("SEED=1337", "GPT2_N_EMBD=16")
+    ws.make("build")
+
+
+def test_failing_step(tmp, sanitize):
+    section("a failing step is reported and leaves the others intact")
+    steps = os.path.join(tmp, "steps")
+    os.makedirs(steps, exist_ok=True)
+    shutil.copy(os.path.join(REPO, "defconfigs", "steps", "V0"), os.path.join(steps, "V0"))
+    with open(os.path.join(steps, "DIVERGE"), "w") as f:  # matrices times -99 per step: NaN loss
+        f.write('CONFIG_GPT2_LR="10"\nCONFIG_GPT2_WEIGHT_DECAY="10"\nCONFIG_GPT2_GRAD_CLIP="0"\n')
+    ws = Workspace(tmp, "failing", TINY.replace('"V0,V1"', '"DIVERGE,V0"') +
+                   f'CONFIG_ABLATION_STEPS_DIR="{steps}"\n', sanitize)
+    r = ws.make()
+    out = ws.run_dir()
+    R.check(r.returncode != 0, "make fails when a step fails")
+    R.check("step DIVERGE: FAILED" in r.stdout and "training loss is" in r.stdout,
+            f"the failure is reported with the step's error:\n{r.stdout[-2000:]}")
+    R.check(metrics(os.path.join(out, "training_metrics_stepV0.json"))["status"] == "complete",
+            "the next step still ran and completed")
+    summ = json.load(open(os.path.join(out, "ablation_summary.json")))
+    R.check([s["status"] for s in summ["steps"]] == ["failed", "complete"], "the summary marks the failed step")
+
+
+def run_binary(binary, out, step, env=None):
+    e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", **(env or {}))
+    return run([binary, "train", "--out", out, "--step", step], env=e)
+
+
+def kill_after(binary, out, step, line_prefix, sig):
+    """Starts a training run and sends sig right after it prints line_prefix."""
+    e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    p = subprocess.Popen([binary, "train", "--out", out, "--step", step], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=e)
+    seen = False
+    for line in p.stdout:
+        if line.startswith(line_prefix):
+            p.send_signal(sig)
+            seen = True
+            break
+    rest = p.stdout.read()
+    return p.wait(), seen, rest
+
+
+def test_resume(ws):
+    section("resume after SIGKILL and SIGTERM matches an uninterrupted run step for step")
+    binary = ws.binary("V0")
+    base = os.path.join(ws.dir, "resume")
+    a, b, c = (os.path.join(base, x) for x in "abc")
+    r = run_binary(binary, a, "V0")
+    R.check(r.returncode == 0, f"uninterrupted run: {r.stderr}")
+    rc, seen, _ = kill_after(binary, b, "V0", "checkpoint step 20", signal.SIGKILL)
+    R.check(seen and rc == -signal.SIGKILL, f"run killed after its checkpoint at step 20 (rc {rc})")
+    mb = metrics(os.path.join(b, "training_metrics_stepV0.json"))
+    R.check(mb["status"] == "running" and mb["metrics"]["iterations"][-1] >= 20,
+            "the killed run's metrics were written as it went")
+    R.check(os.path.exists(os.path.join(b, "state_stepV0.safetensors")), "the killed run left its state file")
+    r = run_binary(binary, b, "V0")
+    R.check(r.returncode == 0 and "resuming step V0 from iteration 20" in r.stdout, f"resumed run: {r.stderr}")
+    rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)
+    R.check(seen and rc == 128 + signal.SIGTERM, f"SIGTERM stops the run with status 143 (rc {rc}) {rest[-500:]}")
+    mc = metrics(os.path.join(c, "training_metrics_stepV0.json"))
+    R.check(mc["status"] == "interrupted", "an interrupted run says so in its metrics")
+    r = run_binary(binary, c, "V0")
+    R.check(r.returncode == 0 and "resuming" in r.stdout, f"continued after SIGTERM: {r.stderr}")
+    ma = metrics(os.path.join(a, "training_metrics_stepV0.json"))
+    for name, mx in (("SIGKILL", metrics(os.path.join(b, "training_metrics_stepV0.json"))),
+                     ("SIGTERM", metrics(os.path.join(c, "training_metrics_stepV0.json")))):
+        sa, sx = ma["metrics"], mx["metrics"]
+        R.check(sa["iterations"] == sx["iterations"] and sa["train_losses"] == sx["train_losses"],
+                f"{name}: the resumed loss curve equals the uninterrupted one step for step")
+        R.check(sa["val_losses"] == sx["val_losses"] and sa["val_iterations"] == sx["val_iterations"],
+                f"{name}: identical validation losses")
+    ta, _ = safetensors_tensors(os.path.join(a, "final_model_stepV0.safetensors"))
+    tb, _ = safetensors_tensors(os.path.join(b, "final_model_stepV0.safetensors"))
+    R.check(ta == tb, "the resumed run ends with bit-identical parameters")
+
+
+def test_sampling_and_bad_checkpoints(ws, tmp):
+    section("sampling with the KV cache; bad checkpoints")
+    out = ws.run_dir()
+    b0, b1 = ws.binary("V0"), ws.binary("V1")
+    ck0 = os.path.join(out, "final_model_stepV0.safetensors")
+    ck1 = os.path.join(out, "final_model_stepV1.safetensors")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    for binary, ck, name in ((b0, ck0, "V0"), (b1, ck1, "V1")):
+        args = [binary, "sample", "--ckpt", ck, "--prompt", "one hundred", "--length", "24", "--temperature", "0"]
+        r1 = run(args, env=env)
+        r2 = run(args + ["--no-cache"], env=env)
+        R.check(r1.returncode == 0 and r1.stdout == r2.stdout and len(r1.stdout.split()) == 26,
+                f"{name}: greedy samples with and without the cache agree: {r1.stdout!r} / {r2.stdout!r}")
+        r3 = run([binary, "sample", "--ckpt", ck, "--length", "20", "--temperature", "1.0", "--seed", "5"], env=env)
+        r4 = run([binary, "sample", "--ckpt", ck, "--length", "20", "--temperature", "1.0", "--seed", "5"], env=env)
+        R.check(r3.returncode == 0 and r3.stdout == r4.stdout, f"{name}: sampling is deterministic given a seed")
+    data = open(ck0, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    cases = {}
+    cases["truncated"] = (data[:len(data) // 2], "truncated")
+    flipped = bytearray(data)
+    flipped[8] ^= 0x55  # the header's opening brace
+    cases["corrupt"] = (bytes(flipped), "")
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__")
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    cases["foreign"] = (struct.pack("<Q", len(text)) + text + data[8 + n:], "not a kvlab checkpoint")
+    for what, (blob, key) in cases.items():
+        path = os.path.join(tmp, f"{what}.safetensors")
+        with open(path, "wb") as f:
+            f.write(blob)
+        r = run([b0, "sample", "--ckpt", path, "--length", "5"], env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 1 and len(lines) == 1 and path in lines[0] and key in lines[0] and "hint" in lines[0],
+                f"{what} checkpoint: one clear line naming the file: rc={r.returncode} {r.stderr.strip()}")
+    r = run([b0, "sample", "--ckpt", ck1, "--length", "5"], env=env)
+    R.check(r.returncode == 1 and "mismatched checkpoint" in r.stderr and "variant" in r.stderr and ck1 in r.stderr,
+            f"a checkpoint of another variant is refused: {r.stderr.strip()}")
+    r = run([b0, "sample", "--ckpt", os.path.join(tmp, "missing.safetensors")], env=env)
+    R.check(r.returncode == 1 and "missing.safetensors" in r.stderr, f"a missing checkpoint is named: {r.stderr}")
+
+
+def test_bad_runs(tmp, sanitize):
+    section("bad data and divergence stop with a clear error")
+    ws = Workspace(tmp, "baddata", TINY.replace('CONFIG_GPT2_DATA_NUMBERS=y\n', '') +
+                   f'CONFIG_DATA_DIR="{os.path.join(tmp, "nodata")}"\nCONFIG_DATA_MIRROR=""\n', sanitize)
+    os.makedirs(os.path.join(tmp, "nodata", "tinyshakespeare"), exist_ok=True)
+    with open(os.path.join(tmp, "nodata", "tinyshakespeare", "input.txt"), "w") as f:
+        f.write("not the file\n")
+    r = ws.make()
+    both = r.stdout + r.stderr
+    R.check(r.returncode != 0 and "input.txt" in both and "not the expected file" in both and "hint" in both,
+            f"a wrong data file is named, with a hint:\n{both[-1500:]}")
+    # weight decay 10 at learning rate 10 multiplies the matrices by -99 per step: overflow, then NaN
+    ws2 = Workspace(tmp, "diverge", TINY.replace('CONFIG_GPT2_LR="3e-3"', 'CONFIG_GPT2_LR="10"\n'
+                                                 'CONFIG_GPT2_WEIGHT_DECAY="10"\nCONFIG_GPT2_GRAD_CLIP="0"')
+                    .replace('"V0,V1"', '"V0"'), sanitize)
+    r = ws2.make()
+    out = ws2.run_dir()
+    R.check(r.returncode != 0 and "training loss is" in r.stdout and "hint" in r.stdout,
+            f"a non-finite loss stops the step with a clear error:\n{r.stdout[-1500:]}")
+    path = os.path.join(out, "training_metrics_stepV0.json")
+    R.check(os.path.exists(path) and metrics(path)["status"] == "failed", "the metrics file records the failure")
+
+
+def test_data_script(tmp):
+    section("data script: mirror, verification, errors")
+    script = os.path.join(REPO, "scripts", "get_data.sh")
+    src = os.path.join(REPO, "data", "tinyshakespeare", "input.txt")
+    mirror = os.path.join(tmp, "mirror")
+    os.makedirs(os.path.join(mirror, "tinyshakespeare"), exist_ok=True)
+    if os.path.exists(src):
+        shutil.copy(src, os.path.join(mirror, "tinyshakespeare", "input.txt"))
+        r = run([script, "--mirror", mirror, "--data", os.path.join(tmp, "d1"), "tinyshakespeare"])
+        R.check(r.returncode == 0 and os.path.getsize(os.path.join(tmp, "d1", "tinyshakespeare", "input.txt")) ==
+                1115394, f"copies a verified file from the mirror: {r.stderr}")
+    else:
+        print("SKIP data script mirror copy: data/tinyshakespeare/input.txt is absent")
+    with open(os.path.join(mirror, "tinyshakespeare", "input.txt"), "w") as f:
+        f.write("wrong")
+    r = run([script, "--mirror", mirror, "--data", os.path.join(tmp, "d2"), "tinyshakespeare"])
+    R.check(r.returncode != 0 and "md5" in r.stderr and not os.path.exists(
+        os.path.join(tmp, "d2", "tinyshakespeare", "input.txt")),
+        f"a mirror file with the wrong checksum is refused and not installed: {r.stderr}")
+    r = run([script, "nonsense"])
+    R.check(r.returncode == 2 and "nonsense" in r.stderr, "unknown data set names are errors")
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    # `make test` exports its own configuration and flags; the tests drive make themselves
+    for var in ("KCONFIG_CONFIG", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "O", "SANITIZE", "FORCE"):
+        os.environ.pop(var, None)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sanitize", action="store_true")
+    ap.add_argument("-k", dest="only", default="", help="run only sections whose name contains this")
+    args = ap.parse_args()
+    t0 = time.time()
+    build_root = os.path.join(REPO, "build-san" if args.sanitize else "build")
+    tmp = tempfile.mkdtemp(prefix="kvlab-tests-")
+    only = args.only
+
+    def want(name):
+        return not only or only in name
+
+    try:
+        # the data the tests read (mirror or download, verified)
+        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "tinyshakespeare", "gpt2-bpe"])
+        R.check(r.returncode == 0, f"data for the tests: {r.stdout}{r.stderr}")
+        if want("kconfig"):
+            test_kconfig(tmp)
+        if want("menuconfig"):
+            test_menuconfig(tmp)
+        if want("unit"):
+            test_units(build_root, args.sanitize, "")
+        if want("e2e"):
+            ws = Workspace(tmp, "e2e", TINY, args.sanitize)
+            if test_ablation_end_to_end(ws):
+                test_sampling_and_bad_checkpoints(ws, tmp)
+                test_resume(ws)
+                test_rebuild_tracking(ws)
+                test_skip_and_redo(ws)
+            test_failing_step(tmp, args.sanitize)
+            test_bad_runs(tmp, args.sanitize)
+        if want("data"):
+            test_data_script(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")
+    return 1 if R.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+/* GPT-2 model tests for the variant this binary is built for:
+ *  - parameter counts against the reference's oracles (attention-variants.md 4);
+ *  - the whole model against a float64 reference composed from tests/ref.c:
+ *    the loss, and every parameter's gradient against central differences;
+ *  - determinism of forward and backward. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attention.h"
+#include "common.h"
+#include "kernels.h"
+#include "gpt2/model.h"
+#include "gpt2/sample.h"
+#include "checkpoint.h"
+#include "ref.h"
+#include "test.h"
+
+/* The paper's char GPT: V=65, C=192, T=64, L=6, H=3, ReLU, no Q/K/V bias,
+ * other biases, untied head with bias. */
+static GPT2Config char_gpt(void) {
+    GPT2Config c = {.V = 65, .T = 64, .L = 6, .H = 3, .C = 192, .bias = 1, .attn_bias = 0, .tie = 0, .head_bias = 1,
+                    .gelu = 0, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 3 : 1) : 0};
+    return c;
+}
+
+static void test_param_counts(void) {
+    /* attention-variants.md table 4, char GPT row, without +Pos */
+    static const long base[4] = {[ATTN_QKV] = 2703425, [ATTN_KV] = 2482241, [ATTN_K] = 2261057,
+                                 [ATTN_KV_TYING] = 2482241};
+    GPT2Config c = char_gpt();
+    GPT2 m;
+    gpt2_init(&m, &c, 1);
+    long want = base[ATTN_VARIANT];
+    if (ATTN_POS) want += (long)c.L * c.pos_groups * (c.pos_m + 1);
+    CHECK((long)m.table.total == want, "%s char-GPT parameter count %zu, oracle %ld",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), m.table.total, want);
+    /* the oracle rows with +Pos, m = 20: KV+Pos 2,482,619 per head / 2,482,367 per layer; K+Pos 2,261,435 per head */
+    if (ATTN_POS && ATTN_POS_DIM == 20 && ATTN_VARIANT == ATTN_KV)
+        CHECK((long)m.table.total == (ATTN_POS_PER_HEAD ? 2482619 : 2482367), "KV+Pos oracle");
+    if (ATTN_POS && ATTN_POS_DIM == 20 && ATTN_VARIANT == ATTN_K && ATTN_POS_PER_HEAD)
+        CHECK((long)m.table.total == 2261435, "K+Pos oracle");
+    /* matmul parameters: fewer projections, fewer parameters and FLOPs */
+    size_t per_layer = (size_t)(attn_num_proj(ATTN_VARIANT) + 1 + 8) * 192 * 192;
+    CHECK(gpt2_matmul_params(&c) == 6 * per_layer + 65 * 192, "matmul parameter count");
+    CHECK(fabs(gpt2_flops_per_token(&c, 64) - (6.0 * (6 * per_layer + 65 * 192) + 12.0 * 6 * 64 * 192)) < 1,
+          "FLOPs per token = 6 N_matmul + 12 L T C");
+    gpt2_free(&m);
+}
+
+/* ------------------------------------------------------------------ float64 reference model */
+
+typedef struct {
+    GPT2 *m;
+    double *P; /* parameters in double, same table */
+    const int *in, *tg;
+    int B, T;
+} RefCtx;
+
+static double ref_loss(void *vctx) {
+    RefCtx *r = vctx;
+    const GPT2 *m = r->m;
+    const GPT2Config *c = &m->cfg;
+    const double *P = r->P;
+    int B = r->B, T = r->T, C = c->C, V = c->V, NP = attn_num_proj(c->variant);
+    size_t BT = (size_t)B * T, n = BT * C;
+    double *x = xmalloc(n * sizeof(double)), *ln = xmalloc(n * sizeof(double));
+    double *proj = xmalloc(n * NP * sizeof(double)), *att = xmalloc(n * sizeof(double));
+    double *br = xmalloc(n * sizeof(double)), *fc = xmalloc(4 * n * sizeof(double));
+    double *act = xmalloc(4 * n * sizeof(double)), *logits = xmalloc(BT * V * sizeof(double));
+    for (size_t i = 0; i < BT; i++)
+        for (int k = 0; k < C; k++) x[i * C + k] = P[m->wte + (size_t)r->in[i] * C + k] + P[m->wpe + (i % T) * C + k];
+    for (int l = 0; l < c->L; l++) {
+        const GPT2LayerParams *lp = &m->layer[l];
+        ref_layernorm(ln, x, P + lp->ln1w, c->bias ? P + lp->ln1b : NULL, (int)BT, C);
+        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, (int)BT, C, NP * C);
+        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 1, NULL, c->pos ? P + lp->posw : NULL,
+                           c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
+        ref_linear(br, att, P + lp->projw, c->bias ? P + lp->projb : NULL, (int)BT, C, C);
+        for (size_t i = 0; i < n; i++) x[i] += br[i];
+        ref_layernorm(ln, x, P + lp->ln2w, c->bias ? P + lp->ln2b : NULL, (int)BT, C);
+        ref_linear(fc, ln, P + lp->fcw, c->bias ? P + lp->fcb : NULL, (int)BT, C, 4 * C);
+        if (c->gelu)
+            ref_gelu(act, fc, 4 * n);
+        else
+            ref_relu(act, fc, 4 * n);
+        ref_linear(br, act, P + lp->fcpw, c->bias ? P + lp->fcpb : NULL, (int)BT, 4 * C, C);
+        for (size_t i = 0; i < n; i++) x[i] += br[i];
+    }
+    ref_layernorm(ln, x, P + m->lnfw, c->bias ? P + m->lnfb : NULL, (int)BT, C);
+    ref_linear(logits, ln, P + m->headw, !c->tie && c->head_bias ? P + m->headb : NULL, (int)BT, C, V);
+    double loss = ref_crossentropy(logits, r->tg, (int)BT, V, -1, 0.0);
+    free(x), free(ln), free(proj), free(att), free(br), free(fc), free(act), free(logits);
+    return loss;
+}
+
+static void model_case(const char *name, GPT2Config c, int B, int T) {
+    GPT2 m;
+    gpt2_init(&m, &c, 7);
+    /* non-zero biases and +Pos weights so that every path carries signal */
+    for (int i = 0; i < m.table.n; i++) {
+        const ParamSpec *s = &m.table.specs[i];
+        if (strstr(s->name, ".bias") || strstr(s->name, ".pos."))
+            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 0.1f * (float)sin(3.0 * k + i);
+        if (strstr(s->name, "ln") && strstr(s->name, ".weight"))
+            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 1.0f + 0.2f * (float)cos(5.0 * k + i);
+    }
+    /* weights larger than GPT-2's 0.02 init so that attention is not uniform */
+    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 8.0f;
+    int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (i * 7 + 3) % c.V;
+        tg[i] = (i * 5 + 1) % c.V;
+    }
+    tg[2] = -1; /* an ignored target */
+    double loss = gpt2_forward(&m, in, tg, B, T, 1, 0);
+    gpt2_zero_grad(&m);
+    gpt2_backward(&m, 1.0f);
+    RefCtx r = {&m, xmalloc(m.table.total * sizeof(double)), in, tg, B, T};
+    for (size_t k = 0; k < m.table.total; k++) r.P[k] = m.params[k];
+    double want = ref_loss(&r);
+    CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "%s: loss %.8f, float64 reference %.8f", name, loss, want);
+    /* every tensor's gradient against central differences of the reference */
+    int bad = 0;
+    double worst_rel = 0.0;
+    for (int i = 0; i < m.table.n; i++) {
+        const ParamSpec *s = &m.table.specs[i];
+        double err = 0.0, fdmax = 0.0;
+        size_t step = s->numel > 24 ? s->numel / 24 : 1;
+        for (size_t k = 0; k < s->numel; k += step) {
+            size_t j = s->offset + k;
+            double old = r.P[j];
+            r.P[j] = old + 1e-5;
+            double lp = ref_loss(&r);
+            r.P[j] = old - 1e-5;
+            double lm = ref_loss(&r);
+            r.P[j] = old;
+            double fd = (lp - lm) / 2e-5;
+            err = fmax(err, fabs(fd - m.grads[j]));
+            fdmax = fmax(fdmax, fabs(fd));
+        }
+        if (err > 2e-3 * fdmax + 1e-6) {
+            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
+            bad++;
+        }
+        if (fdmax > 0) worst_rel = fmax(worst_rel, err / fdmax);
+    }
+    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
+          bad, m.table.n, worst_rel);
+    /* determinism: the same pass twice gives bit-identical gradients */
+    float *g1 = xmalloc(m.table.total * sizeof(float));
+    memcpy(g1, m.grads, m.table.total * sizeof(float));
+    double loss2 = gpt2_forward(&m, in, tg, B, T, 1, 0);
+    gpt2_zero_grad(&m);
+    gpt2_backward(&m, 1.0f);
+    CHECK(loss2 == loss && memcmp(g1, m.grads, m.table.total * sizeof(float)) == 0,
+          "%s: repeated forward/backward is bit-identical", name);
+    free(g1);
+    free(r.P);
+    free(in);
+    free(tg);
+    gpt2_free(&m);
+}
+
+static void test_dropout_changes_training_only(void) {
+    GPT2Config c = {.V = 13, .T = 8, .L = 1, .H = 2, .C = 8, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                    .dropout = 0.3f, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
+    GPT2 m;
+    gpt2_init(&m, &c, 3);
+    int in[16], tg[16];
+    for (int i = 0; i < 16; i++) in[i] = i % 13, tg[i] = (i + 1) % 13;
+    double e1 = gpt2_forward(&m, in, tg, 2, 8, 0, 1), e2 = gpt2_forward(&m, in, tg, 2, 8, 0, 2);
+    double t1 = gpt2_forward(&m, in, tg, 2, 8, 1, 1), t2 = gpt2_forward(&m, in, tg, 2, 8, 1, 2);
+    double t1b = gpt2_forward(&m, in, tg, 2, 8, 1, 1);
+    CHECK(e1 == e2, "evaluation ignores dropout seeds");
+    CHECK(t1 != t2 && t1 == t1b, "training dropout follows its seed");
+    gpt2_free(&m);
+}
+
+/* Generation with the KV cache gives the logits of the full forward pass. */
+static void test_cache_equivalence(void) {
+    int g = ATTN_POS_PER_HEAD ? 2 : 1;
+    GPT2Config c = {.V = 17, .T = 12, .L = 2, .H = 2, .C = 16, .bias = 1, .attn_bias = 1, .tie = 0, .head_bias = 1,
+                    .gelu = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? g : 0};
+    GPT2 m;
+    gpt2_init(&m, &c, 11);
+    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 10.0f; /* sharp attention */
+    int toks[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+    KVCache cache;
+    kv_cache_init(&cache, &m);
+    double worst = 0.0, lmax = 0.0;
+    float *full = xmalloc((size_t)c.V * sizeof(float));
+    for (int t = 0; t < c.T; t++) {
+        const float *cached = gpt2_decode(&m, &cache, toks[t]);
+        float *dec = xmalloc((size_t)c.V * sizeof(float));
+        memcpy(dec, cached, (size_t)c.V * sizeof(float));
+        gpt2_forward(&m, toks, NULL, 1, t + 1, 0, 0);
+        memcpy(full, m.acts.logits + (size_t)t * c.V, (size_t)c.V * sizeof(float));
+        for (int v = 0; v < c.V; v++) {
+            worst = fmax(worst, fabs(dec[v] - full[v]));
+            lmax = fmax(lmax, fabs(full[v]));
+        }
+        free(dec);
+    }
+    CHECK(worst <= 1e-5 * lmax + 1e-5, "%s: cached and uncached logits differ by %.3g (max |logit| %.3g)",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), worst, lmax);
+    int tensors = ATTN_VARIANT == ATTN_K || ATTN_VARIANT == ATTN_KV_TYING ? 1 : 2;
+    CHECK(cache.tensors == tensors && (cache.tensors == 2) == (cache.values != cache.keys),
+          "%s caches %d tensor(s) per layer, expected %d", attn_variant_label(ATTN_VARIANT, ATTN_POS), cache.tensors,
+          tensors);
+    CHECK(kv_cache_bytes_per_token(&c) == (size_t)c.L * tensors * c.C * sizeof(float), "cache bytes per token");
+    kv_cache_free(&cache);
+    free(full);
+    gpt2_free(&m);
+}
+
+/* Save, load into a fresh model: identical parameters and moments; strict errors otherwise. */
+static void test_checkpoint_round_trip(void) {
+    GPT2Config c = {.V = 13, .T = 8, .L = 2, .H = 2, .C = 8, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                    .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
+    GPT2 a, b;
+    gpt2_init(&a, &c, 1);
+    gpt2_init(&b, &c, 2);
+    for (size_t k = 0; k < a.table.total; k++) a.m[k] = 0.5f * (float)k, a.v[k] = 1.0f / (1.0f + (float)k);
+    char dir[] = "/tmp/kvlab_test_ckpt_XXXXXX";
+    if (!mkdtemp(dir)) FATAL("mkdtemp failed");
+    char path[256], path2[256];
+    snprintf(path, sizeof path, "%s/state.safetensors", dir);
+    snprintf(path2, sizeof path2, "%s/model.safetensors", dir);
+    StMeta meta[2] = {{"family", "gpt2"}, {"variant", attn_variant_id(ATTN_VARIANT, ATTN_POS)}};
+    Err e;
+    CHECK(checkpoint_save(path, &a.table, a.params, a.m, a.v, meta, 2, &e) == 0, "save state: %s", e.msg);
+    CHECK(checkpoint_save(path2, &a.table, a.params, NULL, NULL, meta, 2, &e) == 0, "save model: %s", e.msg);
+    StFile *f = checkpoint_open(path, "gpt2", &e);
+    CHECK(f != NULL, "open: %s", f ? "" : e.msg);
+    if (f) {
+        CHECK(checkpoint_read(f, &b.table, b.params, b.m, b.v, &e) == 0, "read: %s", e.msg);
+        size_t bytes = a.table.total * sizeof(float);
+        CHECK(!memcmp(a.params, b.params, bytes) && !memcmp(a.m, b.m, bytes) && !memcmp(a.v, b.v, bytes),
+              "parameters and moments round-trip bit for bit");
+        CHECK(checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS), "", &e) == 0,
+              "variant metadata round-trips");
+        CHECK(checkpoint_expect(f, "variant", "something_else", "use the right binary", &e) != 0 &&
+                  strstr(e.msg, "mismatched") && strstr(e.msg, path), "a wrong variant is a named mismatch: %s", e.msg);
+        st_close(f);
+    }
+    f = checkpoint_open(path2, "vit", &e);
+    CHECK(!f && strstr(e.msg, "model family 'gpt2'"), "another family is rejected: %s", e.msg);
+    /* a model of another shape: missing and unexpected tensors are errors */
+    GPT2Config c3 = c;
+    c3.L = 1;
+    GPT2 small;
+    gpt2_init(&small, &c3, 3);
+    f = checkpoint_open(path2, "gpt2", &e);
+    if (f) {
+        CHECK(checkpoint_read(f, &small.table, small.params, NULL, NULL, &e) != 0 && strstr(e.msg, "unexpected tensor"),
+              "a checkpoint with more layers is rejected: %s", e.msg);
+        st_close(f);
+    }
+    c3.L = 3;
+    GPT2 big;
+    gpt2_init(&big, &c3, 3);
+    f = checkpoint_open(path2, "gpt2", &e);
+    if (f) {
+        CHECK(checkpoint_read(f, &big.table, big.params, NULL, NULL, &e) != 0 && strstr(e.msg, "missing"),
+              "a checkpoint with fewer layers is rejected: %s", e.msg);
+        st_close(f);
+    }
+    c3.L = 2;
+    c3.C = 16;
+    GPT2 wide;
+    gpt2_init(&wide, &c3, 3);
+    f = checkpoint_open(path2, "gpt2", &e);
+    if (f) {
+        CHECK(checkpoint_read(f, &wide.table, wide.params, NULL, NULL, &e) != 0 && strstr(e.msg, "wte.weight"),
+              "a checkpoint of another width is rejected naming the tensor: %s", e.msg);
+        st_close(f);
+    }
+    /* a non-finite value is reported */
+    a.params[3] = NAN;
+    checkpoint_save(path2, &a.table, a.params, NULL, NULL, meta, 2, &e);
+    f = checkpoint_open(path2, "gpt2", &e);
+    if (f) {
+        CHECK(checkpoint_read(f, &b.table, b.params, NULL, NULL, &e) != 0 && strstr(e.msg, "non-finite"),
+              "a NaN in a checkpoint is reported: %s", e.msg);
+        st_close(f);
+    }
+    unlink(path);
+    unlink(path2);
+    rmdir(dir);
+    gpt2_free(&a), gpt2_free(&b), gpt2_free(&small), gpt2_free(&big), gpt2_free(&wide);
+}
+
+int main(void) {
+    backend_init(0);
+    printf("gpt2 model test: attention %s\n", attn_variant_label(ATTN_VARIANT, ATTN_POS));
+    test_param_counts();
+    int g = ATTN_POS_PER_HEAD ? 2 : 1;
+    GPT2Config full = {.V = 11, .T = 9, .L = 2, .H = 2, .C = 8, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                       .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? g : 0};
+    model_case("GPT-2 wiring (biases, GELU, tied head)", full, 2, 7);
+    GPT2Config paper = full;
+    paper.attn_bias = 0, paper.tie = 0, paper.head_bias = 1, paper.gelu = 0;
+    model_case("char-GPT wiring (ReLU, untied head with bias)", paper, 2, 9);
+    GPT2Config nobias = full;
+    nobias.bias = 0, nobias.attn_bias = 0;
+    model_case("no biases", nobias, 1, 5);
+    test_dropout_changes_training_only();
+    test_cache_equivalence();
+    test_checkpoint_round_trip();
+    return TEST_SUMMARY("test_gpt2");
+}
