@@ -1,0 +1,72 @@
+/* What the trainers of every model family share: the files of a step, the
+ * resumable run state, the metrics document, checkpoint metadata, progress
+ * formatting and stop signals. A family sets the model-specific fields and
+ * calls these around its own training loop.
+ *
+ * Files of step STEP in the output folder:
+ *   final_model_step<STEP>.safetensors   parameters at the end
+ *   best_model_step<STEP>.safetensors    parameters at the best validation loss
+ *   state_step<STEP>.safetensors         resume point (parameters, AdamW moments, progress)
+ *   training_metrics_step<STEP>.json     curves and facts, rewritten as training goes */
+#ifndef KVLAB_TRAINER_H
+#define KVLAB_TRAINER_H
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "common.h"
+#include "metrics.h"
+#include "rng.h"
+
+typedef struct {
+    /* set by the family before use */
+    const char *family, *step, *out, *dataset, *variant;
+    const char *unit;        /* what examples are: "tokens", "images", "sequences" */
+    char *model_json;        /* model description, metadata "model" */
+    char *vocab_json;        /* vocabulary or label names, metadata "tokenizer" (may be NULL) */
+    const ParamTable *table;
+    float *params, *m, *v;   /* model parameters and AdamW moments (table->total floats each) */
+    uint64_t seed;
+    /* files */
+    char final_path[4096], best_path[4096], state_path[4096], metrics_path[4096];
+    Metrics *metrics;
+    /* progress; all of it goes into the state file */
+    int iter;                /* optimiser steps done */
+    Rng data_rng;            /* data order */
+    double train_seconds;    /* time inside training steps (the wall-time budget) */
+    double elapsed;          /* wall time of the step, evaluations included, across resumes */
+    double examples;         /* units seen (tokens, images, sequences) */
+    double best_val, last_val;
+    int best_iter, last_eval_iter;
+} TrainRun;
+
+/* Sets the file names in out (created if needed) and the initial progress. */
+void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed);
+/* Stops the program with the error (one line, exit status 1). */
+void run_die(const Err *e) KV_NORETURN;
+
+void run_save_model(TrainRun *r, const char *path, double val_loss);
+void run_save_state(TrainRun *r);
+/* Restores parameters, moments and progress from the state file when it
+ * exists and was written by this very configuration; returns 1 if it did. */
+int run_try_resume(TrainRun *r);
+
+/* Opens the metrics file (continuing it after a resume, without the entries
+ * past the resumed iteration) and writes the facts every family records. */
+void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series, int ntrain,
+                      const char *const *val_series, int nval);
+/* Updates the running totals (iterations, best validation, speed, memory) and writes the file. */
+void run_write_metrics(TrainRun *r);
+/* Marks the metrics complete, writes them and removes the state file. */
+void run_finish(TrainRun *r, const char *stopped_by);
+void run_fail(TrainRun *r, const char *status, const char *msg);
+
+/* SIGINT/SIGTERM set a flag the loop checks after each step (save, then stop). */
+void run_catch_signals(void);
+int run_stop_signal(void);
+
+void format_eta(char *buf, size_t n, double seconds);
+/* exp(min(loss, 20)) */
+double perplexity(double loss);
+
+#endif
