@@ -114,6 +114,17 @@ static void build_table(GPT2 *m) {
     if (!c->tie && c->head_bias) m->headb = param_add(t, "lm_head.bias", 0, 1, c->V);
 }
 
+size_t gpt2_num_params(const GPT2Config *c) {
+    GPT2 m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *c;
+    build_table(&m);
+    size_t n = m.table.total;
+    free(m.layer);
+    param_table_free(&m.table);
+    return n;
+}
+
 static int is_suffix(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
@@ -179,8 +190,10 @@ void gpt2_free(GPT2 *m) {
 
 /* ------------------------------------------------------------------ activations */
 
+/* Activations for B x T tokens; every array is laid out for the current
+ * B x T, so any smaller batch fits in an earlier allocation. */
 static void alloc_acts(GPT2 *m, int B, int T) {
-    if (m->act_memory && B <= m->B && T == m->T) return;
+    if (m->act_memory && (size_t)B * T <= (size_t)m->B * m->T) return;
     dev_free(m->act_memory);
     dev_free(m->scratch_memory);
     dev_free(m->inputs);

@@ -76,6 +76,8 @@ typedef struct {
  * (GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)). */
 void gpt2_init(GPT2 *m, const GPT2Config *cfg, uint64_t seed);
 void gpt2_free(GPT2 *m);
+/* Parameter count of a configuration, without allocating the model. */
+size_t gpt2_num_params(const GPT2Config *c);
 /* Parameters that take part in matrix multiplies (for the FLOP count). */
 size_t gpt2_matmul_params(const GPT2Config *c);
 /* Training FLOPs per token (forward + backward), the formula in docs. */

@@ -52,6 +52,15 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 #error "+Pos without a weight-sharing choice (run make olddefconfig)"
 #endif
 
+/* Head dim of the configured model family, so loops over it get a constant
+ * trip count; other head dims take the same code with a runtime count.
+ * (A family added later sets it too; with several families, 0 = runtime.) */
+#if IS_ENABLED(CONFIG_GPT2)
+#define ATTN_HEAD_DIM (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
+#else
+#define ATTN_HEAD_DIM 0
+#endif
+
 /* Projections of a variant, and which block (0..P-1) plays each role. */
 static inline int attn_num_proj(int variant) {
     return variant == ATTN_QKV ? 3 : variant == ATTN_K ? 1 : 2;

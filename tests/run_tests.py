@@ -388,21 +388,37 @@ def test_skip_and_redo(ws):
     ws.set("SEED=1337")
 
 
+def rebuild_after(ws, *assignments):
+    """Changes values, rebuilds, returns the sources that were compiled."""
+    ws.set(*assignments)
+    r = ws.make("build")
+    R.check(r.returncode == 0, f"rebuild after {assignments}: {r.stderr[-1000:]}")
+    return sorted(set(re.findall(r"CC\s+(\S+)", r.stdout)))
+
+
 def test_rebuild_tracking(ws):
     section("rebuilds follow configuration changes exactly")
     r = ws.make("build")
     R.check(r.returncode == 0 and " CC " not in r.stdout, f"nothing to rebuild without changes:\n{r.stdout}")
-    ws.set("SEED=99")
-    r = ws.make("build")
-    compiled = sorted(set(re.findall(r"CC\s+(\S+)", r.stdout)))
+    compiled = rebuild_after(ws, "SEED=99")
     R.check(compiled == ["gpt2/train_gpt2.c", "lib/buildinfo.c"],
             f"changing CONFIG_SEED recompiles only the files that read it: {compiled}")
-    ws.set("GPT2_N_EMBD=32")
-    r = ws.make("build")
-    compiled = sorted(set(re.findall(r"CC\s+(\S+)", r.stdout)))
+    compiled = rebuild_after(ws, "GPT2_N_LAYER=2")
     R.check("gpt2/model.c" in compiled and "kernels/cpu/attention.c" not in compiled,
-            f"changing the width recompiles the model, not the kernels: {compiled}")
-    ws.set("SEED=1337", "GPT2_N_EMBD=16")
+            f"changing the depth recompiles the model, not the kernels: {compiled}")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    r = run([ws.binary("V0"), "info"], env=env)
+    R.check(r.returncode == 0 and "model: 2 layers" in r.stdout and "seed 99" in r.stdout,
+            f"the rebuilt binary runs with the new values: {r.stdout[:300]}")
+    compiled = rebuild_after(ws, "GPT2_N_EMBD=32")
+    R.check("kernels/cpu/attention.c" in compiled and "kernels/cpu/ops.c" not in compiled,
+            f"changing the width recompiles attention (specialised for the head dim), not the other ops: {compiled}")
+    old = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")  # trained with 1 layer, 16 channels
+    r = run([ws.binary("V0"), "sample", "--ckpt", old, "--length", "3"], env=env)
+    R.check(r.returncode == 1 and "mismatched checkpoint" in r.stderr and "model.n_layer is 1" in r.stderr and
+            len(r.stderr.strip().splitlines()) == 1,
+            f"a checkpoint of another shape is refused naming the field: {r.stderr.strip()}")
+    ws.set("SEED=1337", "GPT2_N_EMBD=16", "GPT2_N_LAYER=1")
     ws.make("build")
 
 

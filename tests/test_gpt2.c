@@ -43,6 +43,16 @@ static void test_param_counts(void) {
         CHECK((long)m.table.total == (ATTN_POS_PER_HEAD ? 2482619 : 2482367), "KV+Pos oracle");
     if (ATTN_POS && ATTN_POS_DIM == 20 && ATTN_VARIANT == ATTN_K && ATTN_POS_PER_HEAD)
         CHECK((long)m.table.total == 2261435, "K+Pos oracle");
+    /* GPT-2 124M (tied head, biases, V = 50257, T = 1024): 124,439,808 parameters for QKV
+     * (formats.md 2.1, llm.c's count with the unpadded vocabulary); each projection
+     * fewer removes C^2 + C per layer, +Pos adds m+1 per layer or head */
+    GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
+                    .gelu = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 12 : 1) : 0};
+    long want124 = 124439808L - 12L * (3 - attn_num_proj(ATTN_VARIANT)) * (768L * 768 + 768) +
+                   (ATTN_POS ? 12L * g.pos_groups * (g.pos_m + 1) : 0);
+    CHECK((long)gpt2_num_params(&g) == want124, "GPT-2 124M %s: %zu parameters, expected %ld",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), gpt2_num_params(&g), want124);
     /* matmul parameters: fewer projections, fewer parameters and FLOPs */
     size_t per_layer = (size_t)(attn_num_proj(ATTN_VARIANT) + 1 + 8) * 192 * 192;
     CHECK(gpt2_matmul_params(&c) == 6 * per_layer + 65 * 192, "matmul parameter count");

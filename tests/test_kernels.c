@@ -670,6 +670,10 @@ int main(void) {
     attention_case("causal, key padding", 2, 9, 2, 4, 1, 1, 0.0f);
     attention_case("causal, dropout", 2, 9, 2, 4, 1, 0, 0.25f);
     attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 1, 0.25f);
+    if (ATTN_HEAD_DIM > 0 && ATTN_HEAD_DIM <= 128) { /* the copy specialised for the configured head dim */
+        attention_case("causal, configured head dim", 1, 9, 1, ATTN_HEAD_DIM, 1, 0, 0.0f);
+        attention_case("bidirectional, configured head dim", 1, 9, 1, ATTN_HEAD_DIM, 0, 1, 0.0f);
+    }
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
     attention_set_symmetric_path(1);

@@ -109,6 +109,25 @@ typedef struct {
 
 static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : h; }
 
+/* Build-time facts: +Pos code exists only in +Pos builds and the symmetric
+ * (ssyrk) path only where the query role is the key role; the compiler
+ * removes the rest, since these are constant-false elsewhere. */
+static inline int uses_pos(const Problem *p) { return ATTN_POS && p->pos; }
+static inline int uses_symmetric(const Problem *p) { return attn_key_block(ATTN_VARIANT) == 0 && p->symmetric; }
+
+/* dO_i . O_i over one head; the configured head dim gets its own copy with
+ * a constant trip count. */
+static inline __attribute__((always_inline)) float dot_n(const float *a, const float *b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int k = 0; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+static float head_dot(const float *a, const float *b, int hd) {
+    return ATTN_HEAD_DIM > 0 && hd == ATTN_HEAD_DIM ? dot_n(a, b, ATTN_HEAD_DIM) : dot_n(a, b, hd);
+}
+
 /* Per-thread scratch, grown on demand (calls come from serial code). */
 static float *workspace(size_t floats) {
     static float *buf;
@@ -122,7 +141,7 @@ static float *workspace(size_t floats) {
 }
 
 static float *scratch_for(const Problem *p, size_t *per_thread) {
-    size_t rows = p->symmetric ? (size_t)p->Tq : (size_t)(ATTN_ROW_BLOCK < p->Tq ? ATTN_ROW_BLOCK : p->Tq);
+    size_t rows = uses_symmetric(p) ? (size_t)p->Tq : (size_t)(ATTN_ROW_BLOCK < p->Tq ? ATTN_ROW_BLOCK : p->Tq);
     *per_thread = 2 * rows * (size_t)p->Tk;
     return workspace(*per_thread * (size_t)omp_get_max_threads());
 }
@@ -199,7 +218,7 @@ static void scores_symmetric(const Problem *p, const float *K, float *S) {
  * softmax, dropout. Keys [jmax, kmax) are causally masked. Returns lse. */
 static float softmax_row(const Problem *p, float *row, int b, int h, int i, int jmax, int kmax, int dropout) {
     const float *padf = p->padf + (size_t)b * p->Tk;
-    if (p->pos) {
+    if (uses_pos(p)) {
         int gi = pos_group(p, h);
         const float *g = p->g + (size_t)gi * p->Tk;
         float alpha = p->alpha[gi], fib = p->f[(size_t)gi * p->Tq + i] + p->bias[gi];
@@ -247,7 +266,7 @@ static int probs_block(const Problem *p, int b, int h, int r0, int rows, float *
     const float *K = p->k + b * p->kv_bstride + hoff;
     int Tk = p->Tk;
     int kmax = p->causal ? r0 + rows : Tk;
-    if (p->symmetric) /* one call for the whole matrix (r0 == 0, rows == Tq) */
+    if (uses_symmetric(p)) /* one call for the whole matrix (r0 == 0, rows == Tq) */
         scores_symmetric(p, K, S);
     else
         scores_block(p, Q, K, r0, rows, kmax, S, Tk);
@@ -258,7 +277,7 @@ static int probs_block(const Problem *p, int b, int h, int r0, int rows, float *
     return kmax;
 }
 
-static int row_block(const Problem *p) { return p->symmetric ? p->Tq : ATTN_ROW_BLOCK; }
+static int row_block(const Problem *p) { return uses_symmetric(p) ? p->Tq : ATTN_ROW_BLOCK; }
 
 static void forward_one(const Problem *p, int b, int h, float *S) {
     size_t hoff = (size_t)h * p->hd;
@@ -300,7 +319,7 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
     const float *padf = p->padf + (size_t)b * p->Tk;
     float alpha = 1.0f, fib = 0.0f;
     const float *g = NULL;
-    if (p->pos) {
+    if (uses_pos(p)) {
         int gi = pos_group(p, h);
         alpha = p->alpha[gi];
         fib = p->f[(size_t)gi * p->Tq + i] + p->bias[gi];
@@ -312,11 +331,11 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
         size_t base = (((size_t)b * p->H + h) * p->Tq + i) * p->Tk;
         for (int j = 0; j < jmax; j++) {
             float s = S[j];
-            float x = p->pos ? alpha * s + g[j] + fib : s;
+            float x = uses_pos(p) ? alpha * s + g[j] + fib : s;
             float a = vexpf(x - lse) * padf[j];
             float keep = dropout_keep(p->seed, base + j, p->drop_thr) ? ds : 0.0f;
             float gp = a * (dA[j] * keep - D);
-            if (p->pos) {
+            if (uses_pos(p)) {
                 gs += gp * s;
                 rsum += gp;
                 colsum[j] += gp;
@@ -324,7 +343,7 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
             S[j] = a * keep;
             dA[j] = alpha * gp;
         }
-    } else if (p->pos) {
+    } else if (uses_pos(p)) {
 #pragma omp simd reduction(+ : gs, rsum)
         for (int j = 0; j < jmax; j++) {
             float s = S[j];
@@ -345,7 +364,7 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
         }
     }
     for (int j = jmax; j < kmax; j++) S[j] = dA[j] = 0.0f;
-    if (p->pos) {
+    if (uses_pos(p)) {
         acc[0] += gs;
         acc[1] += rsum;
         acc[2 + i] += rsum;
@@ -364,16 +383,15 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
     const float *dO = p->dout + b * p->o_bstride + hoff;
     const float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
     int Tq = p->Tq, Tk = p->Tk, hd = p->hd;
-    float *acc = p->pos ? p->pos_acc + ((size_t)b * p->H + h) * (2 + Tq + Tk) : NULL;
+    float *acc = uses_pos(p) ? p->pos_acc + ((size_t)b * p->H + h) * (2 + Tq + Tk) : NULL;
     float *colsum = acc ? acc + 2 + Tq : NULL;
 
-    if (p->symmetric) {
+    if (uses_symmetric(p)) {
         scores_symmetric(p, K, S);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, 1.0f, dO, p->o_ld, V, p->kv_ld,
                     0.0f, dA, Tk);
         for (int i = 0; i < Tq; i++) {
-            float D = 0.0f;
-            for (int d = 0; d < hd; d++) D += dO[(size_t)i * p->o_ld + d] * O[(size_t)i * p->o_ld + d];
+            float D = head_dot(dO + (size_t)i * p->o_ld, O + (size_t)i * p->o_ld, hd);
             backward_row(p, S + (size_t)i * Tk, dA + (size_t)i * Tk, b, h, i, Tk, Tk, lse[i], D, acc, colsum);
         }
         /* dV += A^T dO */
@@ -401,8 +419,7 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
         for (int r = 0; r < rows; r++) {
             int i = r0 + r;
             const float *o = O + (size_t)i * p->o_ld, *d = dO + (size_t)i * p->o_ld;
-            float D = 0.0f;
-            for (int c = 0; c < hd; c++) D += d[c] * o[c];
+            float D = head_dot(d, o, hd);
             backward_row(p, S + (size_t)r * Tk, dA + (size_t)r * Tk, b, h, i, p->causal ? i + 1 : kmax, kmax,
                          lse[i], D, acc, colsum);
         }
@@ -638,7 +655,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
         scores_symmetric(&p, K, S);
     else
         scores_block(&p, Q, K, 0, T, T, S, T);
-    if (p.pos) {
+    if (uses_pos(&p)) {
         int gi = pos_group(&p, h);
         for (int i = 0; i < T; i++)
             for (int j = 0; j < T; j++)
