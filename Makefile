@@ -61,13 +61,14 @@ FORCE:
 deps:
 	@scripts/deps.sh
 
+RUN_STEPS = $(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" \
+            $(if $(filter 1,$(FORCE)),--force)
+
 all: build
-	@$(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) \
-	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
+	@$(RUN_STEPS)
 
 run:
-	@$(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) \
-	    --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" $(if $(filter 1,$(FORCE)),--force)
+	@$(RUN_STEPS)
 
 build: $(addprefix build-step-,$(STEPS))
 

@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -101,6 +102,42 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
     if (got && strcmp(got, want) == 0) return 0;
     return err_set(e, "%s: mismatched checkpoint: %s is '%s', this binary has '%s' (hint: %s)", st_path(f), key,
                    got ? got : "(missing)", want, hint);
+}
+
+/* First field (dotted path) where got differs from want, or 0 when equal. */
+static int json_diff(const cJSON *got, const cJSON *want, char *path, size_t cap, char **got_s, char **want_s) {
+    if (cJSON_IsObject(want) && cJSON_IsObject(got)) {
+        size_t len = strlen(path);
+        const cJSON *w;
+        cJSON_ArrayForEach(w, want) {
+            snprintf(path + len, cap - len, "%s%s", len ? "." : "", w->string);
+            if (json_diff(cJSON_GetObjectItemCaseSensitive(got, w->string), w, path, cap, got_s, want_s)) return 1;
+        }
+        path[len] = 0;
+        return 0;
+    }
+    if (got && cJSON_Compare(got, want, 1)) return 0;
+    *got_s = got ? cJSON_PrintUnformatted(got) : NULL;
+    *want_s = cJSON_PrintUnformatted(want);
+    return 1;
+}
+
+int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e) {
+    const char *text = st_meta(f, key);
+    cJSON *got = text ? cJSON_Parse(text) : NULL, *want = cJSON_Parse(want_json);
+    char path[256] = "", *got_s = NULL, *want_s = NULL;
+    int rc = 0;
+    if (!want) FATAL("checkpoint_expect_json: invalid JSON for %s", key);
+    if (!got)
+        rc = err_set(e, "%s: metadata '%s' is missing or not JSON (hint: %s)", st_path(f), key, hint);
+    else if (json_diff(got, want, path, sizeof path, &got_s, &want_s))
+        rc = err_set(e, "%s: mismatched checkpoint: %s.%s is %s, this binary has %s (hint: %s)", st_path(f), key, path,
+                     got_s ? got_s : "(missing)", want_s, hint);
+    cJSON_free(got_s);
+    cJSON_free(want_s);
+    cJSON_Delete(got);
+    cJSON_Delete(want);
+    return rc;
 }
 
 static int read_one(StFile *f, const ParamSpec *s, const char *name, float *dst, Err *e) {

@@ -50,6 +50,9 @@ int checkpoint_save(const char *path, const ParamTable *t, const float *params, 
 StFile *checkpoint_open(const char *path, const char *family, Err *e);
 /* Checks that the metadata key holds want; the error says what the file has. */
 int checkpoint_expect(StFile *f, const char *key, const char *want, const char *hint, Err *e);
+/* Compares the JSON object in metadata key with want_json field by field;
+ * the error names the first field that differs and both values. */
+int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e);
 /* Reads every tensor of t into params (m and v too when non-NULL). */
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
 

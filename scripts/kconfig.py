@@ -364,6 +364,12 @@ def cmd_check_symbols():
     for name, where in sorted(used.items()):
         if name not in defined:
             problems.append(f"CONFIG_{name} is used in {', '.join(sorted(where))} but not defined in Kconfig")
+    for sym in kconf.unique_defined_syms:
+        if not any(node.help for node in sym.nodes):
+            problems.append(f"CONFIG_{sym.name} has no help text")
+    for choice in kconf.unique_choices:
+        if not any(node.help for node in choice.nodes):
+            problems.append(f"choice '{choice.nodes[0].prompt[0]}' has no help text")
     for name in sorted(defined):
         # A choice member is consumed when any code tests it; plain symbols must be read somewhere.
         if name not in used:
@@ -377,7 +383,7 @@ def cmd_check_symbols():
         print(line)
     if problems:
         raise ConfigError(f"{len(problems)} Kconfig consistency problem(s)")
-    print(f"Kconfig consistency: {len(defined)} symbols defined, all used; "
+    print(f"Kconfig consistency: {len(defined)} symbols defined, all used and documented; "
           f"{len(used)} names referenced, all defined")
 
 
