@@ -9,6 +9,7 @@ PACKAGES=(
     libopenblas-openmp-dev  # sgemm; the OpenMP build shares our thread pool
     libcjson-dev            # safetensors headers, metrics, configs
     libunistring-dev        # Unicode classes for the GPT-2 BPE pre-tokeniser
+    zlib1g-dev              # gzip-compressed IDX image files
     python3-matplotlib      # training-curve plots
     python3-numpy           # independent checks in the tests
     curl                    # data downloads when no local mirror exists
