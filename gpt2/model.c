@@ -77,9 +77,9 @@ static void build_table(GPT2 *m) {
     char name[PARAM_NAME_MAX];
     m->wte = param_add(t, "wte.weight", 1, 2, c->V, C);
     m->wpe = param_add(t, "wpe.weight", 1, 2, c->T, C);
-    m->layer = xcalloc((size_t)c->L, sizeof(GPT2LayerParams));
+    m->layer = xcalloc((size_t)c->L, sizeof(BlockParams));
     for (int l = 0; l < c->L; l++) {
-        GPT2LayerParams *lp = &m->layer[l];
+        BlockParams *lp = &m->layer[l];
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         if (c->bias) lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
@@ -180,9 +180,9 @@ void gpt2_free(GPT2 *m) {
     dev_free(m->v);
     dev_free(m->pos_feat);
     dev_free(m->act_memory);
-    dev_free(m->scratch_memory);
     dev_free(m->inputs);
     dev_free(m->targets);
+    free(m->acts.block);
     free(m->layer);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
@@ -190,88 +190,67 @@ void gpt2_free(GPT2 *m) {
 
 /* ------------------------------------------------------------------ activations */
 
+/* Shape of every block for a batch of B x T tokens. */
+static BlockShape block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l) {
+    const GPT2Config *c = &m->cfg;
+    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
+                    .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
+                    .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->T,
+                    .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l)};
+    return s;
+}
+
 /* Activations for B x T tokens; every array is laid out for the current
  * B x T, so any smaller batch fits in an earlier allocation. */
 static void alloc_acts(GPT2 *m, int B, int T) {
-    if (m->act_memory && (size_t)B * T <= (size_t)m->B * m->T) return;
+    const GPT2Config *c = &m->cfg;
+    size_t BT = (size_t)B * T, C = (size_t)c->C;
+    BlockShape s = block_shape(m, B, T, 0, 0, 0);
+    size_t need = (size_t)c->L * block_act_floats(&s) + block_scratch_floats(&s) + 4 * BT * C +
+                  BT * (size_t)c->V + 6 * BT + 256;
+    if (m->act_memory && need <= m->act_capacity) return;
     dev_free(m->act_memory);
-    dev_free(m->scratch_memory);
     dev_free(m->inputs);
     dev_free(m->targets);
-    const GPT2Config *c = &m->cfg;
-    size_t BT = (size_t)B * T, C = (size_t)c->C, L = (size_t)c->L, P = (size_t)attn_num_proj(c->variant);
-    struct {
-        float **ptr;
-        size_t n;
-    } a[] = {
-        {&m->acts.encoded, BT * C},
-        {&m->acts.ln1, L * BT * C}, {&m->acts.ln1_mean, L * BT}, {&m->acts.ln1_rstd, L * BT},
-        {&m->acts.proj, L * BT * P * C},
-        {&m->acts.atty, L * BT * C}, {&m->acts.att_lse, L * (size_t)B * c->H * T},
-        {&m->acts.res2, L * BT * C},
-        {&m->acts.ln2, L * BT * C}, {&m->acts.ln2_mean, L * BT}, {&m->acts.ln2_rstd, L * BT},
-        {&m->acts.fch, L * BT * 4 * C}, {&m->acts.fch_act, L * BT * 4 * C},
-        {&m->acts.res3, L * BT * C},
-        {&m->acts.lnf, BT * C}, {&m->acts.lnf_mean, BT}, {&m->acts.lnf_rstd, BT},
-        {&m->acts.logits, BT * (size_t)c->V},
-        {&m->acts.losses, BT}, {&m->acts.ce_lse, BT},
-        {&m->acts.branch, BT * C},
-    };
-    size_t total = 0, n = sizeof a / sizeof a[0];
-    for (size_t i = 0; i < n; i++) total += (a[i].n + 15) / 16 * 16; /* keep every array 64-byte aligned */
-    m->act_memory = dev_alloc(total * sizeof(float));
-    float *p = m->act_memory;
-    for (size_t i = 0; i < n; i++) {
-        *a[i].ptr = p;
-        p += (a[i].n + 15) / 16 * 16;
-    }
-    struct {
-        float **ptr;
-        size_t n;
-    } s[] = {
-        {&m->scratch.dres, BT * C}, {&m->scratch.dbranch, BT * C}, {&m->scratch.dln, BT * C},
-        {&m->scratch.datty, BT * C}, {&m->scratch.dproj, BT * P * C}, {&m->scratch.dfch_act, BT * 4 * C},
-        {&m->scratch.dfch, BT * 4 * C},
-    };
-    total = 0;
-    n = sizeof s / sizeof s[0];
-    for (size_t i = 0; i < n; i++) total += (s[i].n + 15) / 16 * 16;
-    m->scratch_memory = dev_alloc(total * sizeof(float));
-    p = m->scratch_memory;
-    for (size_t i = 0; i < n; i++) {
-        *s[i].ptr = p;
-        p += (s[i].n + 15) / 16 * 16;
-    }
+    m->act_memory = dev_alloc(need * sizeof(float));
+    m->act_capacity = need;
     m->inputs = dev_alloc(BT * sizeof(int));
     m->targets = dev_alloc(BT * sizeof(int));
-    m->B = B;
-    m->T = T;
+    if (!m->acts.block) m->acts.block = xcalloc((size_t)c->L, sizeof(BlockActs));
+}
+
+/* Points the activation arrays into the buffer for the current B x T. */
+static void layout_acts(GPT2 *m, int B, int T) {
+    const GPT2Config *c = &m->cfg;
+    size_t BT = (size_t)B * T, C = (size_t)c->C;
+    BlockShape s = block_shape(m, B, T, 0, 0, 0);
+    GPT2Acts *a = &m->acts;
+    float *p = m->act_memory;
+#define TAKE(ptr, count) (ptr = p, p += ((count) + 15) / 16 * 16)
+    TAKE(a->encoded, BT * C);
+    for (int l = 0; l < c->L; l++) {
+        a->block[l] = block_acts_at(p, &s);
+        p += block_act_floats(&s);
+    }
+    a->scratch = block_scratch_at(p, &s);
+    p += block_scratch_floats(&s);
+    TAKE(a->lnf, BT * C);
+    TAKE(a->lnf_mean, BT);
+    TAKE(a->lnf_rstd, BT);
+    TAKE(a->logits, BT * (size_t)c->V);
+    TAKE(a->losses, BT);
+    TAKE(a->ce_lse, BT);
+    TAKE(a->dres, BT * C);
+    TAKE(a->dlnf, BT * C);
+#undef TAKE
 }
 
 /* ------------------------------------------------------------------ forward */
 
 #define PARAM(off) (m->params + (off))
-#define HEAD_BIAS(c) (!(c)->tie && (c)->head_bias)
 #define GRAD(off) (m->grads + (off))
-/* dropout call sites: 0 = embeddings, then per layer attention probs, attention output, MLP output */
-#define SITE_EMB 0
-#define SITE(l, k) (1 + 3 * (uint64_t)(l) + (k))
-
-static AttnPos layer_pos(const GPT2 *m, int l) {
-    const GPT2LayerParams *lp = &m->layer[l];
-    AttnPos p = {.m = m->cfg.pos_m, .groups = m->cfg.pos_groups, .w = m->params + lp->posw,
-                 .b = m->params + lp->posb, .feat = m->pos_feat, .T = m->cfg.T};
-    return p;
-}
-
-static AttnArgs layer_args(const GPT2 *m, int l) {
-    AttnArgs a = {.B = m->fwd_B, .T = m->fwd_T, .H = m->cfg.H, .hd = m->cfg.C / m->cfg.H, .causal = 1,
-                  .dropout = m->fwd_training ? m->cfg.dropout : 0.0f,
-                  .seed = dropout_seed(m->dropout_seed_base, 0, SITE(l, 0))};
-    return a;
-}
-
-static int use_dropout(const GPT2 *m) { return m->fwd_training && m->cfg.dropout > 0.0f; }
+#define HEAD_BIAS(c) (!(c)->tie && (c)->head_bias)
+#define SITE_EMB 0 /* dropout site of the embeddings; blocks use 1 + layer */
 
 double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
                     uint64_t dropout_seed_base) {
@@ -279,48 +258,27 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
     if (T < 1 || T > c->T) FATAL("gpt2_forward: sequence length %d outside [1, %d]", T, c->T);
     if (B < 1) FATAL("gpt2_forward: batch size %d", B);
     alloc_acts(m, B, T);
+    layout_acts(m, B, T);
     m->fwd_B = B;
     m->fwd_T = T;
     m->fwd_training = training;
     m->dropout_seed_base = dropout_seed_base;
     GPT2Acts *a = &m->acts;
-    int C = c->C, P = attn_num_proj(c->variant), H = c->H;
+    int C = c->C;
     size_t BT = (size_t)B * T, n = BT * C;
     dev_upload(m->inputs, inputs, BT * sizeof(int));
-    float p = c->dropout;
 
     embedding_forward(a->encoded, m->inputs, PARAM(m->wte), PARAM(m->wpe), B, T, C, c->V);
-    if (use_dropout(m)) dropout_forward(a->encoded, a->encoded, n, p, dropout_seed(dropout_seed_base, 0, SITE_EMB));
+    if (training && c->dropout > 0.0f)
+        dropout_forward(a->encoded, a->encoded, n, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
+    const float *x = a->encoded;
     for (int l = 0; l < c->L; l++) {
-        const GPT2LayerParams *lp = &m->layer[l];
-        const float *x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * n;
-        float *ln1 = a->ln1 + l * n, *proj = a->proj + l * n * P, *atty = a->atty + l * n;
-        float *lse = a->att_lse + (size_t)l * B * H * T, *res2 = a->res2 + l * n, *ln2 = a->ln2 + l * n;
-        float *fch = a->fch + l * n * 4, *fch_act = a->fch_act + l * n * 4, *res3 = a->res3 + l * n;
-
-        layernorm_forward(ln1, a->ln1_mean + l * BT, a->ln1_rstd + l * BT, x, PARAM(lp->ln1w),
-                          c->bias ? PARAM(lp->ln1b) : NULL, (int)BT, C);
-        linear_forward(proj, ln1, PARAM(lp->attnw), c->attn_bias ? PARAM(lp->attnb) : NULL, (int)BT, C, P * C);
-        AttnArgs args = layer_args(m, l);
-        AttnPos pos = layer_pos(m, l);
-        attention_forward(atty, lse, proj, c->pos ? &pos : NULL, &args);
-        linear_forward(a->branch, atty, PARAM(lp->projw), c->bias ? PARAM(lp->projb) : NULL, (int)BT, C, C);
-        if (use_dropout(m)) dropout_forward(a->branch, a->branch, n, p, dropout_seed(dropout_seed_base, 0, SITE(l, 1)));
-        residual_forward(res2, x, a->branch, n);
-
-        layernorm_forward(ln2, a->ln2_mean + l * BT, a->ln2_rstd + l * BT, res2, PARAM(lp->ln2w),
-                          c->bias ? PARAM(lp->ln2b) : NULL, (int)BT, C);
-        linear_forward(fch, ln2, PARAM(lp->fcw), c->bias ? PARAM(lp->fcb) : NULL, (int)BT, C, 4 * C);
-        if (c->gelu)
-            gelu_forward(fch_act, fch, 4 * n);
-        else
-            relu_forward(fch_act, fch, 4 * n);
-        linear_forward(a->branch, fch_act, PARAM(lp->fcpw), c->bias ? PARAM(lp->fcpb) : NULL, (int)BT, 4 * C, C);
-        if (use_dropout(m)) dropout_forward(a->branch, a->branch, n, p, dropout_seed(dropout_seed_base, 0, SITE(l, 2)));
-        residual_forward(res3, res2, a->branch, n);
+        BlockShape s = block_shape(m, B, T, training, dropout_seed_base, l);
+        block_forward(&a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        x = a->block[l].out;
     }
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->res3 + (size_t)(c->L - 1) * n, PARAM(m->lnfw),
-                      c->bias ? PARAM(m->lnfb) : NULL, (int)BT, C);
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, PARAM(m->lnfw), c->bias ? PARAM(m->lnfb) : NULL, (int)BT,
+                      C);
     linear_forward(a->logits, a->lnf, PARAM(m->headw), HEAD_BIAS(c) ? PARAM(m->headb) : NULL, (int)BT, C, c->V);
     m->counted = 0;
     m->loss = NAN;
@@ -344,72 +302,34 @@ int gpt2_correct(GPT2 *m) {
 
 void gpt2_zero_grad(GPT2 *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
 
-/* Gradient through a dropout site: dbranch = mask * dres / (1-p), or dres itself. */
-static const float *through_dropout(GPT2 *m, const float *dres, size_t n, uint64_t site) {
-    if (!use_dropout(m)) return dres;
-    dev_zero(m->scratch.dbranch, n * sizeof(float));
-    dropout_backward(m->scratch.dbranch, dres, n, m->cfg.dropout, dropout_seed(m->dropout_seed_base, 0, site));
-    return m->scratch.dbranch;
-}
-
 void gpt2_backward(GPT2 *m, float loss_scale) {
     const GPT2Config *c = &m->cfg;
     if (!m->fwd_B || !m->counted) FATAL("gpt2_backward: no forward pass with targets to differentiate");
     GPT2Acts *a = &m->acts;
-    GPT2Scratch *s = &m->scratch;
-    int B = m->fwd_B, T = m->fwd_T, C = c->C, P = attn_num_proj(c->variant), H = c->H;
+    int B = m->fwd_B, T = m->fwd_T, C = c->C;
     size_t BT = (size_t)B * T, n = BT * C;
+    const float *last = a->block[c->L - 1].out;
 
-    /* loss -> logits (in place) -> final LayerNorm */
+    /* loss -> logits (in place) -> head -> final LayerNorm */
     crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, (int)BT, c->V, -1, 0.0f,
                           loss_scale / (float)m->counted);
-    dev_zero(s->dln, n * sizeof(float));
-    linear_backward(s->dln, GRAD(m->headw), HEAD_BIAS(c) ? GRAD(m->headb) : NULL, a->logits, a->lnf, PARAM(m->headw),
-                    (int)BT, C, c->V);
-    dev_zero(s->dres, n * sizeof(float));
-    layernorm_backward(s->dres, GRAD(m->lnfw), c->bias ? GRAD(m->lnfb) : NULL, s->dln,
-                       a->res3 + (size_t)(c->L - 1) * n, PARAM(m->lnfw), a->lnf_mean, a->lnf_rstd, (int)BT, C);
-
+    dev_zero(a->dlnf, n * sizeof(float));
+    linear_backward(a->dlnf, GRAD(m->headw), HEAD_BIAS(c) ? GRAD(m->headb) : NULL, a->logits, a->lnf,
+                    PARAM(m->headw), (int)BT, C, c->V);
+    dev_zero(a->dres, n * sizeof(float));
+    layernorm_backward(a->dres, GRAD(m->lnfw), c->bias ? GRAD(m->lnfb) : NULL, a->dlnf, last, PARAM(m->lnfw),
+                       a->lnf_mean, a->lnf_rstd, (int)BT, C);
     for (int l = c->L - 1; l >= 0; l--) {
-        const GPT2LayerParams *lp = &m->layer[l];
-        const float *x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * n;
-        float *ln1 = a->ln1 + l * n, *proj = a->proj + l * n * P, *atty = a->atty + l * n;
-        float *lse = a->att_lse + (size_t)l * B * H * T, *res2 = a->res2 + l * n, *ln2 = a->ln2 + l * n;
-        float *fch = a->fch + l * n * 4, *fch_act = a->fch_act + l * n * 4;
-
-        /* MLP sublayer: res3 = res2 + drop(fcproj(act(fc(ln2(res2))))) */
-        const float *dbranch = through_dropout(m, s->dres, n, SITE(l, 2));
-        dev_zero(s->dfch_act, 4 * n * sizeof(float));
-        linear_backward(s->dfch_act, GRAD(lp->fcpw), c->bias ? GRAD(lp->fcpb) : NULL, dbranch, fch_act,
-                        PARAM(lp->fcpw), (int)BT, 4 * C, C);
-        dev_zero(s->dfch, 4 * n * sizeof(float));
-        if (c->gelu)
-            gelu_backward(s->dfch, fch, s->dfch_act, 4 * n);
-        else
-            relu_backward(s->dfch, fch, s->dfch_act, 4 * n);
-        dev_zero(s->dln, n * sizeof(float));
-        linear_backward(s->dln, GRAD(lp->fcw), c->bias ? GRAD(lp->fcb) : NULL, s->dfch, ln2, PARAM(lp->fcw), (int)BT,
-                        C, 4 * C);
-        layernorm_backward(s->dres, GRAD(lp->ln2w), c->bias ? GRAD(lp->ln2b) : NULL, s->dln, res2, PARAM(lp->ln2w),
-                           a->ln2_mean + l * BT, a->ln2_rstd + l * BT, (int)BT, C);
-
-        /* attention sublayer: res2 = x + drop(proj(attn(qkv(ln1(x))))) */
-        dbranch = through_dropout(m, s->dres, n, SITE(l, 1));
-        dev_zero(s->datty, n * sizeof(float));
-        linear_backward(s->datty, GRAD(lp->projw), c->bias ? GRAD(lp->projb) : NULL, dbranch, atty, PARAM(lp->projw),
-                        (int)BT, C, C);
-        dev_zero(s->dproj, n * P * sizeof(float));
-        AttnArgs args = layer_args(m, l);
-        AttnPos pos = layer_pos(m, l);
-        AttnPosGrad dpos = {.dw = GRAD(lp->posw), .db = GRAD(lp->posb)};
-        attention_backward(s->dproj, c->pos ? &dpos : NULL, s->datty, proj, atty, lse, c->pos ? &pos : NULL, &args);
-        dev_zero(s->dln, n * sizeof(float));
-        linear_backward(s->dln, GRAD(lp->attnw), c->attn_bias ? GRAD(lp->attnb) : NULL, s->dproj, ln1,
-                        PARAM(lp->attnw), (int)BT, C, P * C);
-        layernorm_backward(s->dres, GRAD(lp->ln1w), c->bias ? GRAD(lp->ln1b) : NULL, s->dln, x, PARAM(lp->ln1w),
-                           a->ln1_mean + l * BT, a->ln1_rstd + l * BT, (int)BT, C);
+        BlockShape s = block_shape(m, B, T, m->fwd_training, m->dropout_seed_base, l);
+        const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
+        block_backward(a->dres, m->grads, &a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
     }
-    const float *demb = through_dropout(m, s->dres, n, SITE_EMB);
+    const float *demb = a->dres;
+    if (m->fwd_training && c->dropout > 0.0f) {
+        dev_zero(a->dlnf, n * sizeof(float));
+        dropout_backward(a->dlnf, a->dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
+        demb = a->dlnf;
+    }
     embedding_backward(GRAD(m->wte), GRAD(m->wpe), demb, m->inputs, B, T, C);
 }
 

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "block.h"
 #include "checkpoint.h"
 
 typedef struct {
@@ -31,40 +32,26 @@ GPT2Config gpt2_config_from_kconfig(int vocab);
 char *gpt2_config_json(const GPT2Config *c);
 
 typedef struct {
-    size_t ln1w, ln1b, attnw, attnb, posw, posb, projw, projb, ln2w, ln2b, fcw, fcb, fcpw, fcpb;
-} GPT2LayerParams;
-
-typedef struct {
     float *encoded;                   /* (B,T,C) embeddings after dropout */
-    float *ln1, *ln1_mean, *ln1_rstd; /* per layer: (B,T,C), (B,T), (B,T) */
-    float *proj;                      /* per layer: (B,T,P*C) projection blocks */
-    float *atty, *att_lse;            /* per layer: (B,T,C), (B,H,T) */
-    float *res2;                      /* per layer: residual stream after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_act;             /* per layer: (B,T,4C) before/after the activation */
-    float *res3;                      /* per layer: block output */
+    BlockActs *block;                 /* per layer (lib/block.h); block[l].out feeds layer l+1 */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;                    /* (B,T,V), overwritten by its gradient in backward */
     float *losses, *ce_lse;           /* (B,T) */
-    float *branch;                    /* (B,T,C) scratch: output of a sublayer */
+    float *dres, *dlnf;               /* backward: gradient of the residual stream, of the final LayerNorm output */
+    BlockScratch scratch;
 } GPT2Acts;
-
-typedef struct {
-    float *dres, *dbranch, *dln, *datty, *dproj, *dfch_act, *dfch;
-} GPT2Scratch;
 
 typedef struct {
     GPT2Config cfg;
     ParamTable table;
     float *params, *grads, *m, *v; /* table.total floats each */
     size_t wte, wpe, lnfw, lnfb, headw, headb;
-    GPT2LayerParams *layer;
+    BlockParams *layer;
     float *pos_feat;               /* +Pos sinusoidal features, (T, c) */
-    /* activations for batches up to B x T */
-    int B, T;
+    /* activations of the last forward pass (any batch up to the capacity) */
     GPT2Acts acts;
-    GPT2Scratch scratch;
-    float *act_memory, *scratch_memory;
+    float *act_memory;
+    size_t act_capacity;           /* floats in act_memory */
     int *inputs, *targets;
     /* last forward pass */
     int fwd_B, fwd_T, fwd_training, counted;

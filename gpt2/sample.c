@@ -49,7 +49,7 @@ const float *gpt2_decode(GPT2 *m, KVCache *c, int token) {
     const float *W = m->params;
     embedding_forward(c->x, &token, W + m->wte, W + m->wpe + (size_t)t * C, 1, 1, C, g->V);
     for (int l = 0; l < g->L; l++) {
-        const GPT2LayerParams *lp = &m->layer[l];
+        const BlockParams *lp = &m->layer[l];
         float *keys = c->keys + (size_t)l * c->T * C, *values = c->values + (size_t)l * c->T * C;
         layernorm_forward(c->ln, &mean, &rstd, c->x, W + lp->ln1w, g->bias ? W + lp->ln1b : NULL, 1, C);
         linear_forward(c->proj, c->ln, W + lp->attnw, g->attn_bias ? W + lp->attnb : NULL, 1, C, P * C);

@@ -84,7 +84,7 @@ static double ref_loss(void *vctx) {
     for (size_t i = 0; i < BT; i++)
         for (int k = 0; k < C; k++) x[i * C + k] = P[m->wte + (size_t)r->in[i] * C + k] + P[m->wpe + (i % T) * C + k];
     for (int l = 0; l < c->L; l++) {
-        const GPT2LayerParams *lp = &m->layer[l];
+        const BlockParams *lp = &m->layer[l];
         ref_layernorm(ln, x, P + lp->ln1w, c->bias ? P + lp->ln1b : NULL, (int)BT, C);
         ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, (int)BT, C, NP * C);
         ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 1, NULL, c->pos ? P + lp->posw : NULL,
