@@ -36,6 +36,17 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                         int B, int T, int C);
 
+/* ---- token assembly for encoders (ViT): out (B, T, C) --------------------
+ * With cls: out[b,0] = cls + pos[0], out[b,1+i] = x[b,i] + pos[1+i] (x has
+ * T-1 tokens); without: out[b,i] = x[b,i] + pos[i] (x has T tokens).
+ * Backward adds to dx, dpos and (if given) dcls. */
+void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C);
+void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C);
+
+/* ---- pooling: out[b] = mean of inp[b, first .. first+count-1] (B, C) ------ */
+void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count);
+void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count);
+
 /* ---- layernorm over the last dim, eps 1e-5, biased variance -------------
  * mean and rstd (N floats each) are saved for the backward pass; b may be
  * NULL (no bias), then db must be NULL too. */

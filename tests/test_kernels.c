@@ -500,6 +500,58 @@ static void test_embedding(void) {
     dev_free(wte), dev_free(wpe), dev_free(out), dev_free(dout), dev_free(dwte), dev_free(dwpe);
 }
 
+/* Token assembly and pooling are linear: forward against direct sums, and the
+ * backward must be the exact adjoint: <dout, f(x)> = <f^T(dout), x>. */
+static void test_tokens_and_pooling(void) {
+    int B = 3, N = 5, C = 7;
+    for (int with_cls = 0; with_cls <= 1; with_cls++) {
+        int T = N + with_cls;
+        float *x = randf((size_t)B * N * C, 1.0), *cls = randf(C, 1.0), *pos = randf((size_t)T * C, 1.0);
+        float *out = dev_alloc((size_t)B * T * C * 4), *dout = randf((size_t)B * T * C, 1.0);
+        float *dx = dev_alloc((size_t)B * N * C * 4), *dcls = dev_alloc(C * 4), *dpos = dev_alloc((size_t)T * C * 4);
+        tokens_embed_forward(out, x, with_cls ? cls : NULL, pos, B, T, C);
+        tokens_embed_backward(dx, with_cls ? dcls : NULL, dpos, dout, B, T, C);
+        double err = 0.0, lhs = 0.0, rhs = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < C; c++) {
+                    double src = with_cls && t == 0 ? cls[c] : x[((size_t)b * N + t - with_cls) * C + c];
+                    double want = src + pos[(size_t)t * C + c];
+                    err = fmax(err, fabs(out[((size_t)b * T + t) * C + c] - want));
+                    lhs += (double)dout[((size_t)b * T + t) * C + c] * want;
+                }
+        for (size_t i = 0; i < (size_t)B * N * C; i++) rhs += (double)dx[i] * x[i];
+        for (size_t i = 0; i < (size_t)T * C; i++) rhs += (double)dpos[i] * pos[i];
+        if (with_cls)
+            for (int c = 0; c < C; c++) rhs += (double)dcls[c] * cls[c];
+        CHECK(err < 1e-6, "tokens_embed_forward (cls=%d) error %.3g", with_cls, err);
+        CHECK(fabs(lhs - rhs) < 1e-4 * fabs(lhs) + 1e-5, "tokens_embed_backward is the adjoint (cls=%d): %.8g vs %.8g",
+              with_cls, lhs, rhs);
+        dev_free(x), dev_free(cls), dev_free(pos), dev_free(out), dev_free(dout), dev_free(dx), dev_free(dcls),
+            dev_free(dpos);
+    }
+    int T = 6;
+    float *inp = randf((size_t)B * T * C, 1.0), *out = dev_alloc((size_t)B * C * 4), *dout = randf((size_t)B * C, 1.0);
+    float *dinp = dev_alloc((size_t)B * T * C * 4);
+    pool_tokens_forward(out, inp, B, T, C, 1, 5); /* mean over the patch tokens after a CLS */
+    pool_tokens_backward(dinp, dout, B, T, C, 1, 5);
+    double err = 0.0, lhs = 0.0, rhs = 0.0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            double m = 0.0;
+            for (int t = 1; t < 6; t++) m += inp[((size_t)b * T + t) * C + c] / 5.0;
+            err = fmax(err, fabs(out[(size_t)b * C + c] - m));
+            lhs += (double)dout[(size_t)b * C + c] * m;
+        }
+    for (size_t i = 0; i < (size_t)B * T * C; i++) rhs += (double)dinp[i] * inp[i];
+    int untouched = 1;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) untouched &= dinp[((size_t)b * T) * C + c] == 0.0f;
+    CHECK(err < 1e-6, "pool_tokens_forward is the mean (error %.3g)", err);
+    CHECK(fabs(lhs - rhs) < 1e-4 * fabs(lhs) + 1e-5 && untouched, "pool_tokens_backward is the adjoint");
+    dev_free(inp), dev_free(out), dev_free(dout), dev_free(dinp);
+}
+
 typedef struct {
     int N, V, ignore;
     double smoothing;
@@ -640,6 +692,7 @@ static void bad_crossentropy(void) {
     int t[1] = {9};
     crossentropy_forward(dummy, dummy, dummy, t, 1, 4, -1, 0.0f);
 }
+static void bad_pool(void) { pool_tokens_forward(dummy, dummy, 1, 4, 2, 3, 2); }
 static void bad_cross_attention(void) {
     float lse[4];
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
@@ -654,6 +707,7 @@ static void test_argument_errors(void) {
     expect_error("embedding_forward", bad_embedding);
     expect_error("crossentropy_forward", bad_crossentropy);
     expect_error("cross_attention_forward", bad_cross_attention);
+    expect_error("pool_tokens_forward", bad_pool);
 }
 
 int main(void) {
@@ -686,6 +740,7 @@ int main(void) {
     test_linear(0);
     test_activations();
     test_embedding();
+    test_tokens_and_pooling();
     test_crossentropy(0.0);
     test_crossentropy(0.1);
     test_dropout();

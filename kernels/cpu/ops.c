@@ -59,6 +59,75 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
     }
 }
 
+/* ------------------------------------------------------------------ token assembly */
+
+void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
+    ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
+    int off = cls ? 1 : 0;
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int b = bt / T, t = bt % T;
+        const float *src = t < off ? cls : x + ((size_t)b * (T - off) + (size_t)(t - off)) * C;
+        const float *p = pos + (size_t)t * C;
+        float *o = out + (size_t)bt * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = src[c] + p[c];
+    }
+}
+
+void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
+    ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    int off = dcls ? 1 : 0;
+    /* position and CLS gradients sum over the batch: one thread per token row, fixed order */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *dp = dpos + (size_t)t * C;
+        for (int b = 0; b < B; b++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            float *dsrc = t < off ? dcls : dx + ((size_t)b * (T - off) + (size_t)(t - off)) * C;
+            for (int c = 0; c < C; c++) {
+                dp[c] += d[c];
+                dsrc[c] += d[c];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ pooling */
+
+void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
+    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
+              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    float inv = 1.0f / count;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++) {
+        float *o = out + (size_t)b * C;
+        memset(o, 0, (size_t)C * sizeof(float));
+        for (int t = first; t < first + count; t++) {
+            const float *x = inp + ((size_t)b * T + t) * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] += x[c];
+        }
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] *= inv;
+    }
+}
+
+void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
+              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    float inv = 1.0f / count;
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++) {
+        const float *d = dout + (size_t)b * C;
+        for (int t = first; t < first + count; t++) {
+            float *dx = dinp + ((size_t)b * T + t) * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += d[c] * inv;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ layernorm */
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
