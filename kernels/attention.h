@@ -52,11 +52,19 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 #error "+Pos without a weight-sharing choice (run make olddefconfig)"
 #endif
 
-/* Head dim of the configured model family, so loops over it get a constant
+/* Head dim of the configured model families, so loops over it get a constant
  * trip count; other head dims take the same code with a runtime count.
- * (A family added later sets it too; with several families, 0 = runtime.) */
-#if IS_ENABLED(CONFIG_GPT2)
+ * Families built together with different head dims: 0 (runtime for all). */
+#if IS_ENABLED(CONFIG_GPT2) && IS_ENABLED(CONFIG_VIT)
+#if CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD == CONFIG_VIT_DIM / CONFIG_VIT_HEADS
 #define ATTN_HEAD_DIM (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
+#else
+#define ATTN_HEAD_DIM 0
+#endif
+#elif IS_ENABLED(CONFIG_GPT2)
+#define ATTN_HEAD_DIM (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
+#elif IS_ENABLED(CONFIG_VIT)
+#define ATTN_HEAD_DIM (CONFIG_VIT_DIM / CONFIG_VIT_HEADS)
 #else
 #define ATTN_HEAD_DIM 0
 #endif

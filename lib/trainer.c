@@ -39,7 +39,7 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
 
 /* ------------------------------------------------------------------ checkpoints */
 
-#define META_MAX 24
+#define META_MAX 32
 
 typedef struct {
     StMeta kv[META_MAX];
@@ -72,6 +72,13 @@ static void base_meta(const TrainRun *r, Meta *m) {
     meta_num(m, "best_val_loss", "%.9g", r->best_val);
 }
 
+void run_track(TrainRun *r, const char *name, double *value) {
+    if (r->nextra == (int)(sizeof r->extra / sizeof r->extra[0])) FATAL("run_track: too many tracked values");
+    r->extra[r->nextra].name = name;
+    r->extra[r->nextra].value = value;
+    r->nextra++;
+}
+
 void run_save_model(TrainRun *r, const char *path, double val_loss) {
     Meta m;
     base_meta(r, &m);
@@ -91,6 +98,7 @@ void run_save_state(TrainRun *r) {
     meta_num(&m, "best_val_iteration", "%.0f", r->best_iter);
     meta_num(&m, "last_eval_iteration", "%.0f", r->last_eval_iter);
     meta_num(&m, "last_val_loss", "%.17g", r->last_val);
+    for (int i = 0; i < r->nextra; i++) meta_num(&m, r->extra[i].name, "%.17g", *r->extra[i].value);
     Err e;
     if (checkpoint_save(r->state_path, r->table, r->params, r->m, r->v, m.kv, m.n, &e) != 0) run_die(&e);
 }
@@ -130,6 +138,7 @@ int run_try_resume(TrainRun *r) {
     r->best_iter = (int)meta_number(f, "best_val_iteration");
     r->last_eval_iter = (int)meta_number(f, "last_eval_iteration");
     r->last_val = meta_number(f, "last_val_loss");
+    for (int i = 0; i < r->nextra; i++) *r->extra[i].value = meta_number(f, r->extra[i].name);
     st_close(f);
     printf("resuming step %s from iteration %d (%s)\n", r->step, r->iter, r->state_path);
     return 1;
@@ -156,6 +165,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_string(m, "git_commit", build_git_commit());
     metrics_set_number(m, "seed", (double)r->seed);
     metrics_set_string(m, "dataset", r->dataset);
+    metrics_set_string(m, "unit", r->unit);
     metrics_set_number(m, "parameters", (double)r->table->total);
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());

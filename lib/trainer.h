@@ -38,7 +38,16 @@ typedef struct {
     double examples;         /* units seen (tokens, images, sequences) */
     double best_val, last_val;
     int best_iter, last_eval_iter;
+    /* family counters that must survive a resume (e.g. running epoch sums) */
+    struct {
+        const char *name;
+        double *value;
+    } extra[8];
+    int nextra;
 } TrainRun;
+
+/* Saves *value in the state file under name and restores it on resume. */
+void run_track(TrainRun *r, const char *name, double *value);
 
 /* Sets the file names in out (created if needed) and the initial progress. */
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed);

@@ -10,6 +10,7 @@ PACKAGES=(
     libcjson-dev            # safetensors headers, metrics, configs
     libunistring-dev        # Unicode classes for the GPT-2 BPE pre-tokeniser
     zlib1g-dev              # gzip-compressed IDX image files
+    dataset-fashion-mnist   # Fashion-MNIST for the ViT family (/usr/share/datasets/fashion-mnist)
     python3-matplotlib      # training-curve plots
     python3-numpy           # independent checks in the tests
     curl                    # data downloads when no local mirror exists

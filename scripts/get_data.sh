@@ -4,7 +4,9 @@
 #   scripts/get_data.sh [--mirror DIR] [--data DIR] [--tokenizer BIN] NAME...
 #
 # NAME: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe (GPT-2 BPE token shards
-# of tiny Shakespeare, made with the C tokenizer given by --tokenizer).
+# of tiny Shakespeare, made with the C tokenizer given by --tokenizer), mnist
+# (mnist-test: its test set only), cifar10, cifar100. (Fashion-MNIST is
+# Debian's dataset-fashion-mnist.)
 # Each file is taken from the mirror folder (--mirror, else $KVLAB_DATA_MIRROR,
 # else ../shared/data when it exists) or downloaded from its canonical public
 # URL; its size and md5 are checked either way, and it is moved into place
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
         --mirror) MIRROR="$2"; shift 2 ;;
         --data) DATA="$2"; shift 2 ;;
         --tokenizer) TOKENIZER="$2"; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1 (hint: scripts/get_data.sh --help)" >&2; exit 2 ;;
         *) names+=("$1"); shift ;;
     esac
@@ -37,8 +39,26 @@ FILES_gpt2_bpe=(
     "gpt2-bpe/vocab.bpe|456318|75a37753dd7a28a2c5df80c28bf06e4e|https://openaipublic.blob.core.windows.net/gpt-2/models/124M/vocab.bpe"
 )
 
-verify() { # file size md5 -> 0 when both match
-    [ -f "$1" ] && [ "$(stat -c %s "$1")" = "$2" ] && [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$3" ]
+# MNIST files are checked by their size after decompression (copies are
+# re-gzipped, so the .gz bytes differ between sources); kvlab's IDX loader
+# then checks magic, dimensions and labels.
+FILES_mnist_test=(
+    "mnist/t10k-images-idx3-ubyte.gz|gz:7840016|-|https://ossci-datasets.s3.amazonaws.com/mnist/t10k-images-idx3-ubyte.gz"
+    "mnist/t10k-labels-idx1-ubyte.gz|gz:10008|-|https://ossci-datasets.s3.amazonaws.com/mnist/t10k-labels-idx1-ubyte.gz"
+)
+FILES_mnist=(
+    "${FILES_mnist_test[@]}"
+    "mnist/train-labels-idx1-ubyte.gz|gz:60008|-|https://ossci-datasets.s3.amazonaws.com/mnist/train-labels-idx1-ubyte.gz"
+    "mnist/train-images-idx3-ubyte.gz|gz:47040016|-|https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz"
+)
+
+verify() { # file size md5 -> 0 when both match; size "gz:N" = N bytes after gunzip, md5 "-" = not checked
+    [ -f "$1" ] || return 1
+    case "$2" in
+        gz:*) [ "$(gzip -dc < "$1" 2>/dev/null | wc -c)" = "${2#gz:}" ] || return 1 ;;
+        *) [ "$(stat -c %s "$1")" = "$2" ] || return 1 ;;
+    esac
+    [ "$3" = "-" ] || [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$3" ]
 }
 
 fetch() { # "path|size|md5|url"
@@ -46,7 +66,7 @@ fetch() { # "path|size|md5|url"
     local dest="$DATA/$path"
     if verify "$dest" "$size" "$md5"; then return 0; fi
     if [ -e "$dest" ]; then
-        echo "error: $dest exists but is not the expected file (size $(stat -c %s "$dest"), expected $size bytes, md5 $md5) (hint: delete it and run this script again)" >&2
+        echo "error: $dest exists but is not the expected file (size $(stat -c %s "$dest"), expected $size bytes, md5 $md5; gz:N means N bytes after gunzip) (hint: delete it and run this script again)" >&2
         exit 1
     fi
     mkdir -p "$(dirname "$dest")"
@@ -63,10 +83,50 @@ fetch() { # "path|size|md5|url"
         fi
     fi
     if ! verify "$tmp" "$size" "$md5"; then
-        echo "error: $path from ${MIRROR:+the mirror or }$url has size $(stat -c %s "$tmp") and md5 $(md5sum < "$tmp" | cut -d' ' -f1), expected $size and $md5 (hint: the source changed or the transfer was damaged; try again or use another mirror)" >&2
+        echo "error: $path from ${MIRROR:+the mirror or }$url has size $(stat -c %s "$tmp") and md5 $(md5sum < "$tmp" | cut -d' ' -f1), expected $size and $md5 (gz:N = N bytes after gunzip, - = not checked) (hint: the source changed or the transfer was damaged; try again or use another mirror)" >&2
         exit 1
     fi
     mv "$tmp" "$dest"
+    trap - EXIT
+}
+
+cifar() { # cifar10 | cifar100: the binary version from its author's page, checked by the extracted sizes
+    local name=$1 url dir files
+    if [ "$name" = cifar10 ]; then
+        url=https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz dir=cifar-10-batches-bin
+        files="data_batch_1.bin:30730000 data_batch_2.bin:30730000 data_batch_3.bin:30730000 data_batch_4.bin:30730000 data_batch_5.bin:30730000 test_batch.bin:30730000"
+    else
+        url=https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz dir=cifar-100-binary
+        files="train.bin:153700000 test.bin:30740000"
+    fi
+    local ok=1 f
+    for f in $files; do
+        [ "$(stat -c %s "$DATA/$name/$dir/${f%%:*}" 2>/dev/null)" = "${f#*:}" ] || ok=0
+    done
+    [ $ok = 1 ] && return 0
+    mkdir -p "$DATA/$name"
+    local tmp="$DATA/$name/.download.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    trap 'rm -rf "$tmp"' EXIT
+    local archive="${url##*/}"
+    if [ -n "$MIRROR" ] && [ -f "$MIRROR/$name/$archive" ]; then
+        echo "data: $name from mirror $MIRROR"
+        cp "$MIRROR/$name/$archive" "$tmp/"
+    else
+        echo "data: downloading $url (about 170 MB)"
+        curl -fsSL --retry 3 --retry-delay 2 --connect-timeout 20 -o "$tmp/$archive" "$url" || {
+            echo "error: download of $url failed (hint: check the network, or put $archive in a mirror folder: --mirror DIR with DIR/$name/$archive)" >&2
+            exit 1; }
+    fi
+    tar -xzf "$tmp/$archive" -C "$tmp" || { echo "error: $archive is not a valid tar.gz archive (hint: delete it from the mirror and download again)" >&2; exit 1; }
+    for f in $files; do
+        if [ "$(stat -c %s "$tmp/$dir/${f%%:*}" 2>/dev/null)" != "${f#*:}" ]; then
+            echo "error: $archive: $dir/${f%%:*} is missing or not ${f#*:} bytes (hint: the download is damaged; try again)" >&2
+            exit 1
+        fi
+    done
+    rm -rf "$DATA/$name/$dir" && mv "$tmp/$dir" "$DATA/$name/$dir"
+    rm -rf "$tmp"
     trap - EXIT
 }
 
@@ -94,6 +154,9 @@ for name in "${names[@]}"; do
         tinyshakespeare-bpe)
             for f in "${FILES_tinyshakespeare[@]}" "${FILES_gpt2_bpe[@]}"; do fetch "$f"; done
             shards ;;
-        *) echo "error: unknown data set '$name' (hint: tinyshakespeare, gpt2-bpe or tinyshakespeare-bpe)" >&2; exit 2 ;;
+        mnist) for f in "${FILES_mnist[@]}"; do fetch "$f"; done ;;
+        mnist-test) for f in "${FILES_mnist_test[@]}"; do fetch "$f"; done ;;
+        cifar10|cifar100) cifar "$name" ;;
+        *) echo "error: unknown data set '$name' (hint: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe, mnist, cifar10, cifar100)" >&2; exit 2 ;;
     esac
 done

@@ -30,6 +30,22 @@ FAMILIES = {
                            [] if c.get("GPT2_DATA_NUMBERS") else ["tinyshakespeare"]),
         "tokenizer": "gpt2/tokenize",
     },
+    "VIT": {
+        "name": "vit",
+        "binary": "vit/train_vit",
+        # Fashion-MNIST comes from a Debian package that scripts/deps.sh installs
+        "data": lambda c: (["mnist"] if c.get("VIT_DATA_MNIST") else ["cifar10"] if c.get("VIT_DATA_CIFAR10") else
+                           ["cifar100"] if c.get("VIT_DATA_CIFAR100") else []),
+        "tokenizer": None,
+    },
+}
+
+# The paper's test accuracies (attention-variants.md section 6, vision table).
+PAPER = {
+    ("vit", "mnist"): {"QKV": .981, "KV": .981, "KV+Pos": .982, "KV tying": .976, "K": .978, "K+Pos": .977},
+    ("vit", "fashion-mnist"): {"QKV": .887, "KV": .885, "KV+Pos": .884, "KV tying": .883, "K": .877, "K+Pos": .875},
+    ("vit", "cifar10"): {"QKV": .663, "KV": .666, "KV+Pos": .662, "KV tying": .659, "K": .672, "K+Pos": .669},
+    ("vit", "cifar100"): {"QKV": .363, "KV": .369, "KV+Pos": .366, "KV tying": .358, "K": .376, "K+Pos": .364},
 }
 
 
@@ -100,7 +116,8 @@ def fetch_data(cfg, family, build_dir):
     mirror = cfg.get("DATA_MIRROR")
     if mirror and os.path.isdir(os.path.join(REPO, mirror)):
         cmd += ["--mirror", mirror]  # otherwise get_data.sh tries $KVLAB_DATA_MIRROR, then downloads
-    cmd += ["--tokenizer", os.path.join(build_dir, family["tokenizer"])]
+    if family["tokenizer"]:
+        cmd += ["--tokenizer", os.path.join(build_dir, family["tokenizer"])]
     return subprocess.call(cmd + names, cwd=REPO) == 0
 
 
@@ -163,9 +180,11 @@ def summarise(out, rows):
         s = m.get("metrics", {})
         vals = s.get("val_losses", [])
         accs = s.get("val_accuracies", [])
+        unit = m.get("unit", "tokens")
         steps.append({
             "step": sid,
             "status": m.get("status", status) if status != "failed" else "failed",
+            "family": m.get("family"),
             "variant": m.get("variant_label", variant_label(cfg)),
             "parameters": m.get("parameters"),
             "flops_per_token": m.get("flops_per_token"),
@@ -176,7 +195,9 @@ def summarise(out, rows):
             "final_val_accuracy": last(accs),
             "final_train_loss": last(s.get("train_losses", [])),
             "iterations": m.get("final_iteration"),
-            "tokens_per_s": m.get("tokens_per_s"),
+            "unit": unit,
+            "per_s": m.get(f"{unit}_per_s"),
+            "test_accuracy": m.get("test_accuracy"),
             "ms_per_step": m.get("ms_per_iter"),
             "peak_memory_mib": m.get("peak_memory_mib"),
             "train_seconds": m.get("train_seconds"),
@@ -193,8 +214,12 @@ def summarise(out, rows):
                "created_unix": time.time()}
     write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
 
-    head = ["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc", "tok/s", "ms/step",
-            "peak MiB", "cache B/tok", "status"]
+    has_test = any(s["test_accuracy"] is not None for s in steps)
+    has_cache = any(s["kv_cache_bytes_per_token"] is not None for s in steps)
+    head = (["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc"] +
+            (["test acc"] if has_test else []) + ["speed", "ms/step", "peak MiB"] +
+            (["cache B/tok"] if has_cache else []) + ["status"])
+    short = {"tokens": "tok/s", "images": "img/s", "sequences": "seq/s"}
     table = []
     for s in steps:
         params = fmt(s["parameters"], ",d")
@@ -202,24 +227,48 @@ def summarise(out, rows):
         if "parameters_vs_first" in s:
             params += f" ({100 * s['parameters_vs_first']:+.1f}%)"
             flops += f" ({100 * s['flops_vs_first']:+.1f}%)"
+        speed = fmt(s["per_s"], ",.0f") + (f" {short.get(s['unit'], s['unit'] + '/s')}" if s["per_s"] else "")
         table.append([s["step"], s["variant"], params, flops, fmt(s["best_val_loss"], ".4f"),
-                      fmt(s["final_val_loss"], ".4f"), fmt(s["final_val_accuracy"], ".3f"),
-                      fmt(s["tokens_per_s"], ",.0f"), fmt(s["ms_per_step"], ".1f"),
-                      fmt(s["peak_memory_mib"], ".0f"), fmt(s["kv_cache_bytes_per_token"], ",.0f"), s["status"]])
+                      fmt(s["final_val_loss"], ".4f"), fmt(s["final_val_accuracy"], ".3f")] +
+                     ([fmt(s["test_accuracy"], ".4f")] if has_test else []) +
+                     [speed, fmt(s["ms_per_step"], ".1f"), fmt(s["peak_memory_mib"], ".0f")] +
+                     ([fmt(s["kv_cache_bytes_per_token"], ",.0f")] if has_cache else []) + [s["status"]])
     widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [head] + table]
     md = ["# Ablation summary: " + summary["run"], "",
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
-    md += ["", "Parameters and FLOPs per token (training, 6 N_matmul + 12 L T C) in parentheses relative to the "
-               "first step; val = validation loss in nats; cache = KV-cache bytes per generated token.",
-           "Curves: ablation_curves.png (loss against tokens and against wall time)."]
+    md += ["", "Parameters and training FLOPs per token in parentheses relative to the first step; val = validation "
+               "loss in nats" + ("; cache = KV-cache bytes per generated token" if has_cache else "") + ".",
+           "Curves: ablation_curves.png (loss against training examples and against wall time)."]
+    paper_lines = paper_comparison(steps)
+    if paper_lines:
+        summary["paper"] = [dict(zip(("step", "variant", "measured", "paper"), row[:4])) for row in paper_lines]
+        write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
+        md += ["", "## Test accuracy next to the paper's (attention-variants.md section 6)", "",
+               "| step | variant | measured | paper | difference |", "|---|---|---|---|---|"]
+        md += [f"| {r[0]} | {r[1]} | {fmt(r[2], '.4f')} | {r[3]:.3f} | {fmt(r[4], '+.4f')} |" for r in paper_lines]
     write_atomic(os.path.join(out, "ablation_summary.md"), "\n".join(md) + "\n")
     say("")
     say(f"Ablation summary ({os.path.relpath(out, REPO)}/ablation_summary.md):")
     for line in lines:
         say("  " + line)
+    if paper_lines:
+        say("  test accuracy vs the paper: " + ", ".join(
+            f"{r[1]} {fmt(r[2], '.4f')} (paper {r[3]:.3f})" for r in paper_lines))
     return steps
+
+
+def paper_comparison(steps):
+    """(step, variant, measured, paper, difference) for steps the paper reports."""
+    rows = []
+    for s in steps:
+        ref = PAPER.get((s.get("family"), s.get("dataset")), {})
+        if s["variant"] in ref:
+            got = s["test_accuracy"]
+            rows.append((s["step"], s["variant"], got, ref[s["variant"]],
+                         None if got is None else got - ref[s["variant"]]))
+    return rows
 
 
 def plot(out, rows):
@@ -231,14 +280,16 @@ def plot(out, rows):
         say("warning: matplotlib is missing, no plots (hint: apt-get install python3-matplotlib)")
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    unit = "tokens"
     for i, (sid, _status, cfg) in enumerate(rows):
         m = load_json(os.path.join(out, f"training_metrics_step{sid}.json"))
         if not m:
             continue
         s = m.get("metrics", {})
+        unit = m.get("unit", "tokens")
         color = f"C{i % 10}"
         label = f"{sid} ({m.get('variant_label', variant_label(cfg))})"
-        for ax, key_train, key_val in ((axes[0], "tokens", "val_tokens"),
+        for ax, key_train, key_val in ((axes[0], unit, "val_" + unit),
                                        (axes[1], "timestamps", "val_timestamps")):
             xs, ys = s.get(key_train, []), s.get("train_losses", [])
             if xs and ys:
@@ -246,7 +297,7 @@ def plot(out, rows):
             xs, ys = s.get(key_val, []), s.get("val_losses", [])
             if xs and ys:
                 ax.plot(xs, ys, color=color, marker="o", markersize=3, linewidth=1.8, label=label + " val")
-    axes[0].set_xlabel("training tokens")
+    axes[0].set_xlabel(f"training {unit}")
     axes[1].set_xlabel("wall time (s)")
     for ax in axes:
         ax.set_ylabel("loss (nats)")

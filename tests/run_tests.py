@@ -205,6 +205,7 @@ def test_units(build_root, sanitize, only):
     env.setdefault("KVLAB_DATA_DIR", data)
     env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
     env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
+    env.setdefault("KVLAB_MNIST_DIR", os.path.join(data, "mnist"))
     env["ASAN_OPTIONS"] = "detect_leaks=1"  # LeakSanitizer: the tests free what they allocate
     for i, (name, frags) in enumerate(TEST_CONFIGS):
         if only and only not in name and only not in "unit":
@@ -222,7 +223,7 @@ def test_units(build_root, sanitize, only):
         progs = sorted(p for p in glob.glob(os.path.join(bdir, "tests", "test_*")) if os.access(p, os.X_OK)
                        and not p.endswith((".o", ".d")))
         for prog in progs:
-            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2"):
+            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2", "test_vit"):
                 continue
             t0 = time.time()
             r = run([prog], env=env)
@@ -264,6 +265,24 @@ CONFIG_RUN_NAME="tiny"
 """
 
 
+TINY_VIT = """# CONFIG_GPT2 is not set
+CONFIG_VIT=y
+CONFIG_VIT_DIM=16
+CONFIG_VIT_LAYERS=1
+CONFIG_VIT_HEADS=2
+CONFIG_VIT_MLP=16
+CONFIG_VIT_BATCH_SIZE=2000
+CONFIG_VIT_VAL_IMAGES=2000
+CONFIG_VIT_EPOCHS=2
+CONFIG_VIT_LR="3e-3"
+CONFIG_VIT_LOG_INTERVAL=1
+CONFIG_VIT_CHECKPOINT_INTERVAL=10
+CONFIG_ABLATION=y
+CONFIG_ABLATION_STEPS="V0,KV"
+CONFIG_RUN_NAME="tinyvit"
+"""
+
+
 class Workspace:
     """An out-of-tree configuration (make O=DIR) with its own outputs."""
 
@@ -290,9 +309,9 @@ class Workspace:
     def run_dir(self, run_name="tiny"):
         return os.path.join(self.out, run_name)
 
-    def binary(self, step, run_name="tiny"):
+    def binary(self, step, run_name="tiny", family="gpt2"):
         build = "build-san" if self.sanitize else "build"
-        return os.path.join(self.dir, build, run_name, step, "gpt2", "train_gpt2")
+        return os.path.join(self.dir, build, run_name, step, family, f"train_{family}")
 
 
 def metrics(path):
@@ -353,7 +372,7 @@ def test_ablation_end_to_end(ws):
             "KV tying caches one tensor per layer instead of two")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([s["step"] for s in summ["steps"]] == ["V0", "V1"] and
-            all(s["best_val_loss"] is not None and s["tokens_per_s"] and s["peak_memory_mib"]
+            all(s["best_val_loss"] is not None and s["per_s"] and s["peak_memory_mib"]
                 for s in summ["steps"]), "ablation_summary.json has both steps with their numbers")
     md = open(os.path.join(out, "ablation_summary.md")).read()
     R.check("| V0 | QKV |" in md and "| V1 | KV tying |" in md, "ablation_summary.md has the table")
@@ -562,6 +581,63 @@ def test_bad_runs(tmp, sanitize):
     R.check(os.path.exists(path) and metrics(path)["status"] == "failed", "the metrics file records the failure")
 
 
+def test_vit_end_to_end(tmp, sanitize):
+    section("ViT: two steps on Fashion-MNIST end to end, resume, bad checkpoints")
+    ws = Workspace(tmp, "vit", TINY_VIT, sanitize)
+    r = ws.make()
+    out = ws.run_dir("tinyvit")
+    if not R.check(r.returncode == 0, f"make runs the ViT steps:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    for step in ("V0", "KV"):
+        for f in (f"final_model_step{step}.safetensors", f"best_model_step{step}.safetensors",
+                  f"training_metrics_step{step}.json", f"train_step{step}.log", f"config_step{step}",
+                  f"train_vit_step{step}"):
+            R.check(os.path.isfile(os.path.join(out, f)), f"ViT step {step} wrote {f}")
+        m = metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+        s = m["metrics"]
+        R.check(m["status"] == "complete" and m["unit"] == "images" and m["final_iteration"] == 2 * 29,
+                f"ViT {step}: complete after 2 epochs of 29 steps ({m.get('final_iteration')})")
+        R.check(s["epochs"] == [1.0, 2.0] and len(s["train_epoch_accuracies"]) == 2 and len(s["val_accuracies"]) == 2,
+                f"ViT {step}: per-epoch train and validation accuracy: {s.get('epochs')}")
+        conf = m["confusion_matrix"]
+        R.check(len(conf) == 10 and sum(map(sum, conf)) == 10000 and
+                abs(sum(conf[i][i] for i in range(10)) / 10000 - m["test_accuracy"]) < 1e-9,
+                f"ViT {step}: the confusion matrix covers the 10,000 test images and agrees with the accuracy")
+        R.check(0.3 < m["test_accuracy"] <= 1.0 and "best_model_test_accuracy" in m,
+                f"ViT {step}: test accuracies of the final and the best model ({m['test_accuracy']:.3f})")
+    m0 = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    m1 = metrics(os.path.join(out, "training_metrics_stepKV.json"))
+    R.check(m0["parameters"] - m1["parameters"] == 16 * 16, "ViT KV has one projection (C^2, no bias) fewer than QKV")
+    summ = json.load(open(os.path.join(out, "ablation_summary.json")))
+    R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
+            summ["paper"][0]["paper"] == 0.887, "the summary puts the paper's Fashion-MNIST numbers beside ours")
+    R.check("test acc" in r.stdout and "img/s" in r.stdout, "the ViT table shows test accuracy and images/s")
+    # resume after SIGKILL mid-epoch matches the uninterrupted run
+    binary = ws.binary("V0", "tinyvit", "vit")
+    a, b = os.path.join(ws.dir, "resume_a"), os.path.join(ws.dir, "resume_b")
+    r = run_binary(binary, a, "V0")
+    R.check(r.returncode == 0, f"ViT uninterrupted run: {r.stderr}")
+    rc, seen, _ = kill_after(binary, b, "V0", "checkpoint step 30", signal.SIGKILL)
+    R.check(seen and rc == -signal.SIGKILL, "ViT run killed after its checkpoint at step 30 (mid-epoch 2)")
+    r = run_binary(binary, b, "V0")
+    R.check(r.returncode == 0 and "resuming step V0 from iteration 30" in r.stdout, f"ViT resumed: {r.stderr}")
+    ma, mb = metrics(os.path.join(a, "training_metrics_stepV0.json")), metrics(os.path.join(b, "training_metrics_stepV0.json"))
+    for key in ("train_losses", "val_losses", "train_epoch_losses", "train_epoch_accuracies"):
+        R.check(ma["metrics"][key] == mb["metrics"][key], f"ViT resume: {key} equal to the uninterrupted run")
+    R.check(ma["test_accuracy"] == mb["test_accuracy"] and ma["confusion_matrix"] == mb["confusion_matrix"],
+            "ViT resume: the same test result")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    r = run([binary, "eval", "--ckpt", os.path.join(a, "final_model_stepV0.safetensors")], env=env)
+    R.check(r.returncode == 0 and f"test accuracy {ma['test_accuracy']:.4f}" in r.stdout,
+            f"train_vit eval reproduces the test accuracy: {r.stdout[:200]}")
+    r = run([binary, "eval", "--ckpt", os.path.join(out, "final_model_stepKV.safetensors")], env=env)
+    R.check(r.returncode == 1 and "mismatched checkpoint" in r.stderr, f"another variant's ViT is refused: {r.stderr}")
+    gpt = os.path.join(ws.dir, "..", "e2e", "output", "tiny", "final_model_stepV0.safetensors")
+    if os.path.exists(gpt):
+        r = run([binary, "eval", "--ckpt", gpt], env=env)
+        R.check(r.returncode == 1 and "model family 'gpt2'" in r.stderr, f"a GPT-2 checkpoint is refused: {r.stderr}")
+
+
 def test_data_script(tmp):
     section("data script: mirror, verification, errors")
     script = os.path.join(REPO, "scripts", "get_data.sh")
@@ -603,27 +679,38 @@ def main():
     def want(name):
         return not only or only in name
 
+    def guarded(fn, *fargs):
+        """Runs one test function; an exception is a failure, not the end of the run."""
+        try:
+            return fn(*fargs)
+        except Exception as exc:  # noqa: BLE001 - report anything and go on
+            import traceback
+            R.check(False, f"{fn.__name__} raised {exc!r}\n{traceback.format_exc()[-1500:]}")
+            return None
+
     try:
         # the data the tests read (mirror or download, verified)
-        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "tinyshakespeare", "gpt2-bpe"])
+        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "tinyshakespeare", "gpt2-bpe", "mnist-test"])
         R.check(r.returncode == 0, f"data for the tests: {r.stdout}{r.stderr}")
         if want("kconfig"):
-            test_kconfig(tmp)
+            guarded(test_kconfig, tmp)
         if want("menuconfig"):
-            test_menuconfig(tmp)
+            guarded(test_menuconfig, tmp)
         if want("unit"):
-            test_units(build_root, args.sanitize, "")
+            guarded(test_units, build_root, args.sanitize, "")
         if want("e2e"):
             ws = Workspace(tmp, "e2e", TINY, args.sanitize)
-            if test_ablation_end_to_end(ws):
-                test_sampling_and_bad_checkpoints(ws, tmp)
-                test_resume(ws)
-                test_rebuild_tracking(ws)
-                test_skip_and_redo(ws)
-            test_failing_step(tmp, args.sanitize)
-            test_bad_runs(tmp, args.sanitize)
+            if guarded(test_ablation_end_to_end, ws):
+                guarded(test_sampling_and_bad_checkpoints, ws, tmp)
+                guarded(test_resume, ws)
+                guarded(test_rebuild_tracking, ws)
+                guarded(test_skip_and_redo, ws)
+            guarded(test_failing_step, tmp, args.sanitize)
+            guarded(test_bad_runs, tmp, args.sanitize)
+        if want("vit"):
+            guarded(test_vit_end_to_end, tmp, args.sanitize)
         if want("data"):
-            test_data_script(tmp)
+            guarded(test_data_script, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")

@@ -1,0 +1,245 @@
+/* ViT tests for the attention variant this binary is built for:
+ *  - parameter counts against the reference's oracles (attention-variants.md 4);
+ *  - the whole model against a float64 reference composed from tests/ref.c
+ *    (loss, and every parameter's gradient by central differences), with CLS
+ *    pooling and a two-layer head, and with mean pooling, a final LayerNorm
+ *    and a single-layer head;
+ *  - a tiny overfit run that must reach 100% on a handful of images;
+ *  - the data split (disjoint, seeded) and deterministic augmentation. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "kernels.h"
+#include "ref.h"
+#include "rng.h"
+#include "test.h"
+#include "vit/data.h"
+#include "vit/model.h"
+
+static ViTConfig config(int h, int w, int c, int classes, int P, int C, int L, int H, int mlp) {
+    ViTConfig v = {.img_h = h, .img_w = w, .img_c = c, .classes = classes, .P = P, .N = (h / P) * (w / P), .C = C,
+                   .L = L, .H = H, .mlp = mlp, .cls = 1, .head_mlp = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS,
+                   .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0};
+    v.T = v.N + 1;
+    return v;
+}
+
+static void test_param_counts(void) {
+    /* attention-variants.md table 4: the paper's ViT rows without +Pos */
+    static const long mnist[4] = {[ATTN_QKV] = 59210, [ATTN_KV] = 51018, [ATTN_K] = 42826, [ATTN_KV_TYING] = 51018};
+    static const long cifar[4] = {[ATTN_QKV] = 1702410, [ATTN_KV] = 1440266, [ATTN_K] = 1178122,
+                                  [ATTN_KV_TYING] = 1440266};
+    ViTConfig a = config(28, 28, 1, 10, 7, 64, 2, 2, 64), b = config(32, 32, 3, 10, 8, 256, 4, 4, 256);
+    long pa = ATTN_POS ? (long)a.L * a.pos_groups * (a.pos_m + 1) : 0;
+    long pb = ATTN_POS ? (long)b.L * b.pos_groups * (b.pos_m + 1) : 0;
+    CHECK((long)vit_num_params(&a) == mnist[ATTN_VARIANT] + pa, "ViT MNIST p=7 d=64 %s: %zu parameters, oracle %ld",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), vit_num_params(&a), mnist[ATTN_VARIANT] + pa);
+    CHECK((long)vit_num_params(&b) == cifar[ATTN_VARIANT] + pb, "ViT CIFAR p=8 d=256 %s: %zu parameters, oracle %ld",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), vit_num_params(&b), cifar[ATTN_VARIANT] + pb);
+}
+
+/* ------------------------------------------------------------------ float64 reference */
+
+typedef struct {
+    ViT *m;
+    double *P, *patches;
+    const int *labels;
+    int B;
+} RefCtx;
+
+static double ref_loss(void *vctx) {
+    RefCtx *r = vctx;
+    const ViT *m = r->m;
+    const ViTConfig *c = &m->cfg;
+    const double *P = r->P;
+    int B = r->B, C = c->C, T = c->T, N = c->N, NP = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
+    size_t n = (size_t)B * T * C;
+    double *pemb = xmalloc((size_t)B * N * C * sizeof(double)), *x = xmalloc(n * sizeof(double));
+    double *ln = xmalloc(n * sizeof(double)), *proj = xmalloc(n * NP * sizeof(double));
+    double *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
+    double *fc = xmalloc((size_t)B * T * c->mlp * sizeof(double)), *act = xmalloc((size_t)B * T * c->mlp * sizeof(double));
+    double *pooled = xcalloc((size_t)B * C, sizeof(double)), *hfc = xmalloc((size_t)B * c->mlp * sizeof(double));
+    double *hact = xmalloc((size_t)B * c->mlp * sizeof(double)), *logits = xmalloc((size_t)B * c->classes * sizeof(double));
+    ref_linear(pemb, r->patches, P + m->patchw, P + m->patchb, B * N, pd, C);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < C; k++) {
+                double src = c->cls && t == 0 ? P[m->clstok + k] : pemb[((size_t)b * N + t - c->cls) * C + k];
+                x[((size_t)b * T + t) * C + k] = src + P[m->posemb + (size_t)t * C + k];
+            }
+    for (int l = 0; l < c->L; l++) {
+        const BlockParams *lp = &m->layer[l];
+        ref_layernorm(ln, x, P + lp->ln1w, P + lp->ln1b, B * T, C);
+        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, B * T, C, NP * C);
+        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 0, NULL, c->pos ? P + lp->posw : NULL,
+                           c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
+        ref_linear(br, att, P + lp->projw, P + lp->projb, B * T, C, C);
+        for (size_t i = 0; i < n; i++) x[i] += br[i];
+        ref_layernorm(ln, x, P + lp->ln2w, P + lp->ln2b, B * T, C);
+        ref_linear(fc, ln, P + lp->fcw, P + lp->fcb, B * T, C, c->mlp);
+        ref_gelu(act, fc, (size_t)B * T * c->mlp);
+        ref_linear(br, act, P + lp->fcpw, P + lp->fcpb, B * T, c->mlp, C);
+        for (size_t i = 0; i < n; i++) x[i] += br[i];
+    }
+    if (c->final_ln) {
+        ref_layernorm(ln, x, P + m->lnfw, P + m->lnfb, B * T, C);
+        memcpy(x, ln, n * sizeof(double));
+    }
+    for (int b = 0; b < B; b++) /* CLS: token 0; mean: all patch tokens */
+        for (int t = 0; t < (c->cls ? 1 : N); t++)
+            for (int k = 0; k < C; k++) pooled[(size_t)b * C + k] += x[((size_t)b * T + t) * C + k] / (c->cls ? 1 : N);
+    if (c->head_mlp) {
+        ref_linear(hfc, pooled, P + m->headfcw, P + m->headfcb, B, C, c->mlp);
+        ref_gelu(hact, hfc, (size_t)B * c->mlp);
+        ref_linear(logits, hact, P + m->headw, P + m->headb, B, c->mlp, c->classes);
+    } else {
+        ref_linear(logits, pooled, P + m->headw, P + m->headb, B, C, c->classes);
+    }
+    double loss = ref_crossentropy(logits, r->labels, B, c->classes, -1, 0.0);
+    free(pemb), free(x), free(ln), free(proj), free(att), free(br), free(fc), free(act), free(pooled), free(hfc);
+    free(hact), free(logits);
+    return loss;
+}
+
+static void model_case(const char *name, ViTConfig c) {
+    ViT m;
+    vit_init(&m, &c, 5);
+    for (int i = 0; i < m.table.n; i++) { /* non-trivial LayerNorms and biases */
+        const ParamSpec *s = &m.table.specs[i];
+        if (strstr(s->name, "ln") && strstr(s->name, ".weight"))
+            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 1.0f + 0.2f * (float)cos(5.0 * k + i);
+        else if (strstr(s->name, ".bias") || strstr(s->name, ".pos."))
+            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 0.1f * (float)sin(3.0 * k + i);
+    }
+    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 1.5f; /* sharper attention than at init */
+    int B = 3, pd = c.P * c.P * c.img_c;
+    size_t np = (size_t)B * c.N * pd;
+    float *patches = xmalloc(np * sizeof(float));
+    for (size_t i = 0; i < np; i++) patches[i] = (float)sin(0.37 * (double)i) * 1.3f;
+    int labels[3] = {2, 0, 3};
+    double loss = vit_forward(&m, patches, labels, B, 1, 0);
+    vit_zero_grad(&m);
+    vit_backward(&m, 1.0f);
+    RefCtx r = {&m, xmalloc(m.table.total * sizeof(double)), xmalloc(np * sizeof(double)), labels, B};
+    for (size_t k = 0; k < m.table.total; k++) r.P[k] = m.params[k];
+    for (size_t k = 0; k < np; k++) r.patches[k] = patches[k];
+    double want = ref_loss(&r);
+    CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "%s: loss %.8f, float64 reference %.8f", name, loss, want);
+    int bad = 0;
+    for (int i = 0; i < m.table.n; i++) {
+        const ParamSpec *s = &m.table.specs[i];
+        double err = 0.0, fdmax = 0.0;
+        size_t step = s->numel > 20 ? s->numel / 20 : 1;
+        for (size_t k = 0; k < s->numel; k += step) {
+            size_t j = s->offset + k;
+            double old = r.P[j];
+            r.P[j] = old + 1e-5;
+            double lp = ref_loss(&r);
+            r.P[j] = old - 1e-5;
+            double lm = ref_loss(&r);
+            r.P[j] = old;
+            double fd = (lp - lm) / 2e-5;
+            err = fmax(err, fabs(fd - m.grads[j]));
+            fdmax = fmax(fdmax, fabs(fd));
+        }
+        if (err > 2e-3 * fdmax + 1e-6) {
+            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
+            bad++;
+        }
+    }
+    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences", name, bad, m.table.n);
+    free(r.P), free(r.patches), free(patches);
+    vit_free(&m);
+}
+
+/* A handful of images a tiny ViT must learn by heart. */
+static void test_overfit(void) {
+    ViTConfig c = config(8, 8, 1, 8, 4, 16, 1, 2, 16);
+    ViT m;
+    vit_init(&m, &c, 9);
+    int B = 8, pd = 16;
+    float *patches = xmalloc((size_t)B * c.N * pd * sizeof(float));
+    int labels[8];
+    Rng rng = rng_seeded(3, 4);
+    for (int b = 0; b < B; b++) {
+        labels[b] = b;
+        for (int i = 0; i < c.N * pd; i++) patches[(size_t)b * c.N * pd + i] = (float)rng_normal(&rng);
+    }
+    double loss = 0.0;
+    int correct = 0;
+    for (int it = 1; it <= 150; it++) {
+        vit_zero_grad(&m);
+        loss = vit_forward(&m, patches, labels, B, 1, (uint64_t)it);
+        correct = vit_correct(&m, NULL);
+        vit_backward(&m, 1.0f);
+        vit_adamw(&m, 3e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, it);
+    }
+    vit_forward(&m, patches, labels, B, 0, 0);
+    correct = vit_correct(&m, NULL);
+    CHECK(correct == B, "tiny overfit: %d of %d images right after 150 steps (loss %.4f)", correct, B, loss);
+    free(patches);
+    vit_free(&m);
+}
+
+static ImageSet synthetic(int n, int h, int w, int c, int classes, uint64_t seed) {
+    ImageSet s = {.n = n, .h = h, .w = w, .c = c, .classes = classes};
+    s.pixels = xmalloc((size_t)n * h * w * c);
+    s.labels = xmalloc((size_t)n);
+    Rng r = rng_seeded(seed, 1);
+    for (size_t i = 0; i < (size_t)n * h * w * c; i++) s.pixels[i] = (uint8_t)rng_below(&r, 256);
+    for (int i = 0; i < n; i++) s.labels[i] = (uint8_t)(i % classes);
+    return s;
+}
+
+static void test_split_and_augment(void) {
+    VitData a, b, c;
+    Err e;
+    CHECK(vit_data_from_sets(&a, "cifar10", synthetic(100, 32, 32, 3, 10, 1), synthetic(20, 32, 32, 3, 10, 2), 30, 7, 0,
+                             1, &e) == 0, "split: %s", e.msg);
+    vit_data_from_sets(&b, "cifar10", synthetic(100, 32, 32, 3, 10, 1), synthetic(20, 32, 32, 3, 10, 2), 30, 7, 0, 1,
+                       &e);
+    vit_data_from_sets(&c, "cifar10", synthetic(100, 32, 32, 3, 10, 1), synthetic(20, 32, 32, 3, 10, 2), 30, 8, 0, 1,
+                       &e);
+    int seen[100] = {0};
+    for (int i = 0; i < a.ntrain; i++) seen[a.train_idx[i]]++;
+    for (int i = 0; i < a.nval; i++) seen[a.val_idx[i]] += 10;
+    int disjoint = a.ntrain == 70 && a.nval == 30;
+    for (int i = 0; i < 100; i++) disjoint &= seen[i] == 1 || seen[i] == 10;
+    CHECK(disjoint, "validation and training images are disjoint and cover the set");
+    CHECK(!memcmp(a.val_idx, b.val_idx, 30 * sizeof(int)) && memcmp(a.val_idx, c.val_idx, 30 * sizeof(int)),
+          "the split is a function of the seed");
+    int P = 8, per = 16 * P * P * 3, idx[4] = {3, 5, 7, 11}, l1[4], l2[4];
+    float *p1 = xmalloc((size_t)4 * per * sizeof(float)), *p2 = xmalloc((size_t)4 * per * sizeof(float));
+    vit_batch(&a, &a.train, idx, 4, P, 1, 42, p1, l1);
+    vit_batch(&a, &a.train, idx, 4, P, 1, 42, p2, l2);
+    CHECK(!memcmp(p1, p2, (size_t)4 * per * sizeof(float)) && !memcmp(l1, l2, sizeof l1),
+          "augmented batches are a function of (seed, image)");
+    vit_batch(&a, &a.train, idx, 4, P, 1, 43, p2, l2);
+    CHECK(memcmp(p1, p2, (size_t)4 * per * sizeof(float)) != 0, "another epoch seed gives other augmentations");
+    vit_batch(&a, &a.train, idx, 4, P, 0, 42, p1, l1);
+    double mean = 0.0;
+    for (int i = 0; i < 4 * per; i++) mean += p1[i];
+    CHECK(fabs(mean / (4 * per)) < 0.2, "normalised pixels are centred (mean %.3f)", mean / (4 * per));
+    free(p1), free(p2);
+    vit_data_free(&a), vit_data_free(&b), vit_data_free(&c);
+    CHECK(vit_data_from_sets(&b, "x", synthetic(10, 8, 8, 1, 10, 1), synthetic(5, 8, 8, 1, 10, 2), 10, 7, 0, 0, &e) != 0 &&
+              strstr(e.msg, "CONFIG_VIT_VAL_IMAGES"), "a validation split of the whole set is refused: %s", e.msg);
+    vit_data_free(&b);
+}
+
+int main(void) {
+    backend_init(0);
+    printf("vit model test: attention %s\n", attn_variant_label(ATTN_VARIANT, ATTN_POS));
+    test_param_counts();
+    model_case("CLS pooling, two-layer head", config(8, 8, 2, 5, 4, 8, 2, 2, 12));
+    ViTConfig mean = config(8, 12, 1, 4, 4, 8, 1, 2, 8);
+    mean.cls = 0, mean.T = mean.N, mean.head_mlp = 0, mean.final_ln = 1, mean.attn_bias = 1;
+    model_case("mean pooling, final LayerNorm, linear head", mean);
+    test_overfit();
+    test_split_and_augment();
+    return TEST_SUMMARY("test_vit");
+}

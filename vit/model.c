@@ -1,0 +1,401 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "buildinfo.h"
+#include "common.h"
+#include "kernels.h"
+#include "rng.h"
+
+/* ------------------------------------------------------------------ configuration */
+
+_Static_assert(IS_ENABLED(CONFIG_VIT_POOL_CLS) + IS_ENABLED(CONFIG_VIT_POOL_MEAN) == 1,
+               "the ViT pooling is a Kconfig choice: exactly one of CLS and mean");
+
+ViTConfig vit_config_from_kconfig(int h, int w, int c, int classes) {
+    int P = CONFIG_VIT_PATCH;
+    if (h % P || w % P)
+        FATAL("CONFIG_VIT_PATCH=%d does not divide the %dx%d images (hint: 7 or 4 for 28x28, 8 or 4 for 32x32)", P, h,
+              w);
+    ViTConfig v = {
+        .img_h = h,
+        .img_w = w,
+        .img_c = c,
+        .classes = classes,
+        .P = P,
+        .N = (h / P) * (w / P),
+        .C = CONFIG_VIT_DIM,
+        .L = CONFIG_VIT_LAYERS,
+        .H = CONFIG_VIT_HEADS,
+        .mlp = CONFIG_VIT_MLP,
+        .cls = IS_ENABLED(CONFIG_VIT_POOL_CLS),
+        .head_mlp = IS_ENABLED(CONFIG_VIT_HEAD_MLP),
+        .final_ln = IS_ENABLED(CONFIG_VIT_FINAL_LN),
+        .attn_bias = IS_ENABLED(CONFIG_VIT_ATTN_BIAS),
+        .dropout = (float)KCONFIG_NUMBER(CONFIG_VIT_DROPOUT, 0.0, 0.999),
+        .variant = ATTN_VARIANT,
+        .pos = ATTN_POS,
+        .pos_m = ATTN_POS_DIM,
+        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_VIT_HEADS : 1) : 0,
+    };
+    v.T = v.N + v.cls;
+    if (v.C % v.H != 0)
+        FATAL("CONFIG_VIT_DIM=%d is not a multiple of CONFIG_VIT_HEADS=%d (hint: the head dim is channels / heads)",
+              v.C, v.H);
+    return v;
+}
+
+char *vit_config_json(const ViTConfig *c) {
+    char *s = xmalloc(1024);
+    snprintf(s, 1024,
+             "{\"family\":\"vit\",\"image\":[%d,%d,%d],\"classes\":%d,\"patch\":%d,\"patches\":%d,\"tokens\":%d,"
+             "\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"head_dim\":%d,\"mlp_hidden\":%d,\"activation\":"
+             "\"gelu_tanh\",\"pooling\":\"%s\",\"head\":\"%s\",\"final_ln\":%s,\"attn_bias\":%s,\"dropout\":%g,"
+             "\"ln_placement\":\"pre\",\"attention\":{\"variant\":\"%s\",\"label\":\"%s\",\"projections\":%d,"
+             "\"pos\":%s,\"pos_dim\":%d,\"pos_groups\":%d,\"scale\":\"1/sqrt(head_dim)\",\"causal\":false}}",
+             c->img_h, c->img_w, c->img_c, c->classes, c->P, c->N, c->T, c->L, c->H, c->C, c->C / c->H, c->mlp,
+             c->cls ? "cls" : "mean", c->head_mlp ? "linear-gelu-linear" : "linear", c->final_ln ? "true" : "false",
+             c->attn_bias ? "true" : "false", (double)c->dropout, attn_variant_id(c->variant, c->pos),
+             attn_variant_label(c->variant, c->pos), attn_num_proj(c->variant), c->pos ? "true" : "false", c->pos_m,
+             c->pos_groups);
+    return s;
+}
+
+size_t vit_matmul_params(const ViTConfig *c) {
+    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant), pd = (size_t)c->P * c->P * c->img_c;
+    size_t head = c->head_mlp ? C * c->mlp + (size_t)c->mlp * c->classes : C * c->classes;
+    return pd * C + (size_t)c->L * (P * C * C + C * C + 2 * C * c->mlp) + head;
+}
+
+double vit_flops_per_image(const ViTConfig *c) {
+    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant), pd = (size_t)c->P * c->P * c->img_c;
+    double blocks = (double)c->L * (P * C * C + C * C + 2 * C * c->mlp); /* per token */
+    double patch = (double)pd * C;                                       /* per patch */
+    double head = (double)vit_matmul_params(c) - blocks - patch;          /* per image */
+    return (6.0 * blocks + 12.0 * c->L * c->T * (double)C) * c->T + 6.0 * patch * c->N + 6.0 * head;
+}
+
+/* ------------------------------------------------------------------ parameters */
+
+static void build_table(ViT *m) {
+    const ViTConfig *c = &m->cfg;
+    ParamTable *t = &m->table;
+    int C = c->C, P = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
+    char name[PARAM_NAME_MAX];
+    m->patchw = param_add(t, "patch.weight", 1, 2, C, pd);
+    m->patchb = param_add(t, "patch.bias", 0, 1, C);
+    if (c->cls) m->clstok = param_add(t, "cls", 0, 1, C);
+    m->posemb = param_add(t, "pos_emb", 0, 2, c->T, C);
+    m->layer = xcalloc((size_t)c->L, sizeof(BlockParams));
+    for (int l = 0; l < c->L; l++) {
+        BlockParams *lp = &m->layer[l];
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
+        lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
+        lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
+        for (int p = 0; p < P; p++) {
+            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, C, C);
+            if (p == 0) lp->attnw = off;
+        }
+        if (c->attn_bias)
+            for (int p = 0; p < P; p++) {
+                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, C);
+                if (p == 0) lp->attnb = off;
+            }
+        if (c->pos) {
+            lp->posw = c->pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, c->pos_m)
+                                          : param_add(t, NAME("attn.pos.w"), 0, 2, c->pos_groups, c->pos_m);
+            lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, c->pos_groups);
+        }
+        lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
+        lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
+        lp->ln2w = param_add(t, NAME("ln2.weight"), 0, 1, C);
+        lp->ln2b = param_add(t, NAME("ln2.bias"), 0, 1, C);
+        lp->fcw = param_add(t, NAME("mlp.fc.weight"), 1, 2, c->mlp, C);
+        lp->fcb = param_add(t, NAME("mlp.fc.bias"), 0, 1, c->mlp);
+        lp->fcpw = param_add(t, NAME("mlp.proj.weight"), 1, 2, C, c->mlp);
+        lp->fcpb = param_add(t, NAME("mlp.proj.bias"), 0, 1, C);
+#undef NAME
+    }
+    if (c->final_ln) {
+        m->lnfw = param_add(t, "lnf.weight", 0, 1, C);
+        m->lnfb = param_add(t, "lnf.bias", 0, 1, C);
+    }
+    if (c->head_mlp) {
+        m->headfcw = param_add(t, "head.fc.weight", 1, 2, c->mlp, C);
+        m->headfcb = param_add(t, "head.fc.bias", 0, 1, c->mlp);
+        m->headw = param_add(t, "head.out.weight", 1, 2, c->classes, c->mlp);
+    } else {
+        m->headw = param_add(t, "head.out.weight", 1, 2, c->classes, C);
+    }
+    m->headb = param_add(t, "head.out.bias", 0, 1, c->classes);
+}
+
+size_t vit_num_params(const ViTConfig *c) {
+    ViT m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *c;
+    build_table(&m);
+    size_t n = m.table.total;
+    free(m.layer);
+    param_table_free(&m.table);
+    return n;
+}
+
+static int is_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* PyTorch's defaults, as the reference ViT: Linear weights and biases
+ * U(-1/sqrt(in), 1/sqrt(in)); CLS token and position embedding N(0, 1);
+ * LayerNorm 1 and 0; +Pos U(-1/sqrt(m), 1/sqrt(m)). */
+static void init_params(ViT *m, uint64_t seed) {
+    float *host = xcalloc(m->table.total, sizeof(float));
+    Rng rng = rng_seeded(seed, 1);
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        float *p = host + s->offset;
+        if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
+            for (size_t k = 0; k < s->numel; k++) p[k] = (float)rng_normal(&rng);
+        } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
+            for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
+        } else if (strstr(s->name, "ln") && is_suffix(s->name, ".bias")) {
+            continue;
+        } else {
+            /* fan-in: the weight's second dim; a bias shares its weight's; +Pos: m */
+            const ParamSpec *w = is_suffix(s->name, ".bias") ? &m->table.specs[i - 1] : s;
+            int fan_in = strstr(s->name, ".pos.") ? m->cfg.pos_m : (int)w->shape[w->ndim - 1];
+            if (strstr(s->name, "attn.") && is_suffix(s->name, ".bias") && !strstr(s->name, "proj"))
+                fan_in = m->cfg.C; /* fused projection biases follow their own weights */
+            double bound = 1.0 / sqrt((double)fan_in);
+            for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(&rng) - 1.0) * bound);
+        }
+    }
+    dev_upload(m->params, host, m->table.total * sizeof(float));
+    free(host);
+}
+
+void vit_init(ViT *m, const ViTConfig *cfg, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    build_table(m);
+    size_t bytes = m->table.total * sizeof(float);
+    m->params = dev_alloc(bytes);
+    m->grads = dev_alloc(bytes);
+    m->m = dev_alloc(bytes);
+    m->v = dev_alloc(bytes);
+    init_params(m, seed);
+    if (cfg->pos) {
+        size_t n = (size_t)cfg->T * attn_pos_channels(cfg->pos_m);
+        float *feat = xmalloc(n * sizeof(float));
+        attn_pos_features(feat, cfg->T, cfg->pos_m);
+        m->pos_feat = dev_alloc(n * sizeof(float));
+        dev_upload(m->pos_feat, feat, n * sizeof(float));
+        free(feat);
+    }
+}
+
+void vit_free(ViT *m) {
+    dev_free(m->params), dev_free(m->grads), dev_free(m->m), dev_free(m->v);
+    dev_free(m->pos_feat), dev_free(m->act_memory), dev_free(m->targets);
+    free(m->acts.block);
+    free(m->layer);
+    param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------ activations */
+
+static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, int l) {
+    const ViTConfig *c = &m->cfg;
+    BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
+                    .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m, .pos_groups = c->pos_groups,
+                    .pos_feat = m->pos_feat, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
+                    .seed = dropout_seed(seed, 0, 1 + (uint64_t)l)};
+    return s;
+}
+
+static void layout_acts(ViT *m, int B) {
+    const ViTConfig *c = &m->cfg;
+    size_t BT = (size_t)B * c->T, BN = (size_t)B * c->N, C = (size_t)c->C, pd = (size_t)c->P * c->P * c->img_c;
+    BlockShape s = block_shape(m, B, 0, 0, 0);
+    size_t need = BN * pd + BN * C * 2 + BT * C * 4 + (size_t)c->L * block_act_floats(&s) +
+                  block_scratch_floats(&s) + 2 * BT + (size_t)B * (4 * C + 4 * c->mlp + 3 * c->classes) + 1024;
+    if (!m->act_memory || need > m->act_capacity) {
+        dev_free(m->act_memory);
+        dev_free(m->targets);
+        m->act_memory = dev_alloc(need * sizeof(float));
+        m->act_capacity = need;
+        m->targets = dev_alloc((size_t)B * sizeof(int));
+        if (!m->acts.block) m->acts.block = xcalloc((size_t)c->L, sizeof(BlockActs));
+    }
+    ViTActs *a = &m->acts;
+    float *p = m->act_memory;
+#define TAKE(ptr, count) (ptr = p, p += ((count) + 15) / 16 * 16)
+    TAKE(a->patches, BN * pd);
+    TAKE(a->pemb, BN * C);
+    TAKE(a->dpemb, BN * C);
+    TAKE(a->encoded, BT * C);
+    for (int l = 0; l < c->L; l++) {
+        a->block[l] = block_acts_at(p, &s);
+        p += block_act_floats(&s);
+    }
+    a->scratch = block_scratch_at(p, &s);
+    p += block_scratch_floats(&s);
+    TAKE(a->lnf, BT * C);
+    TAKE(a->lnf_mean, BT);
+    TAKE(a->lnf_rstd, BT);
+    TAKE(a->dres, BT * C);
+    TAKE(a->dtmp, BT * C);
+    TAKE(a->pooled, (size_t)B * C);
+    TAKE(a->dpooled, (size_t)B * C);
+    TAKE(a->hfc, (size_t)B * c->mlp);
+    TAKE(a->hact, (size_t)B * c->mlp);
+    TAKE(a->dhfc, (size_t)B * c->mlp);
+    TAKE(a->dhact, (size_t)B * c->mlp);
+    TAKE(a->logits, (size_t)B * c->classes);
+    TAKE(a->losses, (size_t)B);
+    TAKE(a->ce_lse, (size_t)B);
+#undef TAKE
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define PARAM(off) (m->params + (off))
+#define GRAD(off) (m->grads + (off))
+#define SITE_EMB 0
+
+/* the output of the encoder the pooling reads */
+static const float *encoder_out(const ViT *m) {
+    return m->cfg.final_ln ? m->acts.lnf : m->acts.block[m->cfg.L - 1].out;
+}
+
+double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed_base) {
+    const ViTConfig *c = &m->cfg;
+    if (B < 1) FATAL("vit_forward: batch size %d", B);
+    layout_acts(m, B);
+    m->fwd_B = B;
+    m->fwd_training = training;
+    m->dropout_seed_base = dropout_seed_base;
+    ViTActs *a = &m->acts;
+    int C = c->C, pd = c->P * c->P * c->img_c;
+    size_t BT = (size_t)B * c->T;
+    dev_upload(a->patches, patches, (size_t)B * c->N * pd * sizeof(float));
+
+    linear_forward(a->pemb, a->patches, PARAM(m->patchw), PARAM(m->patchb), B * c->N, pd, C);
+    tokens_embed_forward(a->encoded, a->pemb, c->cls ? PARAM(m->clstok) : NULL, PARAM(m->posemb), B, c->T, C);
+    if (training && c->dropout > 0.0f)
+        dropout_forward(a->encoded, a->encoded, BT * C, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
+    const float *x = a->encoded;
+    for (int l = 0; l < c->L; l++) {
+        BlockShape s = block_shape(m, B, training, dropout_seed_base, l);
+        block_forward(&a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        x = a->block[l].out;
+    }
+    if (c->final_ln)
+        layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, PARAM(m->lnfw), PARAM(m->lnfb), (int)BT, C);
+    pool_tokens_forward(a->pooled, encoder_out(m), B, c->T, C, 0, c->cls ? 1 : c->N);
+    if (c->head_mlp) {
+        linear_forward(a->hfc, a->pooled, PARAM(m->headfcw), PARAM(m->headfcb), B, C, c->mlp);
+        gelu_forward(a->hact, a->hfc, (size_t)B * c->mlp);
+        linear_forward(a->logits, a->hact, PARAM(m->headw), PARAM(m->headb), B, c->mlp, c->classes);
+    } else {
+        linear_forward(a->logits, a->pooled, PARAM(m->headw), PARAM(m->headb), B, C, c->classes);
+    }
+    m->counted = 0;
+    m->loss = NAN;
+    if (!labels) return m->loss;
+    dev_upload(m->targets, labels, (size_t)B * sizeof(int));
+    m->counted = crossentropy_forward(a->losses, a->ce_lse, a->logits, m->targets, B, c->classes, -1, 0.0f);
+    float *losses = xmalloc((size_t)B * sizeof(float));
+    dev_download(losses, a->losses, (size_t)B * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < B; i++) sum += losses[i];
+    free(losses);
+    m->loss = m->counted ? sum / m->counted : 0.0;
+    return m->loss;
+}
+
+int vit_correct(ViT *m, int *pred) {
+    const ViTConfig *c = &m->cfg;
+    int B = m->fwd_B, correct = 0;
+    float *logits = xmalloc((size_t)B * c->classes * sizeof(float));
+    int *labels = xmalloc((size_t)B * sizeof(int));
+    dev_download(logits, m->acts.logits, (size_t)B * c->classes * sizeof(float));
+    dev_download(labels, m->targets, (size_t)B * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        int best = 0;
+        for (int k = 1; k < c->classes; k++)
+            if (logits[(size_t)b * c->classes + k] > logits[(size_t)b * c->classes + best]) best = k;
+        if (pred) pred[b] = best;
+        correct += m->counted && best == labels[b];
+    }
+    free(logits);
+    free(labels);
+    return correct;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+void vit_zero_grad(ViT *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
+
+void vit_backward(ViT *m, float loss_scale) {
+    const ViTConfig *c = &m->cfg;
+    if (!m->fwd_B || !m->counted) FATAL("vit_backward: no forward pass with labels to differentiate");
+    ViTActs *a = &m->acts;
+    int B = m->fwd_B, C = c->C, pd = c->P * c->P * c->img_c;
+    size_t BT = (size_t)B * c->T;
+
+    crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, B, c->classes, -1, 0.0f,
+                          loss_scale / (float)m->counted);
+    dev_zero(a->dpooled, (size_t)B * C * sizeof(float));
+    if (c->head_mlp) {
+        dev_zero(a->dhact, (size_t)B * c->mlp * sizeof(float));
+        linear_backward(a->dhact, GRAD(m->headw), GRAD(m->headb), a->logits, a->hact, PARAM(m->headw), B, c->mlp,
+                        c->classes);
+        dev_zero(a->dhfc, (size_t)B * c->mlp * sizeof(float));
+        gelu_backward(a->dhfc, a->hfc, a->dhact, (size_t)B * c->mlp);
+        linear_backward(a->dpooled, GRAD(m->headfcw), GRAD(m->headfcb), a->dhfc, a->pooled, PARAM(m->headfcw), B, C,
+                        c->mlp);
+    } else {
+        linear_backward(a->dpooled, GRAD(m->headw), GRAD(m->headb), a->logits, a->pooled, PARAM(m->headw), B, C,
+                        c->classes);
+    }
+    /* pooling -> encoder output (through the final LayerNorm when there is one) */
+    float *denc = c->final_ln ? a->dtmp : a->dres;
+    dev_zero(denc, BT * C * sizeof(float));
+    pool_tokens_backward(denc, a->dpooled, B, c->T, C, 0, c->cls ? 1 : c->N);
+    const float *last = a->block[c->L - 1].out;
+    if (c->final_ln) {
+        dev_zero(a->dres, BT * C * sizeof(float));
+        layernorm_backward(a->dres, GRAD(m->lnfw), GRAD(m->lnfb), a->dtmp, last, PARAM(m->lnfw), a->lnf_mean,
+                           a->lnf_rstd, (int)BT, C);
+    }
+    for (int l = c->L - 1; l >= 0; l--) {
+        BlockShape s = block_shape(m, B, m->fwd_training, m->dropout_seed_base, l);
+        const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
+        block_backward(a->dres, m->grads, &a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+    }
+    const float *demb = a->dres;
+    if (m->fwd_training && c->dropout > 0.0f) {
+        dev_zero(a->dtmp, BT * C * sizeof(float));
+        dropout_backward(a->dtmp, a->dres, BT * C, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
+        demb = a->dtmp;
+    }
+    dev_zero(a->dpemb, (size_t)B * c->N * C * sizeof(float));
+    tokens_embed_backward(a->dpemb, c->cls ? GRAD(m->clstok) : NULL, GRAD(m->posemb), demb, B, c->T, C);
+    /* the patches are data: no input gradient */
+    linear_backward(NULL, GRAD(m->patchw), GRAD(m->patchb), a->dpemb, a->patches, PARAM(m->patchw), B * c->N, pd, C);
+}
+
+void vit_adamw(ViT *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        adamw_update(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset, s->numel, lr,
+                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
+    }
+}

@@ -1,0 +1,79 @@
+/* Vision Transformer in C: patches -> linear patch embedding -> CLS token
+ * (or none, for mean pooling) and learned position embeddings -> pre-LN
+ * encoder blocks with bidirectional attention in the configured variant
+ * (lib/block.h) -> optional final LayerNorm -> CLS or mean pooling ->
+ * classification head. Parameters in one buffer, gradients in another. */
+#ifndef KVLAB_VIT_MODEL_H
+#define KVLAB_VIT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block.h"
+#include "checkpoint.h"
+
+typedef struct {
+    int img_h, img_w, img_c, classes;
+    int P;          /* patch side */
+    int N;          /* patches per image */
+    int T;          /* tokens: N (+1 with a CLS token) */
+    int C, L, H, mlp;
+    int cls;        /* 1: CLS token and CLS pooling; 0: mean pooling */
+    int head_mlp;   /* two-layer head */
+    int final_ln;
+    int attn_bias;
+    float dropout;
+    int variant, pos, pos_m, pos_groups;
+} ViTConfig;
+
+/* The configured model for images of h x w x c and the given classes. */
+ViTConfig vit_config_from_kconfig(int h, int w, int c, int classes);
+char *vit_config_json(const ViTConfig *c);
+
+typedef struct {
+    float *patches;                  /* (B, N, P*P*c) input */
+    float *pemb;                     /* (B, N, C) patch embeddings */
+    float *encoded;                  /* (B, T, C) tokens + positions (after dropout) */
+    BlockActs *block;                /* per layer */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *pooled;                   /* (B, C) */
+    float *hfc, *hact;               /* (B, mlp) head hidden layer */
+    float *logits, *losses, *ce_lse; /* (B, classes), (B), (B) */
+    float *dres, *dtmp, *dpooled, *dhact, *dhfc, *dpemb;
+    BlockScratch scratch;
+} ViTActs;
+
+typedef struct {
+    ViTConfig cfg;
+    ParamTable table;
+    float *params, *grads, *m, *v;
+    size_t patchw, patchb, clstok, posemb, lnfw, lnfb, headfcw, headfcb, headw, headb;
+    BlockParams *layer;
+    float *pos_feat;
+    ViTActs acts;
+    float *act_memory;
+    size_t act_capacity;
+    int *targets;
+    int fwd_B, fwd_training, counted;
+    uint64_t dropout_seed_base;
+    double loss;
+} ViT;
+
+void vit_init(ViT *m, const ViTConfig *cfg, uint64_t seed);
+void vit_free(ViT *m);
+size_t vit_num_params(const ViTConfig *c);
+size_t vit_matmul_params(const ViTConfig *c);
+/* Training FLOPs per image (forward + backward): 6 per matmul parameter per
+ * token plus 12 L T C for the attention products. */
+double vit_flops_per_image(const ViTConfig *c);
+
+/* Forward over B images whose patches (B, N, P*P*c) are given; returns the
+ * mean loss over labels (NULL labels: logits only). */
+double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed);
+/* Correct predictions of the last forward; predictions into pred (B) if non-NULL. */
+int vit_correct(ViT *m, int *pred);
+void vit_zero_grad(ViT *m);
+void vit_backward(ViT *m, float loss_scale);
+void vit_adamw(ViT *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+
+#endif
