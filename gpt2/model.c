@@ -196,7 +196,7 @@ static BlockShape block_shape(const GPT2 *m, int B, int T, int training, uint64_
     BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
                     .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
                     .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->T,
-                    .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l)};
+                    .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
     return s;
 }
 
@@ -268,7 +268,7 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
     size_t BT = (size_t)B * T, n = BT * C;
     dev_upload(m->inputs, inputs, BT * sizeof(int));
 
-    embedding_forward(a->encoded, m->inputs, PARAM(m->wte), PARAM(m->wpe), B, T, C, c->V);
+    embedding_forward(a->encoded, m->inputs, PARAM(m->wte), PARAM(m->wpe), B, T, C, c->V, 1.0f);
     if (training && c->dropout > 0.0f)
         dropout_forward(a->encoded, a->encoded, n, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
     const float *x = a->encoded;
@@ -311,8 +311,9 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
     const float *last = a->block[c->L - 1].out;
 
     /* loss -> logits (in place) -> head -> final LayerNorm */
-    crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, (int)BT, c->V, -1, 0.0f,
-                          loss_scale / (float)m->counted);
+    if (!m->external_dlogits)
+        crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, (int)BT, c->V, -1, 0.0f,
+                              loss_scale / (float)m->counted);
     dev_zero(a->dlnf, n * sizeof(float));
     linear_backward(a->dlnf, GRAD(m->headw), HEAD_BIAS(c) ? GRAD(m->headb) : NULL, a->logits, a->lnf,
                     PARAM(m->headw), (int)BT, C, c->V);
@@ -330,7 +331,7 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         dropout_backward(a->dlnf, a->dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
         demb = a->dlnf;
     }
-    embedding_backward(GRAD(m->wte), GRAD(m->wpe), demb, m->inputs, B, T, C);
+    embedding_backward(GRAD(m->wte), GRAD(m->wpe), demb, m->inputs, B, T, C, 1.0f);
 }
 
 void gpt2_adamw(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {

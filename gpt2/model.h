@@ -57,6 +57,10 @@ typedef struct {
     int fwd_B, fwd_T, fwd_training, counted;
     uint64_t dropout_seed_base;
     double loss;
+    /* analysis (mechint): hooks on every block, and a backward that starts
+     * from d(loss)/d(logits) the caller wrote into acts.logits */
+    const BlockHook *hook;
+    int external_dlogits;
 } GPT2;
 
 /* Builds the parameter table and initialises the parameters from seed

@@ -47,7 +47,7 @@ const float *gpt2_decode(GPT2 *m, KVCache *c, int token) {
     if (t >= c->T) FATAL("gpt2_decode: cache full (%d positions)", c->T);
     float mean, rstd;
     const float *W = m->params;
-    embedding_forward(c->x, &token, W + m->wte, W + m->wpe + (size_t)t * C, 1, 1, C, g->V);
+    embedding_forward(c->x, &token, W + m->wte, W + m->wpe + (size_t)t * C, 1, 1, C, g->V, 1.0f);
     for (int l = 0; l < g->L; l++) {
         const BlockParams *lp = &m->layer[l];
         float *keys = c->keys + (size_t)l * c->T * C, *values = c->values + (size_t)l * c->T * C;

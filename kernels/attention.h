@@ -55,16 +55,25 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 /* Head dim of the configured model families, so loops over it get a constant
  * trip count; other head dims take the same code with a runtime count.
  * Families built together with different head dims: 0 (runtime for all). */
-#if IS_ENABLED(CONFIG_GPT2) && IS_ENABLED(CONFIG_VIT)
-#if CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD == CONFIG_VIT_DIM / CONFIG_VIT_HEADS
-#define ATTN_HEAD_DIM (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
+#if IS_ENABLED(CONFIG_GPT2)
+#define ATTN_HD_GPT2_ (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
 #else
-#define ATTN_HEAD_DIM 0
+#define ATTN_HD_GPT2_ 0
 #endif
-#elif IS_ENABLED(CONFIG_GPT2)
-#define ATTN_HEAD_DIM (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
-#elif IS_ENABLED(CONFIG_VIT)
-#define ATTN_HEAD_DIM (CONFIG_VIT_DIM / CONFIG_VIT_HEADS)
+#if IS_ENABLED(CONFIG_VIT)
+#define ATTN_HD_VIT_ (CONFIG_VIT_DIM / CONFIG_VIT_HEADS)
+#else
+#define ATTN_HD_VIT_ 0
+#endif
+#if IS_ENABLED(CONFIG_SEQ2SEQ)
+#define ATTN_HD_S2S_ (CONFIG_SEQ2SEQ_DIM / CONFIG_SEQ2SEQ_HEADS)
+#else
+#define ATTN_HD_S2S_ 0
+#endif
+#define ATTN_HD_ANY_ (ATTN_HD_GPT2_ ? ATTN_HD_GPT2_ : ATTN_HD_VIT_ ? ATTN_HD_VIT_ : ATTN_HD_S2S_)
+#if (ATTN_HD_GPT2_ == 0 || ATTN_HD_GPT2_ == ATTN_HD_ANY_) && (ATTN_HD_VIT_ == 0 || ATTN_HD_VIT_ == ATTN_HD_ANY_) && \
+    (ATTN_HD_S2S_ == 0 || ATTN_HD_S2S_ == ATTN_HD_ANY_)
+#define ATTN_HEAD_DIM ATTN_HD_ANY_
 #else
 #define ATTN_HEAD_DIM 0
 #endif

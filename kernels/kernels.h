@@ -29,17 +29,18 @@ void dev_zero(void *p, size_t bytes);
 void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);
 
-/* ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] -------------- */
-
+/* ---- embedding: out[b,t,:] = scale * wte[tokens[b,t],:] + wpe[t,:] ------
+ * scale is 1 for GPT-2, sqrt(C) for the translation model; wpe may be a
+ * fixed table (sinusoidal), then dwpe is NULL. */
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                       int B, int T, int C, int V);
+                       int B, int T, int C, int V, float scale);
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                        int B, int T, int C);
+                        int B, int T, int C, float scale);
 
 /* ---- token assembly for encoders (ViT): out (B, T, C) --------------------
  * With cls: out[b,0] = cls + pos[0], out[b,1+i] = x[b,i] + pos[1+i] (x has
  * T-1 tokens); without: out[b,i] = x[b,i] + pos[i] (x has T tokens).
- * Backward adds to dx, dpos and (if given) dcls. */
+ * Backward adds to dx, dpos (unless NULL: a fixed table) and (if given) dcls. */
 void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C);
 void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C);
 

@@ -6,7 +6,7 @@
 #define ALIGN16(n) (((n) + 15) / 16 * 16) /* every array starts 64-byte aligned */
 
 /* dropout sites inside a block */
-enum { SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT };
+enum { SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT, SITE_MLP_INNER };
 
 static size_t bt(const BlockShape *s) { return (size_t)s->B * s->T; }
 
@@ -41,7 +41,7 @@ BlockActs block_acts_at(float *mem, const BlockShape *s) {
 
 size_t block_scratch_floats(const BlockShape *s) {
     size_t n = bt(s) * s->C, P = (size_t)attn_num_proj(ATTN_VARIANT);
-    return ALIGN16(n) * 4 + ALIGN16(n * P) + ALIGN16(bt(s) * s->mlp) * 2;
+    return ALIGN16(n) * 5 + ALIGN16(n * P) + ALIGN16(bt(s) * s->mlp) * 2;
 }
 
 BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
@@ -52,6 +52,7 @@ BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
     TAKE(dbranch, n);
     TAKE(dln, n);
     TAKE(datty, n);
+    TAKE(dsum, n);
     TAKE(branch, n);
     TAKE(dproj, n * P);
     TAKE(dfch_act, bt(s) * s->mlp);
@@ -75,29 +76,56 @@ static AttnPos attn_pos(const float *params, const BlockParams *p, const BlockSh
 #define W(off) (params + (off))
 #define WB(flag, off) ((flag) ? params + (off) : NULL)
 
-void block_forward(BlockActs *a, const float *x, const float *params, const BlockParams *p, const BlockShape *s,
-                   BlockScratch *sc) {
+/* The attention sublayer's output, before its residual add: branch. */
+static void attention_sublayer(BlockActs *a, const float *in, const float *params, const BlockParams *p,
+                               const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C, P = attn_num_proj(ATTN_VARIANT);
-    size_t n = bt(s) * C;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
-    linear_forward(a->proj, a->ln1, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, P * C);
+    linear_forward(a->proj, in, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, P * C);
+    if (s->hook && s->hook->after_proj) s->hook->after_proj(s->hook, s->layer, in, a->proj, s);
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
     attention_forward(a->atty, a->att_lse, a->proj, s->pos ? &pos : NULL, &args);
+    if (s->hook && s->hook->after_attn) s->hook->after_attn(s->hook, s->layer, a->atty, s);
     linear_forward(sc->branch, a->atty, W(p->projw), WB(s->bias, p->projb), N, C, C);
     if (s->dropout > 0.0f)
-        dropout_forward(sc->branch, sc->branch, n, s->dropout, dropout_seed(s->seed, 0, SITE_ATTN_OUT));
-    residual_forward(a->res2, x, sc->branch, n);
+        dropout_forward(sc->branch, sc->branch, bt(s) * C, s->dropout, dropout_seed(s->seed, 0, SITE_ATTN_OUT));
+}
 
-    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
-    linear_forward(a->fch, a->ln2, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
+/* The MLP sublayer's output, before its residual add: branch. */
+static void mlp_sublayer(BlockActs *a, const float *in, const float *params, const BlockParams *p,
+                         const BlockShape *s, BlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
+    size_t nm = bt(s) * s->mlp;
+    linear_forward(a->fch, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
     if (s->gelu)
-        gelu_forward(a->fch_act, a->fch, (size_t)N * s->mlp);
+        gelu_forward(a->fch_act, a->fch, nm);
     else
-        relu_forward(a->fch_act, a->fch, (size_t)N * s->mlp);
+        relu_forward(a->fch_act, a->fch, nm);
+    if (s->mlp_dropout && s->dropout > 0.0f)
+        dropout_forward(a->fch_act, a->fch_act, nm, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_INNER));
     linear_forward(sc->branch, a->fch_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
     if (s->dropout > 0.0f)
-        dropout_forward(sc->branch, sc->branch, n, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_OUT));
+        dropout_forward(sc->branch, sc->branch, bt(s) * C, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_OUT));
+}
+
+void block_forward(BlockActs *a, const float *x, const float *params, const BlockParams *p, const BlockShape *s,
+                   BlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
+    size_t n = bt(s) * C;
+    if (s->post_ln) {
+        attention_sublayer(a, x, params, p, s, sc);
+        residual_forward(a->res2, x, sc->branch, n); /* sum before ln1 */
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res2, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
+        mlp_sublayer(a, a->ln1, params, p, s, sc);
+        residual_forward(a->ln2, a->ln1, sc->branch, n); /* sum before ln2 */
+        layernorm_forward(a->out, a->ln2_mean, a->ln2_rstd, a->ln2, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+        return;
+    }
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
+    attention_sublayer(a, a->ln1, params, p, s, sc);
+    residual_forward(a->res2, x, sc->branch, n);
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+    mlp_sublayer(a, a->ln2, params, p, s, sc);
     residual_forward(a->out, a->res2, sc->branch, n);
 }
 
@@ -112,27 +140,36 @@ static const float *through_dropout(const BlockShape *s, BlockScratch *sc, const
 #define G(off) (grads + (off))
 #define GB(flag, off) ((flag) ? grads + (off) : NULL)
 
-void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
-                    const BlockParams *p, const BlockShape *s, BlockScratch *sc) {
-    int N = (int)bt(s), C = s->C, P = attn_num_proj(ATTN_VARIANT);
+/* MLP sublayer backward: d(branch) in dout; adds d(input) into din. */
+static void mlp_backward(float *din, const float *dout, float *grads, const BlockActs *a, const float *in,
+                         const float *params, const BlockParams *p, const BlockShape *s, BlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C, nm = bt(s) * s->mlp;
-
-    /* MLP sublayer */
-    const float *dbranch = through_dropout(s, sc, dres, n, SITE_MLP_OUT);
+    const float *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
     dev_zero(sc->dfch_act, nm * sizeof(float));
     linear_backward(sc->dfch_act, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, W(p->fcpw), N, s->mlp, C);
-    dev_zero(sc->dfch, nm * sizeof(float));
+    float *dact = sc->dfch_act, *dpre = sc->dfch;
+    if (s->mlp_dropout && s->dropout > 0.0f) { /* back through the inner dropout into dfch, then swap */
+        dev_zero(sc->dfch, nm * sizeof(float));
+        dropout_backward(sc->dfch, sc->dfch_act, nm, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_INNER));
+        dact = sc->dfch;
+        dpre = sc->dfch_act;
+    }
+    dev_zero(dpre, nm * sizeof(float));
     if (s->gelu)
-        gelu_backward(sc->dfch, a->fch, sc->dfch_act, nm);
+        gelu_backward(dpre, a->fch, dact, nm);
     else
-        relu_backward(sc->dfch, a->fch, sc->dfch_act, nm);
-    dev_zero(sc->dln, n * sizeof(float));
-    linear_backward(sc->dln, G(p->fcw), GB(s->bias, p->fcb), sc->dfch, a->ln2, W(p->fcw), N, C, s->mlp);
-    layernorm_backward(dres, G(p->ln2w), GB(s->bias, p->ln2b), sc->dln, a->res2, W(p->ln2w), a->ln2_mean,
-                       a->ln2_rstd, N, C);
+        relu_backward(dpre, a->fch, dact, nm);
+    linear_backward(din, G(p->fcw), GB(s->bias, p->fcb), dpre, in, W(p->fcw), N, C, s->mlp);
+}
 
-    /* attention sublayer */
-    dbranch = through_dropout(s, sc, dres, n, SITE_ATTN_OUT);
+/* Attention sublayer backward: d(branch) in dout; adds d(input) into din. */
+static void attention_backward_sublayer(float *din, const float *dout, float *grads, const BlockActs *a,
+                                        const float *in, const float *params, const BlockParams *p,
+                                        const BlockShape *s, BlockScratch *sc) {
+    int N = (int)bt(s), C = s->C, P = attn_num_proj(ATTN_VARIANT);
+    size_t n = bt(s) * C;
+    const float *dbranch = through_dropout(s, sc, dout, n, SITE_ATTN_OUT);
     dev_zero(sc->datty, n * sizeof(float));
     linear_backward(sc->datty, G(p->projw), GB(s->bias, p->projb), dbranch, a->atty, W(p->projw), N, C, C);
     dev_zero(sc->dproj, n * P * sizeof(float));
@@ -141,8 +178,140 @@ void block_backward(float *dres, float *grads, const BlockActs *a, const float *
     AttnPosGrad dpos = {.dw = G(p->posw), .db = G(p->posb)};
     attention_backward(sc->dproj, s->pos ? &dpos : NULL, sc->datty, a->proj, a->atty, a->att_lse,
                        s->pos ? &pos : NULL, &args);
+    linear_backward(din, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, in, W(p->attnw), N, C, P * C);
+}
+
+void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
+                    const BlockParams *p, const BlockShape *s, BlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
+    size_t n = bt(s) * C;
+    if (s->post_ln) {
+        /* out = ln2(sum2), sum2 = ln1 + mlp(ln1), ln1 = ln1(sum1), sum1 = x + attn(x) */
+        dev_zero(sc->dsum, n * sizeof(float));
+        layernorm_backward(sc->dsum, G(p->ln2w), GB(s->bias, p->ln2b), dres, a->ln2, W(p->ln2w), a->ln2_mean,
+                           a->ln2_rstd, N, C);
+        dev_zero(sc->dln, n * sizeof(float));
+        mlp_backward(sc->dln, sc->dsum, grads, a, a->ln1, params, p, s, sc);
+        residual_forward(sc->dln, sc->dln, sc->dsum, n); /* the residual path into ln1 */
+        dev_zero(dres, n * sizeof(float));
+        layernorm_backward(dres, G(p->ln1w), GB(s->bias, p->ln1b), sc->dln, a->res2, W(p->ln1w), a->ln1_mean,
+                           a->ln1_rstd, N, C);
+        /* dres = d(sum1): the residual path to x, plus the attention branch */
+        attention_backward_sublayer(dres, dres, grads, a, x, params, p, s, sc);
+        return;
+    }
     dev_zero(sc->dln, n * sizeof(float));
-    linear_backward(sc->dln, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, a->ln1, W(p->attnw), N, C, P * C);
+    mlp_backward(sc->dln, dres, grads, a, a->ln2, params, p, s, sc);
+    layernorm_backward(dres, G(p->ln2w), GB(s->bias, p->ln2b), sc->dln, a->res2, W(p->ln2w), a->ln2_mean,
+                       a->ln2_rstd, N, C);
+    dev_zero(sc->dln, n * sizeof(float));
+    attention_backward_sublayer(sc->dln, dres, grads, a, a->ln1, params, p, s, sc);
     layernorm_backward(dres, G(p->ln1w), GB(s->bias, p->ln1b), sc->dln, x, W(p->ln1w), a->ln1_mean, a->ln1_rstd, N,
                        C);
+}
+
+/* ------------------------------------------------------------------ decoder block */
+
+enum { SITE_CROSS_PROBS = 8, SITE_CROSS_OUT };
+
+size_t decblock_act_floats(const BlockShape *s, int S) {
+    size_t n = bt(s) * s->C;
+    return block_act_floats(s) + ALIGN16(n) * 4 + ALIGN16(bt(s)) * 2 + ALIGN16((size_t)s->B * S * 2 * s->C) +
+           ALIGN16((size_t)s->B * s->H * s->T);
+}
+
+DecBlockActs decblock_acts_at(float *mem, const BlockShape *s, int S) {
+    size_t n = bt(s) * s->C;
+    DecBlockActs a;
+    a.b = block_acts_at(mem, s);
+    float *p = mem + block_act_floats(s);
+#define TAKE(field, count) (a.field = p, p += ALIGN16(count))
+    TAKE(lnx, n);
+    TAKE(lnx_mean, bt(s));
+    TAKE(lnx_rstd, bt(s));
+    TAKE(xq, n);
+    TAKE(xkv, (size_t)s->B * S * 2 * s->C);
+    TAKE(xatty, n);
+    TAKE(xlse, (size_t)s->B * s->H * s->T);
+    TAKE(h2, n);
+#undef TAKE
+    return a;
+}
+
+size_t decblock_scratch_floats(const BlockShape *s, int S) {
+    return block_scratch_floats(s) + ALIGN16(bt(s) * s->C) + ALIGN16((size_t)s->B * S * 2 * s->C);
+}
+
+DecBlockScratch decblock_scratch_at(float *mem, const BlockShape *s, int S) {
+    DecBlockScratch sc;
+    sc.b = block_scratch_at(mem, s);
+    float *p = mem + block_scratch_floats(s);
+    sc.dxq = p;
+    p += ALIGN16(bt(s) * s->C);
+    sc.dxkv = p;
+    (void)S; /* dxkv is the last array: its size only matters to decblock_scratch_floats */
+    return sc;
+}
+
+static CrossAttnArgs cross_args(const BlockShape *s, int S, const unsigned char *src_pad) {
+    CrossAttnArgs a = {.B = s->B, .Tq = s->T, .Tk = S, .H = s->H, .hd = s->C / s->H, .key_pad = src_pad,
+                       .dropout = s->dropout, .seed = dropout_seed(s->seed, 0, SITE_CROSS_PROBS)};
+    return a;
+}
+
+void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, const unsigned char *src_pad,
+                      const float *params, const DecBlockParams *p, const BlockShape *s, DecBlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
+    size_t n = bt(s) * C;
+    BlockActs *b = &a->b;
+    /* self-attention (causal, the configured variant) */
+    layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, W(p->b.ln1w), WB(s->bias, p->b.ln1b), N, C);
+    attention_sublayer(b, b->ln1, params, &p->b, s, &sc->b);
+    residual_forward(b->res2, x, sc->b.branch, n);
+    /* cross-attention to the encoder output (QKV) */
+    layernorm_forward(a->lnx, a->lnx_mean, a->lnx_rstd, b->res2, W(p->lnxw), WB(s->bias, p->lnxb), N, C);
+    linear_forward(a->xq, a->lnx, W(p->xqw), WB(s->bias, p->xqb), N, C, C);
+    linear_forward(a->xkv, mem, W(p->xkvw), WB(s->bias, p->xkvb), s->B * S, C, 2 * C);
+    CrossAttnArgs xa = cross_args(s, S, src_pad);
+    cross_attention_forward(a->xatty, a->xlse, a->xq, a->xkv, &xa);
+    linear_forward(sc->b.branch, a->xatty, W(p->xprojw), WB(s->bias, p->xprojb), N, C, C);
+    if (s->dropout > 0.0f)
+        dropout_forward(sc->b.branch, sc->b.branch, n, s->dropout, dropout_seed(s->seed, 0, SITE_CROSS_OUT));
+    residual_forward(a->h2, b->res2, sc->b.branch, n);
+    /* MLP */
+    layernorm_forward(b->ln2, b->ln2_mean, b->ln2_rstd, a->h2, W(p->b.ln2w), WB(s->bias, p->b.ln2b), N, C);
+    mlp_sublayer(b, b->ln2, params, &p->b, s, &sc->b);
+    residual_forward(b->out, a->h2, sc->b.branch, n);
+}
+
+void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
+                       int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
+                       const BlockShape *s, DecBlockScratch *sc) {
+    int N = (int)bt(s), C = s->C;
+    size_t n = bt(s) * C;
+    const BlockActs *b = &a->b;
+    BlockScratch *bs = &sc->b;
+    /* MLP: dres = d(out) -> d(h2) */
+    dev_zero(bs->dln, n * sizeof(float));
+    mlp_backward(bs->dln, dres, grads, b, b->ln2, params, &p->b, s, bs);
+    layernorm_backward(dres, G(p->b.ln2w), GB(s->bias, p->b.ln2b), bs->dln, a->h2, W(p->b.ln2w), b->ln2_mean,
+                       b->ln2_rstd, N, C);
+    /* cross-attention: d(h2) -> d(h1), and into the encoder output */
+    const float *dbranch = through_dropout(s, bs, dres, n, SITE_CROSS_OUT);
+    dev_zero(bs->datty, n * sizeof(float));
+    linear_backward(bs->datty, G(p->xprojw), GB(s->bias, p->xprojb), dbranch, a->xatty, W(p->xprojw), N, C, C);
+    dev_zero(sc->dxq, n * sizeof(float));
+    dev_zero(sc->dxkv, (size_t)s->B * S * 2 * C * sizeof(float));
+    CrossAttnArgs xa = cross_args(s, S, src_pad);
+    cross_attention_backward(sc->dxq, sc->dxkv, bs->datty, a->xq, a->xkv, a->xatty, a->xlse, &xa);
+    linear_backward(dmem, G(p->xkvw), GB(s->bias, p->xkvb), sc->dxkv, mem, W(p->xkvw), s->B * S, C, 2 * C);
+    dev_zero(bs->dln, n * sizeof(float));
+    linear_backward(bs->dln, G(p->xqw), GB(s->bias, p->xqb), sc->dxq, a->lnx, W(p->xqw), N, C, C);
+    layernorm_backward(dres, G(p->lnxw), GB(s->bias, p->lnxb), bs->dln, b->res2, W(p->lnxw), a->lnx_mean,
+                       a->lnx_rstd, N, C);
+    /* self-attention: d(h1) -> d(x) */
+    dev_zero(bs->dln, n * sizeof(float));
+    attention_backward_sublayer(bs->dln, dres, grads, b, b->ln1, params, &p->b, s, bs);
+    layernorm_backward(dres, G(p->b.ln1w), GB(s->bias, p->b.ln1b), bs->dln, x, W(p->b.ln1w), b->ln1_mean,
+                       b->ln1_rstd, N, C);
 }

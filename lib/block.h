@@ -1,11 +1,17 @@
-/* The pre-LayerNorm transformer block shared by the model families:
+/* The transformer block shared by the model families.
  *
+ * Pre-LayerNorm (GPT-2, ViT, the translation encoder):
  *   res2 = x + drop(proj(attention(qkv(ln1(x)))))        attention in the configured variant
- *   out  = res2 + drop(fc2(act(fc1(ln2(res2)))))           act = GELU or ReLU
+ *   out  = res2 + drop(fc2(drop'(act(fc1(ln2(res2))))))    act = GELU or ReLU
+ * Post-LayerNorm (the paper's synthetic-task encoder):
+ *   res2 = ln1(x + drop(proj(attention(qkv(x)))))
+ *   out  = ln2(res2 + drop(fc2(drop'(act(fc1(res2))))))
+ * drop' is the optional dropout inside the MLP (the synthetic model has it).
  *
  * GPT-2 runs it causal, ViT bidirectional, a seq2seq encoder with key
- * padding. Forward and backward sit side by side; the backward pass
- * accumulates into the parameter gradients like every kernel does. */
+ * padding. The decoder block adds cross-attention (always QKV) to an
+ * encoder's output. Forward and backward sit side by side; backward passes
+ * accumulate into the parameter gradients like every kernel does. */
 #ifndef KVLAB_BLOCK_H
 #define KVLAB_BLOCK_H
 
@@ -20,9 +26,22 @@ typedef struct {
     size_t ln1w, ln1b, attnw, attnb, posw, posb, projw, projb, ln2w, ln2b, fcw, fcb, fcpw, fcpb;
 } BlockParams;
 
-typedef struct {
+/* Observation points for analysis (mechint): NULL in training. after_proj
+ * sees a self-attention layer's projection input (B,T,C) and its
+ * projections (B,T,P*C); after_attn sees the heads' outputs (B,T,C) before
+ * the output projection and may change them (head ablation). */
+typedef struct BlockShape BlockShape;
+typedef struct BlockHook {
+    void (*after_proj)(const struct BlockHook *h, int layer, const float *in, const float *proj, const BlockShape *s);
+    void (*after_attn)(const struct BlockHook *h, int layer, float *atty, const BlockShape *s);
+    void *ctx;
+} BlockHook;
+
+struct BlockShape {
     int B, T, C, H, mlp;           /* mlp = hidden width of the MLP */
     int causal, gelu;
+    int post_ln;                   /* LayerNorm after each residual add instead of before the sublayer */
+    int mlp_dropout;               /* dropout inside the MLP too, after the activation */
     int bias, attn_bias;           /* biases on linear layers and LayerNorms / on the projections */
     int pos, pos_m, pos_groups;    /* +Pos (compile-time in the kernels) */
     const float *pos_feat;         /* +Pos basis, pos_T rows */
@@ -30,9 +49,13 @@ typedef struct {
     const unsigned char *key_pad;  /* (B, T) or NULL */
     float dropout;                 /* 0 outside training */
     uint64_t seed;                 /* dropout seed of this block for this step */
-} BlockShape;
+    const BlockHook *hook;         /* analysis hooks (NULL: none) */
+    int layer;                     /* self-attention layer index the hooks see */
+};
 
-/* Activations of one block for B x T tokens, kept for the backward pass. */
+/* Activations of one block for B x T tokens, kept for the backward pass.
+ * Post-LN keeps the sums before each LayerNorm in res2 (x + attention) and
+ * ln2 (ln1 + MLP); ln1 is then the residual stream after attention. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd, *proj, *atty, *att_lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act,
         *out;
@@ -40,8 +63,8 @@ typedef struct {
 
 /* Scratch shared by all blocks of a model during the backward pass. */
 typedef struct {
-    float *dbranch, *dln, *datty, *dproj, *dfch_act, *dfch; /* (B,T,C) x3, (B,T,P*C), (B,T,mlp) x2 */
-    float *branch;                                          /* forward: (B,T,C) sublayer output */
+    float *dbranch, *dln, *datty, *dsum, *dproj, *dfch_act, *dfch; /* (B,T,C) x4, (B,T,P*C), (B,T,mlp) x2 */
+    float *branch;                                                 /* forward: (B,T,C) sublayer output */
 } BlockScratch;
 
 /* Floats of each activation array per block, for allocation. */
@@ -56,5 +79,38 @@ void block_forward(BlockActs *a, const float *x, const float *params, const Bloc
 /* dres holds d(out) on entry and d(x) on exit. */
 void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
                     const BlockParams *p, const BlockShape *s, BlockScratch *sc);
+
+/* ---- decoder block (pre-LN), for encoder-decoder models -------------------
+ *   h1  = x + drop(self_attention(ln1(x)))           causal, the configured variant
+ *   h2  = h1 + drop(xproj(cross(xq(lnx(h1)), xkv(mem))))  cross-attention: always QKV
+ *   out = h2 + drop(mlp(ln2(h2)))
+ * mem is the encoder output (B, S, C); its gradient is accumulated into dmem. */
+typedef struct {
+    BlockParams b; /* ln1, self-attention, ln2, MLP */
+    size_t lnxw, lnxb, xqw, xqb, xkvw, xkvb, xprojw, xprojb;
+} DecBlockParams;
+
+typedef struct {
+    BlockActs b;                      /* b.res2 = h1, b.ln2 = ln2(h2), b.out = out */
+    float *lnx, *lnx_mean, *lnx_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *xq, *xkv, *xatty, *xlse;   /* (B,T,C), (B,S,2C), (B,T,C), (B,H,T) */
+    float *h2;                        /* (B,T,C) */
+} DecBlockActs;
+
+typedef struct {
+    BlockScratch b;
+    float *dxq, *dxkv; /* (B,T,C), (B,S,2C) */
+} DecBlockScratch;
+
+/* s->T is the target length; S and src_pad describe the encoder side. */
+size_t decblock_act_floats(const BlockShape *s, int S);
+DecBlockActs decblock_acts_at(float *mem, const BlockShape *s, int S);
+size_t decblock_scratch_floats(const BlockShape *s, int S);
+DecBlockScratch decblock_scratch_at(float *mem, const BlockShape *s, int S);
+void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, const unsigned char *src_pad,
+                      const float *params, const DecBlockParams *p, const BlockShape *s, DecBlockScratch *sc);
+void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
+                       int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
+                       const BlockShape *s, DecBlockScratch *sc);
 
 #endif

@@ -53,6 +53,11 @@ static cJSON *number(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJ
 
 void metrics_set_number(Metrics *m, const char *key, double v) { replace(m->root, key, number(v)); }
 
+double metrics_get_number(const Metrics *m, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m->root, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
 void metrics_set_string(Metrics *m, const char *key, const char *v) { replace(m->root, key, cJSON_CreateString(v)); }
 
 void metrics_set_json(Metrics *m, const char *key, const char *json_text) {

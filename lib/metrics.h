@@ -16,6 +16,8 @@ typedef struct Metrics Metrics;
 Metrics *metrics_open(const char *path, int resume, Err *e);
 void metrics_free(Metrics *m);
 void metrics_set_number(Metrics *m, const char *key, double v);
+/* A number set with metrics_set_number (also after a resume); NAN if absent. */
+double metrics_get_number(const Metrics *m, const char *key);
 void metrics_set_string(Metrics *m, const char *key, const char *v);
 /* Parses json_text and stores the value under key (e.g. the resolved config). */
 void metrics_set_json(Metrics *m, const char *key, const char *json_text);

@@ -476,18 +476,19 @@ static void test_embedding(void) {
     int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
     float *wte = randf((size_t)V * C, 1.0), *wpe = randf((size_t)T * C, 1.0), *out = dev_alloc((size_t)B * T * C * 4);
     float *dout = randf((size_t)B * T * C, 1.0), *dwte = dev_alloc((size_t)V * C * 4), *dwpe = dev_alloc((size_t)T * C * 4);
-    embedding_forward(out, tokens, wte, wpe, B, T, C, V);
-    embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+    embedding_forward(out, tokens, wte, wpe, B, T, C, V, 1.5f); /* scaled, as the translation model */
+    embedding_backward(dwte, dwpe, dout, tokens, B, T, C, 1.5f);
     int ok = 1;
     for (int i = 0; i < B * T; i++)
-        for (int c = 0; c < C; c++) ok &= out[i * C + c] == wte[tokens[i] * C + c] + wpe[(i % T) * C + c];
-    CHECK(ok, "embedding forward is wte[token] + wpe[position]");
+        for (int c = 0; c < C; c++)
+            ok &= fabsf(out[i * C + c] - (1.5f * wte[tokens[i] * C + c] + wpe[(i % T) * C + c])) <= 1e-6f;
+    CHECK(ok, "embedding forward is scale * wte[token] + wpe[position]");
     double err = 0.0;
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
             for (int i = 0; i < B * T; i++)
-                if (tokens[i] == v) s += dout[i * C + c];
+                if (tokens[i] == v) s += 1.5 * dout[i * C + c];
             err = fmax(err, fabs(s - dwte[v * C + c]));
         }
     for (int t = 0; t < T; t++)
@@ -686,7 +687,7 @@ static void bad_attention(void) {
 static void bad_dropout(void) { dropout_forward(dummy, dummy, 4, 1.5f, 1); }
 static void bad_embedding(void) {
     int tok[2] = {0, 7};
-    embedding_forward(dummy, tok, dummy, dummy, 1, 2, 2, 5);
+    embedding_forward(dummy, tok, dummy, dummy, 1, 2, 2, 5, 1.0f);
 }
 static void bad_crossentropy(void) {
     int t[1] = {9};

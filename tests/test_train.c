@@ -2,6 +2,7 @@
  * as training goes, continued and truncated on resume), seeded streams. */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,6 +26,18 @@ static void test_schedule(void) {
         mono &= lr_warmup_cosine(it, 10, 111, 1e-3, 1e-4) <= lr_warmup_cosine(it - 1, 10, 111, 1e-3, 1e-4);
     CHECK(mono, "the cosine part decreases monotonically");
     CHECK_CLOSE(lr_warmup_cosine(3, 0, 1, 2e-3, 0), 2e-3, 0, 0, "no warmup, one step: the peak");
+    /* reference synthetic schedule: 0 at step 0, cosine times t/warmup, 0 at the end */
+    CHECK(lr_cosine_ref(0, 5, 100, 1e-3) == 0.0, "the synthetic schedule starts at 0");
+    CHECK_CLOSE(lr_cosine_ref(2, 5, 100, 1e-3), 1e-3 * 0.4 * 0.5 * (1 + cos(3.14159265358979 * 0.02)), 1e-15, 0,
+                "warmup multiplies the cosine by t/warmup");
+    CHECK_CLOSE(lr_cosine_ref(50, 5, 100, 1e-3), 5e-4, 1e-15, 0, "half way: half the rate");
+    CHECK_CLOSE(lr_cosine_ref(100, 5, 100, 1e-3), 0.0, 1e-18, 0, "0 at the end");
+    /* Noam: peak factor d^-0.5 warmup^-0.5 at step = warmup */
+    CHECK_CLOSE(lr_noam(4000, 512, 4000, 1.0), 1.0 / sqrt(512.0) / sqrt(4000.0), 1e-15, 0, "Noam peak at the warmup");
+    CHECK_CLOSE(lr_noam(1, 512, 4000, 1.0), 1.0 / sqrt(512.0) / (4000.0 * sqrt(4000.0)), 1e-18, 0,
+                "Noam starts at step 1");
+    CHECK_CLOSE(lr_noam(16000, 512, 4000, 2.0), 2.0 / sqrt(512.0) / 126.49110640673517, 1e-15, 0,
+                "Noam decays as step^-0.5 after the warmup");
 }
 
 static cJSON *load(const char *path) {
@@ -43,6 +56,10 @@ static void test_metrics(void) {
     Metrics *m = metrics_open(path, 0, &e);
     metrics_set_string(m, "status", "running");
     metrics_set_json(m, "config", "{\"SEED\":5}");
+    metrics_set_number(m, "job_copy_seed1_test_accuracy", 0.875);
+    CHECK(metrics_get_number(m, "job_copy_seed1_test_accuracy") == 0.875 && isnan(metrics_get_number(m, "nope")) &&
+              isnan(metrics_get_number(m, "status")),
+          "metrics_get_number: a set number back, NAN for absent keys and strings");
     for (int it = 1; it <= 6; it++) {
         metrics_append(m, "iterations", it);
         metrics_append(m, "train_losses", 10.0 - it);
@@ -67,6 +84,7 @@ static void test_metrics(void) {
     /* resume from iteration 4: later entries go, earlier ones stay */
     m = metrics_open(path, 1, &e);
     CHECK(m != NULL, "reopen: %s", m ? "" : e.msg);
+    CHECK(metrics_get_number(m, "job_copy_seed1_test_accuracy") == 0.875, "numbers survive a resume");
     const char *train[] = {"train_losses"}, *val[] = {"val_losses"};
     metrics_truncate(m, "iterations", train, 1, 4);
     metrics_truncate(m, "val_iterations", val, 1, 4);

@@ -215,7 +215,7 @@ static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, 
     BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
                     .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m, .pos_groups = c->pos_groups,
                     .pos_feat = m->pos_feat, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
-                    .seed = dropout_seed(seed, 0, 1 + (uint64_t)l)};
+                    .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
     return s;
 }
 
@@ -350,8 +350,9 @@ void vit_backward(ViT *m, float loss_scale) {
     int B = m->fwd_B, C = c->C, pd = c->P * c->P * c->img_c;
     size_t BT = (size_t)B * c->T;
 
-    crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, B, c->classes, -1, 0.0f,
-                          loss_scale / (float)m->counted);
+    if (!m->external_dlogits)
+        crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, B, c->classes, -1, 0.0f,
+                              loss_scale / (float)m->counted);
     dev_zero(a->dpooled, (size_t)B * C * sizeof(float));
     if (c->head_mlp) {
         dev_zero(a->dhact, (size_t)B * c->mlp * sizeof(float));

@@ -20,7 +20,7 @@
 /* ------------------------------------------------------------------ embedding */
 
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
-                       int B, int T, int C, int V) {
+                       int B, int T, int C, int V, float scale) {
     ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
     for (int i = 0; i < B * T; i++) {
         ARG_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding_forward",
@@ -32,12 +32,12 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
         const float *p = wpe + (size_t)(i % T) * C;
         float *o = out + (size_t)i * C;
 #pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+        for (int c = 0; c < C; c++) o[c] = scale * e[c] + p[c];
     }
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                        int B, int T, int C) {
+                        int B, int T, int C, float scale) {
     ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     /* Tokens repeat, so rows of dwte get several updates: split the work by
      * channel ranges instead of rows, which needs no atomics and keeps the
@@ -50,10 +50,10 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
         for (int i = 0; i < B * T; i++) {
             const float *d = dout + (size_t)i * C;
             float *e = dwte + (size_t)tokens[i] * C;
-            float *p = dwpe + (size_t)(i % T) * C;
-            for (int c = c0; c < c1; c++) {
-                e[c] += d[c];
-                p[c] += d[c];
+            for (int c = c0; c < c1; c++) e[c] += scale * d[c];
+            if (dwpe) {
+                float *p = dwpe + (size_t)(i % T) * C;
+                for (int c = c0; c < c1; c++) p[c] += d[c];
             }
         }
     }
@@ -81,14 +81,12 @@ void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dou
     /* position and CLS gradients sum over the batch: one thread per token row, fixed order */
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
-        float *dp = dpos + (size_t)t * C;
         for (int b = 0; b < B; b++) {
             const float *d = dout + ((size_t)b * T + t) * C;
             float *dsrc = t < off ? dcls : dx + ((size_t)b * (T - off) + (size_t)(t - off)) * C;
-            for (int c = 0; c < C; c++) {
-                dp[c] += d[c];
-                dsrc[c] += d[c];
-            }
+            for (int c = 0; c < C; c++) dsrc[c] += d[c];
+            if (dpos)
+                for (int c = 0; c < C; c++) dpos[(size_t)t * C + c] += d[c];
         }
     }
 }
