@@ -5,12 +5,12 @@
 #
 # NAME: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe (GPT-2 BPE token shards
 # of tiny Shakespeare, made with the C tokenizer given by --tokenizer), mnist
-# (mnist-test: its test set only), cifar10, cifar100. (Fashion-MNIST is
-# Debian's dataset-fashion-mnist.)
+# (mnist-test: its test set only), multi30k, cifar10, cifar100. (Fashion-MNIST
+# is Debian's dataset-fashion-mnist.)
 # Each file is taken from the mirror folder (--mirror, else $KVLAB_DATA_MIRROR,
 # else ../shared/data when it exists) or downloaded from its canonical public
-# URL; its size and md5 are checked either way, and it is moved into place
-# only when they match.
+# URL; its size (and md5 where copies are byte-identical) is checked either
+# way, and it is moved into place only when it matches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +50,17 @@ FILES_mnist=(
     "${FILES_mnist_test[@]}"
     "mnist/train-labels-idx1-ubyte.gz|gz:60008|-|https://ossci-datasets.s3.amazonaws.com/mnist/train-labels-idx1-ubyte.gz"
     "mnist/train-images-idx3-ubyte.gz|gz:47040016|-|https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz"
+)
+
+# Multi30k task 1 (multi30k/dataset, data/task1/raw), checked by size after gunzip.
+M30K=https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw
+FILES_multi30k=(
+    "multi30k/train.de.gz|gz:2110398|-|$M30K/train.de.gz"
+    "multi30k/train.en.gz|gz:1801238|-|$M30K/train.en.gz"
+    "multi30k/val.de.gz|gz:75981|-|$M30K/val.de.gz"
+    "multi30k/val.en.gz|gz:63297|-|$M30K/val.en.gz"
+    "multi30k/test_2016_flickr.de.gz|gz:70649|-|$M30K/test_2016_flickr.de.gz"
+    "multi30k/test_2016_flickr.en.gz|gz:62076|-|$M30K/test_2016_flickr.en.gz"
 )
 
 verify() { # file size md5 -> 0 when both match; size "gz:N" = N bytes after gunzip, md5 "-" = not checked
@@ -156,7 +167,8 @@ for name in "${names[@]}"; do
             shards ;;
         mnist) for f in "${FILES_mnist[@]}"; do fetch "$f"; done ;;
         mnist-test) for f in "${FILES_mnist_test[@]}"; do fetch "$f"; done ;;
+        multi30k) for f in "${FILES_multi30k[@]}"; do fetch "$f"; done ;;
         cifar10|cifar100) cifar "$name" ;;
-        *) echo "error: unknown data set '$name' (hint: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe, mnist, cifar10, cifar100)" >&2; exit 2 ;;
+        *) echo "error: unknown data set '$name' (hint: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe, mnist, mnist-test, multi30k, cifar10, cifar100)" >&2; exit 2 ;;
     esac
 done

@@ -38,6 +38,12 @@ FAMILIES = {
                            ["cifar100"] if c.get("VIT_DATA_CIFAR100") else []),
         "tokenizer": None,
     },
+    "SEQ2SEQ": {
+        "name": "seq2seq",
+        "binary": "seq2seq/train_seq2seq",
+        "data": lambda c: ["multi30k"] if c.get("SEQ2SEQ_TASK_TRANSLATION") else [],
+        "tokenizer": None,
+    },
 }
 
 # The paper's test accuracies (attention-variants.md section 6, vision table).
@@ -46,6 +52,18 @@ PAPER = {
     ("vit", "fashion-mnist"): {"QKV": .887, "KV": .885, "KV+Pos": .884, "KV tying": .883, "K": .877, "K+Pos": .875},
     ("vit", "cifar10"): {"QKV": .663, "KV": .666, "KV+Pos": .662, "KV tying": .659, "K": .672, "K+Pos": .669},
     ("vit", "cifar100"): {"QKV": .363, "KV": .369, "KV+Pos": .366, "KV tying": .358, "K": .376, "K+Pos": .364},
+}
+
+
+# The paper's synthetic table (attention-variants.md section 6): test per-token accuracy.
+SYNTH_TASKS = ["reverse", "sort", "copy", "swap", "sub"]
+SYNTH_VARIANTS = ["QKV", "KV", "KV+Pos", "KV tying", "K", "K+Pos"]
+PAPER_SYNTH = {
+    "reverse": [.698, .705, .718, .701, .514, .581],
+    "sort": [.971, .967, .963, .958, .939, .957],
+    "copy": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    "swap": [.588, .597, .671, .590, .446, .576],
+    "sub": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
 }
 
 
@@ -198,6 +216,9 @@ def summarise(out, rows):
             "unit": unit,
             "per_s": m.get(f"{unit}_per_s"),
             "test_accuracy": m.get("test_accuracy"),
+            "test_bleu": m.get("test_bleu"),
+            "test_bleu_greedy": m.get("test_bleu_greedy"),
+            "synthetic": m.get("synthetic_test_accuracy"),
             "ms_per_step": m.get("ms_per_iter"),
             "peak_memory_mib": m.get("peak_memory_mib"),
             "train_seconds": m.get("train_seconds"),
@@ -215,9 +236,11 @@ def summarise(out, rows):
     write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
 
     has_test = any(s["test_accuracy"] is not None for s in steps)
+    has_bleu = any(s["test_bleu"] is not None for s in steps)
     has_cache = any(s["kv_cache_bytes_per_token"] is not None for s in steps)
     head = (["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc"] +
-            (["test acc"] if has_test else []) + ["speed", "ms/step", "peak MiB"] +
+            (["test acc"] if has_test else []) + (["test BLEU"] if has_bleu else []) +
+            ["speed", "ms/step", "peak MiB"] +
             (["cache B/tok"] if has_cache else []) + ["status"])
     short = {"tokens": "tok/s", "images": "img/s", "sequences": "seq/s"}
     table = []
@@ -231,6 +254,7 @@ def summarise(out, rows):
         table.append([s["step"], s["variant"], params, flops, fmt(s["best_val_loss"], ".4f"),
                       fmt(s["final_val_loss"], ".4f"), fmt(s["final_val_accuracy"], ".3f")] +
                      ([fmt(s["test_accuracy"], ".4f")] if has_test else []) +
+                     ([fmt(s["test_bleu"], ".2f")] if has_bleu else []) +
                      [speed, fmt(s["ms_per_step"], ".1f"), fmt(s["peak_memory_mib"], ".0f")] +
                      ([fmt(s["kv_cache_bytes_per_token"], ",.0f")] if has_cache else []) + [s["status"]])
     widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
@@ -248,15 +272,59 @@ def summarise(out, rows):
         md += ["", "## Test accuracy next to the paper's (attention-variants.md section 6)", "",
                "| step | variant | measured | paper | difference |", "|---|---|---|---|---|"]
         md += [f"| {r[0]} | {r[1]} | {fmt(r[2], '.4f')} | {r[3]:.3f} | {fmt(r[4], '+.4f')} |" for r in paper_lines]
+    synth_md, synth_lines = synthetic_table(steps, summary)
+    if synth_md:
+        write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
+        md += [""] + synth_md
     write_atomic(os.path.join(out, "ablation_summary.md"), "\n".join(md) + "\n")
     say("")
     say(f"Ablation summary ({os.path.relpath(out, REPO)}/ablation_summary.md):")
     for line in lines:
         say("  " + line)
+    if synth_lines:
+        say("")
+        for line in synth_lines:
+            say("  " + line)
     if paper_lines:
         say("  test accuracy vs the paper: " + ", ".join(
             f"{r[1]} {fmt(r[2], '.4f')} (paper {r[3]:.3f})" for r in paper_lines))
     return steps
+
+
+def synthetic_table(steps, summary):
+    """The paper's layout: tasks x variants of mean test token accuracy (over seeds), the
+    paper's number beside each, and the mean over tasks. Returns (markdown, text lines)."""
+    cols = [s for s in steps if isinstance(s.get("synthetic"), dict) and s["synthetic"]]
+    if not cols:
+        return [], []
+    tasks = [t for t in SYNTH_TASKS if any(t in s["synthetic"] for s in cols)]
+    head = ["task"] + [s["variant"] for s in cols]
+    rows, table = [], {}
+    for t in tasks + ["average"]:
+        row = [t]
+        for s in cols:
+            if t == "average":
+                vals = [s["synthetic"][k] for k in tasks if s["synthetic"].get(k) is not None]
+                got = sum(vals) / len(vals) if len(vals) == len(tasks) else None
+                ref_vals = [PAPER_SYNTH[k][SYNTH_VARIANTS.index(s["variant"])] for k in tasks] \
+                    if s["variant"] in SYNTH_VARIANTS else []
+                ref = sum(ref_vals) / len(ref_vals) if ref_vals else None
+            else:
+                got = s["synthetic"].get(t)
+                ref = PAPER_SYNTH[t][SYNTH_VARIANTS.index(s["variant"])] if s["variant"] in SYNTH_VARIANTS else None
+            table.setdefault(s["step"], {})[t] = {"measured": got, "paper": ref}
+            row.append(fmt(got, ".3f") + (f" ({ref:.3f})" if ref is not None else ""))
+        rows.append(row)
+    summary["synthetic_table"] = table
+    md = ["## Synthetic tasks: mean test token accuracy over seeds (the paper's Table 1 in parentheses)", "",
+          "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["", "The paper averages over its sweep of model sizes and lengths (attention-variants.md 7.1); "
+               "this run uses one configuration, so compare rankings more than absolute values."]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["Synthetic tasks: test token accuracy, mean over seeds (paper in parentheses)"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head] + rows]
+    return md, lines
 
 
 def paper_comparison(steps):

@@ -223,7 +223,7 @@ def test_units(build_root, sanitize, only):
         progs = sorted(p for p in glob.glob(os.path.join(bdir, "tests", "test_*")) if os.access(p, os.X_OK)
                        and not p.endswith((".o", ".d")))
         for prog in progs:
-            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2", "test_vit"):
+            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq"):
                 continue
             t0 = time.time()
             r = run([prog], env=env)
@@ -280,6 +280,48 @@ CONFIG_VIT_CHECKPOINT_INTERVAL=10
 CONFIG_ABLATION=y
 CONFIG_ABLATION_STEPS="V0,KV"
 CONFIG_RUN_NAME="tinyvit"
+"""
+
+
+TINY_SYNTH = """# CONFIG_GPT2 is not set
+CONFIG_SEQ2SEQ=y
+CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
+CONFIG_SEQ2SEQ_DIM=16
+CONFIG_SEQ2SEQ_HEADS=2
+CONFIG_SEQ2SEQ_MLP=32
+CONFIG_SEQ2SEQ_TASKS="copy,sub"
+CONFIG_SEQ2SEQ_SEEDS="1,2"
+CONFIG_SEQ2SEQ_SEQ_LEN=8
+CONFIG_SEQ2SEQ_TRAIN_SEQS=2048
+CONFIG_SEQ2SEQ_VAL_SEQS=256
+CONFIG_SEQ2SEQ_TEST_SEQS=512
+CONFIG_SEQ2SEQ_BATCH_SIZE=64
+CONFIG_SEQ2SEQ_EPOCHS=2
+CONFIG_SEQ2SEQ_LOG_INTERVAL=8
+CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=20
+CONFIG_ABLATION=y
+CONFIG_ABLATION_STEPS="V0,KV"
+CONFIG_RUN_NAME="tinysynth"
+"""
+
+
+TINY_TRANS = """# CONFIG_GPT2 is not set
+CONFIG_SEQ2SEQ=y
+CONFIG_SEQ2SEQ_TASK_TRANSLATION=y
+CONFIG_SEQ2SEQ_DIM=16
+CONFIG_SEQ2SEQ_HEADS=2
+CONFIG_SEQ2SEQ_ENC_LAYERS=1
+CONFIG_SEQ2SEQ_DEC_LAYERS=1
+CONFIG_SEQ2SEQ_MLP=32
+CONFIG_SEQ2SEQ_MIN_FREQ=5
+CONFIG_SEQ2SEQ_MAX_LEN=24
+CONFIG_SEQ2SEQ_BEAM=2
+CONFIG_SEQ2SEQ_BATCH_SIZE=500
+CONFIG_SEQ2SEQ_EPOCHS=1
+CONFIG_SEQ2SEQ_WARMUP_ITERS=20
+CONFIG_SEQ2SEQ_LOG_INTERVAL=10
+CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=25
+CONFIG_RUN_NAME="tinytrans"
 """
 
 
@@ -638,6 +680,86 @@ def test_vit_end_to_end(tmp, sanitize):
         R.check(r.returncode == 1 and "model family 'gpt2'" in r.stderr, f"a GPT-2 checkpoint is refused: {r.stderr}")
 
 
+def test_synthetic_end_to_end(tmp, sanitize):
+    section("seq2seq: synthetic tasks x two variants end to end, the paper's table, resume")
+    ws = Workspace(tmp, "synth", TINY_SYNTH, sanitize)
+    r = ws.make()
+    out = ws.run_dir("tinysynth")
+    if not R.check(r.returncode == 0, f"make runs the synthetic steps:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    for step in ("V0", "KV"):
+        m = metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+        R.check(m["status"] == "complete" and m["final_iteration"] == 4 * 2 * 32,
+                f"synthetic {step}: 4 jobs x 2 epochs x 32 steps ({m.get('final_iteration')})")
+        acc = m.get("synthetic_test_accuracy", {})
+        jobs = [m.get(f"job_{t}_seed{s}_test_accuracy") for t in ("copy", "sub") for s in (1, 2)]
+        R.check(set(acc) == {"copy", "sub"} and None not in jobs and
+                abs(acc["copy"] - (jobs[0] + jobs[1]) / 2) < 1e-6,
+                f"synthetic {step}: per-task means over the seeds of the per-job test accuracies: {acc}")
+        R.check(all(0.5 < j <= 1.0 for j in jobs), f"synthetic {step}: copy and sub are learned (chance 0.1): {jobs}")
+        for t in ("copy", "sub"):
+            R.check(os.path.isfile(os.path.join(out, f"final_model_step{step}-{t}-seed2.safetensors")),
+                    f"synthetic {step}: the final model of job {t}/seed 2 is kept")
+    summ = json.load(open(os.path.join(out, "ablation_summary.json")))
+    tab = summ.get("synthetic_table", {})
+    R.check(tab.get("V0", {}).get("copy", {}).get("paper") == 1.0 and "average" in tab.get("KV", {}),
+            f"the summary has the paper's synthetic table beside ours: {list(tab)}")
+    R.check("Synthetic tasks" in r.stdout and "(1.000)" in r.stdout, "the synthetic table is printed")
+    # resume after SIGKILL in the second job matches the uninterrupted run
+    binary = ws.binary("KV", "tinysynth", "seq2seq")
+    a, b = os.path.join(ws.dir, "resume_a"), os.path.join(ws.dir, "resume_b")
+    r = run_binary(binary, a, "KV")
+    R.check(r.returncode == 0, f"synthetic uninterrupted run: {r.stderr}")
+    rc, seen, _ = kill_after(binary, b, "KV", "checkpoint step 80", signal.SIGKILL)
+    R.check(seen and rc == -signal.SIGKILL, "synthetic run killed after its checkpoint at step 80 (second job)")
+    r = run_binary(binary, b, "KV")
+    R.check(r.returncode == 0 and "resuming step KV from iteration 80" in r.stdout, f"synthetic resumed: {r.stderr}")
+    ma = metrics(os.path.join(a, "training_metrics_stepKV.json"))
+    mb = metrics(os.path.join(b, "training_metrics_stepKV.json"))
+    for key in ("train_losses", "val_losses", "train_epoch_accuracies"):
+        R.check(ma["metrics"][key] == mb["metrics"][key], f"synthetic resume: {key} equal to the uninterrupted run")
+    R.check(ma["synthetic_test_accuracy"] == mb["synthetic_test_accuracy"], "synthetic resume: the same test results")
+
+
+def test_translation_end_to_end(tmp, sanitize):
+    section("seq2seq: Multi30k translation end to end, BLEU, translate, bad data")
+    if not os.path.isfile(os.path.join(REPO, "data", "multi30k", "test_2016_flickr.en.gz")):
+        R.check(False, "data/multi30k is missing (the test run fetches it with scripts/get_data.sh multi30k)")
+        return
+    ws = Workspace(tmp, "trans", TINY_TRANS, sanitize)
+    r = ws.make()
+    out = ws.run_dir("tinytrans")
+    if not R.check(r.returncode == 0, f"make runs the translation step:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    m = metrics(os.path.join(out, "training_metrics_stepbase.json"))
+    R.check(m["status"] == "complete" and m["dataset"] == "multi30k-de-en" and
+            m["final_iteration"] == m["steps_per_epoch"] and 50 <= m["final_iteration"] <= 58,
+            f"translation: one epoch of batches of 500 pairs ({m.get('final_iteration')})")
+    R.check(m.get("test_bleu") is not None and 0.0 <= m["test_bleu"] <= 100.0 and m.get("test_bleu_greedy") is not None
+            and len(m["metrics"].get("val_bleus", [])) == 1, f"translation: BLEU recorded ({m.get('test_bleu')})")
+    log = open(os.path.join(out, "train_stepbase.log")).read()
+    R.check(log.count("  src: ") == 5 and "  hyp: " in log and "test: BLEU" in log,
+            "translation: sample translations and the test BLEU in the log")
+    R.check("test BLEU" in r.stdout, "the summary table has a test BLEU column")
+    binary = ws.binary("base", "tinytrans", "seq2seq")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    ckpt = os.path.join(out, "final_model_stepbase.safetensors")
+    r = run([binary, "translate", "--ckpt", ckpt, "--n", "3", "--beam", "1"], env=env)
+    R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 3 and "BLEU" in r.stdout,
+            f"train_seq2seq translate: {r.stdout[-300:]}{r.stderr[-300:]}")
+    # a damaged corpus file: one line naming it, exit 1
+    bad = os.path.join(ws.dir, "baddata")
+    os.makedirs(os.path.join(bad, "data", "multi30k"))
+    for f in os.listdir(os.path.join(REPO, "data", "multi30k")):
+        shutil.copy(os.path.join(REPO, "data", "multi30k", f), os.path.join(bad, "data", "multi30k", f))
+    victim = os.path.join(bad, "data", "multi30k", "val.en.gz")
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    r = run([binary, "train", "--out", os.path.join(bad, "out"), "--step", "base"], cwd=bad, env=env)
+    R.check(r.returncode == 1 and "val.en.gz" in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
+            f"a truncated corpus file is a one-line error naming it: {r.stderr}")
+
+
 def test_data_script(tmp):
     section("data script: mirror, verification, errors")
     script = os.path.join(REPO, "scripts", "get_data.sh")
@@ -690,7 +812,7 @@ def main():
 
     try:
         # the data the tests read (mirror or download, verified)
-        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "tinyshakespeare", "gpt2-bpe", "mnist-test"])
+        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "tinyshakespeare", "gpt2-bpe", "mnist-test", "multi30k"])
         R.check(r.returncode == 0, f"data for the tests: {r.stdout}{r.stderr}")
         if want("kconfig"):
             guarded(test_kconfig, tmp)
@@ -709,6 +831,9 @@ def main():
             guarded(test_bad_runs, tmp, args.sanitize)
         if want("vit"):
             guarded(test_vit_end_to_end, tmp, args.sanitize)
+        if want("seq2seq"):
+            guarded(test_synthetic_end_to_end, tmp, args.sanitize)
+            guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
     finally:

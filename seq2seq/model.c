@@ -1,0 +1,735 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "kernels.h"
+#include "rng.h"
+
+/* ------------------------------------------------------------------ configuration */
+
+char *s2s_config_json(const S2SConfig *c) {
+    char *s = xmalloc(1024);
+    snprintf(s, 1024,
+             "{\"family\":\"seq2seq\",\"architecture\":\"%s\",\"src_vocab\":%d,\"tgt_vocab\":%d,\"input\":\"%s\","
+             "\"max_len\":%d,\"n_embd\":%d,\"n_head\":%d,\"head_dim\":%d,\"mlp_hidden\":%d,\"enc_layers\":%d,"
+             "\"dec_layers\":%d,\"ln_placement\":\"%s\",\"activation\":\"%s\",\"mlp_dropout\":%s,\"scale_emb\":%s,"
+             "\"shared_emb\":%s,\"head\":\"%s\",\"pad\":%d,\"dropout\":%g,\"label_smoothing\":%g,\"positions\":"
+             "\"sinusoidal\",\"attention\":{\"variant\":\"%s\",\"label\":\"%s\",\"projections\":%d,\"pos\":%s,"
+             "\"pos_dim\":%d,\"pos_groups\":%d,\"scale\":\"1/sqrt(head_dim)\",\"cross_attention\":\"qkv\"}}",
+             c->decoder ? "encoder-decoder" : "encoder", c->Vs, c->Vt, c->onehot ? "one-hot linear" : "embedding",
+             c->Tmax, c->C, c->H, c->C / c->H, c->mlp, c->L_enc, c->decoder ? c->L_dec : 0,
+             c->post_ln ? "post" : "pre", c->gelu ? "gelu_tanh" : "relu", c->mlp_dropout ? "true" : "false",
+             c->scale_emb ? "true" : "false", c->shared_emb ? "true" : "false",
+             c->decoder ? "generator" : (c->head_mlp ? "linear-ln-relu-linear" : "linear"), c->pad,
+             (double)c->dropout, (double)c->label_smoothing, attn_variant_id(c->variant, c->pos),
+             attn_variant_label(c->variant, c->pos), attn_num_proj(c->variant), c->pos ? "true" : "false", c->pos_m,
+             c->pos_groups);
+    return s;
+}
+
+size_t s2s_matmul_params(const S2SConfig *c) {
+    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant);
+    size_t enc = (size_t)c->L_enc * (P * C * C + C * C + 2 * C * c->mlp);
+    size_t dec = c->decoder ? (size_t)c->L_dec * (P * C * C + C * C + 4 * C * C + 2 * C * c->mlp) : 0;
+    size_t head = c->decoder ? C * c->Vt : (c->head_mlp ? C * C : 0) + C * c->Vt;
+    return enc + dec + head;
+}
+
+/* ------------------------------------------------------------------ parameters */
+
+static void add_block(ParamTable *t, BlockParams *lp, const char *prefix, int l, const S2SConfig *c) {
+    char name[PARAM_NAME_MAX];
+    int C = c->C, P = attn_num_proj(c->variant);
+#define NAME(fmt, ...) (snprintf(name, sizeof name, "%s.blocks.%d." fmt, prefix, l, ##__VA_ARGS__), name)
+    lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
+    lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
+    for (int p = 0; p < P; p++) {
+        size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, C, C);
+        if (p == 0) lp->attnw = off;
+    }
+    for (int p = 0; p < P; p++) {
+        size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, C);
+        if (p == 0) lp->attnb = off;
+    }
+    if (c->pos) {
+        lp->posw = c->pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, c->pos_m)
+                                      : param_add(t, NAME("attn.pos.w"), 0, 2, c->pos_groups, c->pos_m);
+        lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, c->pos_groups);
+    }
+    lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
+    lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
+    lp->ln2w = param_add(t, NAME("ln2.weight"), 0, 1, C);
+    lp->ln2b = param_add(t, NAME("ln2.bias"), 0, 1, C);
+    lp->fcw = param_add(t, NAME("mlp.fc.weight"), 1, 2, c->mlp, C);
+    lp->fcb = param_add(t, NAME("mlp.fc.bias"), 0, 1, c->mlp);
+    lp->fcpw = param_add(t, NAME("mlp.proj.weight"), 1, 2, C, c->mlp);
+    lp->fcpb = param_add(t, NAME("mlp.proj.bias"), 0, 1, C);
+#undef NAME
+}
+
+static void add_cross(ParamTable *t, DecBlockParams *dp, int l, const S2SConfig *c) {
+    char name[PARAM_NAME_MAX];
+    int C = c->C;
+#define NAME(fmt) (snprintf(name, sizeof name, "dec.blocks.%d." fmt, l), name)
+    dp->lnxw = param_add(t, NAME("lnx.weight"), 0, 1, C);
+    dp->lnxb = param_add(t, NAME("lnx.bias"), 0, 1, C);
+    dp->xqw = param_add(t, NAME("xattn.q.weight"), 1, 2, C, C);
+    dp->xqb = param_add(t, NAME("xattn.q.bias"), 0, 1, C);
+    dp->xkvw = param_add(t, NAME("xattn.k.weight"), 1, 2, C, C); /* k and v back to back: the fused (2C, C) */
+    param_add(t, NAME("xattn.v.weight"), 1, 2, C, C);
+    dp->xkvb = param_add(t, NAME("xattn.k.bias"), 0, 1, C);
+    param_add(t, NAME("xattn.v.bias"), 0, 1, C);
+    dp->xprojw = param_add(t, NAME("xattn.proj.weight"), 1, 2, C, C);
+    dp->xprojb = param_add(t, NAME("xattn.proj.bias"), 0, 1, C);
+#undef NAME
+}
+
+static void build_table(S2S *m) {
+    const S2SConfig *c = &m->cfg;
+    ParamTable *t = &m->table;
+    int C = c->C;
+    if (c->onehot) {
+        m->inw = param_add(t, "enc.in.weight", 1, 2, C, c->Vs);
+        m->inb = param_add(t, "enc.in.bias", 0, 1, C);
+    } else {
+        m->src_emb = param_add(t, c->shared_emb ? "emb.weight" : "src_emb.weight", 1, 2, c->Vs, C);
+    }
+    m->enc = xcalloc((size_t)c->L_enc, sizeof(BlockParams));
+    for (int l = 0; l < c->L_enc; l++) add_block(t, &m->enc[l], "enc", l, c);
+    if (!c->post_ln) {
+        m->enc_lnfw = param_add(t, "enc.lnf.weight", 0, 1, C);
+        m->enc_lnfb = param_add(t, "enc.lnf.bias", 0, 1, C);
+    }
+    if (!c->decoder) {
+        if (c->head_mlp) {
+            m->hfcw = param_add(t, "head.fc.weight", 1, 2, C, C);
+            m->hfcb = param_add(t, "head.fc.bias", 0, 1, C);
+            m->hlnw = param_add(t, "head.ln.weight", 0, 1, C);
+            m->hlnb = param_add(t, "head.ln.bias", 0, 1, C);
+        }
+        m->houtw = param_add(t, "head.out.weight", 1, 2, c->Vt, C);
+        m->houtb = param_add(t, "head.out.bias", 0, 1, c->Vt);
+        return;
+    }
+    m->tgt_emb = c->shared_emb ? m->src_emb : param_add(t, "tgt_emb.weight", 1, 2, c->Vt, C);
+    m->dec = xcalloc((size_t)c->L_dec, sizeof(DecBlockParams));
+    for (int l = 0; l < c->L_dec; l++) {
+        add_block(t, &m->dec[l].b, "dec", l, c);
+        add_cross(t, &m->dec[l], l, c);
+    }
+    m->dec_lnfw = param_add(t, "dec.lnf.weight", 0, 1, C);
+    m->dec_lnfb = param_add(t, "dec.lnf.bias", 0, 1, C);
+    if (c->shared_emb) {
+        m->genw = m->src_emb; /* generator tied to the joint embedding */
+    } else {
+        m->genw = param_add(t, "generator.weight", 1, 2, c->Vt, C);
+    }
+    m->genb = param_add(t, "generator.bias", 0, 1, c->Vt);
+}
+
+size_t s2s_num_params(const S2SConfig *c) {
+    S2S m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *c;
+    build_table(&m);
+    size_t n = m.table.total;
+    free(m.enc);
+    free(m.dec);
+    param_table_free(&m.table);
+    return n;
+}
+
+static int is_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* As the reference models: xavier-uniform on every matrix, zero biases,
+ * LayerNorm 1 and 0; +Pos weights xavier-uniform as Linear(m, 1), bias 0. */
+static void init_params(S2S *m, uint64_t seed) {
+    float *host = xcalloc(m->table.total, sizeof(float));
+    Rng rng = rng_seeded(seed, 1);
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        float *p = host + s->offset;
+        double bound = 0.0;
+        if (strstr(s->name, "ln") && is_suffix(s->name, ".weight"))
+            for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
+        else if (is_suffix(s->name, ".pos.w"))
+            bound = sqrt(6.0 / (m->cfg.pos_m + 1));
+        else if (s->ndim == 2)
+            bound = sqrt(6.0 / (double)(s->shape[0] + s->shape[1]));
+        for (size_t k = 0; bound > 0.0 && k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(&rng) - 1.0) * bound);
+    }
+    dev_upload(m->params, host, m->table.total * sizeof(float));
+    free(host);
+}
+
+void s2s_init(S2S *m, const S2SConfig *cfg, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    build_table(m);
+    size_t bytes = m->table.total * sizeof(float);
+    m->params = dev_alloc(bytes);
+    m->grads = dev_alloc(bytes);
+    m->m = dev_alloc(bytes);
+    m->v = dev_alloc(bytes);
+    init_params(m, seed);
+    /* interleaved sinusoidal positions, base 10000 */
+    int C = cfg->C;
+    float *pe = xmalloc((size_t)cfg->Tmax * C * sizeof(float));
+    for (int t = 0; t < cfg->Tmax; t++)
+        for (int i = 0; i < C; i += 2) {
+            double f = pow(10000.0, -(double)i / C);
+            pe[(size_t)t * C + i] = (float)sin(t * f);
+            if (i + 1 < C) pe[(size_t)t * C + i + 1] = (float)cos(t * f);
+        }
+    m->pe = dev_alloc((size_t)cfg->Tmax * C * sizeof(float));
+    dev_upload(m->pe, pe, (size_t)cfg->Tmax * C * sizeof(float));
+    free(pe);
+    if (cfg->pos) {
+        size_t n = (size_t)cfg->Tmax * attn_pos_channels(cfg->pos_m);
+        float *feat = xmalloc(n * sizeof(float));
+        attn_pos_features(feat, cfg->Tmax, cfg->pos_m);
+        m->pos_feat = dev_alloc(n * sizeof(float));
+        dev_upload(m->pos_feat, feat, n * sizeof(float));
+        free(feat);
+    }
+}
+
+void s2s_free(S2S *m) {
+    dev_free(m->params), dev_free(m->grads), dev_free(m->m), dev_free(m->v);
+    dev_free(m->pe), dev_free(m->pos_feat), dev_free(m->act_memory);
+    dev_free(m->src), dev_free(m->tgt_in), dev_free(m->tgt_out), dev_free(m->src_pad), dev_free(m->tgt_pad);
+    free(m->acts.enc), free(m->acts.dec), free(m->enc), free(m->dec);
+    param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------ activations */
+
+static BlockShape shape(const S2S *m, int B, int T, int causal, int post_ln, const unsigned char *key_pad,
+                        int training, uint64_t seed, int layer) {
+    const S2SConfig *c = &m->cfg;
+    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = c->mlp, .causal = causal, .gelu = c->gelu,
+                    .post_ln = post_ln, .mlp_dropout = c->mlp_dropout, .bias = 1, .attn_bias = 1, .pos = c->pos,
+                    .pos_m = c->pos_m, .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->Tmax,
+                    .key_pad = key_pad, .dropout = training ? c->dropout : 0.0f, .seed = seed, .hook = m->hook,
+                    .layer = layer};
+    return s;
+}
+
+#define A16(n) (((n) + 15) / 16 * 16)
+
+static void layout(S2S *m, int B, int S, int T) {
+    const S2SConfig *c = &m->cfg;
+    size_t C = (size_t)c->C, BS = (size_t)B * S, BT = (size_t)B * T, Tout = c->decoder ? BT : BS;
+    size_t V = (size_t)c->Vt, big = (BS > BT ? BS : BT) * C;
+    BlockShape es = shape(m, B, S, 0, c->post_ln, NULL, 0, 0, 0), ds = shape(m, B, T, 1, 0, NULL, 0, 0, 0);
+    size_t need = A16(BS * C) + (c->onehot ? A16(BS * c->Vs) : 0) + (size_t)c->L_enc * block_act_floats(&es) +
+                  A16(BS * C) + 2 * A16(BS) + block_scratch_floats(&es) + 5 * A16(big) + A16(BS * C) + 6 * A16(Tout) +
+                  A16(Tout * V) + 4 * A16(BS * C);
+    if (c->decoder)
+        need += A16(BT * C) + (size_t)c->L_dec * decblock_act_floats(&ds, S) + A16(BT * C) + 2 * A16(BT) +
+                decblock_scratch_floats(&ds, S);
+    /* A smaller float arena does not imply fewer tokens (e.g. a longer batch of shorter sequences),
+       so the token buffers have their own capacities. */
+    size_t tgt_need = Tout > BT ? Tout : BT;
+    if (!m->act_memory || need > m->act_capacity || BS > m->src_capacity || tgt_need > m->tgt_capacity) {
+        if (need < m->act_capacity) need = m->act_capacity;
+        if (BS < m->src_capacity) BS = m->src_capacity;
+        if (tgt_need < m->tgt_capacity) tgt_need = m->tgt_capacity;
+        dev_free(m->act_memory), dev_free(m->src), dev_free(m->tgt_in), dev_free(m->tgt_out);
+        dev_free(m->src_pad), dev_free(m->tgt_pad);
+        m->act_memory = dev_alloc(need * sizeof(float));
+        m->act_capacity = need;
+        m->src_capacity = BS, m->tgt_capacity = tgt_need;
+        m->src = dev_alloc(BS * sizeof(int) + 64);
+        m->tgt_in = dev_alloc(tgt_need * sizeof(int) + 64);
+        m->tgt_out = dev_alloc(tgt_need * sizeof(int) + 64);
+        m->src_pad = dev_alloc(BS + 64);
+        m->tgt_pad = dev_alloc(tgt_need + 64);
+        BS = (size_t)B * S;
+        if (!m->acts.enc) m->acts.enc = xcalloc((size_t)c->L_enc, sizeof(BlockActs));
+        if (c->decoder && !m->acts.dec) m->acts.dec = xcalloc((size_t)c->L_dec, sizeof(DecBlockActs));
+    }
+    S2SActs *a = &m->acts;
+    float *p = m->act_memory;
+#define TAKE(ptr, count) (ptr = p, p += A16(count))
+    TAKE(a->x0, BS * C);
+    if (c->onehot) TAKE(a->onehot, BS * c->Vs);
+    for (int l = 0; l < c->L_enc; l++) {
+        a->enc[l] = block_acts_at(p, &es);
+        p += block_act_floats(&es);
+    }
+    TAKE(a->mem, BS * C);
+    TAKE(a->mem_mean, BS);
+    TAKE(a->mem_rstd, BS);
+    a->scratch = block_scratch_at(p, &es);
+    p += block_scratch_floats(&es);
+    TAKE(a->dres, big);
+    TAKE(a->dtmp, big);
+    TAKE(a->dtmp2, big);
+    TAKE(a->yout, big);
+    TAKE(a->dtmp3, big);
+    TAKE(a->dmem, BS * C);
+    TAKE(a->yout_mean, Tout);
+    TAKE(a->yout_rstd, Tout);
+    TAKE(a->losses, Tout);
+    TAKE(a->ce_lse, Tout);
+    TAKE(a->hln_mean, Tout);
+    TAKE(a->hln_rstd, Tout);
+    TAKE(a->logits, Tout * V);
+    TAKE(a->hfc, BS * C);
+    TAKE(a->hln, BS * C);
+    TAKE(a->hact, BS * C);
+    if (c->decoder) {
+        TAKE(a->y0, BT * C);
+        for (int l = 0; l < c->L_dec; l++) {
+            a->dec[l] = decblock_acts_at(p, &ds, S);
+            p += decblock_act_floats(&ds, S);
+        }
+        a->dscratch = decblock_scratch_at(p, &ds, S);
+        p += decblock_scratch_floats(&ds, S);
+    }
+#undef TAKE
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define PARAM(off) (m->params + (off))
+#define GRAD(off) (m->grads + (off))
+enum { SITE_SRC = 0, SITE_TGT = 1, SITE_HEAD = 2, SITE_ENC = 16, SITE_DEC = 1024 };
+
+static void pad_mask(unsigned char *mask, const int *tok, size_t n, int pad) {
+    for (size_t i = 0; i < n; i++) mask[i] = pad >= 0 && tok[i] == pad;
+}
+
+/* Encoder: src (B, S) -> a->mem (after the final LayerNorm of pre-LN models). */
+static const float *encode(S2S *m, int B, int S, int training) {
+    const S2SConfig *c = &m->cfg;
+    S2SActs *a = &m->acts;
+    size_t BS = (size_t)B * S, n = BS * c->C;
+    if (c->onehot) {
+        int *src = xmalloc(BS * sizeof(int));
+        dev_download(src, m->src, BS * sizeof(int));
+        float *oh = xcalloc(BS * c->Vs, sizeof(float));
+        for (size_t i = 0; i < BS; i++) oh[i * c->Vs + src[i]] = 1.0f;
+        dev_upload(a->onehot, oh, BS * c->Vs * sizeof(float));
+        free(oh), free(src);
+        linear_forward(a->dtmp, a->onehot, PARAM(m->inw), PARAM(m->inb), (int)BS, c->Vs, c->C);
+        tokens_embed_forward(a->x0, a->dtmp, NULL, m->pe, B, S, c->C);
+    } else {
+        embedding_forward(a->x0, m->src, PARAM(m->src_emb), m->pe, B, S, c->C, c->Vs,
+                          c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+        if (training && c->dropout > 0.0f)
+            dropout_forward(a->x0, a->x0, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_SRC));
+    }
+    const float *x = a->x0;
+    for (int l = 0; l < c->L_enc; l++) {
+        BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, training,
+                             dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
+        block_forward(&a->enc[l], x, m->params, &m->enc[l], &s, &a->scratch);
+        x = a->enc[l].out;
+    }
+    if (c->post_ln) return x;
+    layernorm_forward(a->mem, a->mem_mean, a->mem_rstd, x, PARAM(m->enc_lnfw), PARAM(m->enc_lnfb), (int)BS, c->C);
+    return a->mem;
+}
+
+double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B, int training,
+                   uint64_t dropout_seed_base) {
+    const S2SConfig *c = &m->cfg;
+    if (B < 1 || S < 1 || S > c->Tmax || (c->decoder && (T < 1 || T > c->Tmax)))
+        FATAL("s2s_forward: bad batch B=%d S=%d T=%d (longest %d)", B, S, T, c->Tmax);
+    if (!c->decoder) T = S;
+    layout(m, B, S, T);
+    m->fwd_B = B, m->fwd_S = S, m->fwd_T = T, m->fwd_training = training;
+    m->dropout_seed_base = dropout_seed_base;
+    S2SActs *a = &m->acts;
+    size_t BS = (size_t)B * S, BT = (size_t)B * T;
+    unsigned char *mask = xmalloc(BS > BT ? BS : BT);
+    dev_upload(m->src, src, BS * sizeof(int));
+    pad_mask(mask, src, BS, c->pad);
+    dev_upload(m->src_pad, mask, BS);
+    const float *mem = encode(m, B, S, training);
+    const float *final;
+    size_t Nout;
+    if (!c->decoder) {
+        Nout = BS;
+        final = mem;
+        if (c->head_mlp) {
+            linear_forward(a->hfc, mem, PARAM(m->hfcw), PARAM(m->hfcb), (int)BS, c->C, c->C);
+            layernorm_forward(a->hln, a->hln_mean, a->hln_rstd, a->hfc, PARAM(m->hlnw), PARAM(m->hlnb), (int)BS, c->C);
+            relu_forward(a->hact, a->hln, BS * c->C);
+            if (training && c->dropout > 0.0f)
+                dropout_forward(a->hact, a->hact, BS * c->C, c->dropout,
+                                dropout_seed(dropout_seed_base, 0, SITE_HEAD));
+            final = a->hact;
+        }
+        linear_forward(a->logits, final, PARAM(m->houtw), PARAM(m->houtb), (int)BS, c->C, c->Vt);
+        dev_upload(m->tgt_out, tgt_out, BS * sizeof(int));
+    } else {
+        Nout = BT;
+        dev_upload(m->tgt_in, tgt_in, BT * sizeof(int));
+        pad_mask(mask, tgt_in, BT, c->pad);
+        dev_upload(m->tgt_pad, mask, BT);
+        embedding_forward(a->y0, m->tgt_in, PARAM(m->tgt_emb), m->pe, B, T, c->C, c->Vt,
+                          c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+        if (training && c->dropout > 0.0f)
+            dropout_forward(a->y0, a->y0, BT * c->C, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_TGT));
+        const float *y = a->y0;
+        for (int l = 0; l < c->L_dec; l++) {
+            BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, training,
+                                 dropout_seed(dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
+            decblock_forward(&a->dec[l], y, mem, S, m->src_pad, m->params, &m->dec[l], &s, &a->dscratch);
+            y = a->dec[l].b.out;
+        }
+        layernorm_forward(a->yout, a->yout_mean, a->yout_rstd, y, PARAM(m->dec_lnfw), PARAM(m->dec_lnfb), (int)BT,
+                          c->C);
+        linear_forward(a->logits, a->yout, PARAM(m->genw), PARAM(m->genb), (int)BT, c->C, c->Vt);
+        dev_upload(m->tgt_out, tgt_out, BT * sizeof(int));
+    }
+    free(mask);
+    m->counted = crossentropy_forward(a->losses, a->ce_lse, a->logits, m->tgt_out, (int)Nout, c->Vt, c->pad,
+                                      c->label_smoothing);
+    float *losses = xmalloc(Nout * sizeof(float));
+    dev_download(losses, a->losses, Nout * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < Nout; i++) sum += losses[i];
+    free(losses);
+    m->loss = m->counted ? sum / m->counted : 0.0;
+    return m->loss;
+}
+
+int s2s_correct(S2S *m) {
+    int N = m->cfg.decoder ? m->fwd_B * m->fwd_T : m->fwd_B * m->fwd_S;
+    return argmax_correct(m->acts.logits, m->tgt_out, N, m->cfg.Vt, m->cfg.pad);
+}
+
+/* ------------------------------------------------------------------ backward */
+
+void s2s_zero_grad(S2S *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
+
+/* dres = d(memory) -> encoder parameters. */
+static void encode_backward(S2S *m, float *dres) {
+    const S2SConfig *c = &m->cfg;
+    S2SActs *a = &m->acts;
+    int B = m->fwd_B, S = m->fwd_S;
+    size_t BS = (size_t)B * S, n = BS * c->C;
+    const float *last = a->enc[c->L_enc - 1].out;
+    if (!c->post_ln) { /* through the final LayerNorm */
+        dev_zero(a->dtmp, n * sizeof(float));
+        layernorm_backward(a->dtmp, GRAD(m->enc_lnfw), GRAD(m->enc_lnfb), dres, last, PARAM(m->enc_lnfw),
+                           a->mem_mean, a->mem_rstd, (int)BS, c->C);
+        memcpy(dres, a->dtmp, n * sizeof(float));
+    }
+    for (int l = c->L_enc - 1; l >= 0; l--) {
+        BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, m->fwd_training,
+                             dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
+        const float *x = l == 0 ? a->x0 : a->enc[l - 1].out;
+        block_backward(dres, m->grads, &a->enc[l], x, m->params, &m->enc[l], &s, &a->scratch);
+    }
+    if (c->onehot) {
+        linear_backward(NULL, GRAD(m->inw), GRAD(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
+        return;
+    }
+    const float *demb = dres;
+    if (m->fwd_training && c->dropout > 0.0f) {
+        dev_zero(a->dtmp, n * sizeof(float));
+        dropout_backward(a->dtmp, dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_SRC));
+        demb = a->dtmp;
+    }
+    embedding_backward(GRAD(m->src_emb), NULL, demb, m->src, B, S, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+}
+
+void s2s_backward(S2S *m, float loss_scale) {
+    const S2SConfig *c = &m->cfg;
+    if (!m->fwd_B || !m->counted) FATAL("s2s_backward: no forward pass with targets to differentiate");
+    S2SActs *a = &m->acts;
+    int B = m->fwd_B, S = m->fwd_S, T = m->fwd_T;
+    size_t BS = (size_t)B * S, BT = (size_t)B * T, C = (size_t)c->C;
+    size_t Nout = c->decoder ? BT : BS;
+    if (!m->external_dlogits)
+        crossentropy_backward(a->logits, a->logits, a->ce_lse, m->tgt_out, (int)Nout, c->Vt, c->pad,
+                              c->label_smoothing, loss_scale / (float)m->counted);
+    if (!c->decoder) {
+        const float *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
+        dev_zero(a->dres, BS * C * sizeof(float));
+        if (c->head_mlp) {
+            dev_zero(a->dtmp, BS * C * sizeof(float));
+            linear_backward(a->dtmp, GRAD(m->houtw), GRAD(m->houtb), a->logits, a->hact, PARAM(m->houtw), (int)BS,
+                            c->C, c->Vt);
+            const float *dact = a->dtmp;
+            if (m->fwd_training && c->dropout > 0.0f) {
+                dev_zero(a->dtmp2, BS * C * sizeof(float));
+                dropout_backward(a->dtmp2, a->dtmp, BS * C, c->dropout,
+                                 dropout_seed(m->dropout_seed_base, 0, SITE_HEAD));
+                dact = a->dtmp2;
+            }
+            dev_zero(a->dtmp3, BS * C * sizeof(float));
+            relu_backward(a->dtmp3, a->hln, dact, BS * C);
+            dev_zero(a->dtmp, BS * C * sizeof(float));
+            layernorm_backward(a->dtmp, GRAD(m->hlnw), GRAD(m->hlnb), a->dtmp3, a->hfc, PARAM(m->hlnw), a->hln_mean,
+                               a->hln_rstd, (int)BS, c->C);
+            linear_backward(a->dres, GRAD(m->hfcw), GRAD(m->hfcb), a->dtmp, mem, PARAM(m->hfcw), (int)BS, c->C, c->C);
+        } else {
+            linear_backward(a->dres, GRAD(m->houtw), GRAD(m->houtb), a->logits, mem, PARAM(m->houtw), (int)BS, c->C,
+                            c->Vt);
+        }
+        encode_backward(m, a->dres);
+        return;
+    }
+    /* decoder: logits -> generator -> final LayerNorm -> blocks; memory gradients gather in dmem */
+    dev_zero(a->dtmp, BT * C * sizeof(float));
+    linear_backward(a->dtmp, GRAD(m->genw), GRAD(m->genb), a->logits, a->yout, PARAM(m->genw), (int)BT, c->C, c->Vt);
+    const float *last = a->dec[c->L_dec - 1].b.out;
+    dev_zero(a->dres, BT * C * sizeof(float));
+    layernorm_backward(a->dres, GRAD(m->dec_lnfw), GRAD(m->dec_lnfb), a->dtmp, last, PARAM(m->dec_lnfw),
+                       a->yout_mean, a->yout_rstd, (int)BT, c->C);
+    dev_zero(a->dmem, BS * C * sizeof(float));
+    const float *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
+    for (int l = c->L_dec - 1; l >= 0; l--) {
+        BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, m->fwd_training,
+                             dropout_seed(m->dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
+        const float *y = l == 0 ? a->y0 : a->dec[l - 1].b.out;
+        decblock_backward(a->dres, a->dmem, m->grads, &a->dec[l], y, mem, S, m->src_pad, m->params, &m->dec[l], &s,
+                          &a->dscratch);
+    }
+    const float *demb = a->dres;
+    if (m->fwd_training && c->dropout > 0.0f) {
+        dev_zero(a->dtmp, BT * C * sizeof(float));
+        dropout_backward(a->dtmp, a->dres, BT * C, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_TGT));
+        demb = a->dtmp;
+    }
+    embedding_backward(GRAD(m->tgt_emb), NULL, demb, m->tgt_in, B, T, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+    memcpy(a->dres, a->dmem, BS * C * sizeof(float));
+    encode_backward(m, a->dres);
+}
+
+void s2s_adamw(S2S *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    for (int i = 0; i < m->table.n; i++) {
+        const ParamSpec *s = &m->table.specs[i];
+        adamw_update(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset, s->numel, lr,
+                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
+    }
+}
+
+/* ------------------------------------------------------------------ decoding */
+
+typedef struct {
+    int N, L, C, max_len, tensors;
+    float *keys, *values;   /* (L, N, max_len, C) self-attention rows, values == keys for one tensor */
+    float **xkv;            /* per layer (N, S, 2C): cross-attention keys and values of each row's source */
+    unsigned char *src_pad; /* (N, S) */
+    float *x, *ln, *proj, *att, *branch, *xq, *xatt, *xlse, *fc, *fc_act, *logits;
+} DecodeState;
+
+/* One decoder step for all N rows at position t: logits (N, V) of the next token. */
+static const float *decode_step(S2S *m, DecodeState *d, const int *tokens, int t, int S) {
+    const S2SConfig *c = &m->cfg;
+    const float *W = m->params;
+    int N = d->N, C = c->C, P = attn_num_proj(c->variant), H = c->H;
+    int kb = attn_key_block(c->variant), vb = attn_value_block(c->variant);
+    float mean[4096], rstd[4096];
+    if (N > 4096) FATAL("s2s_decode: at most 4096 rows per batch (%d)", N);
+    int *tok = dev_alloc((size_t)N * sizeof(int));
+    dev_upload(tok, tokens, (size_t)N * sizeof(int));
+    embedding_forward(d->x, tok, W + m->tgt_emb, m->pe + (size_t)t * C, N, 1, C, c->Vt,
+                      c->scale_emb ? sqrtf((float)C) : 1.0f);
+    dev_free(tok);
+    for (int l = 0; l < c->L_dec; l++) {
+        const DecBlockParams *p = &m->dec[l];
+        size_t row = (size_t)d->max_len * C;
+        float *keys = d->keys + (size_t)l * N * row, *values = d->values + (size_t)l * N * row;
+        layernorm_forward(d->ln, mean, rstd, d->x, W + p->b.ln1w, W + p->b.ln1b, N, C);
+        linear_forward(d->proj, d->ln, W + p->b.attnw, W + p->b.attnb, N, C, P * C);
+        AttnPos pos = {.m = c->pos_m, .groups = c->pos_groups, .w = W + p->b.posw, .b = W + p->b.posb,
+                       .feat = m->pos_feat, .T = c->Tmax};
+        for (int n = 0; n < N; n++) { /* cache this position's key and value rows, then attend */
+            const float *pr = d->proj + (size_t)n * P * C;
+            memcpy(keys + n * row + (size_t)t * C, pr + (size_t)kb * C, (size_t)C * sizeof(float));
+            if (d->tensors == 2) memcpy(values + n * row + (size_t)t * C, pr + (size_t)vb * C, (size_t)C * sizeof(float));
+            attention_decode(d->att + (size_t)n * C, pr, keys + n * row, values + n * row, C, t, H, C / H,
+                             c->pos ? &pos : NULL);
+        }
+        linear_forward(d->branch, d->att, W + p->b.projw, W + p->b.projb, N, C, C);
+        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
+        layernorm_forward(d->ln, mean, rstd, d->x, W + p->lnxw, W + p->lnxb, N, C);
+        linear_forward(d->xq, d->ln, W + p->xqw, W + p->xqb, N, C, C);
+        CrossAttnArgs xa = {.B = N, .Tq = 1, .Tk = S, .H = H, .hd = C / H, .key_pad = d->src_pad};
+        cross_attention_forward(d->xatt, d->xlse, d->xq, d->xkv[l], &xa);
+        linear_forward(d->branch, d->xatt, W + p->xprojw, W + p->xprojb, N, C, C);
+        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
+        layernorm_forward(d->ln, mean, rstd, d->x, W + p->b.ln2w, W + p->b.ln2b, N, C);
+        linear_forward(d->fc, d->ln, W + p->b.fcw, W + p->b.fcb, N, C, c->mlp);
+        if (c->gelu)
+            gelu_forward(d->fc_act, d->fc, (size_t)N * c->mlp);
+        else
+            relu_forward(d->fc_act, d->fc, (size_t)N * c->mlp);
+        linear_forward(d->branch, d->fc_act, W + p->b.fcpw, W + p->b.fcpb, N, c->mlp, C);
+        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
+    }
+    layernorm_forward(d->ln, mean, rstd, d->x, W + m->dec_lnfw, W + m->dec_lnfb, N, C);
+    linear_forward(d->logits, d->ln, W + m->genw, W + m->genb, N, C, c->Vt);
+    return d->logits;
+}
+
+/* Copies cache rows so that row n continues hypothesis parent[n]. */
+static void reorder_cache(DecodeState *d, const int *parent, int t) {
+    size_t row = (size_t)d->max_len * d->C, used = (size_t)(t + 1) * d->C;
+    float *tmp = xmalloc((size_t)d->N * used * sizeof(float));
+    for (int pass = 0; pass < d->tensors; pass++) {
+        float *base = pass == 0 ? d->keys : d->values;
+        for (int l = 0; l < d->L; l++) {
+            float *cache = base + (size_t)l * d->N * row;
+            for (int n = 0; n < d->N; n++) memcpy(tmp + (size_t)n * used, cache + (size_t)parent[n] * row, used * 4);
+            for (int n = 0; n < d->N; n++) memcpy(cache + (size_t)n * row, tmp + (size_t)n * used, used * 4);
+        }
+    }
+    free(tmp);
+}
+
+typedef struct {
+    double score;
+    int beam, token;
+} Cand;
+
+static int by_score(const void *a, const void *b) {
+    const Cand *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    if (x->beam != y->beam) return x->beam - y->beam;
+    return x->token - y->token;
+}
+
+void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, int max_len, int bos, int eos,
+                int *out, int *lens) {
+    const S2SConfig *c = &m->cfg;
+    if (!c->decoder) FATAL("s2s_decode: the model has no decoder");
+    if (beam < 1 || max_len < 1 || max_len > c->Tmax) FATAL("s2s_decode: beam %d, max_len %d (longest %d)", beam,
+                                                             max_len, c->Tmax);
+    int C = c->C, K = beam, N = B * K, V = c->Vt;
+    /* encoder once */
+    layout(m, B, S, 1);
+    m->fwd_B = B, m->fwd_S = S, m->fwd_T = 1, m->fwd_training = 0, m->dropout_seed_base = 0;
+    size_t BS = (size_t)B * S;
+    unsigned char *mask = xmalloc(BS);
+    dev_upload(m->src, src, BS * sizeof(int));
+    pad_mask(mask, src, BS, c->pad);
+    dev_upload(m->src_pad, mask, BS);
+    const float *mem = encode(m, B, S, 0);
+    DecodeState d = {.N = N, .L = c->L_dec, .C = C, .max_len = max_len, .tensors = attn_cache_tensors(c->variant)};
+    size_t cache = (size_t)c->L_dec * N * max_len * C;
+    d.keys = dev_alloc(cache * sizeof(float));
+    d.values = d.tensors == 2 ? dev_alloc(cache * sizeof(float)) : d.keys;
+    d.xkv = xmalloc((size_t)c->L_dec * sizeof(float *));
+    float *xkv = dev_alloc(BS * 2 * C * sizeof(float));
+    for (int l = 0; l < c->L_dec; l++) { /* source keys and values, one copy per beam row */
+        linear_forward(xkv, mem, m->params + m->dec[l].xkvw, m->params + m->dec[l].xkvb, (int)BS, C, 2 * C);
+        d.xkv[l] = dev_alloc((size_t)N * S * 2 * C * sizeof(float));
+        for (int n = 0; n < N; n++)
+            memcpy(d.xkv[l] + (size_t)n * S * 2 * C, xkv + (size_t)(n / K) * S * 2 * C, (size_t)S * 2 * C * 4);
+    }
+    dev_free(xkv);
+    d.src_pad = dev_alloc((size_t)N * S);
+    for (int n = 0; n < N; n++) memcpy(d.src_pad + (size_t)n * S, mask + (size_t)(n / K) * S, (size_t)S);
+    free(mask);
+    size_t nc = (size_t)N * C, nm = (size_t)N * c->mlp;
+    d.x = dev_alloc(nc * 4), d.ln = dev_alloc(nc * 4), d.proj = dev_alloc(nc * attn_num_proj(c->variant) * 4);
+    d.att = dev_alloc(nc * 4), d.branch = dev_alloc(nc * 4), d.xq = dev_alloc(nc * 4), d.xatt = dev_alloc(nc * 4);
+    d.xlse = dev_alloc((size_t)N * c->H * 4), d.fc = dev_alloc(nm * 4), d.fc_act = dev_alloc(nm * 4);
+    d.logits = dev_alloc((size_t)N * V * 4);
+
+    /* hypotheses: tokens so far per row, log-probabilities, and the best finished one per sentence */
+    int *tokens = xmalloc((size_t)N * sizeof(int)), *hist = xmalloc((size_t)N * max_len * sizeof(int));
+    int *hist2 = xmalloc((size_t)N * max_len * sizeof(int)), *parent = xmalloc((size_t)N * sizeof(int));
+    double *score = xmalloc((size_t)N * sizeof(double)), *nscore = xmalloc((size_t)N * sizeof(double));
+    double *best = xmalloc((size_t)B * sizeof(double));
+    int *done = xcalloc((size_t)B, sizeof(int));
+    float *logits = xmalloc((size_t)N * V * sizeof(float));
+    Cand *cand = xmalloc((size_t)K * V * sizeof(Cand));
+    for (int n = 0; n < N; n++) tokens[n] = bos, score[n] = n % K == 0 ? 0.0 : -INFINITY;
+    for (int b = 0; b < B; b++) {
+        best[b] = -INFINITY;
+        lens[b] = 0;
+    }
+    for (int t = 0; t < max_len; t++) {
+        dev_download(logits, decode_step(m, &d, tokens, t, S), (size_t)N * V * sizeof(float));
+        int all_done = 1;
+        for (int b = 0; b < B; b++) {
+            if (done[b]) { /* keep the rows busy with something harmless */
+                for (int k = 0; k < K; k++) parent[b * K + k] = b * K + k, nscore[b * K + k] = -INFINITY;
+                continue;
+            }
+            int nc2 = 0;
+            for (int k = 0; k < K; k++) {
+                int n = b * K + k;
+                if (score[n] == -INFINITY) continue;
+                const float *lg = logits + (size_t)n * V;
+                float mx = lg[0];
+                for (int v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+                double z = 0.0;
+                for (int v = 0; v < V; v++) z += exp((double)(lg[v] - mx));
+                double lse = mx + log(z);
+                for (int v = 0; v < V; v++) cand[nc2++] = (Cand){score[n] + lg[v] - lse, k, v};
+            }
+            /* the K best continuations; one that ends the sentence is a finished hypothesis */
+            int keep = nc2 < 2 * K ? nc2 : 2 * K;
+            for (int i = 0; i < keep; i++) { /* partial selection sort: K is small */
+                int bi = i;
+                for (int j = i + 1; j < nc2; j++)
+                    if (by_score(&cand[j], &cand[bi]) < 0) bi = j;
+                Cand tmp = cand[i];
+                cand[i] = cand[bi];
+                cand[bi] = tmp;
+            }
+            int alive = 0;
+            for (int i = 0; i < keep && alive < K; i++) {
+                int from = b * K + cand[i].beam;
+                if (cand[i].token == eos || t == max_len - 1) {
+                    int len = cand[i].token == eos ? t : t + 1; /* tokens before <eos> */
+                    double norm = cand[i].score / pow((double)(len > 0 ? len : 1), alpha);
+                    if (norm > best[b]) {
+                        best[b] = norm;
+                        lens[b] = len;
+                        memcpy(out + (size_t)b * max_len, hist + (size_t)from * max_len, (size_t)t * sizeof(int));
+                        if (cand[i].token != eos) out[(size_t)b * max_len + t] = cand[i].token;
+                        if (len < max_len) out[(size_t)b * max_len + len] = eos;
+                    }
+                    if (K == 1) break; /* greedy: the first choice is final */
+                    continue;
+                }
+                int n = b * K + alive++;
+                parent[n] = from;
+                nscore[n] = cand[i].score;
+                hist2[(size_t)n * max_len + t] = cand[i].token;
+                memcpy(hist2 + (size_t)n * max_len, hist + (size_t)from * max_len, (size_t)t * sizeof(int));
+                tokens[n] = cand[i].token;
+            }
+            for (int k = alive; k < K; k++) parent[b * K + k] = b * K, nscore[b * K + k] = -INFINITY;
+            /* done when no live hypothesis can still beat the best finished one: log-probabilities
+             * only fall, so top / max_len^alpha bounds any continuation's normalised score */
+            double top = -INFINITY;
+            for (int k = 0; k < alive; k++) top = nscore[b * K + k] > top ? nscore[b * K + k] : top;
+            done[b] = alive == 0 || (best[b] > -INFINITY && (K == 1 || top / pow(max_len, alpha) <= best[b]));
+            if (!done[b]) all_done = 0;
+        }
+        if (all_done || t == max_len - 1) break;
+        reorder_cache(&d, parent, t);
+        memcpy(score, nscore, (size_t)N * sizeof(double));
+        memcpy(hist, hist2, (size_t)N * max_len * sizeof(int));
+    }
+    free(tokens), free(hist), free(hist2), free(parent), free(score), free(nscore), free(best), free(done);
+    free(logits), free(cand);
+    for (int l = 0; l < c->L_dec; l++) dev_free(d.xkv[l]);
+    free(d.xkv);
+    if (d.values != d.keys) dev_free(d.values);
+    dev_free(d.keys), dev_free(d.src_pad), dev_free(d.x), dev_free(d.ln), dev_free(d.proj), dev_free(d.att);
+    dev_free(d.branch), dev_free(d.xq), dev_free(d.xatt), dev_free(d.xlse), dev_free(d.fc), dev_free(d.fc_act);
+    dev_free(d.logits);
+}

@@ -1,0 +1,110 @@
+/* Sequence models of the seq2seq family.
+ *
+ * Encoder only (the paper's synthetic tasks): tokens -> input layer (a
+ * Linear on one-hot digits, or an embedding) + sinusoidal positions -> L
+ * blocks (post-LN as the paper, or pre-LN) with bidirectional attention in
+ * the configured variant -> per-token head.
+ *
+ * Encoder-decoder (translation; synthetic with the decoder option):
+ * source embedding x sqrt(d) + positions -> pre-LN encoder blocks (source
+ * padding masked) -> LayerNorm = memory; target embedding x sqrt(d) +
+ * positions -> pre-LN decoder blocks: causal self-attention in the
+ * configured variant, cross-attention to the memory (always QKV), MLP ->
+ * LayerNorm -> generator. Shared embeddings tie source, target and
+ * generator to one table over a joint vocabulary. */
+#ifndef KVLAB_SEQ2SEQ_MODEL_H
+#define KVLAB_SEQ2SEQ_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block.h"
+#include "checkpoint.h"
+
+typedef struct {
+    int decoder;        /* 1: encoder-decoder; 0: encoder only */
+    int Vs, Vt;         /* vocabularies (equal when shared); encoder only: Vt output classes */
+    int onehot;         /* encoder input Linear(Vs, C) on one-hot tokens instead of an embedding */
+    int Tmax;           /* longest sequence: positions table and +Pos basis */
+    int C, H, mlp, L_enc, L_dec;
+    int post_ln;        /* encoder blocks post-LN (no final encoder LayerNorm then) */
+    int gelu;           /* MLP activation; 0 = ReLU */
+    int mlp_dropout;    /* dropout inside the MLP as well */
+    int scale_emb;      /* embeddings times sqrt(C) */
+    int shared_emb;
+    int head_mlp;       /* encoder only: Linear(C,C), LayerNorm, ReLU, dropout, Linear(C,V) */
+    int pad;            /* padding id (masked as key, ignored as target); -1 = none */
+    float dropout, label_smoothing;
+    int variant, pos, pos_m, pos_groups;
+} S2SConfig;
+
+char *s2s_config_json(const S2SConfig *c);
+
+typedef struct {
+    float *x0;                      /* (B,S,C) encoder input after positions and dropout */
+    BlockActs *enc;                 /* per encoder layer */
+    float *mem, *mem_mean, *mem_rstd; /* encoder output (after the final LayerNorm when there is one) */
+    float *hfc, *hln, *hln_mean, *hln_rstd, *hact; /* encoder-only head */
+    float *y0;                      /* (B,T,C) decoder input */
+    DecBlockActs *dec;
+    float *yout, *yout_mean, *yout_rstd; /* decoder output after its LayerNorm */
+    float *logits, *losses, *ce_lse;
+    float *onehot;                  /* (B*S, Vs) one-hot input */
+    float *dres, *dmem, *dtmp, *dtmp2, *dtmp3;
+    BlockScratch scratch;
+    DecBlockScratch dscratch;
+} S2SActs;
+
+typedef struct {
+    S2SConfig cfg;
+    ParamTable table;
+    float *params, *grads, *m, *v;
+    size_t inw, inb, src_emb, tgt_emb, enc_lnfw, enc_lnfb, dec_lnfw, dec_lnfb, genw, genb;
+    size_t hfcw, hfcb, hlnw, hlnb, houtw, houtb;
+    BlockParams *enc;
+    DecBlockParams *dec;
+    float *pe;                      /* (Tmax, C) sinusoidal positions */
+    float *pos_feat;                /* +Pos basis */
+    S2SActs acts;
+    float *act_memory;
+    size_t act_capacity;
+    size_t src_capacity, tgt_capacity; /* token slots behind src/src_pad and tgt_*; grown with the arena */
+    int *src, *tgt_in, *tgt_out;    /* device copies of the batch */
+    unsigned char *src_pad, *tgt_pad;
+    int fwd_B, fwd_S, fwd_T, fwd_training, counted;
+    uint64_t dropout_seed_base;
+    double loss;
+    /* analysis (mechint): hooks on every self-attention block (encoder
+     * layers 0..L_enc-1, then decoder layers), and a backward that starts
+     * from d(loss)/d(logits) the caller wrote into acts.logits */
+    const BlockHook *hook;
+    int external_dlogits;
+} S2S;
+
+void s2s_init(S2S *m, const S2SConfig *cfg, uint64_t seed);
+void s2s_free(S2S *m);
+size_t s2s_num_params(const S2SConfig *c);
+size_t s2s_matmul_params(const S2SConfig *c);
+
+/* Encoder only: src (B, S) tokens, targets (B, S) labels (pad ignored).
+ * Encoder-decoder: src (B, S), tgt_in (B, T) decoder inputs (<bos> y...),
+ * tgt_out (B, T) the next tokens. Returns the mean loss over counted targets. */
+double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B, int training,
+                   uint64_t dropout_seed);
+/* Targets of the last forward the model ranked first (argmax), of m->counted. */
+int s2s_correct(S2S *m);
+void s2s_zero_grad(S2S *m);
+void s2s_backward(S2S *m, float loss_scale);
+void s2s_adamw(S2S *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+
+/* ---- decoding (encoder-decoder) -------------------------------------------
+ * Greedy or beam search with caches: the encoder runs once, each decoder
+ * layer caches its self-attention rows (one tensor for K and KV tying) and
+ * the cross-attention keys and values of the source. out (B, max_len) gets
+ * token ids ending with <eos> or cut at max_len; lens the lengths without
+ * <eos>. Beam search ranks finished hypotheses by log-probability divided by
+ * length^alpha; width 1 is greedy decoding exactly. */
+void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, int max_len, int bos, int eos,
+                int *out, int *lens);
+
+#endif

@@ -1,0 +1,728 @@
+/* train_seq2seq: the seq2seq family for the configured task and variant.
+ *
+ *   train_seq2seq train --out DIR --step NAME    train (resuming from DIR's checkpoint of the step)
+ *   train_seq2seq translate --ckpt FILE [--beam K] [--n N]   translate the first N test sentences
+ *   train_seq2seq info
+ *
+ * Synthetic tasks: every task of CONFIG_SEQ2SEQ_TASKS runs with every seed
+ * of CONFIG_SEQ2SEQ_SEEDS, one job after the other; each job generates its
+ * data from its seed, trains, validates at every epoch end and reports the
+ * per-token test accuracy of its final model. Translation: one job on
+ * Multi30k, validation loss and greedy BLEU every epoch, test BLEU with
+ * beam search (and greedy) at the end, sample translations in the log. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "bleu.h"
+#include "buildinfo.h"
+#include "checkpoint.h"
+#include "common.h"
+#include "data.h"
+#include "kernels.h"
+#include "metrics.h"
+#include "model.h"
+#include "rng.h"
+#include "schedule.h"
+#include "trainer.h"
+
+#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
+
+/* Symbols of the other task or architecture are absent from autoconf.h;
+ * these give them a value so both branches compile (the unused one folds away). */
+#if IS_ENABLED(CONFIG_SEQ2SEQ_TASK_SYNTHETIC)
+#define IF_SYNTH_TASKS CONFIG_SEQ2SEQ_TASKS
+#define IF_SYNTH_SEEDS CONFIG_SEQ2SEQ_SEEDS
+#define IF_SYNTH_LEN CONFIG_SEQ2SEQ_SEQ_LEN
+#define IF_SYNTH_TRAIN CONFIG_SEQ2SEQ_TRAIN_SEQS
+#define IF_SYNTH_VAL CONFIG_SEQ2SEQ_VAL_SEQS
+#define IF_SYNTH_TEST CONFIG_SEQ2SEQ_TEST_SEQS
+#define IF_MIN_FREQ 1
+#define IF_MAX_LEN 0
+#define IF_BEAM 1
+#define IF_BEAM_ALPHA "0"
+#define IF_LABEL_SMOOTHING "0"
+#define IF_DE_EN 0
+#else
+#define IF_SYNTH_TASKS ""
+#define IF_SYNTH_SEEDS ""
+#define IF_SYNTH_LEN 0
+#define IF_SYNTH_TRAIN 0
+#define IF_SYNTH_VAL 0
+#define IF_SYNTH_TEST 0
+#define IF_MIN_FREQ CONFIG_SEQ2SEQ_MIN_FREQ
+#define IF_MAX_LEN CONFIG_SEQ2SEQ_MAX_LEN
+#define IF_BEAM CONFIG_SEQ2SEQ_BEAM
+#define IF_BEAM_ALPHA CONFIG_SEQ2SEQ_BEAM_ALPHA
+#define IF_LABEL_SMOOTHING CONFIG_SEQ2SEQ_LABEL_SMOOTHING
+#define IF_DE_EN IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN)
+_Static_assert(IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) + IS_ENABLED(CONFIG_SEQ2SEQ_EN_DE) == 1, "direction is a choice");
+#endif
+#if IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER)
+#define IF_DEC_LAYERS CONFIG_SEQ2SEQ_DEC_LAYERS
+#define IF_SHARED_EMB IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB)
+#define IF_POST_LN 0
+#define IF_ONEHOT 0
+#else
+#define IF_DEC_LAYERS 0
+#define IF_SHARED_EMB 0
+#define IF_POST_LN IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN)
+#define IF_ONEHOT IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT)
+#endif
+
+typedef struct {
+    int B, epochs, max_time, warmup, log_interval, ckpt_interval;
+    double lr, beta2, eps, clip;
+    uint64_t seed;
+} Hyper;
+
+static Hyper hyper_from_kconfig(void) {
+    Hyper h = {
+        .B = CONFIG_SEQ2SEQ_BATCH_SIZE,
+        .epochs = CONFIG_SEQ2SEQ_EPOCHS,
+        .max_time = CONFIG_SEQ2SEQ_MAX_TIME,
+        .warmup = CONFIG_SEQ2SEQ_WARMUP_ITERS,
+        .log_interval = CONFIG_SEQ2SEQ_LOG_INTERVAL,
+        .ckpt_interval = CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL,
+        .lr = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_LR, 0.0, 100.0),
+        .beta2 = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_BETA2, 0.0, 0.999999),
+        .eps = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_ADAM_EPS, 1e-30, 1.0),
+        .clip = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_GRAD_CLIP, 0.0, 1e9),
+        .seed = CONFIG_SEED,
+    };
+    return h;
+}
+
+_Static_assert(IS_ENABLED(CONFIG_SEQ2SEQ_SCHED_NOAM) + IS_ENABLED(CONFIG_SEQ2SEQ_SCHED_COSINE) == 1,
+               "the seq2seq schedule is a Kconfig choice");
+
+static double learning_rate(const Hyper *h, int local, int total, int C) {
+    if (IS_ENABLED(CONFIG_SEQ2SEQ_SCHED_NOAM)) return lr_noam(local + 1, C, h->warmup, h->lr);
+    return lr_cosine_ref(local, h->warmup, total, h->lr);
+}
+
+/* The job list of the synthetic tasks: (task, seed) pairs. */
+typedef struct {
+    int task;
+    uint64_t seed;
+} Job;
+
+typedef struct {
+    TrainRun run;
+    S2S model;
+    S2SConfig cfg;
+    Hyper h;
+    Job jobs[64];
+    int njobs, iters_per_job, steps_per_epoch;
+    SynthData sd;
+    int sd_job;       /* job whose data sd holds */
+    TransData td;
+    int *order, *starts, nbatches, order_epoch;
+    int *src, *tgt_in, *tgt_out;
+    int *perm;        /* synthetic: training order of the current epoch */
+    long perm_key;    /* job * 1e6 + epoch of perm */
+    double epoch_loss, epoch_correct, epoch_count; /* running sums of the epoch (state file) */
+} Run;
+
+static const char *const TRAIN_SERIES[] = {"train_losses", "train_accuracies", "learning_rates", "timestamps",
+                                           "tokens", "tokens_per_s", "ms_per_iter", "grad_norms", "jobs"};
+static const char *const VAL_SERIES[] = {"val_losses", "val_accuracies", "val_timestamps", "val_tokens",
+                                         "val_bleus", "val_jobs", "train_epoch_losses", "train_epoch_accuracies"};
+
+/* ------------------------------------------------------------------ configuration */
+
+static int parse_jobs(Run *r) {
+    char *tasks = xstrdup(TRANSLATION ? "translation" : IF_SYNTH_TASKS), *save = NULL;
+    r->njobs = 0;
+    if (TRANSLATION) {
+        r->jobs[r->njobs++] = (Job){-1, r->h.seed};
+        free(tasks);
+        return 0;
+    }
+    for (char *t = strtok_r(tasks, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+        int task = task_from_name(t);
+        if (task < 0)
+            FATAL("CONFIG_SEQ2SEQ_TASKS: unknown task '%s' (hint: reverse, sort, swap, sub and copy)", t);
+        char *seeds = xstrdup(IF_SYNTH_SEEDS), *save2 = NULL;
+        for (char *s = strtok_r(seeds, ", ", &save2); s; s = strtok_r(NULL, ", ", &save2)) {
+            char *end;
+            unsigned long long v = strtoull(s, &end, 10);
+            if (*end || end == s) FATAL("CONFIG_SEQ2SEQ_SEEDS: '%s' is not a seed (hint: write seeds like 1,2)", s);
+            if (r->njobs == 64) FATAL("CONFIG_SEQ2SEQ_TASKS x CONFIG_SEQ2SEQ_SEEDS: more than 64 jobs");
+            r->jobs[r->njobs++] = (Job){task, v};
+        }
+        free(seeds);
+    }
+    free(tasks);
+    if (r->njobs == 0) FATAL("CONFIG_SEQ2SEQ_TASKS or CONFIG_SEQ2SEQ_SEEDS is empty");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ synthetic */
+
+static void job_data(Run *r, int job) {
+    if (r->sd_job == job) return;
+    synth_free(&r->sd);
+    synth_load(&r->sd, (SynthTask)r->jobs[job].task, IF_SYNTH_LEN, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST,
+               r->jobs[job].seed);
+    r->sd_job = job;
+}
+
+/* Loss and per-token accuracy over n sequences (no dropout). */
+static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc) {
+    int B = r->h.B, T = r->sd.T;
+    double loss = 0.0;
+    long correct = 0, counted = 0;
+    int *tin = xmalloc((size_t)B * (T + 1) * sizeof(int)), *tout = xmalloc((size_t)B * (T + 1) * sizeof(int));
+    for (int s = 0; s < n; s += B) {
+        int b = n - s < B ? n - s : B;
+        const int *xs = x + (size_t)s * T, *ys = y + (size_t)s * T;
+        double l;
+        if (r->cfg.decoder) { /* teacher-forced: <bos>=10, y */
+            for (int i = 0; i < b; i++)
+                for (int t = 0; t < T; t++) {
+                    tin[(size_t)i * T + t] = t == 0 ? 10 : ys[(size_t)i * T + t - 1];
+                    tout[(size_t)i * T + t] = ys[(size_t)i * T + t];
+                }
+            l = s2s_forward(&r->model, xs, T, tin, tout, T, b, 0, 0);
+        } else {
+            l = s2s_forward(&r->model, xs, T, NULL, ys, T, b, 0, 0);
+        }
+        loss += l * r->model.counted;
+        counted += r->model.counted;
+        correct += s2s_correct(&r->model);
+    }
+    free(tin);
+    free(tout);
+    *acc = counted ? (double)correct / counted : 0.0;
+    return counted ? loss / counted : NAN;
+}
+
+/* ------------------------------------------------------------------ translation */
+
+/* Corpus BLEU of the model's translations of sentences [0, n) of corpus
+ * against the raw reference lines; beam 1 = greedy. Hypotheses are
+ * detokenised first, so BLEU sees text, as it would from any system.
+ * Prints the first `show` translations. */
+static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int n, int beam, int show) {
+    const Vocab *tv = &r->td.tgt_vocab, *sv = &r->td.src_vocab;
+    int B = 50, maxl = IF_MAX_LEN;
+    double alpha = KCONFIG_NUMBER(IF_BEAM_ALPHA, 0.0, 10.0);
+    BleuStats st = {0};
+    int *idx = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) idx[i] = i;
+    int longest = 1;
+    for (int i = 0; i < n; i++) longest = c->src_len[i] > longest ? c->src_len[i] : longest;
+    size_t cap = (size_t)B * (longest + maxl + 2);
+    int *src = xmalloc(cap * sizeof(int)), *out = xmalloc((size_t)B * maxl * sizeof(int));
+    int *lens = xmalloc((size_t)B * sizeof(int)), *tin = xmalloc(cap * sizeof(int)), *tout = xmalloc(cap * sizeof(int));
+    for (int s = 0; s < n; s += B) {
+        int b = n - s < B ? n - s : B, S, T;
+        trans_batch(c, idx + s, b, src, tin, tout, &S, &T);
+        int limit = S + 20 < maxl ? S + 20 : maxl;
+        s2s_decode(&r->model, src, S, b, beam, alpha, limit, TOK_BOS, TOK_EOS, out, lens);
+        for (int i = 0; i < b; i++) {
+            Strs words = {0};
+            ids_to_words(tv, out + (size_t)i * limit, lens[i], &words);
+            char *hyp = detokenize(&words);
+            bleu_add_text(&st, hyp, ref_lines->s[s + i]);
+            if (s + i < show) {
+                Strs sw = {0};
+                ids_to_words(sv, c->src[s + i], c->src_len[s + i], &sw);
+                char *src_text = detokenize(&sw);
+                printf("  src: %s\n  ref: %s\n  hyp: %s\n", src_text, ref_lines->s[s + i], hyp);
+                free(src_text);
+                strs_free(&sw);
+            }
+            free(hyp);
+            strs_free(&words);
+        }
+    }
+    fflush(stdout);
+    free(idx), free(src), free(out), free(lens), free(tin), free(tout);
+    return bleu_score(&st);
+}
+
+static double trans_eval(Run *r, const Corpus *c, double *acc) {
+    int B = r->h.B;
+    double loss = 0.0;
+    long correct = 0, counted = 0;
+    int *idx = xmalloc((size_t)c->n * sizeof(int));
+    for (int i = 0; i < c->n; i++) idx[i] = i;
+    for (int s = 0; s < c->n; s += B) {
+        int b = c->n - s < B ? c->n - s : B, S, T;
+        trans_batch(c, idx + s, b, r->src, r->tgt_in, r->tgt_out, &S, &T);
+        double l = s2s_forward(&r->model, r->src, S, r->tgt_in, r->tgt_out, T, b, 0, 0);
+        loss += l * r->model.counted;
+        counted += r->model.counted;
+        correct += s2s_correct(&r->model);
+    }
+    free(idx);
+    *acc = counted ? (double)correct / counted : 0.0;
+    return counted ? loss / counted : NAN;
+}
+
+/* ------------------------------------------------------------------ training */
+
+static void banner(const Run *r) {
+    const S2SConfig *c = &r->cfg;
+    printf("kvlab seq2seq | step %s | attention %s (cross-attention QKV) | %s\n", r->run.step,
+           attn_variant_label(ATTN_VARIANT, ATTN_POS), backend_name());
+    if (TRANSLATION)
+        printf("data: multi30k %s->%s: %d training pairs (%d longer than %d tokens dropped), vocab %d / %d\n",
+               r->td.src_lang, r->td.tgt_lang, r->td.train.n, r->td.dropped, IF_MAX_LEN,
+               r->td.src_vocab.words.n, r->td.tgt_vocab.words.n);
+    else
+        printf("data: %d synthetic jobs (tasks x seeds), %d train / %d val / %d test sequences of %d digits each\n",
+               r->njobs, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, IF_SYNTH_LEN);
+    printf("model: %s, %d channels, %d heads, %d+%d layers, mlp %d, %s-LN | %zu parameters\n",
+           c->decoder ? "encoder-decoder" : "encoder only", c->C, c->H, c->L_enc, c->decoder ? c->L_dec : 0, c->mlp,
+           c->post_ln ? "post" : "pre", r->model.table.total);
+    printf("train: %d epochs x %d steps of %d sequences%s, seed %llu, %d threads\n", r->h.epochs, r->steps_per_epoch,
+           r->h.B, r->njobs > 1 ? " per job" : "", (unsigned long long)r->h.seed, backend_threads());
+    fflush(stdout);
+}
+
+/* A fresh model for a job (its own seed), moments zero. */
+static void start_job(Run *r, int job) {
+    S2S *m = &r->model;
+    S2S fresh;
+    s2s_init(&fresh, &r->cfg, r->jobs[job].seed);
+    memcpy(m->params, fresh.params, m->table.total * sizeof(float));
+    s2s_free(&fresh);
+    dev_zero(m->m, m->table.total * sizeof(float));
+    dev_zero(m->v, m->table.total * sizeof(float));
+    r->run.best_val = INFINITY;
+    r->run.best_iter = -1;
+}
+
+static void end_of_epoch(Run *r, int job) {
+    TrainRun *t = &r->run;
+    double t0 = wall_seconds(), acc, val, bleu = NAN;
+    if (TRANSLATION) {
+        val = trans_eval(r, &r->td.val, &acc);
+        bleu = translate_bleu(r, &r->td.val, &r->td.val_lines, r->td.val.n, 1, 0);
+        if (val < t->best_val) {
+            t->best_val = val;
+            t->best_iter = t->iter;
+            run_save_model(t, t->best_path, val);
+        }
+    } else {
+        val = synth_eval(r, r->sd.val_x, r->sd.val_y, r->sd.nval, &acc);
+        if (val < t->best_val) t->best_val = val, t->best_iter = t->iter;
+    }
+    t->last_val = val;
+    t->last_eval_iter = t->iter;
+    t->elapsed += wall_seconds() - t0;
+    double tl = r->epoch_count > 0 ? r->epoch_loss / r->epoch_count : NAN;
+    double ta = r->epoch_count > 0 ? r->epoch_correct / r->epoch_count : NAN;
+    metrics_append(t->metrics, "val_iterations", t->iter);
+    metrics_append(t->metrics, "val_losses", val);
+    metrics_append(t->metrics, "val_accuracies", acc);
+    metrics_append(t->metrics, "val_timestamps", t->elapsed);
+    metrics_append(t->metrics, "val_tokens", t->examples);
+    metrics_append(t->metrics, "val_bleus", bleu);
+    metrics_append(t->metrics, "val_jobs", job);
+    metrics_append(t->metrics, "train_epoch_losses", tl);
+    metrics_append(t->metrics, "train_epoch_accuracies", ta);
+    run_write_metrics(t);
+    if (TRANSLATION)
+        printf("epoch %3d | train loss %.4f acc %.4f | val loss %.4f acc %.4f BLEU %.2f (greedy)\n",
+               (t->iter - 1) / r->steps_per_epoch + 1, tl, ta, val, acc, bleu);
+    else
+        printf("%-7s seed %llu epoch %2d | train loss %.4f acc %.4f | val loss %.4f acc %.4f\n",
+               task_name((SynthTask)r->jobs[job].task), (unsigned long long)r->jobs[job].seed,
+               ((t->iter - 1) % r->iters_per_job) / r->steps_per_epoch + 1, tl, ta, val, acc);
+    fflush(stdout);
+    r->epoch_loss = r->epoch_correct = r->epoch_count = 0.0;
+}
+
+/* Records a finished synthetic job: its final model's test accuracy. */
+static void end_of_job(Run *r, int job) {
+    TrainRun *t = &r->run;
+    double acc, loss = synth_eval(r, r->sd.test_x, r->sd.test_y, r->sd.ntest, &acc);
+    char key[128], path[4096];
+    snprintf(key, sizeof key, "job_%s_seed%llu_test_accuracy", task_name((SynthTask)r->jobs[job].task),
+             (unsigned long long)r->jobs[job].seed);
+    metrics_set_number(t->metrics, key, acc);
+    snprintf(key, sizeof key, "job_%s_seed%llu_test_loss", task_name((SynthTask)r->jobs[job].task),
+             (unsigned long long)r->jobs[job].seed);
+    metrics_set_number(t->metrics, key, loss);
+    snprintf(path, sizeof path, "%s/final_model_step%s-%s-seed%llu.safetensors", t->out, t->step,
+             task_name((SynthTask)r->jobs[job].task), (unsigned long long)r->jobs[job].seed);
+    run_save_model(t, path, t->last_val);
+    run_write_metrics(t);
+    printf("%-7s seed %llu: test token accuracy %.4f (loss %.4f) -> %s\n", task_name((SynthTask)r->jobs[job].task),
+           (unsigned long long)r->jobs[job].seed, acc, loss, path);
+    fflush(stdout);
+}
+
+/* Per-task means over the seeds and the overall mean, from the metrics. */
+static void synth_summary(Run *r) {
+    double total = 0.0;
+    int ntasks = 0;
+    char json[4096];
+    size_t len = (size_t)snprintf(json, sizeof json, "{");
+    for (int task = 0; task < NUM_TASKS; task++) {
+        double sum = 0.0;
+        int n = 0;
+        for (int j = 0; j < r->njobs; j++) {
+            if (r->jobs[j].task != task) continue;
+            char key[128];
+            snprintf(key, sizeof key, "job_%s_seed%llu_test_accuracy", task_name((SynthTask)task),
+                     (unsigned long long)r->jobs[j].seed);
+            sum += metrics_get_number(r->run.metrics, key);
+            n++;
+        }
+        if (!n) continue;
+        len += (size_t)snprintf(json + len, sizeof json - len, "%s\"%s\":%.6f", ntasks ? "," : "",
+                                task_name((SynthTask)task), sum / n);
+        total += sum / n;
+        ntasks++;
+        printf("task %-7s: mean test token accuracy %.4f over %d seed(s)\n", task_name((SynthTask)task), sum / n, n);
+    }
+    snprintf(json + len, sizeof json - len, "}");
+    metrics_set_json(r->run.metrics, "synthetic_test_accuracy", json);
+    metrics_set_number(r->run.metrics, "test_accuracy", ntasks ? total / ntasks : NAN);
+}
+
+static int train(Run *r) {
+    const Hyper *h = &r->h;
+    TrainRun *t = &r->run;
+    S2S *m = &r->model;
+    int total = r->njobs * r->iters_per_job;
+    double interval_t = 0.0, interval_tok = 0.0;
+    int interval_n = 0;
+    const char *stopped_by = "epochs";
+    double job_start_seconds = 0.0;
+    run_catch_signals();
+    while (t->iter < total) {
+        int job = t->iter / r->iters_per_job, local = t->iter % r->iters_per_job;
+        int epoch = local / r->steps_per_epoch, pos = local % r->steps_per_epoch;
+        if (local == 0) {
+            start_job(r, job);
+            job_start_seconds = t->train_seconds;
+        }
+        if (h->max_time > 0 && t->train_seconds - job_start_seconds >= h->max_time) { /* skip the job's rest */
+            stopped_by = "max_time";
+            t->iter = (job + 1) * r->iters_per_job;
+            if (!TRANSLATION) {
+                end_of_epoch(r, job);
+                end_of_job(r, job);
+            }
+            continue;
+        }
+        double t0 = wall_seconds();
+        int B, S, T;
+        if (TRANSLATION) {
+            if (r->order_epoch != epoch) {
+                r->nbatches = trans_epoch_batches(&r->td, h->B, h->seed, epoch, r->order, r->starts);
+                r->order_epoch = epoch;
+            }
+            B = r->starts[pos + 1] - r->starts[pos];
+            trans_batch(&r->td.train, r->order + r->starts[pos], B, r->src, r->tgt_in, r->tgt_out, &S, &T);
+        } else {
+            job_data(r, job);
+            B = h->B, S = T = r->sd.T;
+            if (r->perm_key != (long)job * 1000000 + epoch) { /* this epoch's shuffle, from (job seed, epoch) */
+                Rng rng = rng_seeded(r->jobs[job].seed, 3000 + (uint64_t)epoch);
+                for (int i = 0; i < r->sd.ntrain; i++) r->perm[i] = i;
+                for (int i = r->sd.ntrain - 1; i > 0; i--) {
+                    int j = (int)(rng_u64(&rng) % (uint64_t)(i + 1)), tmp = r->perm[i];
+                    r->perm[i] = r->perm[j];
+                    r->perm[j] = tmp;
+                }
+                r->perm_key = (long)job * 1000000 + epoch;
+            }
+            for (int b = 0; b < B; b++) { /* batch pos of the permutation; the last partial batch is dropped */
+                size_t i = (size_t)r->perm[(size_t)pos * B + b];
+                memcpy(r->src + (size_t)b * S, r->sd.train_x + i * S, (size_t)S * sizeof(int));
+                memcpy(r->tgt_out + (size_t)b * S, r->sd.train_y + i * S, (size_t)S * sizeof(int));
+                for (int j = 0; j < S; j++) /* decoder input: <bos> = 10, then the labels shifted right */
+                    r->tgt_in[(size_t)b * S + j] = j == 0 ? 10 : r->sd.train_y[i * S + j - 1];
+            }
+        }
+        double lr = learning_rate(h, local, r->iters_per_job, r->cfg.C);
+        s2s_zero_grad(m);
+        double loss = s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, B, 1,
+                                  dropout_seed(h->seed, (uint64_t)t->iter, 0));
+        int correct = s2s_correct(m), counted = m->counted;
+        if (!isfinite(loss)) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            run_fail(t, "failed", msg);
+            fprintf(stderr, "error: %s (hint: lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP)\n", msg);
+            return 1;
+        }
+        s2s_backward(m, 1.0f);
+        double norm = h->clip > 0 ? clip_grad_norm(m->grads, m->table.total, h->clip)
+                                  : grad_norm(m->grads, m->table.total);
+        s2s_adamw(m, (float)lr, 0.9f, (float)h->beta2, (float)h->eps, 0.0f, local + 1);
+        t->iter++;
+        double dt = wall_seconds() - t0;
+        t->train_seconds += dt;
+        t->elapsed += dt;
+        t->examples += counted;
+        r->epoch_loss += loss * counted;
+        r->epoch_correct += correct;
+        r->epoch_count += counted;
+        interval_t += dt;
+        interval_tok += counted;
+        interval_n++;
+        if (t->iter % h->log_interval == 0 || local == 0) {
+            double ms = 1e3 * interval_t / interval_n, tps = interval_tok / interval_t;
+            metrics_append(t->metrics, "iterations", t->iter);
+            metrics_append(t->metrics, "train_losses", loss);
+            metrics_append(t->metrics, "train_accuracies", (double)correct / (counted ? counted : 1));
+            metrics_append(t->metrics, "learning_rates", lr);
+            metrics_append(t->metrics, "timestamps", t->elapsed);
+            metrics_append(t->metrics, "tokens", t->examples);
+            metrics_append(t->metrics, "tokens_per_s", tps);
+            metrics_append(t->metrics, "ms_per_iter", ms);
+            metrics_append(t->metrics, "grad_norms", norm);
+            metrics_append(t->metrics, "jobs", job);
+            run_write_metrics(t);
+            char eta[32];
+            format_eta(eta, sizeof eta, (total - t->iter) * ms / 1e3);
+            printf("step %7d/%d | %s | loss %.4f | acc %.3f | lr %.2e | %6.1f ms/step | %7.0f tok/s | ETA %s\n",
+                   t->iter, total, TRANSLATION ? "translate" : task_name((SynthTask)r->jobs[job].task), loss,
+                   (double)correct / (counted ? counted : 1), lr, ms, tps, eta);
+            fflush(stdout);
+            interval_t = interval_tok = 0.0;
+            interval_n = 0;
+        }
+        int epoch_end = (local + 1) % r->steps_per_epoch == 0, job_end = local + 1 == r->iters_per_job;
+        if (epoch_end) end_of_epoch(r, job);
+        if (job_end && !TRANSLATION) end_of_job(r, job);
+        if ((epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < total) {
+            run_save_state(t);
+            printf("checkpoint step %d -> %s\n", t->iter, t->state_path);
+            fflush(stdout);
+        }
+        if (run_stop_signal()) {
+            run_save_state(t);
+            char msg[256];
+            snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
+            run_fail(t, "interrupted", msg);
+            fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
+            return 128 + run_stop_signal();
+        }
+    }
+    run_save_model(t, t->final_path, t->last_val);
+    if (TRANSLATION) {
+        int beam = IF_BEAM;
+        printf("test translations (beam %d):\n", beam);
+        double bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, beam, 5);
+        double greedy = beam == 1 ? bleu : translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, 0);
+        double acc, tl = trans_eval(r, &r->td.test, &acc);
+        metrics_set_number(t->metrics, "test_bleu", bleu);
+        metrics_set_number(t->metrics, "test_bleu_greedy", greedy);
+        metrics_set_number(t->metrics, "test_loss", tl);
+        metrics_set_number(t->metrics, "test_accuracy", acc);
+        metrics_set_string(t->metrics, "test_rule", "final model; BLEU-4 on lowercased, punctuation-split words "
+                                                    "without <bos>/<eos>/<pad>");
+        printf("test: BLEU %.2f (beam %d), %.2f (greedy); loss %.4f, token accuracy %.4f\n", bleu, beam, greedy, tl,
+               acc);
+    } else {
+        synth_summary(r);
+    }
+    run_finish(t, stopped_by);
+    printf("done: %d iterations, %.0f tokens in %.1f s (%.0f tok/s) -> %s\n", t->iter, t->examples, t->train_seconds,
+           t->examples / (t->train_seconds > 0 ? t->train_seconds : 1), t->final_path);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ commands */
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: train_seq2seq train --out DIR --step NAME\n"
+            "       train_seq2seq translate --ckpt FILE [--beam K] [--n N]   (translation models)\n"
+            "       train_seq2seq info\n");
+    exit(2);
+}
+
+static void setup(Run *r) {
+    Err e;
+    r->h = hyper_from_kconfig();
+    backend_init(CONFIG_NUM_THREADS);
+    parse_jobs(r);
+    r->sd_job = -1;
+    r->order_epoch = -1;
+    r->perm_key = -1;
+    S2SConfig c = {
+        .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),
+        .C = CONFIG_SEQ2SEQ_DIM,
+        .H = CONFIG_SEQ2SEQ_HEADS,
+        .mlp = CONFIG_SEQ2SEQ_MLP,
+        .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
+        .L_dec = IF_DEC_LAYERS,
+        .post_ln = IF_POST_LN,
+        .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
+        .mlp_dropout = 1,
+        .onehot = IF_ONEHOT,
+        .shared_emb = IF_SHARED_EMB,
+        .head_mlp = !TRANSLATION,
+        .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
+        .variant = ATTN_VARIANT,
+        .pos = ATTN_POS,
+        .pos_m = ATTN_POS_DIM,
+        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
+    };
+    if (c.C % c.H != 0)
+        FATAL("CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d (hint: the head dim is channels / "
+              "heads)", c.C, c.H);
+    int longest;
+    if (TRANSLATION) {
+        if (trans_load(&r->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN,
+                       c.shared_emb, &e) != 0)
+            run_die(&e);
+        c.Vs = r->td.src_vocab.words.n;
+        c.Vt = r->td.tgt_vocab.words.n;
+        c.scale_emb = 1;
+        c.pad = TOK_PAD;
+        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
+        /* positions for the longest training pair and any validation or test sentence */
+        c.Tmax = IF_MAX_LEN + 1;
+        const Corpus *all[3] = {&r->td.train, &r->td.val, &r->td.test};
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < all[k]->n; i++) {
+                if (all[k]->src_len[i] > c.Tmax) c.Tmax = all[k]->src_len[i];
+                if (all[k]->tgt_len[i] + 1 > c.Tmax) c.Tmax = all[k]->tgt_len[i] + 1;
+            }
+        longest = c.Tmax;
+        r->steps_per_epoch = (r->td.train.n + r->h.B - 1) / r->h.B;
+        r->order = xmalloc((size_t)r->td.train.n * sizeof(int));
+        r->starts = xmalloc((size_t)(r->steps_per_epoch + 1) * sizeof(int));
+    } else {
+        c.Vs = 10;
+        c.Vt = c.decoder ? 11 : 10; /* digits, and <bos> = 10 for a decoder */
+        c.Vs = c.decoder ? 11 : 10;
+        c.pad = -1;
+        c.Tmax = IF_SYNTH_LEN;
+        longest = c.Tmax;
+        r->steps_per_epoch = IF_SYNTH_TRAIN / r->h.B;
+        r->perm = xmalloc((size_t)IF_SYNTH_TRAIN * sizeof(int));
+        if (r->steps_per_epoch < 1)
+            FATAL("CONFIG_SEQ2SEQ_BATCH_SIZE=%d is larger than CONFIG_SEQ2SEQ_TRAIN_SEQS=%d", r->h.B, IF_SYNTH_TRAIN);
+    }
+    r->cfg = c;
+    r->iters_per_job = r->h.epochs * r->steps_per_epoch;
+    s2s_init(&r->model, &c, r->h.seed);
+    size_t buf = (size_t)r->h.B * (longest + 2);
+    r->src = xmalloc(buf * sizeof(int)), r->tgt_in = xmalloc(buf * sizeof(int)), r->tgt_out = xmalloc(buf * sizeof(int));
+    TrainRun *t = &r->run;
+    t->dataset = TRANSLATION ? (IF_DE_EN ? "multi30k-de-en" : "multi30k-en-de") : "synthetic";
+    t->variant = attn_variant_id(ATTN_VARIANT, ATTN_POS);
+    t->unit = "tokens";
+    t->model_json = s2s_config_json(&c);
+    t->vocab_json = xstrdup(TRANSLATION ? "{\"type\":\"words\",\"note\":\"rebuilt from the training set\"}"
+                                        : "{\"type\":\"digits\",\"size\":10}");
+    t->table = &r->model.table;
+    t->params = r->model.params;
+    t->m = r->model.m;
+    t->v = r->model.v;
+}
+
+static void teardown(Run *r) {
+    metrics_free(r->run.metrics);
+    free(r->run.model_json), free(r->run.vocab_json);
+    free(r->src), free(r->tgt_in), free(r->tgt_out), free(r->order), free(r->starts), free(r->perm);
+    s2s_free(&r->model);
+    synth_free(&r->sd);
+    if (TRANSLATION) trans_free(&r->td);
+}
+
+static int cmd_train(int argc, char **argv) {
+    const char *out = NULL, *step = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else if (!strcmp(argv[i], "--step") && i + 1 < argc)
+            step = argv[++i];
+        else
+            usage();
+    }
+    if (!out || !step) usage();
+    Run r;
+    memset(&r, 0, sizeof r);
+    setup(&r);
+    TrainRun *t = &r.run;
+    run_init(t, "seq2seq", out, step, r.h.seed);
+    run_track(t, "epoch_loss", &r.epoch_loss);
+    run_track(t, "epoch_correct", &r.epoch_correct);
+    run_track(t, "epoch_count", &r.epoch_count);
+    int resumed = run_try_resume(t);
+    banner(&r);
+    run_open_metrics(t, resumed, TRAIN_SERIES, 9, VAL_SERIES, 8);
+    const S2SConfig *c = &r.cfg;
+    metrics_set_string(t->metrics, "variant_label", attn_variant_label(ATTN_VARIANT, ATTN_POS));
+    metrics_set_string(t->metrics, "task", TRANSLATION ? "translation" : "synthetic");
+    metrics_set_string(t->metrics, "metric", TRANSLATION ? "test_bleu" : "test_accuracy");
+    metrics_set_number(t->metrics, "matmul_parameters", (double)s2s_matmul_params(c));
+    metrics_set_number(t->metrics, "flops_per_token", 6.0 * (double)s2s_matmul_params(c));
+    metrics_set_string(t->metrics, "flops_formula", "6*N_matmul per token (attention products not counted)");
+    metrics_set_number(t->metrics, "steps_per_epoch", r.steps_per_epoch);
+    run_write_metrics(t);
+    int rc = train(&r);
+    teardown(&r);
+    return rc;
+}
+
+static int cmd_translate(int argc, char **argv) {
+    const char *ckpt = NULL;
+    int beam = IF_BEAM, n = 10;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
+            ckpt = argv[++i];
+        else if (!strcmp(argv[i], "--beam") && i + 1 < argc)
+            beam = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--n") && i + 1 < argc)
+            n = atoi(argv[++i]);
+        else
+            usage();
+    }
+    if (!ckpt || beam < 1 || n < 1) usage();
+    if (!TRANSLATION) FATAL("translate: this binary is built for the synthetic tasks (hint: use a translation step)");
+    Run r;
+    memset(&r, 0, sizeof r);
+    setup(&r);
+    Err e;
+    StFile *f = checkpoint_open(ckpt, "seq2seq", &e);
+    if (!f) run_die(&e);
+    if (checkpoint_expect(f, "variant", r.run.variant,
+                          "use the binary of the step that wrote it (output/<run>/train_seq2seq_step<STEP>)", &e) != 0 ||
+        checkpoint_expect_json(f, "model", r.run.model_json, "the checkpoint has another model shape or vocabulary",
+                               &e) != 0 ||
+        checkpoint_read(f, &r.model.table, r.model.params, NULL, NULL, &e) != 0)
+        run_die(&e);
+    st_close(f);
+    if (n > r.td.test.n) n = r.td.test.n;
+    double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, n);
+    printf("BLEU %.2f on the first %d test sentences (beam %d)\n", bleu, n, beam);
+    teardown(&r);
+    return 0;
+}
+
+static int cmd_info(void) {
+    Run r;
+    memset(&r, 0, sizeof r);
+    r.run.step = "-";
+    setup(&r);
+    banner(&r);
+    printf("config: %s\n", build_config_json());
+    teardown(&r);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) usage();
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "translate")) return cmd_translate(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "info")) return cmd_info();
+    usage();
+    return 2;
+}
