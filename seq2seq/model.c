@@ -676,7 +676,9 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
                 double z = 0.0;
                 for (int v = 0; v < V; v++) z += exp((double)(lg[v] - mx));
                 double lse = mx + log(z);
-                for (int v = 0; v < V; v++) cand[nc2++] = (Cand){score[n] + lg[v] - lse, k, v};
+                for (int v = 0; v < V; v++) /* padding and <bos> are never generated: a prefix holding them
+                                                 would mean something else to the model (padding is masked) */
+                    if (v != c->pad && v != bos) cand[nc2++] = (Cand){score[n] + lg[v] - lse, k, v};
             }
             /* the K best continuations; one that ends the sentence is a finished hypothesis */
             int keep = nc2 < 2 * K ? nc2 : 2 * K;
