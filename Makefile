@@ -112,6 +112,21 @@ test: deps
 bench: deps
 	@$(PYTHON) scripts/bench.py
 
+# ---------------------------------------------------------------- experiment tracking
+
+.PHONY: wandb-sync
+
+# Uploads the W&B runs spooled under MODELS (default: this run's output
+# folder): offline runs, and online runs whose upload stopped. Resumes where
+# an interrupted sync stopped (docs/wandb.md).
+WANDB_SYNC_BUILD := $(BUILD)/wandb-sync
+wandb-sync: deps
+	@$(KCONFIG) step $(WANDB_SYNC_BUILD) $(KCONFIG_CONFIG)
+	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(WANDB_SYNC_BUILD) WANDB_SYNC=y SANITIZE=$(SANITIZE) \
+	    $(WANDB_SYNC_BUILD)/lib/wandb_sync
+	@WANDB_BASE_URL="$${WANDB_BASE_URL:-$(call unquote,$(CONFIG_WANDB_BASE_URL))}" \
+	    $(WANDB_SYNC_BUILD)/lib/wandb_sync "$(or $(MODELS),$(OUTDIR)/$(RUN))"
+
 # ---------------------------------------------------------------- cleaning
 
 .PHONY: clean mrproper help
@@ -140,6 +155,7 @@ help:
 	@echo "  run              run only (after build)"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
 	@echo "  bench            kernel benchmark: output/bench/bench.json"
+	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"
 	@echo "  clean            remove build trees (keeps .config and output/)"
 	@echo "  mrproper         clean, and remove .config and generated headers (keeps output/)"

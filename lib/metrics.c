@@ -8,6 +8,8 @@
 struct Metrics {
     cJSON *root, *series;
     char *path;
+    MetricsValue *fresh; /* appended since the last metrics_fresh; series names owned */
+    int nfresh, capfresh, taken;
 };
 
 Metrics *metrics_open(const char *path, int resume, Err *e) {
@@ -34,8 +36,15 @@ fail:
     return NULL;
 }
 
+static void fresh_clear(Metrics *m) {
+    for (int i = 0; i < m->nfresh; i++) free((char *)m->fresh[i].series);
+    m->nfresh = 0;
+}
+
 void metrics_free(Metrics *m) {
     if (!m) return;
+    fresh_clear(m);
+    free(m->fresh);
     cJSON_Delete(m->root);
     free(m->path);
     free(m);
@@ -72,6 +81,20 @@ void metrics_append(Metrics *m, const char *series, double v) {
         cJSON_AddItemToObject(m->series, series, arr);
     }
     cJSON_AddItemToArray(arr, number(v));
+    if (m->taken) fresh_clear(m);
+    m->taken = 0;
+    if (m->nfresh == m->capfresh) {
+        m->capfresh = m->capfresh ? 2 * m->capfresh : 32;
+        m->fresh = xrealloc(m->fresh, (size_t)m->capfresh * sizeof *m->fresh);
+    }
+    m->fresh[m->nfresh++] = (MetricsValue){xstrdup(series), v};
+}
+
+int metrics_fresh(Metrics *m, const MetricsValue **values) {
+    if (m->taken) fresh_clear(m);
+    m->taken = 1;
+    *values = m->fresh;
+    return m->nfresh;
 }
 
 void metrics_truncate(Metrics *m, const char *iter_series, const char *const *series, int nseries, double last) {

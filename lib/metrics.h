@@ -22,6 +22,13 @@ void metrics_set_string(Metrics *m, const char *key, const char *v);
 /* Parses json_text and stores the value under key (e.g. the resolved config). */
 void metrics_set_json(Metrics *m, const char *key, const char *json_text);
 void metrics_append(Metrics *m, const char *series, double v);
+/* The values appended since the previous call, in order (what experiment
+ * tracking reports); valid until the next call or metrics_free. */
+typedef struct {
+    const char *series;
+    double value;
+} MetricsValue;
+int metrics_fresh(Metrics *m, const MetricsValue **values);
 /* Drops the entries recorded after iteration `last` from every series that
  * is paired with iter_series (used when a run resumes from a checkpoint). */
 void metrics_truncate(Metrics *m, const char *iter_series, const char *const *series, int nseries, double last);

@@ -10,6 +10,7 @@
 
 #include "buildinfo.h"
 #include "kernels.h"
+#include "tracking.h"
 
 void run_die(const Err *e) {
     fflush(stdout);
@@ -171,6 +172,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_string(m, "backend", backend_name());
     metrics_set_string(m, "status", "running");
     if (!resumed) metrics_set_number(m, "started_unix", unix_seconds());
+    tracking_start(r);
 }
 
 void run_write_metrics(TrainRun *r) {
@@ -189,6 +191,7 @@ void run_write_metrics(TrainRun *r) {
     metrics_set_number(m, "ms_per_iter", r->iter > 0 ? 1e3 * r->train_seconds / r->iter : 0.0);
     metrics_set_number(m, "peak_memory_mib", peak_rss_mib());
     if (metrics_write(m, &e) != 0) run_die(&e);
+    tracking_log(r);
 }
 
 void run_finish(TrainRun *r, const char *stopped_by) {
@@ -198,12 +201,14 @@ void run_finish(TrainRun *r, const char *stopped_by) {
     metrics_set_number(r->metrics, "finished_unix", unix_seconds());
     run_write_metrics(r);
     unlink(r->state_path); /* the final model and the metrics hold everything now */
+    tracking_finish(r, 0);
 }
 
 void run_fail(TrainRun *r, const char *status, const char *msg) {
     metrics_set_string(r->metrics, "status", status);
     metrics_set_string(r->metrics, "error", msg);
     run_write_metrics(r);
+    tracking_finish(r, run_stop_signal() ? 128 + run_stop_signal() : 1);
 }
 
 /* ------------------------------------------------------------------ signals, formatting */

@@ -10,12 +10,15 @@ with AddressSanitizer and UndefinedBehaviorSanitizer).
    steps, a failing step, resume after SIGKILL and SIGTERM, sampling with
    and without the KV cache, bad checkpoints and data, menuconfig driven
    through a pseudo-terminal, incremental rebuilds, the data script.
+4. Weights & Biases: the client against tests/fake_wandb.py (faults, spool,
+   sync), tiny training runs reporting online, offline, then make wandb-sync.
 
 Ends with "N passed, M failed" and exits non-zero when anything failed.
 usage: tests/run_tests.py [--sanitize] [-k SUBSTRING]
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import re
@@ -783,6 +786,153 @@ def test_data_script(tmp):
     R.check(r.returncode == 2 and "nonsense" in r.stderr, "unknown data set names are errors")
 
 
+# ---------------------------------------------------------------- 4. Weights & Biases
+
+WANDB_KEY = "e2e-key-5b1d"
+
+
+class FakeWandb:
+    """tests/fake_wandb.py on a free port of 127.0.0.1 (the C tests start their own)."""
+
+    def __init__(self, tmp, name):
+        self.port_file = os.path.join(tmp, f"{name}.port")
+        self.proc = subprocess.Popen([PY, os.path.join(REPO, "tests", "fake_wandb.py"), "--port-file", self.port_file,
+                                      "--api-key", WANDB_KEY, "--min-gap", "0.9"], cwd=REPO)
+        for _ in range(3000):
+            if os.path.exists(self.port_file) or self.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        self.url = f"http://127.0.0.1:{int(open(self.port_file).read())}"
+
+    def call(self, method, path):
+        import urllib.request
+        req = urllib.request.Request(self.url + path, method=method, data=b"{}" if method == "POST" else None)
+        with urllib.request.urlopen(req, timeout=30) as f:
+            return json.loads(f.read() or b"{}")
+
+    def state(self):
+        return self.call("GET", "/_fake/state")
+
+    def stop(self):
+        try:
+            self.call("POST", "/_fake/shutdown")
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - make sure it is gone
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_wandb(tmp, build_root, sanitize):
+    section("Weights & Biases: client against a fake server, tiny training runs online, offline, then synced")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    bdir = os.path.join(build_root, "tests", "wandb")
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")])
+    if R.check(r.returncode == 0, f"wandb test configuration: {r.stderr.strip()}"):
+        prog = os.path.join(bdir, "tests", "test_wandb")
+        r = run(["make", "-j1", "-f", "scripts/Makefile.build", f"B={bdir}", "WANDB_TESTS=y",
+                 f"SANITIZE={1 if sanitize else ''}", prog])
+        if R.check(r.returncode == 0, f"build of test_wandb:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+            t0 = time.time()
+            r = run([prog], env=env)
+            counts = parse_counts(r.stdout)
+            if counts is None or r.returncode not in (0, 1):
+                R.check(False, f"test_wandb crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+            else:
+                R.add(*counts)
+                for line in r.stdout.splitlines():
+                    if line.startswith("FAIL"):
+                        print(f"  test_wandb: {line}")
+                print(f"  test_wandb: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)", flush=True)
+
+    # a real tiny GPT-2 training step (KV tying) reporting to the fake server
+    for var in [v for v in os.environ if v.startswith("WANDB_") or v == "NETRC"]:
+        os.environ.pop(var)  # the developer's own W&B settings stay out of the tests
+    ws = Workspace(tmp, "wandb-e2e", TINY.replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=20")
+                   .replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0").replace('"V0,V1"', '"V1"') +
+                   'CONFIG_WANDB=y\nCONFIG_WANDB_PROJECT="kvlab-tests"\nCONFIG_WANDB_TAGS="e2e"\n', sanitize)
+    fake = FakeWandb(tmp, "wandb-e2e")
+    wenv = {"WANDB_BASE_URL": fake.url, "WANDB_API_KEY": WANDB_KEY, "HOME": tmp}
+    try:
+        t0 = time.time()
+        r = ws.make("-j1", env=wenv)
+        out = ws.run_dir()
+        both = r.stdout + r.stderr
+        if not R.check(r.returncode == 0, f"wandb e2e: make runs the step online:\n{both[-3000:]}"):
+            return
+        R.check(both.count("wandb: logging to") == 1 and WANDB_KEY not in both,
+                f"wandb e2e: the step says where it logs, the key is never printed:\n{both[-1500:]}")
+        st = fake.state()
+        R.check(st["violations"] == [], f"wandb e2e: no protocol violations: {st['violations'][:3]}")
+        runs = {x["jobType"]: x for x in st["runs"]}
+        R.check(sorted(runs) == ["V1"], f"wandb e2e: one W&B run for the step: {sorted(runs)}")
+        for step, w in sorted(runs.items()):
+            m = metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+            s = m["metrics"]
+            rows = w["rows"]
+            R.check(w["group"] == "tiny" and w["displayName"] == f"tiny-{step}" and w["project"] == "kvlab-tests"
+                    and w["entity"] == "fake-default-entity" and set(w["tags"]) == {"gpt2", m["variant"], "e2e"},
+                    f"wandb e2e {step}: group, name, project, entity, tags: {w['group']} {w['displayName']} "
+                    f"{w['tags']}")
+            cfg = w["config"] or {}
+            R.check(cfg.get("GPT2_N_LAYER", {}).get("value") == 1 and cfg.get("variant", {}).get("value") ==
+                    m["variant"] and cfg.get("model", {}).get("value", {}).get("n_layer") == 1,
+                    f"wandb e2e {step}: the config holds every CONFIG_ value, the variant and the model")
+            R.check([x["_step"] for x in rows] == s["iterations"] and
+                    all(abs(x["train/loss"] - v) <= 1e-12 * abs(v) for x, v in zip(rows, s["train_losses"])) and
+                    all(abs(x["train/lr"] - v) <= 1e-12 * abs(v) for x, v in zip(rows, s["learning_rates"])),
+                    f"wandb e2e {step}: one row per logged iteration with the metrics file's loss and lr: "
+                    f"{[x['_step'] for x in rows][:5]}... vs {s['iterations'][:5]}...")
+            val = [(x["_step"], x["val/loss"]) for x in rows if "val/loss" in x]
+            R.check([x[0] for x in val] == s["val_iterations"] and  # cJSON prints 15 digits when they read back close
+                    all(abs(x[1] - v) <= 1e-12 * abs(v) for x, v in zip(val, s["val_losses"])),
+                    f"wandb e2e {step}: validation values in the rows of their iterations: {val} vs "
+                    f"{list(zip(s['val_iterations'], s['val_losses']))}")
+            R.check(w["duplicates"] == 0 and w["completed"] and w["exitcode"] == 0,
+                    f"wandb e2e {step}: no row twice, completed with exit code 0")
+            summ = w["summary"]
+            R.check(abs(summ.get("final/best_val_loss", 0) - m["best_val_loss"]) <= 1e-12 * m["best_val_loss"] and
+                    summ.get("final/parameters") == m["parameters"] and summ.get("_step") == s["iterations"][-1],
+                    f"wandb e2e {step}: summary with the metrics file's best validation loss and parameters")
+            name = f"training_metrics_step{step}.json"
+            with open(os.path.join(out, name), "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            R.check(name in w["uploaded"] and w["files"].get(name, {}).get("sha256") == digest,
+                    f"wandb e2e {step}: the metrics file uploaded byte for byte")
+            spools = glob.glob(os.path.join(out, "wandb", step, "wandb-c", "*", "spool.jsonl"))
+            text = open(spools[0]).read() if len(spools) == 1 else ""
+            R.check(text.count('"t":"history"') == len(rows) and '"t":"exit","code":0' in text and
+                    WANDB_KEY not in text, f"wandb e2e {step}: the spool in the output folder holds every row")
+        print(f"  online e2e: {time.time() - t0:.1f} s", flush=True)
+
+        # the server down for the whole run: training finishes, everything waits in the spools
+        t0 = time.time()
+        down = dict(wenv, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="1")
+        r = ws.make("-j1", "FORCE=1", env=down)
+        both = r.stdout + r.stderr
+        R.check(r.returncode == 0 and both.count("continuing offline") == 1 and
+                metrics(os.path.join(out, "training_metrics_stepV1.json"))["status"] == "complete",
+                f"wandb e2e, server down: training completes, one line says it goes offline:\n{both[-2000:]}")
+        r = ws.make("wandb-sync", env=wenv)
+        both = r.stdout + r.stderr
+        R.check(r.returncode == 0 and both.count("wandb: synced ") == 1 and both.count("already synced") == 1,
+                f"make wandb-sync uploads the offline run and skips the one uploaded online:\n{both[-2000:]}")
+        st = fake.state()
+        new = [x for x in st["runs"] if x["upserts"] == 1 and x["name"] not in
+               {w["name"] for w in runs.values()}]
+        R.check(st["violations"] == [] and len(new) == 1 and
+                all(len(x["rows"]) == len(runs[x["jobType"]]["rows"]) and x["duplicates"] == 0 and x["completed"]
+                    and x["exitcode"] == 0 for x in new),
+                f"wandb e2e: after the sync the server holds the offline run exactly once, completed: "
+                f"{[(x['jobType'], len(x['rows'])) for x in new]} {st['violations'][:3]}")
+        n_requests = len(st["requests"])
+        r = ws.make("wandb-sync", env=wenv)
+        R.check(r.returncode == 0 and len(fake.state()["requests"]) == n_requests,
+                f"a second make wandb-sync sends nothing: {r.stderr[-500:]}")
+        print(f"  offline e2e and sync: {time.time() - t0:.1f} s", flush=True)
+    finally:
+        fake.stop()
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -836,6 +986,8 @@ def main():
             guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
+        if want("wandb"):
+            guarded(test_wandb, tmp, build_root, args.sanitize)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")
