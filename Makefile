@@ -112,6 +112,16 @@ test: deps
 bench: deps
 	@$(PYTHON) scripts/bench.py
 
+# ---------------------------------------------------------------- analysis
+
+.PHONY: mechint
+
+# Analyses every checkpoint of MODELS (default: this configuration's run
+# folder), each with a mechint built from the checkpoint's own configuration
+# plus the MECHINT_* options here; reports under <run>/mechint/ (docs/mechint.md).
+mechint: deps
+	@SANITIZE=$(SANITIZE) $(PYTHON) scripts/mechint.py --config $(KCONFIG_CONFIG) --models "$(or $(MODELS),$(OUTDIR)/$(RUN))"
+
 # ---------------------------------------------------------------- experiment tracking
 
 .PHONY: wandb-sync
@@ -155,6 +165,7 @@ help:
 	@echo "  run              run only (after build)"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
 	@echo "  bench            kernel benchmark: output/bench/bench.json"
+	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"
 	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"
 	@echo "  clean            remove build trees (keeps .config and output/)"

@@ -1,0 +1,419 @@
+/* A11: learned K/V channel masks, done faithfully (catalogue A11, R1-R5).
+ *
+ * A mask m in {0,1}^r per head and role lives in a gauge-fixed basis: for
+ * the key role the key-side singular vectors of W_QK, for the value role the
+ * value-side singular vectors of W_OV. Masking the role's projection W
+ * ((d+1) x r with the bias row) is W' = W T(m) with
+ *     T(m) = R^+ U diag(m) U^T R,   W = Q R (thin QR),
+ * so that W_QK' (or W_OV') keeps exactly the singular directions m keeps;
+ * T(1) = R^+ R leaves W unchanged. Roles follow the variant's sharing:
+ * QKV masks K and V separately, KV masks the shared q=k projection and V,
+ * KV tying and K have one projection to mask (one mask).
+ * Optimisation: m = sigmoid(theta / tau), theta starting at +3 (all on, R1),
+ * objective KL(p_full || p_masked) on held-out batches + lambda * mean(m),
+ * lambda by dual ascent towards the target kept fraction (R2), Adam on
+ * theta, tau annealed 1 -> 0.2, dropout off (R7). Reported with hard masks
+ * 1[theta > 0]: KL, loss change and faithfulness against random and
+ * magnitude masks with the same count per head (R4). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "data.h"
+#include "linalg.h"
+#include "rng.h"
+
+static cJSON *num(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+
+/* W (n x r) = Q R; A = R^+ U, Bm = U^T R for the basis U (r x r). */
+static void basis_factors(const double *W, int n, int r, const double *U, double *A, double *Bm) {
+    double *R = xmalloc((size_t)r * r * sizeof(double)), *Rp = xmalloc((size_t)r * r * sizeof(double));
+    if (la_qr(W, n, r, NULL, R) != 0 || la_pinv(R, r, r, 1e-10, Rp) != 0) FATAL("mechint masks: QR/pinv failed");
+    la_gemm(A, Rp, 0, U, 0, r, r, r);
+    la_gemm(Bm, U, 1, R, 0, r, r, r);
+    free(R), free(Rp);
+}
+
+/* Key-side singular basis of Wq Wk^T (both n x r): V of the middle R_q R_k^T = U S V^T, in Q_k coordinates.
+ * Value-side basis of Wv Wo (Wv n x r, WoT d x r): U of R_v R_o^T. s gets the singular values. */
+static void circuit_basis(const double *Wa, int na, const double *Wb, int nb, int r, int want_b_side, double *basis,
+                          double *s) {
+    double *Ra = xmalloc((size_t)r * r * sizeof(double)), *Rb = xmalloc((size_t)r * r * sizeof(double));
+    double *M = xmalloc((size_t)r * r * sizeof(double)), *U = xmalloc((size_t)r * r * sizeof(double));
+    double *Vt = xmalloc((size_t)r * r * sizeof(double));
+    if (la_qr(Wa, na, r, NULL, Ra) != 0 || la_qr(Wb, nb, r, NULL, Rb) != 0) FATAL("mechint masks: QR failed");
+    la_gemm(M, Ra, 0, Rb, 1, r, r, r);
+    if (la_svd(M, r, r, U, s, Vt) != 0) FATAL("mechint masks: SVD failed");
+    for (int i = 0; i < r; i++)
+        for (int j = 0; j < r; j++) basis[(size_t)i * r + j] = want_b_side ? Vt[(size_t)j * r + i] : U[(size_t)i * r + j];
+    free(Ra), free(Rb), free(M), free(U), free(Vt);
+}
+
+void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src) {
+    memset(p, 0, sizeof *p);
+    int v = m->variant, r = m->r, d = m->d, n = d + 1;
+    p->L = m->L, p->H = m->H, p->r = r, p->C = src->C;
+    p->nroles = v == ATTN_QKV || v == ATTN_KV ? 2 : 1;
+    p->role_block[0] = attn_key_block(v);
+    p->role_name[0] = v == ATTN_KV_TYING ? "kv" : v == ATTN_K ? "k" : "k";
+    if (p->nroles == 2) p->role_block[1] = attn_value_block(v), p->role_name[1] = "v";
+    size_t per = (size_t)p->L * p->H * p->nroles;
+    p->A = xmalloc(per * r * r * sizeof(double));
+    p->Bm = xmalloc(per * r * r * sizeof(double));
+    p->sv = xmalloc(per * r * sizeof(double));
+    double *basis = xmalloc((size_t)r * r * sizeof(double));
+    double *WoT = xmalloc((size_t)d * r * sizeof(double));
+    for (int l = 0; l < p->L; l++)
+        for (int h = 0; h < p->H; h++) {
+            const Head *hd = &m->layer[l].head[h];
+            for (int ro = 0; ro < p->nroles; ro++) {
+                size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
+                const double *W;
+                if (ro == 0) { /* key side of W_QK */
+                    W = hd->Wk;
+                    circuit_basis(hd->Wq, n, hd->Wk, n, r, 1, basis, p->sv + idx * r);
+                } else { /* value side of W_OV */
+                    W = hd->Wv;
+                    for (int i = 0; i < r; i++)
+                        for (int j = 0; j < d; j++) WoT[(size_t)j * r + i] = hd->Wo[(size_t)i * d + j];
+                    circuit_basis(hd->Wv, n, WoT, d, r, 0, basis, p->sv + idx * r);
+                }
+                basis_factors(W, n, r, basis, p->A + idx * r * r, p->Bm + idx * r * r);
+            }
+        }
+    free(basis), free(WoT);
+    /* the raw projection rows and biases, restored before every application */
+    p->params = src->params;
+    p->bp = src->bp;
+    p->attn_bias = src->attn_bias;
+    size_t P = (size_t)attn_num_proj(v);
+    p->raw_w = xmalloc((size_t)p->L * P * p->C * p->C * sizeof(float));
+    p->raw_b = xmalloc((size_t)p->L * P * p->C * sizeof(float));
+    for (int l = 0; l < p->L; l++) {
+        memcpy(p->raw_w + (size_t)l * P * p->C * p->C, src->params + src->bp[l].attnw, P * p->C * p->C * sizeof(float));
+        if (src->attn_bias)
+            memcpy(p->raw_b + (size_t)l * P * p->C, src->params + src->bp[l].attnb, P * p->C * sizeof(float));
+    }
+    p->P = (int)P;
+}
+
+void mask_plan_free(MaskPlan *p) {
+    free(p->A), free(p->Bm), free(p->sv), free(p->raw_w), free(p->raw_b);
+    memset(p, 0, sizeof *p);
+}
+
+/* T = A diag(m) Bm into the role's rows of the parameter buffer (from the raw copy). NULL m: restore. */
+void mask_apply(const MaskPlan *p, const double *mask) {
+    int r = p->r, C = p->C, P = p->P;
+    double *T = xmalloc((size_t)r * r * sizeof(double));
+    for (int l = 0; l < p->L; l++) {
+        float *W = (float *)p->params + p->bp[l].attnw, *b = (float *)p->params + p->bp[l].attnb;
+        const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
+        memcpy(W, W0, (size_t)P * C * C * sizeof(float));
+        if (p->attn_bias) memcpy(b, b0, (size_t)P * C * sizeof(float));
+        if (!mask) continue;
+        for (int h = 0; h < p->H; h++)
+            for (int ro = 0; ro < p->nroles; ro++) {
+                size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
+                const double *m = mask + idx * r, *A = p->A + idx * r * r, *Bm = p->Bm + idx * r * r;
+                int all_on = 1;
+                for (int c = 0; c < r; c++) all_on &= m[c] == 1.0;
+                if (all_on) continue; /* exactly the unmasked model (R1) */
+                for (int a = 0; a < r; a++)
+                    for (int c = 0; c < r; c++) {
+                        double t = 0.0;
+                        for (int k = 0; k < r; k++) t += A[(size_t)a * r + k] * m[k] * Bm[(size_t)k * r + c];
+                        T[(size_t)a * r + c] = t;
+                    }
+                size_t row0 = (size_t)p->role_block[ro] * C + (size_t)h * r; /* Linear rows (out, in) */
+                for (int c = 0; c < r; c++) {
+                    float *dst = W + (row0 + c) * C;
+                    for (int i = 0; i < C; i++) {
+                        double acc = 0.0;
+                        for (int a = 0; a < r; a++) acc += T[(size_t)a * r + c] * W0[(row0 + a) * C + i];
+                        dst[i] = (float)acc;
+                    }
+                    if (p->attn_bias) {
+                        double acc = 0.0;
+                        for (int a = 0; a < r; a++) acc += T[(size_t)a * r + c] * b0[row0 + a];
+                        b[row0 + c] = (float)acc;
+                    }
+                }
+            }
+    }
+    free(T);
+}
+
+/* d(objective)/d(m) from the parameter gradients of the masked rows:
+ * dT = W0^T dW' (augmented), dm_c = (A^T dT Bm^T)_cc. */
+static void mask_grad(const MaskPlan *p, const float *grads, double *dm) {
+    int r = p->r, C = p->C, P = p->P;
+    double *dT = xmalloc((size_t)r * r * sizeof(double));
+    for (int l = 0; l < p->L; l++) {
+        const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
+        const float *gW = grads + p->bp[l].attnw, *gb = grads + p->bp[l].attnb;
+        for (int h = 0; h < p->H; h++)
+            for (int ro = 0; ro < p->nroles; ro++) {
+                size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
+                size_t row0 = (size_t)p->role_block[ro] * C + (size_t)h * r;
+                for (int a = 0; a < r; a++)
+                    for (int c = 0; c < r; c++) {
+                        double acc = 0.0;
+                        for (int i = 0; i < C; i++) acc += (double)W0[(row0 + a) * C + i] * gW[(row0 + c) * C + i];
+                        if (p->attn_bias) acc += (double)b0[row0 + a] * gb[row0 + c];
+                        dT[(size_t)a * r + c] = acc;
+                    }
+                const double *A = p->A + idx * r * r, *Bm = p->Bm + idx * r * r;
+                for (int k = 0; k < r; k++) {
+                    double g = 0.0;
+                    for (int a = 0; a < r; a++)
+                        for (int c = 0; c < r; c++) g += A[(size_t)a * r + k] * dT[(size_t)a * r + c] * Bm[(size_t)k * r + c];
+                    dm[idx * r + k] = g;
+                }
+            }
+    }
+    free(dT);
+}
+
+/* Reference distributions of the unmasked model on the mask batches. */
+typedef struct {
+    int nb, V;
+    int *rows;
+    float **p_full;
+    double loss_full;
+} Ref;
+
+static double softmax_kl_rows(const float *logits, const float *pf, const int *tg, int rows, int V, float *dlogits,
+                              int *counted) {
+    double kl = 0.0;
+    int n = 0;
+    for (int i = 0; i < rows; i++) n += tg[i] >= 0;
+    for (int i = 0; i < rows; i++) {
+        const float *z = logits + (size_t)i * V;
+        float *dz = dlogits ? dlogits + (size_t)i * V : NULL;
+        if (tg[i] < 0) {
+            if (dz) memset(dz, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        double mx = z[0], s = 0.0;
+        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+        double lse = mx + log(s);
+        const float *q = pf + (size_t)i * V;
+        for (int v = 0; v < V; v++) {
+            double lp = z[v] - lse;
+            if (q[v] > 0) kl += q[v] * (log(q[v]) - lp);
+            if (dz) dz[v] = (float)((exp(lp) - q[v]) / (n ? n : 1));
+        }
+    }
+    *counted = n;
+    return n ? kl / n : 0.0;
+}
+
+static void ref_build(Ref *f, Runner *r, int nb) {
+    f->nb = nb;
+    f->rows = xmalloc((size_t)nb * sizeof(int));
+    f->p_full = xmalloc((size_t)nb * sizeof(float *));
+    f->loss_full = 0.0;
+    for (int k = 0; k < nb; k++) {
+        f->loss_full += r->forward(r, k, NULL) / nb;
+        f->V = r->V;
+        f->rows[k] = r->rows;
+        size_t n = (size_t)r->rows * r->V;
+        f->p_full[k] = xmalloc(n * sizeof(float));
+        for (int i = 0; i < r->rows; i++) {
+            const float *z = r->logits + (size_t)i * r->V;
+            float *q = f->p_full[k] + (size_t)i * r->V;
+            double mx = z[0], s = 0.0;
+            for (int v = 1; v < r->V; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int v = 0; v < r->V; v++) s += exp(z[v] - mx);
+            for (int v = 0; v < r->V; v++) q[v] = (float)(exp(z[v] - mx) / s);
+        }
+    }
+}
+
+static void ref_free(Ref *f) {
+    for (int k = 0; k < f->nb; k++) free(f->p_full[k]);
+    free(f->p_full), free(f->rows);
+}
+
+MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const void *refp) {
+    const Ref *f = refp;
+    MaskEval e = {0};
+    mask_apply(p, mask);
+    for (int k = 0; k < f->nb; k++) {
+        e.loss += r->forward(r, k, NULL) / f->nb;
+        int n;
+        e.kl += softmax_kl_rows(r->logits, f->p_full[k], r->targets, r->rows, r->V, NULL, &n) / f->nb;
+    }
+    mask_apply(p, NULL);
+    return e;
+}
+
+void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, int steps, double lr, uint64_t seed,
+                double *hard) {
+    const Ref *f = refp;
+    size_t n = (size_t)p->L * p->H * p->nroles * p->r;
+    double *theta = xmalloc(n * sizeof(double)), *m = xmalloc(n * sizeof(double)), *dm = xmalloc(n * sizeof(double));
+    double *am = xcalloc(n, sizeof(double)), *av = xcalloc(n, sizeof(double)), lambda = 0.0;
+    (void)seed;
+    for (size_t i = 0; i < n; i++) theta[i] = 3.0; /* masks start on (R1) */
+    for (int t = 0; t < steps; t++) {
+        double tau = 1.0 - 0.8 * t / (steps > 1 ? steps - 1 : 1), kept = 0.0;
+        for (size_t i = 0; i < n; i++) m[i] = 1.0 / (1.0 + exp(-theta[i] / tau)), kept += m[i] / n;
+        mask_apply(p, m);
+        int k = t % f->nb, counted;
+        r->forward(r, k, NULL);
+        softmax_kl_rows(r->logits, f->p_full[k], r->targets, r->rows, r->V, r->logits, &counted);
+        r->backward(r);
+        mask_grad(p, r->grads, dm);
+        for (size_t i = 0; i < n; i++) {
+            double g = (dm[i] + lambda / n) * m[i] * (1.0 - m[i]) / tau;
+            am[i] = 0.9 * am[i] + 0.1 * g, av[i] = 0.999 * av[i] + 0.001 * g * g;
+            double mh = am[i] / (1.0 - pow(0.9, t + 1)), vh = av[i] / (1.0 - pow(0.999, t + 1));
+            theta[i] -= lr * mh / (sqrt(vh) + 1e-8);
+        }
+        lambda = fmax(0.0, lambda + 0.5 * (kept - target)); /* dual ascent on the kept fraction */
+    }
+    mask_apply(p, NULL);
+    /* hard masks at the target: the round(target * n) directions with the largest logits (the dual ascent
+     * oscillates around the target, so thresholding at 0 would land on either side of it) */
+    size_t keep = (size_t)llround(target * (double)n);
+    size_t *ord = xmalloc(n * sizeof(size_t));
+    for (size_t i = 0; i < n; i++) ord[i] = i;
+    for (size_t i = 0; i < keep; i++) { /* partial selection: largest first, ties by index */
+        size_t b = i;
+        for (size_t j = i + 1; j < n; j++)
+            if (theta[ord[j]] > theta[ord[b]]) b = j;
+        size_t t = ord[i];
+        ord[i] = ord[b], ord[b] = t;
+    }
+    for (size_t i = 0; i < n; i++) hard[i] = 0.0;
+    for (size_t i = 0; i < keep; i++) hard[ord[i]] = 1.0;
+    free(ord);
+    free(theta), free(m), free(dm), free(am), free(av);
+}
+
+/* Same count per head and role as `hard`, chosen by singular value (magnitude) or at random. */
+static void baseline_mask(const MaskPlan *p, const double *hard, int random, Rng *g, double *out) {
+    int r = p->r;
+    size_t nh = (size_t)p->L * p->H * p->nroles;
+    int *ord = xmalloc((size_t)r * sizeof(int));
+    for (size_t idx = 0; idx < nh; idx++) {
+        int keep = 0;
+        for (int c = 0; c < r; c++) keep += hard[idx * r + c] > 0.5;
+        for (int c = 0; c < r; c++) ord[c] = c; /* singular values are descending already */
+        if (random)
+            for (int c = r - 1; c > 0; c--) {
+                int j = (int)rng_below(g, (uint64_t)(c + 1)), t = ord[c];
+                ord[c] = ord[j], ord[j] = t;
+            }
+        for (int c = 0; c < r; c++) out[idx * r + c] = 0.0;
+        for (int c = 0; c < keep; c++) out[idx * r + ord[c]] = 1.0;
+    }
+    free(ord);
+}
+
+static double kept_fraction(const double *mk, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += mk[i];
+    return s / n;
+}
+
+cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targets, int ntargets, int steps,
+                      double lr, uint64_t seed) {
+    MaskPlan p;
+    mask_plan(&p, m, &r->src);
+    int nb = batches < r->nbatches ? batches : r->nbatches;
+    Ref f;
+    ref_build(&f, r, nb);
+    size_t n = (size_t)p.L * p.H * p.nroles * p.r;
+    double *hard = xmalloc(n * sizeof(double)), *base = xmalloc(n * sizeof(double));
+    double *zero = xcalloc(n, sizeof(double));
+    MaskEval off = mask_evaluate(r, &p, zero, &f);
+    cJSON *o = cJSON_CreateObject(), *curve = cJSON_CreateArray();
+    cJSON_AddTrueToObject(o, "applies");
+    Rng g = rng_seeded(seed, 11);
+#define FAITH(x) ((off.loss - f.loss_full) != 0 ? 1.0 - ((x) - f.loss_full) / (off.loss - f.loss_full) : NAN)
+    for (int ti = 0; ti < ntargets; ti++) {
+        mask_train(r, &p, &f, targets[ti], steps, lr, seed + ti, hard);
+        MaskEval e = mask_evaluate(r, &p, hard, &f);
+        baseline_mask(&p, hard, 0, &g, base);
+        MaskEval mag = mask_evaluate(r, &p, base, &f);
+        double rs = 0.0, rs2 = 0.0;
+        for (int k = 0; k < 5; k++) {
+            baseline_mask(&p, hard, 1, &g, base);
+            double fr = FAITH(mask_evaluate(r, &p, base, &f).loss);
+            rs += fr / 5, rs2 += fr * fr / 5;
+        }
+        cJSON *pt = cJSON_CreateObject();
+        cJSON_AddNumberToObject(pt, "target_kept", targets[ti]);
+        cJSON_AddItemToObject(pt, "kept", num(kept_fraction(hard, n)));
+        cJSON_AddItemToObject(pt, "kl", num(e.kl));
+        cJSON_AddItemToObject(pt, "dloss", num(e.loss - f.loss_full));
+        cJSON_AddItemToObject(pt, "faithfulness", num(FAITH(e.loss)));
+        cJSON_AddItemToObject(pt, "magnitude_faithfulness", num(FAITH(mag.loss)));
+        cJSON_AddItemToObject(pt, "random_faithfulness_mean", num(rs));
+        cJSON_AddItemToObject(pt, "random_faithfulness_sd", num(sqrt(fmax(0.0, rs2 - rs * rs))));
+        cJSON *per_layer = cJSON_CreateArray();
+        for (int l = 0; l < p.L; l++) {
+            cJSON *lo = cJSON_CreateObject();
+            for (int ro = 0; ro < p.nroles; ro++) {
+                double s = 0.0;
+                for (int h = 0; h < p.H; h++)
+                    for (int c = 0; c < p.r; c++) s += hard[(((size_t)l * p.H + h) * p.nroles + ro) * p.r + c];
+                cJSON_AddItemToObject(lo, p.role_name[ro], num(s / (p.H * p.r)));
+            }
+            cJSON_AddItemToArray(per_layer, lo);
+        }
+        cJSON_AddItemToObject(pt, "kept_per_layer", per_layer);
+        if (ti == ntargets / 2) { /* one mask for the heatmap plot: [role][L*H][r] */
+            cJSON *mk = cJSON_CreateArray();
+            for (int ro = 0; ro < p.nroles; ro++) {
+                cJSON *rows = cJSON_CreateArray();
+                for (int lh = 0; lh < p.L * p.H; lh++) {
+                    cJSON *row = cJSON_CreateArray();
+                    for (int c = 0; c < p.r; c++) cJSON_AddItemToArray(row, cJSON_CreateNumber(hard[((size_t)lh * p.nroles + ro) * p.r + c]));
+                    cJSON_AddItemToArray(rows, row);
+                }
+                cJSON_AddItemToArray(mk, rows);
+            }
+            cJSON_AddItemToObject(pt, "mask", mk);
+        }
+        cJSON_AddItemToArray(curve, pt);
+        fprintf(stderr, "  A11 masks: target %.2f kept %.3f faithfulness %.3f (magnitude %.3f, random %.3f)\n",
+                targets[ti], kept_fraction(hard, n), FAITH(e.loss), FAITH(mag.loss), rs);
+    }
+#undef FAITH
+    cJSON_AddItemToObject(o, "curve", curve);
+    cJSON *s = cJSON_CreateObject(), *roles = cJSON_CreateArray();
+    for (int ro = 0; ro < p.nroles; ro++) cJSON_AddItemToArray(roles, cJSON_CreateString(p.role_name[ro]));
+    cJSON_AddItemToObject(s, "roles", roles);
+    cJSON_AddItemToObject(s, "loss_full", num(f.loss_full));
+    cJSON_AddItemToObject(s, "loss_all_masked", num(off.loss));
+    cJSON_AddNumberToObject(s, "batches", nb);
+    cJSON_AddNumberToObject(s, "steps", steps);
+    cJSON_AddItemToObject(o, "summary", s);
+    cJSON_AddStringToObject(o, "formula", "masks in the singular bases of W_QK (key side) and W_OV (value side); "
+                                          "faithfulness = 1 - (loss_masked - loss_full)/(loss_all_masked - loss_full); "
+                                          "baselines keep the same count per head: top singular directions "
+                                          "(magnitude) or random (5 draws)");
+    free(hard), free(base), free(zero);
+    ref_free(&f);
+    mask_plan_free(&p);
+    return o;
+}
+
+/* for tests: the reference distributions as an opaque object */
+void *mask_ref_new(Runner *r, int batches) {
+    Ref *f = xmalloc(sizeof *f);
+    ref_build(f, r, batches);
+    return f;
+}
+void mask_ref_free(void *f) {
+    ref_free(f);
+    free(f);
+}
+double mask_ref_loss(const void *f) { return ((const Ref *)f)->loss_full; }

@@ -1,0 +1,82 @@
+/* A checkpoint's self-attention heads as matrices (mechint.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "common.h"
+#include "mechint.h"
+
+const char *variant_roles(int variant) {
+    switch (variant) {
+    case ATTN_QKV: return "q, k, v separate";
+    case ATTN_KV: return "q = k (Q dropped), v separate";
+    case ATTN_K: return "q = k = v (one projection)";
+    case ATTN_KV_TYING: return "q separate, k = v (K := V)";
+    default: return "?";
+    }
+}
+
+void model_build(Model *m, const char *family, const ModelSource *src) {
+    memset(m, 0, sizeof *m);
+    int C = src->C, H = src->H, r = C / H, P = attn_num_proj(src->variant);
+    int kb = attn_key_block(src->variant), vb = attn_value_block(src->variant);
+    m->family = family;
+    m->variant = src->variant, m->pos = src->pos, m->pos_m = src->pos_m, m->pos_groups = src->pos_groups;
+    m->L = src->L, m->H = H, m->d = C, m->r = r;
+    m->layer = xcalloc((size_t)src->L, sizeof(Layer));
+    const float *W = src->params;
+    size_t blk = (size_t)(C + 1) * r; /* one (d+1) x r matrix */
+    for (int l = 0; l < src->L; l++) {
+        Layer *ly = &m->layer[l];
+        const BlockParams *bp = &src->bp[l];
+        snprintf(ly->name, sizeof ly->name, "%s", src->names ? src->names[l] : "");
+        ly->causal = src->causal ? src->causal[l] : 0;
+        ly->folded = !src->post_ln;
+        ly->head = xcalloc((size_t)H, sizeof(Head));
+        ly->store = xcalloc((size_t)H * (P * blk + (size_t)r * C), sizeof(double));
+        for (int h = 0; h < H; h++) {
+            double *base = ly->store + (size_t)h * (P * blk + (size_t)r * C);
+            for (int p = 0; p < P; p++) {
+                double *Wp = base + p * blk;
+                for (int c = 0; c < r; c++) {
+                    const float *row = W + bp->attnw + ((size_t)p * C + (size_t)h * r + c) * C; /* Linear (out, in) */
+                    double bias = src->attn_bias ? W[bp->attnb + (size_t)p * C + (size_t)h * r + c] : 0.0;
+                    for (int i = 0; i < C; i++) {
+                        double w = row[i];
+                        if (!src->post_ln) { /* x_ln = gamma * xhat + beta: fold both into the projection */
+                            if (src->bias) bias += W[bp->ln1b + i] * w;
+                            w *= W[bp->ln1w + i];
+                        }
+                        Wp[(size_t)i * r + c] = w;
+                    }
+                    Wp[(size_t)C * r + c] = bias;
+                }
+            }
+            double *Wo = base + P * blk;
+            for (int c = 0; c < r; c++)
+                for (int j = 0; j < C; j++) Wo[(size_t)c * C + j] = W[bp->projw + (size_t)j * C + (size_t)h * r + c];
+            ly->head[h].Wq = base;
+            ly->head[h].Wk = base + kb * blk;
+            ly->head[h].Wv = base + vb * blk;
+            ly->head[h].Wo = Wo;
+        }
+        if (src->pos) {
+            int g = src->pos_groups, mm = src->pos_m;
+            ly->pos_w = xmalloc((size_t)g * mm * sizeof(double));
+            ly->pos_b = xmalloc((size_t)g * sizeof(double));
+            for (int k = 0; k < g * mm; k++) ly->pos_w[k] = W[bp->posw + k];
+            for (int k = 0; k < g; k++) ly->pos_b[k] = W[bp->posb + k];
+        }
+    }
+}
+
+void model_free(Model *m) {
+    for (int l = 0; l < m->L; l++) {
+        free(m->layer[l].head), free(m->layer[l].store);
+        free(m->layer[l].pos_w), free(m->layer[l].pos_b);
+    }
+    free(m->layer);
+    free(m->pos_table);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,118 @@
+/* mechint runner for GPT-2 checkpoints: the model of gpt2/model.c on the
+ * validation windows of its own data set (gpt2/data.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "gpt2/data.h"
+#include "gpt2/model.h"
+#include "kernels.h"
+#include "runner.h"
+
+typedef struct {
+    GPT2 model;
+    Dataset data;
+    int B, T, max_batches;
+    int *x, *y;
+    char *model_json;
+} G2;
+
+static double g2_run(Runner *r, const int *x, const int *y, int B, int T, const BlockHook *hook) {
+    G2 *g = r->impl;
+    g->model.hook = hook;
+    double loss = gpt2_forward(&g->model, x, y, B, T, 0, 0);
+    g->model.hook = NULL;
+    r->logits = g->model.acts.logits;
+    r->rows = B * T;
+    r->V = g->model.cfg.V;
+    if (y) memcpy(r->targets, y, (size_t)B * T * sizeof(int));
+    return loss;
+}
+
+static double g2_forward(Runner *r, int k, const BlockHook *hook) {
+    G2 *g = r->impl;
+    Err e;
+    if (dataset_val_batch(&g->data, k, g->B, g->max_batches, g->x, g->y, &e) != 0) FATAL("%s", e.msg);
+    return g2_run(r, g->x, g->y, g->B, g->T, hook);
+}
+
+static double g2_forward_tokens(Runner *r, const int *x, const int *y, int B, int T, const BlockHook *hook) {
+    G2 *g = r->impl;
+    if (B > g->B || T > g->T) FATAL("mechint: token batch %dx%d larger than %dx%d", B, T, g->B, g->T);
+    return g2_run(r, x, y, B, T, hook);
+}
+
+static void g2_backward(Runner *r) {
+    G2 *g = r->impl;
+    gpt2_zero_grad(&g->model);
+    g->model.external_dlogits = 1;
+    gpt2_backward(&g->model, 1.0f);
+    g->model.external_dlogits = 0;
+}
+
+static void g2_close(Runner *r) {
+    G2 *g = r->impl;
+    gpt2_free(&g->model);
+    dataset_free(&g->data);
+    free(g->x), free(g->y), free(g->model_json), free(r->targets);
+    free(g);
+}
+
+int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e) {
+    G2 *g = xcalloc(1, sizeof *g);
+    g->T = CONFIG_GPT2_BLOCK_SIZE;
+    if (dataset_load(&g->data, CONFIG_DATA_DIR, g->T, e) != 0) {
+        free(g);
+        return -1;
+    }
+    GPT2Config cfg = gpt2_config_from_kconfig(g->data.V);
+    cfg.dropout = 0.0f; /* eval mode everywhere (the checkpoint's model text still says what it trained with) */
+    GPT2Config as_trained = gpt2_config_from_kconfig(g->data.V);
+    gpt2_init(&g->model, &cfg, seed);
+    g->model_json = gpt2_config_json(&as_trained);
+    StFile *f = checkpoint_open(ckpt, "gpt2", e);
+    if (!f || checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS),
+                                "mechint is built per checkpoint configuration; run it through make mechint", e) != 0 ||
+        checkpoint_expect_json(f, "model", g->model_json, "the checkpoint has another model shape or vocabulary", e) != 0 ||
+        checkpoint_read(f, &g->model.table, g->model.params, NULL, NULL, e) != 0) {
+        if (f) st_close(f);
+        gpt2_free(&g->model), dataset_free(&g->data), free(g->model_json), free(g);
+        return -1;
+    }
+    st_close(f);
+    g->B = batch_size;
+    g->max_batches = max_batches;
+    g->x = xmalloc((size_t)g->B * g->T * sizeof(int));
+    g->y = xmalloc((size_t)g->B * g->T * sizeof(int));
+    r->impl = g;
+    r->family = "gpt2";
+    r->unit = "tokens";
+    r->targets = xmalloc((size_t)g->B * g->T * sizeof(int));
+    r->nbatches = dataset_val_batches(&g->data, g->B, max_batches);
+    snprintf(r->data_desc, sizeof r->data_desc, "%s validation split: %d batches of %d windows of %d tokens",
+             g->data.name, r->nbatches, g->B, g->T);
+    r->params = g->model.params, r->grads = g->model.grads, r->table = &g->model.table;
+    int L = cfg.L;
+    if (L > RUNNER_MAX_LAYERS) FATAL("mechint: %d layers, at most %d", L, RUNNER_MAX_LAYERS);
+    for (int l = 0; l < L; l++) {
+        snprintf(r->name_store[l], sizeof r->name_store[l], "h.%d", l);
+        r->layer_names[l] = r->name_store[l];
+        r->layer_causal[l] = 1;
+    }
+    r->src = (ModelSource){.params = g->model.params, .bp = g->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
+                           .variant = cfg.variant, .pos = cfg.pos, .pos_m = cfg.pos_m, .pos_groups = cfg.pos_groups,
+                           .bias = cfg.bias, .attn_bias = cfg.attn_bias, .post_ln = 0, .causal = r->layer_causal,
+                           .names = r->layer_names};
+    r->pos_feat = g->model.pos_feat, r->pos_T = cfg.T, r->max_T = cfg.T;
+    r->forward = g2_forward;
+    r->backward = g2_backward;
+    r->forward_tokens = g2_forward_tokens;
+    r->vocab = cfg.V, r->ctx = cfg.T;
+    /* learned absolute positions entering layer 0 */
+    r->npos = cfg.T;
+    r->pos_kind = "learned";
+    r->pos_table = xmalloc((size_t)cfg.T * cfg.C * sizeof(double));
+    for (size_t i = 0; i < (size_t)cfg.T * cfg.C; i++) r->pos_table[i] = g->model.params[g->model.wpe + i];
+    r->close = g2_close;
+    return 0;
+}

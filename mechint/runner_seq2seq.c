@@ -1,0 +1,312 @@
+/* mechint runner for seq2seq checkpoints: the model of seq2seq/model.c on
+ * held-out data of its own task: the validation sequences of the synthetic
+ * job the checkpoint belongs to (generated from the job's seed as the
+ * trainer does), or the Multi30k validation pairs with the vocabularies the
+ * trainer builds from the training set. The self-attention layers are the
+ * encoder's (bidirectional), then the decoder's (causal), numbered as the
+ * model's hooks see them (decoder layer l is L_enc + l). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "buildinfo.h"
+#include "kernels.h"
+#include "runner.h"
+#include "seq2seq/data.h"
+#include "seq2seq/model.h"
+
+#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
+
+/* As train_seq2seq.c: symbols of the other task or architecture are absent
+ * from autoconf.h; these give them a value so both branches compile. */
+#if IS_ENABLED(CONFIG_SEQ2SEQ_TASK_SYNTHETIC)
+#define IF_SYNTH_TASKS CONFIG_SEQ2SEQ_TASKS
+#define IF_SYNTH_SEEDS CONFIG_SEQ2SEQ_SEEDS
+#define IF_SYNTH_LEN CONFIG_SEQ2SEQ_SEQ_LEN
+#define IF_SYNTH_TRAIN CONFIG_SEQ2SEQ_TRAIN_SEQS
+#define IF_SYNTH_VAL CONFIG_SEQ2SEQ_VAL_SEQS
+#define IF_SYNTH_TEST CONFIG_SEQ2SEQ_TEST_SEQS
+#define IF_MIN_FREQ 1
+#define IF_MAX_LEN 0
+#define IF_LABEL_SMOOTHING "0"
+#define IF_DE_EN 0
+#else
+#define IF_SYNTH_TASKS ""
+#define IF_SYNTH_SEEDS ""
+#define IF_SYNTH_LEN 0
+#define IF_SYNTH_TRAIN 0
+#define IF_SYNTH_VAL 0
+#define IF_SYNTH_TEST 0
+#define IF_MIN_FREQ CONFIG_SEQ2SEQ_MIN_FREQ
+#define IF_MAX_LEN CONFIG_SEQ2SEQ_MAX_LEN
+#define IF_LABEL_SMOOTHING CONFIG_SEQ2SEQ_LABEL_SMOOTHING
+#define IF_DE_EN IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN)
+#endif
+#if IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER)
+#define IF_DEC_LAYERS CONFIG_SEQ2SEQ_DEC_LAYERS
+#define IF_SHARED_EMB IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB)
+#define IF_POST_LN 0
+#define IF_ONEHOT 0
+#else
+#define IF_DEC_LAYERS 0
+#define IF_SHARED_EMB 0
+#define IF_POST_LN IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN)
+#define IF_ONEHOT IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT)
+#endif
+
+#define SYNTH_BOS 10 /* the synthetic decoder's <bos> (train_seq2seq.c) */
+
+typedef struct {
+    S2S model;
+    S2SConfig cfg;
+    SynthData sd;     /* synthetic: the job's sets (validation used) */
+    int task;
+    uint64_t job_seed;
+    TransData td;     /* translation */
+    int B, nval, nbatches;
+    int *idx, *src, *tin, *tout;
+    BlockParams *bp;  /* encoder blocks, then the decoder blocks' self-attention parts */
+    char *model_json;
+} SR;
+
+/* ------------------------------------------------------------------ the synthetic job of a checkpoint */
+
+/* The trainer writes each synthetic job's final model to
+ * final_model_step<STEP>-<task>-seed<N>.safetensors and, after the last
+ * job, final_model_step<STEP>.safetensors (the last job's model). */
+static int job_from_path(const char *ckpt, int *task, uint64_t *seed) {
+    const char *base = strrchr(ckpt, '/');
+    base = base ? base + 1 : ckpt;
+    size_t n = strlen(base);
+    const char *ext = ".safetensors";
+    if (n > strlen(ext) && !strcmp(base + n - strlen(ext), ext)) n -= strlen(ext);
+    /* digits at the end, preceded by "-seed" */
+    size_t d = n;
+    while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9') d--;
+    if (d == n || d < 5 || strncmp(base + d - 5, "-seed", 5) != 0) return 0;
+    size_t tend = d - 5, tstart = tend;
+    while (tstart > 0 && base[tstart - 1] != '-') tstart--;
+    if (tstart == 0 || tend - tstart >= 32) return 0;
+    char name[32];
+    memcpy(name, base + tstart, tend - tstart);
+    name[tend - tstart] = '\0';
+    int t = task_from_name(name);
+    if (t < 0) return 0;
+    char digits[32];
+    if (n - d >= sizeof digits) return 0;
+    memcpy(digits, base + d, n - d);
+    digits[n - d] = '\0';
+    *task = t;
+    *seed = strtoull(digits, NULL, 10);
+    return 1;
+}
+
+/* The last (task, seed) of CONFIG_SEQ2SEQ_TASKS x CONFIG_SEQ2SEQ_SEEDS, as parse_jobs orders them. */
+static int last_job(int *task, uint64_t *seed, Err *e) {
+    char *tasks = xstrdup(IF_SYNTH_TASKS), *seeds = xstrdup(IF_SYNTH_SEEDS), *save = NULL;
+    int found_task = 0, found_seed = 0, rc = 0;
+    for (char *t = strtok_r(tasks, ", ", &save); t && rc == 0; t = strtok_r(NULL, ", ", &save)) {
+        int k = task_from_name(t);
+        if (k < 0)
+            rc = err_set(e, "CONFIG_SEQ2SEQ_TASKS: unknown task '%s' (hint: reverse, sort, swap, sub and copy)", t);
+        *task = k, found_task = 1;
+    }
+    save = NULL;
+    for (char *s = strtok_r(seeds, ", ", &save); s && rc == 0; s = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (*end || end == s) rc = err_set(e, "CONFIG_SEQ2SEQ_SEEDS: '%s' is not a seed (hint: write seeds like 1,2)", s);
+        *seed = v, found_seed = 1;
+    }
+    free(tasks), free(seeds);
+    if (rc == 0 && (!found_task || !found_seed)) rc = err_set(e, "CONFIG_SEQ2SEQ_TASKS or CONFIG_SEQ2SEQ_SEEDS is empty");
+    return rc;
+}
+
+/* ------------------------------------------------------------------ runner */
+
+static double sr_forward(Runner *r, int k, const BlockHook *hook) {
+    SR *g = r->impl;
+    S2S *m = &g->model;
+    if (k < 0 || k >= g->nbatches) FATAL("mechint: seq2seq batch %d of %d", k, g->nbatches);
+    int start = k * g->B, b = g->nval - start < g->B ? g->nval - start : g->B;
+    double loss;
+    int rows;
+    m->hook = hook;
+    if (TRANSLATION) { /* as trans_eval: pairs in order, padded per batch */
+        int S, T;
+        trans_batch(&g->td.val, g->idx + start, b, g->src, g->tin, g->tout, &S, &T);
+        loss = s2s_forward(m, g->src, S, g->tin, g->tout, T, b, 0, 0);
+        rows = b * T;
+    } else { /* as synth_eval */
+        int T = g->sd.T;
+        const int *xs = g->sd.val_x + (size_t)start * T, *ys = g->sd.val_y + (size_t)start * T;
+        memcpy(g->tout, ys, (size_t)b * T * sizeof(int));
+        if (g->cfg.decoder) { /* teacher-forced: <bos>, y */
+            for (int i = 0; i < b; i++)
+                for (int t = 0; t < T; t++) g->tin[(size_t)i * T + t] = t == 0 ? SYNTH_BOS : ys[(size_t)i * T + t - 1];
+            loss = s2s_forward(m, xs, T, g->tin, g->tout, T, b, 0, 0);
+        } else {
+            loss = s2s_forward(m, xs, T, NULL, g->tout, T, b, 0, 0);
+        }
+        rows = b * T;
+    }
+    m->hook = NULL;
+    r->logits = m->acts.logits;
+    r->rows = rows;
+    r->V = g->cfg.Vt;
+    for (int i = 0; i < rows; i++) /* padding (translation) does not count */
+        r->targets[i] = g->cfg.pad >= 0 && g->tout[i] == g->cfg.pad ? -1 : g->tout[i];
+    return loss;
+}
+
+static void sr_backward(Runner *r) {
+    SR *g = r->impl;
+    s2s_zero_grad(&g->model);
+    g->model.external_dlogits = 1;
+    s2s_backward(&g->model, 1.0f);
+    g->model.external_dlogits = 0;
+}
+
+static void sr_free(SR *g) {
+    s2s_free(&g->model);
+    synth_free(&g->sd);
+    if (TRANSLATION) trans_free(&g->td);
+    free(g->idx), free(g->src), free(g->tin), free(g->tout), free(g->bp), free(g->model_json);
+    free(g);
+}
+
+static void sr_close(Runner *r) {
+    sr_free(r->impl);
+    free(r->targets);
+}
+
+int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e) {
+    SR *g = xcalloc(1, sizeof *g);
+    /* the model as train_seq2seq's setup() configures it */
+    S2SConfig c = {
+        .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),
+        .C = CONFIG_SEQ2SEQ_DIM,
+        .H = CONFIG_SEQ2SEQ_HEADS,
+        .mlp = CONFIG_SEQ2SEQ_MLP,
+        .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
+        .L_dec = IF_DEC_LAYERS,
+        .post_ln = IF_POST_LN,
+        .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
+        .mlp_dropout = 1,
+        .onehot = IF_ONEHOT,
+        .shared_emb = IF_SHARED_EMB,
+        .head_mlp = !TRANSLATION,
+        .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
+        .variant = ATTN_VARIANT,
+        .pos = ATTN_POS,
+        .pos_m = ATTN_POS_DIM,
+        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
+    };
+    if (c.C % c.H != 0) {
+        free(g);
+        return err_set(e, "CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d", c.C, c.H);
+    }
+    if (TRANSLATION) {
+        if (trans_load(&g->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, c.shared_emb, e) != 0) {
+            trans_free(&g->td);
+            free(g);
+            return -1;
+        }
+        c.Vs = g->td.src_vocab.words.n;
+        c.Vt = g->td.tgt_vocab.words.n;
+        c.scale_emb = 1;
+        c.pad = TOK_PAD;
+        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
+        /* positions for the longest training pair and any validation or test sentence */
+        c.Tmax = IF_MAX_LEN + 1;
+        const Corpus *all[3] = {&g->td.train, &g->td.val, &g->td.test};
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < all[k]->n; i++) {
+                if (all[k]->src_len[i] > c.Tmax) c.Tmax = all[k]->src_len[i];
+                if (all[k]->tgt_len[i] + 1 > c.Tmax) c.Tmax = all[k]->tgt_len[i] + 1;
+            }
+        g->nval = g->td.val.n;
+    } else {
+        c.Vt = c.decoder ? 11 : 10; /* digits, and <bos> = 10 for a decoder */
+        c.Vs = c.decoder ? 11 : 10;
+        c.pad = -1;
+        c.Tmax = IF_SYNTH_LEN;
+        if (!job_from_path(ckpt, &g->task, &g->job_seed) && last_job(&g->task, &g->job_seed, e) != 0) {
+            free(g);
+            return -1;
+        }
+        synth_load(&g->sd, (SynthTask)g->task, IF_SYNTH_LEN, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, g->job_seed);
+        g->nval = g->sd.nval;
+    }
+    S2SConfig as_trained = c;
+    c.dropout = 0.0f; /* eval mode everywhere (the checkpoint's model text still says what it trained with) */
+    g->cfg = c;
+    s2s_init(&g->model, &c, seed);
+    g->model_json = s2s_config_json(&as_trained);
+    StFile *f = checkpoint_open(ckpt, "seq2seq", e);
+    if (!f || checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS),
+                                "mechint is built per checkpoint configuration; run it through make mechint", e) != 0 ||
+        checkpoint_expect_json(f, "model", g->model_json, "the checkpoint has another model shape or vocabulary", e) != 0 ||
+        checkpoint_read(f, &g->model.table, g->model.params, NULL, NULL, e) != 0) {
+        if (f) st_close(f);
+        sr_free(g);
+        return -1;
+    }
+    st_close(f);
+    if (batch_size < 1) batch_size = 1;
+    g->B = batch_size;
+    int all_batches = (g->nval + g->B - 1) / g->B;
+    g->nbatches = max_batches > 0 && max_batches < all_batches ? max_batches : all_batches;
+    size_t buf = (size_t)g->B * (c.Tmax + 2);
+    g->src = xmalloc(buf * sizeof(int)), g->tin = xmalloc(buf * sizeof(int)), g->tout = xmalloc(buf * sizeof(int));
+    g->idx = xmalloc((size_t)(g->nval ? g->nval : 1) * sizeof(int));
+    for (int i = 0; i < g->nval; i++) g->idx[i] = i;
+    r->impl = g;
+    r->family = "seq2seq";
+    r->unit = c.decoder ? "target tokens" : "tokens";
+    r->targets = xmalloc(buf * sizeof(int));
+    r->nbatches = g->nbatches;
+    int used = g->nbatches * g->B < g->nval ? g->nbatches * g->B : g->nval;
+    if (TRANSLATION) {
+        long tokens = 0;
+        for (int i = 0; i < used; i++) tokens += g->td.val.tgt_len[i] + 1;
+        snprintf(r->data_desc, sizeof r->data_desc,
+                 "multi30k %s->%s validation pairs: %d batches of up to %d pairs (%d of %d pairs, %ld target tokens)",
+                 g->td.src_lang, g->td.tgt_lang, r->nbatches, g->B, used, g->nval, tokens);
+    } else {
+        snprintf(r->data_desc, sizeof r->data_desc,
+                 "synthetic %s task (job seed %llu) validation sequences: %d batches of up to %d sequences of %d "
+                 "digits (%d of %d sequences, %ld %s)",
+                 task_name((SynthTask)g->task), (unsigned long long)g->job_seed, r->nbatches, g->B, g->sd.T, used,
+                 g->nval, (long)used * g->sd.T, r->unit);
+    }
+    r->params = g->model.params, r->grads = g->model.grads, r->table = &g->model.table;
+    int L = c.L_enc + (c.decoder ? c.L_dec : 0);
+    if (L > RUNNER_MAX_LAYERS) FATAL("mechint: %d self-attention layers, at most %d", L, RUNNER_MAX_LAYERS);
+    g->bp = xmalloc((size_t)L * sizeof(BlockParams));
+    for (int l = 0; l < L; l++) {
+        int dec = l >= c.L_enc;
+        g->bp[l] = dec ? g->model.dec[l - c.L_enc].b : g->model.enc[l];
+        snprintf(r->name_store[l], sizeof r->name_store[l], "%s.%hu", dec ? "dec" : "enc",
+                 (unsigned short)(dec ? l - c.L_enc : l));
+        r->layer_names[l] = r->name_store[l];
+        r->layer_causal[l] = dec;
+    }
+    /* every linear layer and LayerNorm has a bias, the projections too (seq2seq/model.c shape()) */
+    r->src = (ModelSource){.params = g->model.params, .bp = g->bp, .L = L, .H = c.H, .C = c.C, .variant = c.variant,
+                           .pos = c.pos, .pos_m = c.pos_m, .pos_groups = c.pos_groups, .bias = 1, .attn_bias = 1,
+                           .post_ln = c.post_ln, .causal = r->layer_causal, .names = r->layer_names};
+    r->pos_feat = g->model.pos_feat, r->pos_T = c.Tmax, r->max_T = c.Tmax;
+    r->forward = sr_forward;
+    r->backward = sr_backward;
+    r->forward_tokens = NULL;
+    r->vocab = 0, r->ctx = 0;
+    /* the fixed sinusoids added to the encoder input */
+    r->npos = c.Tmax;
+    r->pos_kind = "sinusoidal";
+    r->pos_table = xmalloc((size_t)c.Tmax * c.C * sizeof(double));
+    for (size_t i = 0; i < (size_t)c.Tmax * c.C; i++) r->pos_table[i] = g->model.pe[i];
+    r->close = sr_close;
+    return 0;
+}

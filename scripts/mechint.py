@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""make mechint: analyse every checkpoint of a run folder.
+
+For each final_model_step*.safetensors and best_model_step*.safetensors in
+the run folder (MODELS=<folder>, default: the most recent run under the
+configured output folder), this
+  1. reads the checkpoint's own resolved configuration from its metadata,
+  2. builds mechint/mechint with it (plus the MECHINT_* options of the
+     current .config) in build/mechint/<config hash>/, so the analysis runs
+     the trainer's own specialised model code,
+  3. runs `mechint analyze`, writing <run>/mechint/<checkpoint>/report.json
+     and report.md, then draws the plots from report.json,
+and finally writes <run>/mechint/comparison.{md,json,png} across the
+checkpoints (final models), relative to the first step (e.g. V0).
+A file that is not a kvlab checkpoint gets a one-line error; the others are
+still analysed, and the exit status says something failed.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+KCONFIG = [PY, os.path.join(REPO, "scripts", "kconfig.py")]
+
+
+def err(msg):
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def read_config(path):
+    vals = {}
+    if os.path.exists(path):
+        for line in open(path):
+            m = re.match(r"^CONFIG_(\w+)=(.*)$", line.strip())
+            if m:
+                vals[m.group(1)] = m.group(2)
+    return vals
+
+
+def st_metadata(path):
+    """The safetensors header's __metadata__, or raise ValueError naming the problem."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("truncated (shorter than a safetensors header)")
+        n = struct.unpack("<Q", head)[0]
+        if n == 0 or n > size - 8 or n > 100_000_000:
+            raise ValueError(f"header length {n} does not fit in the file ({size} bytes): not safetensors or corrupt")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError("header is not JSON: not safetensors or corrupt")
+    meta = header.get("__metadata__") or {}
+    if meta.get("framework") != "kvlab":
+        raise ValueError("not a kvlab checkpoint (no kvlab metadata)")
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"truncated: tensors end at byte {8 + n + end}, the file has {size}")
+    return meta
+
+
+def config_lines(cfg_json):
+    out = []
+    for k, v in sorted(cfg_json.items()):
+        if isinstance(v, bool):
+            out.append(f"CONFIG_{k}=y" if v else f"# CONFIG_{k} is not set")
+        elif isinstance(v, (int, float)):
+            out.append(f"CONFIG_{k}={v}")
+        else:
+            out.append(f"CONFIG_{k}=" + json.dumps(v))
+    return out
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def latest_run(outdir):
+    best, when = None, -1
+    if not os.path.isdir(outdir):
+        return None
+    for name in os.listdir(outdir):
+        d = os.path.join(outdir, name)
+        if not os.path.isdir(d):
+            continue
+        cks = [f for f in os.listdir(d) if f.endswith(".safetensors") and re.match(r"(final|best)_model_step", f)]
+        if not cks:
+            continue
+        t = max(os.path.getmtime(os.path.join(d, f)) for f in cks)
+        if t > when:
+            best, when = d, t
+    return best
+
+
+def build(meta, cur, sanitize):
+    """Builds mechint for a checkpoint's configuration; returns the binary path."""
+    cfg = json.loads(meta["config"])
+    for k in list(cfg):
+        if k.startswith("MECHINT_"):
+            del cfg[k]
+    base = "\n".join(config_lines(cfg)) + "\n"
+    frag = "".join(f"CONFIG_{k}={v}\n" for k, v in sorted(cur.items()) if k.startswith("MECHINT_"))
+    key = hashlib.sha256((base + frag + str(sanitize)).encode()).hexdigest()[:16]
+    bdir = os.path.join(REPO, "build", "mechint", key)
+    os.makedirs(bdir, exist_ok=True)
+    for name, text in (("base.config", base), ("mechint.fragment", frag)):
+        p = os.path.join(bdir, name)
+        if not os.path.exists(p) or open(p).read() != text:
+            with open(p, "w") as f:
+                f.write(text)
+    r = subprocess.run(KCONFIG + ["step", bdir, os.path.join(bdir, "base.config"), os.path.join(bdir, "mechint.fragment")],
+                       cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"the checkpoint's configuration does not resolve with this Kconfig: {r.stderr.strip()} "
+                           "(hint: it was written by another kvlab version)")
+    cmd = ["make", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", "MECHINT=y", f"{bdir}/mechint/mechint"]
+    if sanitize:
+        cmd.append("SANITIZE=1")
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("building mechint failed:\n" + r.stdout[-2000:] + r.stderr[-3000:])
+    return os.path.join(bdir, "mechint", "mechint")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.environ.get("MODELS", ""))
+    ap.add_argument("--config", default=os.environ.get("KCONFIG_CONFIG", os.path.join(REPO, ".config")))
+    ap.add_argument("--sanitize", action="store_true", default=os.environ.get("SANITIZE") == "1")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args()
+    cur = read_config(args.config)
+    outdir = json.loads(cur.get("OUTPUT_DIR", '"output"')) if cur.get("OUTPUT_DIR") else "output"
+    if not os.path.isabs(outdir):
+        outdir = os.path.join(REPO, outdir)
+    run = args.models or latest_run(outdir)
+    if not run or not os.path.isdir(run):
+        err(f"no run folder to analyse ({args.models or outdir}) (hint: train first with make, or pass MODELS=<folder>)")
+        return 1
+    files = sorted(f for f in os.listdir(run) if f.endswith(".safetensors") and not f.startswith("state_step"))
+    if not files:
+        err(f"{run}: no checkpoints (*.safetensors) (hint: MODELS=<a run folder under output/>)")
+        return 1
+    print(f"mechint: {len(files)} checkpoint(s) in {run}")
+    failed, reports = 0, []
+    for name in files:
+        path = os.path.join(run, name)
+        stem = name[:-len(".safetensors")]
+        try:
+            meta = st_metadata(path)
+        except (ValueError, OSError) as e:
+            err(f"{path}: {e}")
+            failed += 1
+            continue
+        out = os.path.join(run, "mechint", stem)
+        try:
+            binary = build(meta, cur, args.sanitize)
+        except RuntimeError as e:
+            err(f"{path}: {e}")
+            failed += 1
+            continue
+        os.makedirs(out, exist_ok=True)
+        print(f"== {name}: {meta.get('family')} {meta.get('variant')} (step {meta.get('ablation_step', '-')})", flush=True)
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", ""))
+        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO, env=env)
+        if r.returncode != 0:
+            err(f"{path}: analysis failed (exit {r.returncode}); see the messages above")
+            failed += 1
+            continue
+        rep = json.load(open(os.path.join(out, "report.json")))
+        reports.append((stem, rep))
+        if not args.no_plots:
+            subprocess.run([PY, os.path.join(REPO, "scripts", "mechint_plots.py"), "report", out], cwd=REPO)
+        print(f"   -> {out}/report.md")
+    finals = [(s, r) for s, r in reports if s.startswith("final_model")] or reports
+    if len(finals) >= 2:
+        cmd = [PY, os.path.join(REPO, "scripts", "mechint_plots.py"), "compare", os.path.join(run, "mechint")]
+        cmd += [os.path.join(run, "mechint", s) for s, _ in finals]
+        if args.no_plots:
+            cmd.insert(3, "--no-plots")
+        subprocess.run(cmd, cwd=REPO, check=False)
+        print(f"comparison: {os.path.join(run, 'mechint', 'comparison.md')}")
+    if failed:
+        err(f"{failed} of {len(files)} checkpoint(s) could not be analysed (the others' reports are written)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

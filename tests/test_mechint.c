@@ -1,0 +1,377 @@
+/* mechint known-answer tests (catalogue section 6): hand-built matrices and
+ * models with known answers for A1, A2, A3, A5, A6, A7, A8, A10 and A11,
+ * gauge invariance of the invariant metrics, and bad checkpoints. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attention.h"
+#include "common.h"
+#include "kernels.h"
+#include "mechint/linalg.h"
+#include "mechint/data.h"
+#include "mechint/mechint.h"
+#include "mechint/runner.h"
+#include "rng.h"
+#include "test.h"
+#include "trainer.h"
+#if IS_ENABLED(CONFIG_GPT2)
+#include "gpt2/data.h"
+#include "gpt2/model.h"
+#endif
+
+static double *gauss(Rng *g, int n, int m) {
+    double *a = xmalloc((size_t)n * m * sizeof(double));
+    for (int i = 0; i < n * m; i++) a[i] = rng_normal(g);
+    return a;
+}
+
+/* ------------------------------------------------------------------ A1, A2, A3 */
+
+static void test_weights(void) {
+    Rng g = rng_seeded(5, 1);
+    int d = 64, r = 16;
+    double *W = gauss(&g, d, r), *W2 = gauss(&g, d, r);
+    QKSymmetry q = qk_symmetry(W, W, d, r);
+    CHECK(fabs(q.sigma_sym - 1) < 1e-9 && fabs(q.positivity - 1) < 1e-9 && q.psd_residual < 1e-6,
+          "A2: M = W W^T has sigma_sym 1, positivity 1, psd residual 0 (%.3g %.3g %.3g)", q.sigma_sym, q.positivity,
+          q.psd_residual);
+    /* antisymmetric M = a b^T - b a^T from factors [a b] and [b -a] */
+    double *Fa = xmalloc((size_t)d * 2 * sizeof(double)), *Fb = xmalloc((size_t)d * 2 * sizeof(double));
+    for (int i = 0; i < d; i++) {
+        Fa[i * 2] = W[i * r], Fa[i * 2 + 1] = W[i * r + 1];
+        Fb[i * 2] = W[i * r + 1], Fb[i * 2 + 1] = -W[i * r];
+    }
+    q = qk_symmetry(Fa, Fb, d, 2);
+    CHECK(fabs(q.sigma_sym + 1) < 1e-9, "A2: antisymmetric M has sigma_sym -1 (%.12f)", q.sigma_sym);
+    double *Wq = gauss(&g, 768, 64), *Wk = gauss(&g, 768, 64);
+    q = qk_symmetry(Wq, Wk, 768, 64);
+    CHECK(fabs(q.sigma_sym) < 0.01 && fabs(q.sym_ratio - 0.708) < 0.01,
+          "A2: independent Gaussian factors (768, 64): sigma_sym %.4f ~ 0, ratio %.3f ~ 0.708", q.sigma_sym, q.sym_ratio);
+    free(Wq), free(Wk), free(Fa), free(Fb);
+
+    /* A3: W_K = W_V R -> PK 1, tau 0; independent with r/d = 0.25 -> PK 0.25, tau ~ 0.866 */
+    double *R = gauss(&g, r, r), *Wk2 = xmalloc((size_t)d * r * sizeof(double)), *Wo = gauss(&g, r, d);
+    la_gemm(Wk2, W2, 0, R, 0, d, r, r);
+    KVAlignment a = kv_alignment(W, Wk2, W2, Wo, d, r, d);
+    CHECK(fabs(a.pk - 1) < 1e-9 && a.tau_qk < 1e-6 && a.tau_ov < 1e-6, /* residual norms via differences: ~sqrt(eps) */
+          "A3: K = V R is exactly tieable (PK %.12f, tau_qk %.2g, tau_ov %.2g)", a.pk, a.tau_qk, a.tau_ov);
+    double *Wq3 = gauss(&g, 256, 64), *Wk3 = gauss(&g, 256, 64), *Wv3 = gauss(&g, 256, 64), *Wo3 = gauss(&g, 64, 256);
+    a = kv_alignment(Wq3, Wk3, Wv3, Wo3, 256, 64, 256);
+    CHECK(fabs(a.pk - 0.25) < 0.03 && fabs(a.tau_qk - 0.866) < 0.03,
+          "A3: independent K, V with r/d = 1/4: PK %.3f ~ 0.25, tau_qk %.3f ~ 0.866", a.pk, a.tau_qk);
+    free(Wq3), free(Wk3), free(Wv3), free(Wo3);
+
+    /* A1: W_Q = W_K = [I_k 0]^T -> erank k */
+    int k = 5;
+    double *E = xcalloc((size_t)d * r, sizeof(double)), s[16];
+    for (int i = 0; i < k; i++) E[i * r + i] = 1.0;
+    factored_svals(E, d, E, d, r, s);
+    CHECK(fabs(la_erank(s, r) - k) < 1e-9, "A1: [I_5 0] circuits have effective rank 5 (%.12f)", la_erank(s, r));
+    free(E), free(W), free(W2), free(R), free(Wk2), free(Wo);
+}
+
+/* Model-level invariance: a random gauge leaves A2 and A3 unchanged. */
+static void test_gauge(void) {
+    Rng g = rng_seeded(9, 1);
+    int d = 32, r = 8, n = d + 1;
+    double *Wq = gauss(&g, n, r), *Wk = gauss(&g, n, r), *Wv = gauss(&g, n, r), *Wo = gauss(&g, r, d);
+    double *R = gauss(&g, r, r), *Rinv = xmalloc((size_t)r * r * sizeof(double)), *RinvT = xmalloc((size_t)r * r * sizeof(double));
+    la_pinv(R, r, r, 1e-12, Rinv);
+    for (int i = 0; i < r; i++)
+        for (int j = 0; j < r; j++) RinvT[i * r + j] = Rinv[j * r + i];
+    double *Wq2 = xmalloc((size_t)n * r * 8), *Wk2 = xmalloc((size_t)n * r * 8), *Wv2 = xmalloc((size_t)n * r * 8),
+           *Wo2 = xmalloc((size_t)r * d * 8);
+    la_gemm(Wk2, Wk, 0, R, 0, n, r, r);    /* W_K R */
+    la_gemm(Wq2, Wq, 0, RinvT, 0, n, r, r); /* W_Q R^-T */
+    double *S = gauss(&g, r, r), *Sinv = xmalloc((size_t)r * r * 8);
+    la_pinv(S, r, r, 1e-12, Sinv);
+    la_gemm(Wv2, Wv, 0, S, 0, n, r, r);  /* W_V S */
+    la_gemm(Wo2, Sinv, 0, Wo, 0, r, r, d); /* S^-1 W_O */
+    QKSymmetry a = qk_symmetry(Wq, Wk, n, r), b = qk_symmetry(Wq2, Wk2, n, r);
+    KVAlignment c = kv_alignment(Wq, Wk, Wv, Wo, n, r, d), e = kv_alignment(Wq2, Wk2, Wv2, Wo2, n, r, d);
+    CHECK(fabs(a.sigma_sym - b.sigma_sym) < 1e-8 && fabs(a.positivity - b.positivity) < 1e-8 &&
+              fabs(a.psd_residual - b.psd_residual) < 1e-8,
+          "gauge W_Q R^-T, W_K R: A2 unchanged (%.10f vs %.10f)", a.sigma_sym, b.sigma_sym);
+    CHECK(fabs(c.pk - e.pk) < 1e-8 && fabs(c.tau_qk - e.tau_qk) < 1e-8 && fabs(c.tau_ov - e.tau_ov) < 1e-8,
+          "gauge on K and on V/O: A3 PK and tieability unchanged (%.10f vs %.10f, %.10f vs %.10f)", c.pk, e.pk,
+          c.tau_qk, e.tau_qk);
+    free(Wq), free(Wk), free(Wv), free(Wo), free(R), free(Rinv), free(RinvT), free(Wq2), free(Wk2), free(Wv2);
+    free(Wo2), free(S), free(Sinv);
+}
+
+/* ------------------------------------------------------------------ A5, A6, A7 */
+
+static void test_positional_and_hodge(void) {
+    for (int n = 8; n <= 64; n *= 8) { /* previous-token logits */
+        double *Lg = xcalloc((size_t)n * n, sizeof(double));
+        for (int i = 1; i < n; i++) Lg[i * n + i - 1] = 3.0;
+        Hodge h = hodge(Lg, n);
+        double want = 1.0 - 2.0 / (n * (n - 1.0));
+        CHECK(fabs(h.kappa - want) < 1e-9, "A7: previous-token logits, n %d: kappa %.9f = 1 - 2/(n(n-1)) %.9f", n,
+              h.kappa, want);
+        free(Lg);
+    }
+    Rng g = rng_seeded(3, 1);
+    int n = 12;
+    double *K = gauss(&g, n, 3), *Lg = xmalloc((size_t)n * n * 8), *A = xmalloc((size_t)n * n * 8);
+    double f[12], gg[12];
+    for (int i = 0; i < n; i++) f[i] = rng_normal(&g), gg[i] = rng_normal(&g);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int c = 0; c < 3; c++) s += K[i * 3 + c] * K[j * 3 + c];
+            Lg[i * n + j] = s + f[i] + gg[j];
+        }
+    Hodge h = hodge(Lg, n);
+    CHECK(h.kappa < 1e-12 && h.curl_share < 1e-12 && h.antisym_share > 1e-3,
+          "A7: symmetric + f(i) + g(j) is asymmetric (%.3f) but has no curl (kappa %.2g)", h.antisym_share, h.kappa);
+    for (int i = 0; i < n; i++) { /* softmax rows of symmetric logits + key prior: reversible */
+        double z = 0;
+        for (int j = 0; j < n; j++) z += exp(Lg[i * n + j] - f[i]);
+        for (int j = 0; j < n; j++) A[i * n + j] = exp(Lg[i * n + j] - f[i]) / z;
+    }
+    CHECK(reversibility(A, n) < 1e-9, "A7: symmetric logits + key prior give a reversible chain (%.2g)", reversibility(A, n));
+    free(K), free(Lg), free(A);
+
+    /* A5: one-hot shift kernel beta at offset -1 */
+    n = 16;
+    double *Kp = xcalloc((size_t)n * n, sizeof(double)), prof[64];
+    for (int i = 1; i < n; i++) Kp[i * n + i - 1] = 5.0;
+    PosKernel p = pos_kernel_metrics(Kp, n, 1, prof);
+    CHECK(p.argmax_offset == -1 && fabs(p.mu_prev - 5.0) < 1e-9 && fabs(p.toeplitz - 1.0) < 1e-9,
+          "A5: shift kernel: argmax offset %d, mu_prev %.6f = beta, Toeplitz %.6f", p.argmax_offset, p.mu_prev, p.toeplitz);
+    for (int i = 0; i < n; i++) /* symmetric PSD Toeplitz kernel: self beats previous */
+        for (int j = 0; j < n; j++) Kp[i * n + j] = exp(-0.5 * (i - j) * (i - j));
+    p = pos_kernel_metrics(Kp, n, 1, prof);
+    CHECK(p.mu_prev <= 0 && p.min_eig > -1e-9, "A5: PSD Toeplitz kernel: mu_prev %.4f <= 0", p.mu_prev);
+    free(Kp);
+
+    /* A6: the reference P is separable: no interaction energy */
+    int ms[3] = {10, 20, 50};
+    for (int t = 0; t < 3; t++) {
+        int m = ms[t];
+        n = 24;
+        double *w = gauss(&g, 1, m), *P = xmalloc((size_t)m * 8), *B = xmalloc((size_t)n * n * 8);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                attn_pos_entry(P, i, j, m);
+                double v = 0.3;
+                for (int c = 0; c < m; c++) v += w[c] * P[c];
+                B[i * n + j] = v;
+            }
+        BiasParts bp = bias_parts(B, n, 0);
+        CHECK(bp.e_int < 1e-12 && bp.curl < 1e-12, "A6: reference P, m %d: interaction energy %.2g, curl %.2g", m,
+              bp.e_int, bp.curl);
+        for (int i = 0; i < n; i++) /* relative encoding: Toeplitz, not separable */
+            for (int j = 0; j < n; j++) {
+                attn_pos_entry(P, i - j + n, 0, m);
+                double v = 0.0;
+                for (int c = 0; c < m; c++) v += w[c] * P[c];
+                B[i * n + j] = v;
+            }
+        bp = bias_parts(B, n, 0);
+        CHECK(fabs(bp.toeplitz - 1) < 1e-9 && bp.e_int > 0.05, "A6: relative P, m %d: Toeplitz %.9f, E_int %.3f", m,
+              bp.toeplitz, bp.e_int);
+        free(w), free(P), free(B);
+    }
+}
+
+/* ------------------------------------------------------------------ A8 on a hand-built induction model */
+
+/* Two attention-only layers over residual blocks [tok | pos | prev]: layer 0
+ * attends to the previous position and writes its token into prev; layer 1
+ * matches the current token against prev and so attends to the position
+ * after the earlier occurrence (catalogue A8). */
+static void test_detectors(void) {
+    enum { V = 40, N = 16, n = 2 * N };
+    double beta = 30.0;
+    Rng g = rng_seeded(7, 1);
+    int tok[n];
+    int perm[V];
+    for (int i = 0; i < V; i++) perm[i] = i;
+    for (int i = V - 1; i > 0; i--) {
+        int j = (int)rng_below(&g, (uint64_t)i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int t = 0; t < N; t++) tok[t] = tok[t + N] = perm[t];
+    double *A0 = xcalloc((size_t)n * n, 8), *A1 = xcalloc((size_t)n * n, 8);
+    int prev_tok[n];
+    for (int i = 0; i < n; i++) { /* layer 0: s_ij = beta [j == i-1], causal */
+        double z = 0;
+        for (int j = 0; j <= i; j++) z += exp(beta * (j == i - 1) - beta);
+        for (int j = 0; j <= i; j++) A0[i * n + j] = exp(beta * (j == i - 1) - beta) / z;
+        prev_tok[i] = i > 0 ? tok[i - 1] : -1; /* OV copies the attended token (A0 is one-hot up to e^-30) */
+    }
+    for (int i = 0; i < n; i++) { /* layer 1: s_ij = beta [tok_i == prev_tok_j] */
+        double z = 0;
+        for (int j = 0; j <= i; j++) z += exp(beta * (tok[i] == prev_tok[j]) - beta);
+        for (int j = 0; j <= i; j++) A1[i * n + j] = exp(beta * (tok[i] == prev_tok[j]) - beta) / z;
+    }
+    HeadScores h0 = head_scores(A0, n, 1, NULL);
+    CHECK(fabs(h0.prev - 1.0) < 1e-6, "A8: the hand-built layer-0 head is previous-token (prev %.6f)", h0.prev);
+    double ind = induction_score(A1, n, N);
+    CHECK(fabs(ind - 1.0) < 1e-6 && !strcmp(head_label(0, ind, 0, 0), "induction"),
+          "A8: the hand-built layer-1 head is an induction head (score %.6f)", ind);
+    CHECK(induction_score(A0, n, N) < 1e-6 && !strcmp(head_label(h0.prev, induction_score(A0, n, N), h0.self, h0.sink),
+                                                       "previous-token"),
+          "A8: the previous-token head is not called induction");
+    /* a uniform causal head: prev = mean_{i>=1} 1/(i+1) exactly */
+    double want = 0;
+    for (int i = 1; i < n; i++) want += 1.0 / (i + 1) / (n - 1);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) A0[i * n + j] = j <= i ? 1.0 / (i + 1) : 0.0;
+    HeadScores u = head_scores(A0, n, 1, NULL);
+    CHECK(fabs(u.prev - want) < 1e-12, "A8: uniform head prev %.12f = mean 1/(i+1) %.12f", u.prev, want);
+    free(A0), free(A1);
+}
+
+/* ------------------------------------------------------------------ A10, A11 through the gpt2 runner */
+
+#if IS_ENABLED(CONFIG_GPT2)
+static char g_dir[256];
+
+/* A checkpoint of a freshly initialised model (the test's own data set and config). */
+static void save_checkpoint(const char *path, void (*edit)(GPT2 *m, Rng *g)) {
+    Dataset ds;
+    Err e;
+    if (dataset_load(&ds, CONFIG_DATA_DIR, CONFIG_GPT2_BLOCK_SIZE, &e) != 0) FATAL("%s", e.msg);
+    GPT2Config cfg = gpt2_config_from_kconfig(ds.V);
+    GPT2 m;
+    gpt2_init(&m, &cfg, 11);
+    Rng g = rng_seeded(13, 1);
+    if (edit) edit(&m, &g);
+    TrainRun t;
+    memset(&t, 0, sizeof t);
+    run_init(&t, "gpt2", g_dir, "t", 1);
+    t.dataset = ds.name, t.variant = attn_variant_id(ATTN_VARIANT, ATTN_POS), t.unit = "tokens";
+    t.model_json = gpt2_config_json(&cfg);
+    t.vocab_json = dataset_vocab_json(&ds);
+    t.table = &m.table, t.params = m.params;
+    run_save_model(&t, path, 1.0);
+    free(t.model_json), free(t.vocab_json);
+    gpt2_free(&m);
+    dataset_free(&ds);
+}
+
+static int zero_L, zero_H;
+static void zero_head_output(GPT2 *m, Rng *g) {
+    (void)g;
+    int C = m->cfg.C, r = C / m->cfg.H;
+    float *W = m->params + m->layer[zero_L].projw; /* (out C, in C): head h reads columns h*r.. */
+    for (int j = 0; j < C; j++)
+        for (int c = 0; c < r; c++) W[(size_t)j * C + zero_H * r + c] = 0.0f;
+}
+
+/* planted: each head's keys and values use only the first r/2 directions of its r channels */
+static void plant(GPT2 *m, Rng *g) {
+    (void)g;
+    int C = m->cfg.C, H = m->cfg.H, r = C / H, P = attn_num_proj(ATTN_VARIANT);
+    for (int l = 0; l < m->cfg.L; l++) { /* attention that matters: at initialisation its effect on the output is tiny */
+        for (size_t k = 0; k < (size_t)P * C * C; k++) m->params[m->layer[l].attnw + k] *= 6.0f;
+        for (size_t k = 0; k < (size_t)C * C; k++) m->params[m->layer[l].projw + k] *= 6.0f;
+    }
+    for (int l = 0; l < m->cfg.L; l++)
+        for (int p = 0; p < P; p++) {
+            if (p != attn_key_block(ATTN_VARIANT) && p != attn_value_block(ATTN_VARIANT)) continue;
+            for (int h = 0; h < H; h++)
+                for (int c = r / 2; c < r; c++) {
+                    size_t row = (size_t)p * C + (size_t)h * r + c;
+                    memset(m->params + m->layer[l].attnw + row * C, 0, (size_t)C * sizeof(float));
+                    if (m->cfg.attn_bias) m->params[m->layer[l].attnb + row] = 0.0f;
+                }
+        }
+}
+
+static void test_runner(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvlab_test_mechint_%d", (int)getpid());
+    char path[512];
+    snprintf(path, sizeof path, "%s/zero.safetensors", g_dir);
+    zero_L = CONFIG_GPT2_N_LAYER - 1, zero_H = 0;
+    save_checkpoint(path, zero_head_output);
+    Runner r;
+    Err e;
+    int opened = runner_open(&r, path, 1, 1, 1, &e) == 0;
+    CHECK(opened, "runner opens a gpt2 checkpoint: %s", opened ? "" : e.msg);
+    if (!opened) return;
+    Model m;
+    model_build(&m, r.family, &r.src);
+    cJSON *ab = analysis_ablation(&r, &m, 1);
+    cJSON *ph = cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ab, "per_head"), zero_L), zero_H);
+    double dz = cJSON_GetObjectItem(ph, "dloss_zero")->valuedouble, dm = cJSON_GetObjectItem(ph, "dloss_mean")->valuedouble;
+    cJSON *other = cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ab, "per_head"), 0), 0);
+    CHECK(dz == 0.0 && dm == 0.0, "A10: a head with zero output projection has no ablation effect (%g, %g)", dz, dm);
+    CHECK(cJSON_GetObjectItem(other, "dloss_zero")->valuedouble != 0.0, "A10: ablating another head does change the loss");
+    cJSON_Delete(ab);
+    /* R1: the initial (all-on) masks are exactly the model; all-off differs */
+    MaskPlan p;
+    mask_plan(&p, &m, &r.src);
+    void *ref = mask_ref_new(&r, 1);
+    size_t nm = (size_t)p.L * p.H * p.nroles * p.r;
+    double *ones = xmalloc(nm * 8), *zeros = xcalloc(nm, 8);
+    for (size_t i = 0; i < nm; i++) ones[i] = 1.0;
+    MaskEval on = mask_evaluate(&r, &p, ones, ref), off = mask_evaluate(&r, &p, zeros, ref);
+    CHECK(on.loss == mask_ref_loss(ref) && on.kl < 1e-7, /* KL against float probabilities */ "A11: all-on masks give the plain loss exactly (%.9f vs %.9f)",
+          on.loss, mask_ref_loss(ref));
+    CHECK(off.kl > 1e-4, "A11: all-off masks change the output (KL %.4g)", off.kl);
+    mask_ref_free(ref);
+    free(ones), free(zeros);
+    mask_plan_free(&p);
+    model_free(&m);
+    runner_close(&r);
+
+    /* planted directions: masks at the planted fraction keep exactly them */
+    snprintf(path, sizeof path, "%s/planted.safetensors", g_dir);
+    save_checkpoint(path, plant);
+    opened = runner_open(&r, path, 1, 1, 1, &e) == 0;
+    CHECK(opened, "runner opens the planted checkpoint: %s", opened ? "" : e.msg);
+    if (!opened) return;
+    model_build(&m, r.family, &r.src);
+    mask_plan(&p, &m, &r.src);
+    ref = mask_ref_new(&r, 1);
+    nm = (size_t)p.L * p.H * p.nroles * p.r;
+    double *hard = xmalloc(nm * 8), *planted = xmalloc(nm * 8);
+    int R = p.r;
+    for (size_t i = 0; i < nm; i++) planted[i] = p.sv[i] > 1e-6 * p.sv[i - i % R] ? 1.0 : 0.0; /* non-zero singular directions */
+    (void)R;
+    MaskEval only = mask_evaluate(&r, &p, planted, ref);
+    double kept_target = 0.0;
+    for (size_t i = 0; i < nm; i++) kept_target += planted[i] / nm;
+    CHECK(only.kl < 1e-7, "A11: masking the zero-weight directions changes nothing (KL %.3g)", only.kl);
+    double *none = xcalloc(nm, 8);
+    MaskEval all_off = mask_evaluate(&r, &p, none, ref);
+    free(none);
+    CHECK(all_off.kl > 1e-2, "A11: the planted directions matter (KL with all off %.4f)", all_off.kl);
+    /* Not asserted yet: that mask_train at the planted fraction keeps exactly the planted directions (the
+     * dual ascent oscillates; Jaccard 0.47-0.72 measured). docs/mechint.md states this limitation. */
+    (void)kept_target;
+    free(hard), free(planted);
+    mask_ref_free(ref);
+    mask_plan_free(&p);
+    model_free(&m);
+    runner_close(&r);
+
+    /* bad files: one clear error each */
+    snprintf(path, sizeof path, "%s/junk.safetensors", g_dir);
+    FILE *f = fopen(path, "wb");
+    fputs("this is not a checkpoint", f);
+    fclose(f);
+    CHECK(runner_open(&r, path, 1, 1, 1, &e) != 0 && strstr(e.msg, path), "a non-safetensors file is refused: %s", e.msg);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd) != 0) FATAL("cannot remove %s", g_dir);
+}
+#endif
+
+int main(void) {
+    backend_init(1);
+    test_weights();
+    test_gauge();
+    test_positional_and_hodge();
+    test_detectors();
+#if IS_ENABLED(CONFIG_GPT2)
+    test_runner();
+#endif
+    return TEST_SUMMARY("test_mechint");
+}
