@@ -341,7 +341,7 @@ static void ablate_after_attn(const BlockHook *hk, int layer, float *atty, const
         }
 }
 
-double head_ablation_delta(Runner *r, int layer, int head, int mode, int batches, const double *clean,
+static double head_ablation_delta(Runner *r, int layer, int head, int mode, int batches, const double *clean,
                            void *state) {
     Ablate *a = state;
     a->layer = layer, a->head = head, a->mode = mode;

@@ -15,46 +15,7 @@
 #include "seq2seq/data.h"
 #include "seq2seq/model.h"
 
-#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
-
-/* As train_seq2seq.c: symbols of the other task or architecture are absent
- * from autoconf.h; these give them a value so both branches compile. */
-#if IS_ENABLED(CONFIG_SEQ2SEQ_TASK_SYNTHETIC)
-#define IF_SYNTH_TASKS CONFIG_SEQ2SEQ_TASKS
-#define IF_SYNTH_SEEDS CONFIG_SEQ2SEQ_SEEDS
-#define IF_SYNTH_LEN CONFIG_SEQ2SEQ_SEQ_LEN
-#define IF_SYNTH_TRAIN CONFIG_SEQ2SEQ_TRAIN_SEQS
-#define IF_SYNTH_VAL CONFIG_SEQ2SEQ_VAL_SEQS
-#define IF_SYNTH_TEST CONFIG_SEQ2SEQ_TEST_SEQS
-#define IF_MIN_FREQ 1
-#define IF_MAX_LEN 0
-#define IF_LABEL_SMOOTHING "0"
-#define IF_DE_EN 0
-#else
-#define IF_SYNTH_TASKS ""
-#define IF_SYNTH_SEEDS ""
-#define IF_SYNTH_LEN 0
-#define IF_SYNTH_TRAIN 0
-#define IF_SYNTH_VAL 0
-#define IF_SYNTH_TEST 0
-#define IF_MIN_FREQ CONFIG_SEQ2SEQ_MIN_FREQ
-#define IF_MAX_LEN CONFIG_SEQ2SEQ_MAX_LEN
-#define IF_LABEL_SMOOTHING CONFIG_SEQ2SEQ_LABEL_SMOOTHING
-#define IF_DE_EN IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN)
-#endif
-#if IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER)
-#define IF_DEC_LAYERS CONFIG_SEQ2SEQ_DEC_LAYERS
-#define IF_SHARED_EMB IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB)
-#define IF_POST_LN 0
-#define IF_ONEHOT 0
-#else
-#define IF_DEC_LAYERS 0
-#define IF_SHARED_EMB 0
-#define IF_POST_LN IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN)
-#define IF_ONEHOT IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT)
-#endif
-
-#define SYNTH_BOS 10 /* the synthetic decoder's <bos> (train_seq2seq.c) */
+#include "seq2seq/kconfig.h"
 
 typedef struct {
     S2S model;
@@ -183,55 +144,14 @@ static void sr_close(Runner *r) {
 
 int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e) {
     SR *g = xcalloc(1, sizeof *g);
-    /* the model as train_seq2seq's setup() configures it */
-    S2SConfig c = {
-        .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),
-        .C = CONFIG_SEQ2SEQ_DIM,
-        .H = CONFIG_SEQ2SEQ_HEADS,
-        .mlp = CONFIG_SEQ2SEQ_MLP,
-        .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
-        .L_dec = IF_DEC_LAYERS,
-        .post_ln = IF_POST_LN,
-        .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
-        .mlp_dropout = 1,
-        .onehot = IF_ONEHOT,
-        .shared_emb = IF_SHARED_EMB,
-        .head_mlp = !TRANSLATION,
-        .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
-        .variant = ATTN_VARIANT,
-        .pos = ATTN_POS,
-        .pos_m = ATTN_POS_DIM,
-        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
-    };
-    if (c.C % c.H != 0) {
-        free(g);
-        return err_set(e, "CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d", c.C, c.H);
-    }
     if (TRANSLATION) {
-        if (trans_load(&g->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, c.shared_emb, e) != 0) {
+        if (trans_load(&g->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, IF_SHARED_EMB, e) != 0) {
             trans_free(&g->td);
             free(g);
             return -1;
         }
-        c.Vs = g->td.src_vocab.words.n;
-        c.Vt = g->td.tgt_vocab.words.n;
-        c.scale_emb = 1;
-        c.pad = TOK_PAD;
-        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
-        /* positions for the longest training pair and any validation or test sentence */
-        c.Tmax = IF_MAX_LEN + 1;
-        const Corpus *all[3] = {&g->td.train, &g->td.val, &g->td.test};
-        for (int k = 0; k < 3; k++)
-            for (int i = 0; i < all[k]->n; i++) {
-                if (all[k]->src_len[i] > c.Tmax) c.Tmax = all[k]->src_len[i];
-                if (all[k]->tgt_len[i] + 1 > c.Tmax) c.Tmax = all[k]->tgt_len[i] + 1;
-            }
         g->nval = g->td.val.n;
     } else {
-        c.Vt = c.decoder ? 11 : 10; /* digits, and <bos> = 10 for a decoder */
-        c.Vs = c.decoder ? 11 : 10;
-        c.pad = -1;
-        c.Tmax = IF_SYNTH_LEN;
         if (!job_from_path(ckpt, &g->task, &g->job_seed) && last_job(&g->task, &g->job_seed, e) != 0) {
             free(g);
             return -1;
@@ -239,6 +159,7 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
         synth_load(&g->sd, (SynthTask)g->task, IF_SYNTH_LEN, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, g->job_seed);
         g->nval = g->sd.nval;
     }
+    S2SConfig c = s2s_config_from_kconfig(TRANSLATION ? &g->td : NULL); /* as train_seq2seq builds it */
     S2SConfig as_trained = c;
     c.dropout = 0.0f; /* eval mode everywhere (the checkpoint's model text still says what it trained with) */
     g->cfg = c;

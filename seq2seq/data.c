@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buildinfo.h"
+#include "kconfig.h"
 #include "rng.h"
 
 /* ------------------------------------------------------------------ synthetic */
@@ -192,4 +194,49 @@ void trans_batch(const Corpus *c, const int *idx, int n, int *src, int *tgt_in, 
 void ids_to_words(const Vocab *v, const int *ids, int n, Strs *out) {
     for (int i = 0; i < n && ids[i] != TOK_EOS; i++)
         if (ids[i] >= NUM_SPECIALS || ids[i] == TOK_UNK) strs_push(out, v->words.s[ids[i]], strlen(v->words.s[ids[i]]));
+}
+
+S2SConfig s2s_config_from_kconfig(const TransData *td) {
+    S2SConfig c = {
+        .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),
+        .C = CONFIG_SEQ2SEQ_DIM,
+        .H = CONFIG_SEQ2SEQ_HEADS,
+        .mlp = CONFIG_SEQ2SEQ_MLP,
+        .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
+        .L_dec = IF_DEC_LAYERS,
+        .post_ln = IF_POST_LN,
+        .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
+        .mlp_dropout = 1,
+        .onehot = IF_ONEHOT,
+        .shared_emb = IF_SHARED_EMB,
+        .head_mlp = !TRANSLATION,
+        .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
+        .variant = ATTN_VARIANT,
+        .pos = ATTN_POS,
+        .pos_m = ATTN_POS_DIM,
+        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
+    };
+    if (c.C % c.H != 0)
+        FATAL("CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d (hint: the head dim is channels / "
+              "heads)", c.C, c.H);
+    if (td) {
+        c.Vs = td->src_vocab.words.n;
+        c.Vt = td->tgt_vocab.words.n;
+        c.scale_emb = 1;
+        c.pad = TOK_PAD;
+        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
+        /* positions for the longest training pair and any validation or test sentence */
+        c.Tmax = IF_MAX_LEN + 1;
+        const Corpus *all[3] = {&td->train, &td->val, &td->test};
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < all[k]->n; i++) {
+                if (all[k]->src_len[i] > c.Tmax) c.Tmax = all[k]->src_len[i];
+                if (all[k]->tgt_len[i] + 1 > c.Tmax) c.Tmax = all[k]->tgt_len[i] + 1;
+            }
+    } else {
+        c.Vs = c.Vt = c.decoder ? SYNTH_BOS + 1 : 10; /* digits, and <bos> for a decoder */
+        c.pad = -1;
+        c.Tmax = IF_SYNTH_LEN;
+    }
+    return c;
 }

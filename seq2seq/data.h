@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "model.h"
 #include "tasks.h"
 #include "text.h"
 
@@ -47,5 +48,11 @@ void trans_batch(const Corpus *c, const int *idx, int n, int *src, int *tgt_in, 
 /* Words of ids up to <eos>, without <bos> and <pad> (<unk> stays a word),
  * for BLEU and printing. */
 void ids_to_words(const Vocab *v, const int *ids, int n, Strs *out);
+
+/* The model train_seq2seq builds from Kconfig, also what mechint checks a
+ * checkpoint against. td: the loaded translation data (vocabulary sizes and
+ * the longest sentence set the embeddings and positions); NULL for the
+ * synthetic tasks. */
+S2SConfig s2s_config_from_kconfig(const TransData *td);
 
 #endif

@@ -29,49 +29,7 @@
 #include "schedule.h"
 #include "trainer.h"
 
-#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
-
-/* Symbols of the other task or architecture are absent from autoconf.h;
- * these give them a value so both branches compile (the unused one folds away). */
-#if IS_ENABLED(CONFIG_SEQ2SEQ_TASK_SYNTHETIC)
-#define IF_SYNTH_TASKS CONFIG_SEQ2SEQ_TASKS
-#define IF_SYNTH_SEEDS CONFIG_SEQ2SEQ_SEEDS
-#define IF_SYNTH_LEN CONFIG_SEQ2SEQ_SEQ_LEN
-#define IF_SYNTH_TRAIN CONFIG_SEQ2SEQ_TRAIN_SEQS
-#define IF_SYNTH_VAL CONFIG_SEQ2SEQ_VAL_SEQS
-#define IF_SYNTH_TEST CONFIG_SEQ2SEQ_TEST_SEQS
-#define IF_MIN_FREQ 1
-#define IF_MAX_LEN 0
-#define IF_BEAM 1
-#define IF_BEAM_ALPHA "0"
-#define IF_LABEL_SMOOTHING "0"
-#define IF_DE_EN 0
-#else
-#define IF_SYNTH_TASKS ""
-#define IF_SYNTH_SEEDS ""
-#define IF_SYNTH_LEN 0
-#define IF_SYNTH_TRAIN 0
-#define IF_SYNTH_VAL 0
-#define IF_SYNTH_TEST 0
-#define IF_MIN_FREQ CONFIG_SEQ2SEQ_MIN_FREQ
-#define IF_MAX_LEN CONFIG_SEQ2SEQ_MAX_LEN
-#define IF_BEAM CONFIG_SEQ2SEQ_BEAM
-#define IF_BEAM_ALPHA CONFIG_SEQ2SEQ_BEAM_ALPHA
-#define IF_LABEL_SMOOTHING CONFIG_SEQ2SEQ_LABEL_SMOOTHING
-#define IF_DE_EN IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN)
-_Static_assert(IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) + IS_ENABLED(CONFIG_SEQ2SEQ_EN_DE) == 1, "direction is a choice");
-#endif
-#if IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER)
-#define IF_DEC_LAYERS CONFIG_SEQ2SEQ_DEC_LAYERS
-#define IF_SHARED_EMB IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB)
-#define IF_POST_LN 0
-#define IF_ONEHOT 0
-#else
-#define IF_DEC_LAYERS 0
-#define IF_SHARED_EMB 0
-#define IF_POST_LN IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN)
-#define IF_ONEHOT IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT)
-#endif
+#include "kconfig.h"
 
 typedef struct {
     int B, epochs, max_time, warmup, log_interval, ckpt_interval;
@@ -184,7 +142,7 @@ static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc)
         if (r->cfg.decoder) { /* teacher-forced: <bos>=10, y */
             for (int i = 0; i < b; i++)
                 for (int t = 0; t < T; t++) {
-                    tin[(size_t)i * T + t] = t == 0 ? 10 : ys[(size_t)i * T + t - 1];
+                    tin[(size_t)i * T + t] = t == 0 ? SYNTH_BOS : ys[(size_t)i * T + t - 1];
                     tout[(size_t)i * T + t] = ys[(size_t)i * T + t];
                 }
             l = s2s_forward(&r->model, xs, T, tin, tout, T, b, 0, 0);
@@ -442,7 +400,7 @@ static int train(Run *r) {
                 memcpy(r->src + (size_t)b * S, r->sd.train_x + i * S, (size_t)S * sizeof(int));
                 memcpy(r->tgt_out + (size_t)b * S, r->sd.train_y + i * S, (size_t)S * sizeof(int));
                 for (int j = 0; j < S; j++) /* decoder input: <bos> = 10, then the labels shifted right */
-                    r->tgt_in[(size_t)b * S + j] = j == 0 ? 10 : r->sd.train_y[i * S + j - 1];
+                    r->tgt_in[(size_t)b * S + j] = j == 0 ? SYNTH_BOS : r->sd.train_y[i * S + j - 1];
             }
         }
         double lr = learning_rate(h, local, r->iters_per_job, r->cfg.C);
@@ -553,57 +511,15 @@ static void setup(Run *r) {
     r->sd_job = -1;
     r->order_epoch = -1;
     r->perm_key = -1;
-    S2SConfig c = {
-        .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),
-        .C = CONFIG_SEQ2SEQ_DIM,
-        .H = CONFIG_SEQ2SEQ_HEADS,
-        .mlp = CONFIG_SEQ2SEQ_MLP,
-        .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
-        .L_dec = IF_DEC_LAYERS,
-        .post_ln = IF_POST_LN,
-        .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
-        .mlp_dropout = 1,
-        .onehot = IF_ONEHOT,
-        .shared_emb = IF_SHARED_EMB,
-        .head_mlp = !TRANSLATION,
-        .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
-        .variant = ATTN_VARIANT,
-        .pos = ATTN_POS,
-        .pos_m = ATTN_POS_DIM,
-        .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
-    };
-    if (c.C % c.H != 0)
-        FATAL("CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d (hint: the head dim is channels / "
-              "heads)", c.C, c.H);
-    int longest;
+    if (TRANSLATION && trans_load(&r->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, IF_SHARED_EMB, &e) != 0)
+        run_die(&e);
+    S2SConfig c = s2s_config_from_kconfig(TRANSLATION ? &r->td : NULL);
+    int longest = c.Tmax;
     if (TRANSLATION) {
-        if (trans_load(&r->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN,
-                       c.shared_emb, &e) != 0)
-            run_die(&e);
-        c.Vs = r->td.src_vocab.words.n;
-        c.Vt = r->td.tgt_vocab.words.n;
-        c.scale_emb = 1;
-        c.pad = TOK_PAD;
-        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
-        /* positions for the longest training pair and any validation or test sentence */
-        c.Tmax = IF_MAX_LEN + 1;
-        const Corpus *all[3] = {&r->td.train, &r->td.val, &r->td.test};
-        for (int k = 0; k < 3; k++)
-            for (int i = 0; i < all[k]->n; i++) {
-                if (all[k]->src_len[i] > c.Tmax) c.Tmax = all[k]->src_len[i];
-                if (all[k]->tgt_len[i] + 1 > c.Tmax) c.Tmax = all[k]->tgt_len[i] + 1;
-            }
-        longest = c.Tmax;
         r->steps_per_epoch = (r->td.train.n + r->h.B - 1) / r->h.B;
         r->order = xmalloc((size_t)r->td.train.n * sizeof(int));
         r->starts = xmalloc((size_t)(r->steps_per_epoch + 1) * sizeof(int));
     } else {
-        c.Vs = 10;
-        c.Vt = c.decoder ? 11 : 10; /* digits, and <bos> = 10 for a decoder */
-        c.Vs = c.decoder ? 11 : 10;
-        c.pad = -1;
-        c.Tmax = IF_SYNTH_LEN;
-        longest = c.Tmax;
         r->steps_per_epoch = IF_SYNTH_TRAIN / r->h.B;
         r->perm = xmalloc((size_t)IF_SYNTH_TRAIN * sizeof(int));
         if (r->steps_per_epoch < 1)

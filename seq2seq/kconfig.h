@@ -1,0 +1,51 @@
+/* Kconfig values of the seq2seq family for code that compiles both tasks
+ * and both architectures: symbols of the unselected ones are absent from
+ * autoconf.h, so these give them a value (the unused branch folds away). */
+#ifndef KVLAB_SEQ2SEQ_KCONFIG_H
+#define KVLAB_SEQ2SEQ_KCONFIG_H
+
+#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
+
+#if IS_ENABLED(CONFIG_SEQ2SEQ_TASK_SYNTHETIC)
+#define IF_SYNTH_TASKS CONFIG_SEQ2SEQ_TASKS
+#define IF_SYNTH_SEEDS CONFIG_SEQ2SEQ_SEEDS
+#define IF_SYNTH_LEN CONFIG_SEQ2SEQ_SEQ_LEN
+#define IF_SYNTH_TRAIN CONFIG_SEQ2SEQ_TRAIN_SEQS
+#define IF_SYNTH_VAL CONFIG_SEQ2SEQ_VAL_SEQS
+#define IF_SYNTH_TEST CONFIG_SEQ2SEQ_TEST_SEQS
+#define IF_MIN_FREQ 1
+#define IF_MAX_LEN 0
+#define IF_BEAM 1
+#define IF_BEAM_ALPHA "0"
+#define IF_LABEL_SMOOTHING "0"
+#define IF_DE_EN 0
+#else
+#define IF_SYNTH_TASKS ""
+#define IF_SYNTH_SEEDS ""
+#define IF_SYNTH_LEN 0
+#define IF_SYNTH_TRAIN 0
+#define IF_SYNTH_VAL 0
+#define IF_SYNTH_TEST 0
+#define IF_MIN_FREQ CONFIG_SEQ2SEQ_MIN_FREQ
+#define IF_MAX_LEN CONFIG_SEQ2SEQ_MAX_LEN
+#define IF_BEAM CONFIG_SEQ2SEQ_BEAM
+#define IF_BEAM_ALPHA CONFIG_SEQ2SEQ_BEAM_ALPHA
+#define IF_LABEL_SMOOTHING CONFIG_SEQ2SEQ_LABEL_SMOOTHING
+#define IF_DE_EN IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN)
+_Static_assert(IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) + IS_ENABLED(CONFIG_SEQ2SEQ_EN_DE) == 1, "direction is a choice");
+#endif
+#if IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER)
+#define IF_DEC_LAYERS CONFIG_SEQ2SEQ_DEC_LAYERS
+#define IF_SHARED_EMB IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB)
+#define IF_POST_LN 0
+#define IF_ONEHOT 0
+#else
+#define IF_DEC_LAYERS 0
+#define IF_SHARED_EMB 0
+#define IF_POST_LN IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN)
+#define IF_ONEHOT IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT)
+#endif
+
+#define SYNTH_BOS 10 /* the synthetic decoder's <bos>: the digit after 0..9 */
+
+#endif
