@@ -10,10 +10,12 @@
  * QKV masks K and V separately, KV masks the shared q=k projection and V,
  * KV tying and K have one projection to mask (one mask).
  * Optimisation: m = sigmoid(theta / tau), theta starting at +3 (all on, R1),
- * objective KL(p_full || p_masked) on held-out batches + lambda * mean(m),
- * lambda by dual ascent towards the target kept fraction (R2), Adam on
- * theta, tau annealed 1 -> 0.2, dropout off (R7). Reported with hard masks
- * 1[theta > 0]: KL, loss change and faithfulness against random and
+ * objective KL(p_full || p_masked) on held-out batches under the constraint
+ * mean(m) <= c_t, c_t falling from 1 to the target kept fraction over the
+ * first half of the steps (R2; its multiplier solved exactly each step as a
+ * common shift of the logits), momentum steps on theta under one shared RMS
+ * scale, tau annealed 1 -> 0.2, dropout off (R7). Reported with the hard mask at the target
+ * (the largest logits): KL, loss change and faithfulness against random and
  * magnitude masks with the same count per head (R4). */
 #include <math.h>
 #include <stdlib.h>
@@ -252,34 +254,66 @@ MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const v
     return e;
 }
 
+/* The common shift b >= 0 of all logits with mean sigmoid((theta - b) / tau) <= c (bisection). */
+static double kept_shift(const double *theta, size_t n, double tau, double c) {
+    double lo = 0.0, hi = 1.0, mean = 0.0;
+    for (size_t i = 0; i < n; i++) mean += 1.0 / (1.0 + exp(-theta[i] / tau)) / n;
+    if (mean <= c) return 0.0;
+    for (;;) { /* an upper end that satisfies the constraint */
+        double m = 0.0;
+        for (size_t i = 0; i < n; i++) m += 1.0 / (1.0 + exp(-(theta[i] - hi) / tau)) / n;
+        if (m <= c || hi > 1e6) break;
+        lo = hi, hi *= 2.0;
+    }
+    for (int it = 0; it < 60; it++) {
+        double b = 0.5 * (lo + hi), m = 0.0;
+        for (size_t i = 0; i < n; i++) m += 1.0 / (1.0 + exp(-(theta[i] - b) / tau)) / n;
+        if (m > c) lo = b;
+        else hi = b;
+    }
+    return hi;
+}
+
 void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, int steps, double lr, uint64_t seed,
-                double *hard) {
+                double *hard, double *theta_out) {
     const Ref *f = refp;
     size_t n = (size_t)p->L * p->H * p->nroles * p->r;
     double *theta = xmalloc(n * sizeof(double)), *m = xmalloc(n * sizeof(double)), *dm = xmalloc(n * sizeof(double));
-    double *am = xcalloc(n, sizeof(double)), *av = xcalloc(n, sizeof(double)), lambda = 0.0;
-    (void)seed;
+    double *mom = xcalloc(n, sizeof(double)), v = 0.0;
+    int ramp = steps / 2 > 0 ? steps / 2 : 1;
+    (void)seed; /* the optimisation is deterministic given the batches */
     for (size_t i = 0; i < n; i++) theta[i] = 3.0; /* masks start on (R1) */
     for (int t = 0; t < steps; t++) {
-        double tau = 1.0 - 0.8 * t / (steps > 1 ? steps - 1 : 1), kept = 0.0;
-        for (size_t i = 0; i < n; i++) m[i] = 1.0 / (1.0 + exp(-theta[i] / tau)), kept += m[i] / n;
+        double tau = 1.0 - 0.8 * t / (steps > 1 ? steps - 1 : 1);
+        for (size_t i = 0; i < n; i++) m[i] = 1.0 / (1.0 + exp(-theta[i] / tau));
         mask_apply(p, m);
         int k = t % f->nb, counted;
         r->forward(r, k, NULL);
         softmax_kl_rows(r->logits, f->p_full[k], r->targets, r->rows, r->V, r->logits, &counted);
         r->backward(r);
         mask_grad(p, r->grads, dm);
+        /* Momentum per logit under one shared RMS scale: a per-logit (Adam) scale would move a direction the
+         * KL ignores as fast as one it defends, erasing the very difference the masks are meant to find. */
+        double g2 = 0.0;
         for (size_t i = 0; i < n; i++) {
-            double g = (dm[i] + lambda / n) * m[i] * (1.0 - m[i]) / tau;
-            am[i] = 0.9 * am[i] + 0.1 * g, av[i] = 0.999 * av[i] + 0.001 * g * g;
-            double mh = am[i] / (1.0 - pow(0.9, t + 1)), vh = av[i] / (1.0 - pow(0.999, t + 1));
-            theta[i] -= lr * mh / (sqrt(vh) + 1e-8);
+            dm[i] *= m[i] * (1.0 - m[i]) / tau;
+            g2 += dm[i] * dm[i] / n;
         }
-        lambda = fmax(0.0, lambda + 0.5 * (kept - target)); /* dual ascent on the kept fraction */
+        v = 0.99 * v + 0.01 * g2;
+        double scale = lr / (sqrt(v / (1.0 - pow(0.99, t + 1))) + 1e-30);
+        for (size_t i = 0; i < n; i++) {
+            mom[i] = 0.9 * mom[i] + 0.1 * dm[i];
+            theta[i] -= scale * mom[i] / (1.0 - pow(0.9, t + 1));
+        }
+        /* The sparsity constraint mean(m) <= c_t, c_t falling from 1 to the target over the first half of the
+         * steps: the multiplier of lambda * sum(m) solved exactly, as a common shift of every logit. Shifting
+         * keeps their order, so which directions stay is decided by the KL gradients alone. */
+        double c = 1.0 - (1.0 - target) * fmin(1.0, (double)(t + 1) / ramp);
+        double b = kept_shift(theta, n, tau, c);
+        for (size_t i = 0; i < n; i++) theta[i] -= b;
     }
     mask_apply(p, NULL);
-    /* hard masks at the target: the round(target * n) directions with the largest logits (the dual ascent
-     * oscillates around the target, so thresholding at 0 would land on either side of it) */
+    /* hard masks at the target: the round(target * n) directions with the largest logits */
     size_t keep = (size_t)llround(target * (double)n);
     size_t *ord = xmalloc(n * sizeof(size_t));
     for (size_t i = 0; i < n; i++) ord[i] = i;
@@ -292,8 +326,9 @@ void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, i
     }
     for (size_t i = 0; i < n; i++) hard[i] = 0.0;
     for (size_t i = 0; i < keep; i++) hard[ord[i]] = 1.0;
+    if (theta_out) memcpy(theta_out, theta, n * sizeof(double));
     free(ord);
-    free(theta), free(m), free(dm), free(am), free(av);
+    free(theta), free(m), free(dm), free(mom);
 }
 
 /* Same count per head and role as `hard`, chosen by singular value (magnitude) or at random. */
@@ -338,7 +373,7 @@ cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targ
     Rng g = rng_seeded(seed, 11);
 #define FAITH(x) ((off.loss - f.loss_full) != 0 ? 1.0 - ((x) - f.loss_full) / (off.loss - f.loss_full) : NAN)
     for (int ti = 0; ti < ntargets; ti++) {
-        mask_train(r, &p, &f, targets[ti], steps, lr, seed + ti, hard);
+        mask_train(r, &p, &f, targets[ti], steps, lr, seed + ti, hard, NULL);
         MaskEval e = mask_evaluate(r, &p, hard, &f);
         baseline_mask(&p, hard, 0, &g, base);
         MaskEval mag = mask_evaluate(r, &p, base, &f);

@@ -343,9 +343,27 @@ static void test_runner(void) {
     MaskEval all_off = mask_evaluate(&r, &p, none, ref);
     free(none);
     CHECK(all_off.kl > 1e-2, "A11: the planted directions matter (KL with all off %.4f)", all_off.kl);
-    /* Not asserted yet: that mask_train at the planted fraction keeps exactly the planted directions (the
-     * dual ascent oscillates; Jaccard 0.47-0.72 measured). docs/mechint.md states this limitation. */
-    (void)kept_target;
+    /* the learned masks at the planted fraction keep the planted directions. Exactly (Jaccard 1) for KV and K;
+     * in QKV one weak planted direction out of ~500 was measured to trade places with an unused one
+     * (Jaccard 0.999, KL 2e-5), so the bound is 0.99 (docs/mechint.md) */
+    double *theta = xmalloc(nm * 8);
+    mask_train(&r, &p, ref, kept_target, 150, 0.1, 1, hard, theta);
+    double inter = 0.0, uni = 0.0, mean_planted = 0.0, mean_zero = 0.0, np = 0.0;
+    for (size_t i = 0; i < nm; i++) {
+        inter += hard[i] * planted[i], uni += fmax(hard[i], planted[i]);
+        if (planted[i] > 0.5) mean_planted += theta[i], np += 1.0;
+        else mean_zero += theta[i];
+    }
+    mean_planted /= np > 0 ? np : 1, mean_zero /= nm - np > 0 ? nm - np : 1;
+    double jac = uni > 0 ? inter / uni : 0.0;
+    printf("# A11 planted: Jaccard %.4f, mean logit planted %.2f, unused %.2f\n", jac, mean_planted, mean_zero);
+    CHECK(jac >= 0.99, "A11: learned masks recover the planted directions (Jaccard %.4f)", jac);
+    CHECK(mean_planted - mean_zero > 1.0, "A11: the masks learned it: planted logits %.2f above unused %.2f on average",
+          mean_planted, mean_zero);
+    MaskEval learned = mask_evaluate(&r, &p, hard, ref);
+    CHECK(learned.kl < 1e-4, "A11: the learned mask is faithful (KL %.3g, loss change %.3g)", learned.kl,
+          learned.loss - mask_ref_loss(ref));
+    free(theta);
     free(hard), free(planted);
     mask_ref_free(ref);
     mask_plan_free(&p);
