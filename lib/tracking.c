@@ -176,13 +176,13 @@ void tracking_finish(TrainRun *r, int exit_code) {
 }
 
 int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
-                         const char *const *files, int nfiles) {
+                         const char *const *files, int nfiles, const char *folder) {
     WandbSettings s;
     tracking_settings(&s);
     char root[4200];
     snprintf(root, sizeof root, "%s/wandb/%s", run_dir, step);
     Err e;
-    int rc = wandb_attach_spool(root, summary_json, files, nfiles, "mechint", &s, &e);
+    int rc = wandb_attach_spool(root, summary_json, files, nfiles, folder, &s, &e);
     if (rc < 0) fprintf(stderr, "wandb: %s\n", e.msg);
     return rc;
 }

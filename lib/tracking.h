@@ -28,12 +28,12 @@ void tracking_finish(TrainRun *r, int exit_code);
 
 /* For analyses of a finished step (mechint): attaches summary_json (a flat
  * JSON object of numbers, may be NULL) and the files (uploaded as
- * mechint/<file name>) to the W&B run of `step` under run_dir, the one the
+ * <folder>/<file name>) to the W&B run of `step` under run_dir, the one the
  * newest spool in <run_dir>/wandb/<step>/ belongs to. Uploads at once when
  * tracking is online, else make wandb-sync does it later. Returns 0 when
  * attached, 1 when that step has no W&B run (tracking was off), -1 after
  * printing one line saying why not. */
 int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
-                         const char *const *files, int nfiles);
+                         const char *const *files, int nfiles, const char *folder);
 
 #endif

@@ -1,6 +1,7 @@
 /* mechint: analyses of the attention circuits of one kvlab checkpoint.
  *
  *   mechint analyze --ckpt FILE --out DIR [--sha256 HEX]
+ *   mechint attach --run-dir DIR --step STEP --report DIR --kind final|best
  *
  * Built by `make mechint` with the checkpoint's own resolved configuration
  * (so the model code is the trainer's, specialised the same way) plus the
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -24,6 +26,7 @@
 #include "mechint.h"
 #include "runner.h"
 #include "safetensors.h"
+#include "tracking.h"
 
 #define REPORT_SCHEMA 1
 
@@ -234,24 +237,86 @@ static int analyze(const char *ckpt, const char *out, const char *sha) {
     return rc ? 1 : 0;
 }
 
+/* Attaches a finished report to the W&B run of the step it analysed: the summary numbers of every analysis as
+ * mechint/<kind>/<analysis>/<key>, and report.{md,json} plus the plots as files under mechint/<checkpoint>/.
+ * Nothing happens when that step was trained without tracking. */
+static int attach(const char *run_dir, const char *step, const char *dir, const char *kind) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/report.json", dir);
+    Err e;
+    char *text = read_file(path, NULL, &e);
+    cJSON *rep = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!cJSON_IsObject(rep)) {
+        fprintf(stderr, "error: %s: %s\n", path, rep ? "not a mechint report" : e.msg);
+        cJSON_Delete(rep);
+        return 1;
+    }
+    cJSON *flat = cJSON_CreateObject();
+    const cJSON *an;
+    cJSON_ArrayForEach(an, cJSON_GetObjectItem(rep, "analyses")) {
+        const cJSON *v;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItem(an, "summary")) {
+            if (!cJSON_IsNumber(v)) continue;
+            char key[512];
+            snprintf(key, sizeof key, "mechint/%s/%s/%s", kind, an->string, v->string);
+            cJSON_AddNumberToObject(flat, key, v->valuedouble);
+        }
+    }
+    cJSON_Delete(rep);
+    char *summary = cJSON_PrintUnformatted(flat);
+    cJSON_Delete(flat);
+    const char *files[64];
+    char *owned[64];
+    int nf = 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)) && nf < 64) {
+        const char *x = strrchr(de->d_name, '.');
+        if (!x || de->d_name[0] == '.' || (strcmp(x, ".png") && strcmp(de->d_name, "report.md") && strcmp(de->d_name, "report.json")))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        files[nf] = owned[nf] = strdup(path);
+        nf++;
+    }
+    if (d) closedir(d);
+    char folder[512];
+    const char *stem = strrchr(dir, '/');
+    snprintf(folder, sizeof folder, "mechint/%s", stem && stem[1] ? stem + 1 : dir);
+    int rc = wandb_attach_results(run_dir, step, summary, files, nf, folder);
+    if (rc == 0) printf("   attached to the W&B run of step %s (%d files)\n", step, nf);
+    for (int i = 0; i < nf; i++) free(owned[i]);
+    free(summary);
+    return rc < 0 ? 1 : 0;
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: mechint analyze --ckpt FILE --out DIR [--sha256 HEX]\n"
+                    "       mechint attach --run-dir DIR --step STEP --report DIR --kind final|best\n"
                     "(normally run through `make mechint`, which builds mechint for each checkpoint's configuration)\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "analyze") != 0) usage();
-    const char *ckpt = NULL, *out = NULL, *sha = NULL;
+    if (argc < 2) usage();
+    int analyse = !strcmp(argv[1], "analyze");
+    if (!analyse && strcmp(argv[1], "attach") != 0) usage();
+    const char *ckpt = NULL, *out = NULL, *sha = NULL, *run_dir = NULL, *step = NULL, *kind = NULL;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
-            ckpt = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--sha256") && i + 1 < argc)
-            sha = argv[++i];
-        else
-            usage();
+        const char **slot = !strcmp(argv[i], "--ckpt")      ? &ckpt
+                            : !strcmp(argv[i], "--out")     ? &out
+                            : !strcmp(argv[i], "--sha256")  ? &sha
+                            : !strcmp(argv[i], "--run-dir") ? &run_dir
+                            : !strcmp(argv[i], "--step")    ? &step
+                            : !strcmp(argv[i], "--report")  ? &out
+                            : !strcmp(argv[i], "--kind")    ? &kind
+                                                            : NULL;
+        if (!slot || i + 1 >= argc) usage();
+        *slot = argv[++i];
+    }
+    if (!analyse) {
+        if (!run_dir || !step || !out || !kind) usage();
+        return attach(run_dir, step, out, kind);
     }
     if (!ckpt || !out) usage();
     backend_init(CONFIG_NUM_THREADS);

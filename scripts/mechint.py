@@ -10,6 +10,8 @@ configured output folder), this
      the trainer's own specialised model code,
   3. runs `mechint analyze`, writing <run>/mechint/<checkpoint>/report.json
      and report.md, then draws the plots from report.json,
+  4. when the step was trained with W&B tracking, attaches the summary
+     numbers and the report files to that step's W&B run (`mechint attach`),
 and finally writes <run>/mechint/comparison.{md,json,png} across the
 checkpoints (final models), relative to the first step (e.g. V0).
 A file that is not a kvlab checkpoint gets a one-line error; the others are
@@ -183,6 +185,12 @@ def main():
         if not args.no_plots:
             subprocess.run([PY, os.path.join(REPO, "scripts", "mechint_plots.py"), "report", out], cwd=REPO)
         print(f"   -> {out}/report.md")
+        m = re.match(r"(final|best)_model_step(.+)$", stem)
+        if m:  # the step's W&B run, when it was tracked, gets the numbers and plots
+            r = subprocess.run([binary, "attach", "--run-dir", run, "--step", m.group(2), "--report", out,
+                                "--kind", m.group(1)], cwd=REPO)
+            if r.returncode != 0:
+                err(f"{path}: the results could not be attached to the W&B run (the reports are written)")
     finals = [(s, r) for s, r in reports if s.startswith("final_model")] or reports
     if len(finals) >= 2:
         cmd = [PY, os.path.join(REPO, "scripts", "mechint_plots.py"), "compare", os.path.join(run, "mechint")]
