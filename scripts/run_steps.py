@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,14 @@ def read_text(path):
         return None
 
 
+def training_identity(text):
+    """The configuration that decides a step's training: every line but the MECHINT_* analysis options, which
+    the trainers never read (changing how checkpoints are analysed must not retrain them)."""
+    if text is None:
+        return None
+    return [x for x in text.splitlines() if not re.match(r"^(# )?CONFIG_MECHINT_", x)]
+
+
 def write_atomic(path, text):
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -142,7 +151,7 @@ def fetch_data(cfg, family, build_dir):
 def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     files = step_files(out, sid, family["name"])
     metrics = load_json(files["metrics"]) or {}
-    same_config = read_text(files["config"]) == cfg_text
+    same_config = training_identity(read_text(files["config"])) == training_identity(cfg_text)
     if same_config and not force and metrics.get("status") == "complete" and os.path.exists(files["final"]):
         say(f"step {sid}: already complete for this configuration, skipped (make FORCE=1 redoes it)")
         return "skipped"

@@ -429,6 +429,56 @@ def test_ablation_end_to_end(ws):
     return True
 
 
+MECHINT_SMALL = ("MECHINT_BATCH_SIZE=2", "MECHINT_BATCHES=1", "MECHINT_PATTERN_SEQS=1", "MECHINT_INDUCTION_LEN=6",
+                 "MECHINT_POS_GRID=8", "MECHINT_MASK_STEPS=4", "MECHINT_MASK_BATCHES=1")
+
+
+def test_mechint_end_to_end(ws, tmp):
+    section("make mechint on the two-step run: reports, plots, comparison; bad files reported, others analysed")
+    ws.set(*MECHINT_SMALL)
+    r = ws.make("mechint")
+    out = ws.run_dir()
+    both = r.stdout + r.stderr
+    if not R.check(r.returncode == 0, f"make mechint analyses the run without arguments:\n{both[-4000:]}"):
+        return
+    for stem in ("final_model_stepV0", "final_model_stepV1", "best_model_stepV0", "best_model_stepV1"):
+        d = os.path.join(out, "mechint", stem)
+        rep = json.load(open(os.path.join(d, "report.json"))) if os.path.isfile(os.path.join(d, "report.json")) else {}
+        an = rep.get("analyses", {})
+        R.check(all(k in an for k in ("circuits", "qk_symmetry", "kv_alignment", "attn_asymmetry", "head_types",
+                                      "ablation", "kv_masks")) and os.path.isfile(os.path.join(d, "report.md")),
+                f"mechint {stem}: report.json has every analysis, report.md is written: {sorted(an)}")
+        pngs = glob.glob(os.path.join(d, "*.png"))
+        R.check(len(pngs) >= 3 and all(open(x, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for x in pngs),
+                f"mechint {stem}: plots written as PNG: {[os.path.basename(x) for x in pngs]}")
+    v0 = json.load(open(os.path.join(out, "mechint", "final_model_stepV0", "report.json")))
+    v1 = json.load(open(os.path.join(out, "mechint", "final_model_stepV1", "report.json")))
+    R.check(v0["variant"] == "qkv" and v1["variant"] == "kv_tying", "mechint: reports name their variants")
+    cmp_md = os.path.join(out, "mechint", "comparison.md")
+    text = open(cmp_md).read() if os.path.isfile(cmp_md) else ""
+    R.check("V0" in text and "V1" in text and os.path.isfile(os.path.join(out, "mechint", "comparison.json")),
+            f"mechint: the V0-vs-V1 comparison is written:\n{text[:800]}")
+    # a folder with a junk file and a truncated checkpoint beside a good one
+    bad = os.path.join(tmp, "mechint-bad")
+    os.makedirs(bad, exist_ok=True)
+    shutil.copy(os.path.join(out, "final_model_stepV1.safetensors"), bad)
+    with open(os.path.join(bad, "junk.safetensors"), "w") as f:
+        f.write("not a checkpoint")
+    data = open(os.path.join(out, "final_model_stepV0.safetensors"), "rb").read()
+    with open(os.path.join(bad, "final_model_stepV0.safetensors"), "wb") as f:
+        f.write(data[:len(data) // 2])
+    r = ws.make("mechint", f"MODELS={bad}")
+    both = r.stdout + r.stderr
+    errs = [x for x in both.splitlines() if x.startswith("error:")]
+    R.check(r.returncode != 0 and any("junk.safetensors" in x for x in errs) and
+            any("final_model_stepV0.safetensors" in x and "truncated" in x for x in errs),
+            f"mechint: the junk and the truncated file each get an error line naming them:\n{both[-2000:]}")
+    R.check(os.path.isfile(os.path.join(bad, "mechint", "final_model_stepV1", "report.json")),
+            "mechint: the good checkpoint beside them is still analysed")
+    r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
+    R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
+
+
 def test_skip_and_redo(ws):
     section("completed steps are skipped; changed configurations and FORCE=1 redo them")
     out = ws.run_dir()
@@ -438,6 +488,10 @@ def test_skip_and_redo(ws):
     R.check(r.returncode == 0 and r.stdout.count("already complete") == 2,
             f"a second make skips both completed steps:\n{r.stdout[-2000:]}")
     R.check(os.path.getmtime(final) == mtime, "skipped steps keep their files untouched")
+    ws.set("MECHINT_SEED=99")
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("already complete") == 2,
+            f"changing only MECHINT_* analysis options retrains nothing:\n{r.stdout[-1500:]}")
     r = ws.make("FORCE=1")
     R.check(r.returncode == 0 and "forced" in r.stdout and os.path.getmtime(final) != mtime,
             "FORCE=1 redoes completed steps")
@@ -904,6 +958,27 @@ def test_wandb(tmp, build_root, sanitize):
                     WANDB_KEY not in text, f"wandb e2e {step}: the spool in the output folder holds every row")
         print(f"  online e2e: {time.time() - t0:.1f} s", flush=True)
 
+        # mechint's results attach to the W&B run of the step they analysed
+        t0 = time.time()
+        ws.set(*MECHINT_SMALL)
+        r = ws.make("mechint", env=wenv)
+        both = r.stdout + r.stderr
+        st = fake.state()
+        w = next((x for x in st["runs"] if x["name"] == runs["V1"]["name"]), {})
+        keys = [k for k in (w.get("summary") or {}) if k.startswith("mechint/")]
+        R.check(r.returncode == 0 and "attached to the W&B run of step V1" in both and st["violations"] == [],
+                f"wandb e2e: make mechint attaches its results to the step's run:\n{both[-2000:]} {st['violations'][:3]}")
+        R.check("mechint/final/qk_symmetry/mean_sigma_sym" in keys and "mechint/best/ablation/clean_loss" in keys and
+                "final/best_val_loss" in (w.get("summary") or {}),
+                f"wandb e2e: the mechint summary numbers join the run's summary: {keys[:8]}")
+        R.check(all(f in w.get("uploaded", []) for f in ("mechint/final_model_stepV1/report.md",
+                                                          "mechint/final_model_stepV1/report.json",
+                                                          "mechint/final_model_stepV1/spectra.png")),
+                f"wandb e2e: the reports and plots are uploaded as run files: {w.get('uploaded')}")
+        R.check(w.get("completed") and w.get("exitcode") == 0 and len(w.get("rows", [])) == len(runs["V1"]["rows"]),
+                "wandb e2e: the run stays completed with its rows unchanged")
+        print(f"  mechint attach: {time.time() - t0:.1f} s", flush=True)
+
         # the server down for the whole run: training finishes, everything waits in the spools
         t0 = time.time()
         down = dict(wenv, WANDB_BASE_URL="http://127.0.0.1:9", WANDB_INIT_TIMEOUT="1")
@@ -973,6 +1048,7 @@ def main():
         if want("e2e"):
             ws = Workspace(tmp, "e2e", TINY, args.sanitize)
             if guarded(test_ablation_end_to_end, ws):
+                guarded(test_mechint_end_to_end, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_rebuild_tracking, ws)
