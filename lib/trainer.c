@@ -188,7 +188,9 @@ void run_write_metrics(TrainRun *r) {
     metrics_set_number(m, key, r->train_seconds > 0 ? r->examples / r->train_seconds : 0.0);
     metrics_set_number(m, "train_seconds", r->train_seconds);
     metrics_set_number(m, "wall_seconds", r->elapsed);
-    metrics_set_number(m, "ms_per_iter", r->iter > 0 ? 1e3 * r->train_seconds / r->iter : 0.0);
+    double trained = r->iter - r->skipped_iters; /* a time budget may have skipped the rest of a job */
+    metrics_set_number(m, "ms_per_iter", trained > 0 ? 1e3 * r->train_seconds / trained : 0.0);
+    metrics_set_number(m, "trained_iterations", trained);
     metrics_set_number(m, "peak_memory_mib", peak_rss_mib());
     if (metrics_write(m, &e) != 0) run_die(&e);
     tracking_log(r);

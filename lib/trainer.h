@@ -31,7 +31,8 @@ typedef struct {
     char final_path[4096], best_path[4096], state_path[4096], metrics_path[4096];
     Metrics *metrics;
     /* progress; all of it goes into the state file */
-    int iter;                /* optimiser steps done */
+    int iter;                /* optimiser steps done, or skipped past (skipped_iters) */
+    double skipped_iters;    /* iterations a time budget skipped (a job's rest); family-tracked (run_track) */
     Rng data_rng;            /* data order */
     double train_seconds;    /* time inside training steps (the wall-time budget) */
     double elapsed;          /* wall time of the step, evaluations included, across resumes */

@@ -366,6 +366,7 @@ static int train(Run *r) {
         }
         if (h->max_time > 0 && t->train_seconds - job_start_seconds >= h->max_time) { /* skip the job's rest */
             stopped_by = "max_time";
+            t->skipped_iters += (job + 1) * r->iters_per_job - t->iter;
             t->iter = (job + 1) * r->iters_per_job;
             if (!TRANSLATION) {
                 end_of_epoch(r, job);
@@ -488,7 +489,8 @@ static int train(Run *r) {
         synth_summary(r);
     }
     run_finish(t, stopped_by);
-    printf("done: %d iterations, %.0f tokens in %.1f s (%.0f tok/s) -> %s\n", t->iter, t->examples, t->train_seconds,
+    printf("done: %.0f iterations%s, %.0f tokens in %.1f s (%.0f tok/s) -> %s\n", t->iter - t->skipped_iters,
+           t->skipped_iters > 0 ? " (the time budget ended training early)" : "", t->examples, t->train_seconds,
            t->examples / (t->train_seconds > 0 ? t->train_seconds : 1), t->final_path);
     return 0;
 }
@@ -571,6 +573,7 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "epoch_loss", &r.epoch_loss);
     run_track(t, "epoch_correct", &r.epoch_correct);
     run_track(t, "epoch_count", &r.epoch_count);
+    run_track(t, "skipped_iterations", &t->skipped_iters);
     int resumed = run_try_resume(t);
     banner(&r);
     run_open_metrics(t, resumed, TRAIN_SERIES, 9, VAL_SERIES, 8);
