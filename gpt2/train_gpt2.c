@@ -214,6 +214,7 @@ static int train(Run *r) {
             fprintf(stderr, "error: %s (hint: lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP; %s)\n", msg,
                     file_exists(t->state_path) ? "the last good state is in the state_step file and is kept"
                                                : "no checkpoint was written yet");
+            free(x), free(y);
             return 1;
         }
         double norm = h->clip > 0 ? clip_grad_norm(m->grads, m->table.total, h->clip)
@@ -245,6 +246,7 @@ static int train(Run *r) {
             snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
             run_fail(t, "interrupted", msg);
             fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
+            free(x), free(y);
             return 128 + run_stop_signal();
         }
     }
