@@ -375,17 +375,13 @@ static int cmd_sample(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     setup(&r);
     Err e;
-    StFile *f = checkpoint_open(ckpt, "gpt2", &e);
-    if (!f) run_die(&e);
-    if (checkpoint_expect(f, "variant", r.run.variant,
-                          "use the binary of the step that wrote the checkpoint (output/<run>/train_gpt2_step<STEP>)",
-                          &e) != 0 ||
-        checkpoint_expect_json(f, "model", r.run.model_json,
-                               "the checkpoint has another model shape or vocabulary; use the binary of the step "
-                               "that wrote it", &e) != 0 ||
-        checkpoint_read(f, &r.model.table, r.model.params, NULL, NULL, &e) != 0)
+    if (checkpoint_load_model(ckpt, "gpt2", r.run.variant,
+                              "use the binary of the step that wrote the checkpoint (output/<run>/train_gpt2_step<STEP>)",
+                              r.run.model_json,
+                              "the checkpoint has another model shape or vocabulary; use the binary of the step "
+                              "that wrote it",
+                              &r.model.table, r.model.params, &e) != 0)
         run_die(&e);
-    st_close(f);
     generate(&r, prompt_text, &opt);
     fputc('\n', stdout);
     teardown(&r);

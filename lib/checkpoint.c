@@ -175,3 +175,16 @@ int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, flo
     }
     return 0;
 }
+
+int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
+                          const char *model_json, const char *model_hint, const ParamTable *t, float *params, Err *e) {
+    StFile *f = checkpoint_open(path, family, e);
+    if (!f) return -1;
+    int rc = checkpoint_expect(f, "variant", variant, variant_hint, e) != 0 ||
+                     checkpoint_expect_json(f, "model", model_json, model_hint, e) != 0 ||
+                     checkpoint_read(f, t, params, NULL, NULL, e) != 0
+                 ? -1
+                 : 0;
+    st_close(f);
+    return rc;
+}

@@ -55,5 +55,9 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
 int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e);
 /* Reads every tensor of t into params (m and v too when non-NULL). */
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
+/* A model's parameters from a checkpoint of this family, variant and model
+ * description (open, the two checks with their hints, read, close). */
+int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
+                          const char *model_json, const char *model_hint, const ParamTable *t, float *params, Err *e);
 
 #endif

@@ -19,6 +19,8 @@
 #include "mechint.h"
 
 #define RUNNER_MAX_LAYERS 256
+/* why a checkpoint of another variant does not open */
+#define MECHINT_VARIANT_HINT "mechint is built per checkpoint configuration; run it through make mechint"
 
 typedef struct Runner Runner;
 struct Runner {

@@ -70,16 +70,12 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     GPT2Config as_trained = gpt2_config_from_kconfig(g->data.V);
     gpt2_init(&g->model, &cfg, seed);
     g->model_json = gpt2_config_json(&as_trained);
-    StFile *f = checkpoint_open(ckpt, "gpt2", e);
-    if (!f || checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS),
-                                "mechint is built per checkpoint configuration; run it through make mechint", e) != 0 ||
-        checkpoint_expect_json(f, "model", g->model_json, "the checkpoint has another model shape or vocabulary", e) != 0 ||
-        checkpoint_read(f, &g->model.table, g->model.params, NULL, NULL, e) != 0) {
-        if (f) st_close(f);
+    if (checkpoint_load_model(ckpt, "gpt2", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
+                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.table,
+                              g->model.params, e) != 0) {
         gpt2_free(&g->model), dataset_free(&g->data), free(g->model_json), free(g);
         return -1;
     }
-    st_close(f);
     g->B = batch_size;
     g->max_batches = max_batches;
     g->x = xmalloc((size_t)g->B * g->T * sizeof(int));

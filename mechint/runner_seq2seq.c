@@ -165,16 +165,12 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
     g->cfg = c;
     s2s_init(&g->model, &c, seed);
     g->model_json = s2s_config_json(&as_trained);
-    StFile *f = checkpoint_open(ckpt, "seq2seq", e);
-    if (!f || checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS),
-                                "mechint is built per checkpoint configuration; run it through make mechint", e) != 0 ||
-        checkpoint_expect_json(f, "model", g->model_json, "the checkpoint has another model shape or vocabulary", e) != 0 ||
-        checkpoint_read(f, &g->model.table, g->model.params, NULL, NULL, e) != 0) {
-        if (f) st_close(f);
+    if (checkpoint_load_model(ckpt, "seq2seq", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
+                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.table,
+                              g->model.params, e) != 0) {
         sr_free(g);
         return -1;
     }
-    st_close(f);
     if (batch_size < 1) batch_size = 1;
     g->B = batch_size;
     int all_batches = (g->nval + g->B - 1) / g->B;

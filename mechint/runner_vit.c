@@ -64,16 +64,12 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     cfg.dropout = 0.0f; /* eval mode everywhere (the checkpoint's model text still says what it trained with) */
     vit_init(&v->model, &cfg, seed);
     v->model_json = vit_config_json(&as_trained);
-    StFile *f = checkpoint_open(ckpt, "vit", e);
-    if (!f || checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS),
-                                "mechint is built per checkpoint configuration; run it through make mechint", e) != 0 ||
-        checkpoint_expect_json(f, "model", v->model_json, "the checkpoint has another model shape or data set", e) != 0 ||
-        checkpoint_read(f, &v->model.table, v->model.params, NULL, NULL, e) != 0) {
-        if (f) st_close(f);
+    if (checkpoint_load_model(ckpt, "vit", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
+                              v->model_json, "the checkpoint has another model shape or data set", &v->model.table,
+                              v->model.params, e) != 0) {
         vit_free(&v->model), vit_data_free(&v->data), free(v->model_json), free(v);
         return -1;
     }
-    st_close(f);
     if (batch_size < 1) batch_size = 1;
     v->B = batch_size;
     int all = (v->data.nval + v->B - 1) / v->B;

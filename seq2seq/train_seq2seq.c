@@ -610,15 +610,11 @@ static int cmd_translate(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     setup(&r);
     Err e;
-    StFile *f = checkpoint_open(ckpt, "seq2seq", &e);
-    if (!f) run_die(&e);
-    if (checkpoint_expect(f, "variant", r.run.variant,
-                          "use the binary of the step that wrote it (output/<run>/train_seq2seq_step<STEP>)", &e) != 0 ||
-        checkpoint_expect_json(f, "model", r.run.model_json, "the checkpoint has another model shape or vocabulary",
-                               &e) != 0 ||
-        checkpoint_read(f, &r.model.table, r.model.params, NULL, NULL, &e) != 0)
+    if (checkpoint_load_model(ckpt, "seq2seq", r.run.variant,
+                              "use the binary of the step that wrote it (output/<run>/train_seq2seq_step<STEP>)",
+                              r.run.model_json, "the checkpoint has another model shape or vocabulary", &r.model.table,
+                              r.model.params, &e) != 0)
         run_die(&e);
-    st_close(f);
     if (n > r.td.test.n) n = r.td.test.n;
     double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, n);
     printf("BLEU %.2f on the first %d test sentences (beam %d)\n", bleu, n, beam);

@@ -391,16 +391,11 @@ static int cmd_eval(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     setup(&r);
     Err e;
-    StFile *f = checkpoint_open(ckpt, "vit", &e);
-    if (!f) run_die(&e);
-    if (checkpoint_expect(f, "variant", r.run.variant,
-                          "use the binary of the step that wrote the checkpoint (output/<run>/train_vit_step<STEP>)",
-                          &e) != 0 ||
-        checkpoint_expect_json(f, "model", r.run.model_json, "the checkpoint has another model shape or data set", &e) !=
-            0 ||
-        checkpoint_read(f, &r.model.table, r.model.params, NULL, NULL, &e) != 0)
+    if (checkpoint_load_model(ckpt, "vit", r.run.variant,
+                              "use the binary of the step that wrote the checkpoint (output/<run>/train_vit_step<STEP>)",
+                              r.run.model_json, "the checkpoint has another model shape or data set", &r.model.table,
+                              r.model.params, &e) != 0)
         run_die(&e);
-    st_close(f);
     int n = r.data.test.n, K = r.model.cfg.classes;
     int *all = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) all[i] = i;
