@@ -36,12 +36,16 @@ def err(msg):
 
 
 def read_config(path):
+    """.config values by name; a bool switched off ("# CONFIG_X is not set") reads as "n"."""
     vals = {}
     if os.path.exists(path):
         for line in open(path):
             m = re.match(r"^CONFIG_(\w+)=(.*)$", line.strip())
+            off = re.match(r"^# CONFIG_(\w+) is not set$", line.strip())
             if m:
                 vals[m.group(1)] = m.group(2)
+            elif off:
+                vals[off.group(1)] = "n"
     return vals
 
 
@@ -112,7 +116,9 @@ def build(meta, cur, sanitize):
         if k.startswith("MECHINT_"):
             del cfg[k]
     base = "\n".join(config_lines(cfg)) + "\n"
-    frag = "".join(f"CONFIG_{k}={v}\n" for k, v in sorted(cur.items()) if k.startswith("MECHINT_"))
+    # switched-off analyses must reach the build too, or they fall back to their default (on)
+    frag = "".join(f"# CONFIG_{k} is not set\n" if v == "n" else f"CONFIG_{k}={v}\n"
+                   for k, v in sorted(cur.items()) if k.startswith("MECHINT_"))
     key = hashlib.sha256((base + frag + str(sanitize)).encode()).hexdigest()[:16]
     bdir = os.path.join(REPO, "build", "mechint", key)
     os.makedirs(bdir, exist_ok=True)

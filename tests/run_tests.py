@@ -475,6 +475,18 @@ def test_mechint_end_to_end(ws, tmp):
             f"mechint: the junk and the truncated file each get an error line naming them:\n{both[-2000:]}")
     R.check(os.path.isfile(os.path.join(bad, "mechint", "final_model_stepV1", "report.json")),
             "mechint: the good checkpoint beside them is still analysed")
+    # analyses switched off in .config stay off (a "# CONFIG_X is not set" line once fell back to the default)
+    only = os.path.join(tmp, "mechint-weights-only")
+    os.makedirs(only, exist_ok=True)
+    shutil.copy(os.path.join(out, "final_model_stepV1.safetensors"), only)
+    ws.set("MECHINT_ABLATION=n", "MECHINT_MASKS=n")
+    r = ws.make("mechint", f"MODELS={only}")
+    rep_path = os.path.join(only, "mechint", "final_model_stepV1", "report.json")
+    an = json.load(open(rep_path)).get("analyses", {}) if os.path.isfile(rep_path) else {}
+    R.check(r.returncode == 0 and "circuits" in an and "head_types" in an and "ablation" not in an and
+            "kv_masks" not in an, f"mechint: MECHINT_ABLATION=n and MECHINT_MASKS=n leave those analyses out: "
+            f"{sorted(an)} {r.stderr[-1000:]}")
+    ws.set("MECHINT_ABLATION=y", "MECHINT_MASKS=y")
     r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
 
