@@ -36,7 +36,7 @@ def err(msg):
 
 
 def read_config(path):
-    """.config values by name; a bool switched off ("# CONFIG_X is not set") reads as "n"."""
+    """.config values by name; a bool switched off (an "is not set" comment line) reads as "n"."""
     vals = {}
     if os.path.exists(path):
         for line in open(path):

@@ -475,7 +475,7 @@ def test_mechint_end_to_end(ws, tmp):
             f"mechint: the junk and the truncated file each get an error line naming them:\n{both[-2000:]}")
     R.check(os.path.isfile(os.path.join(bad, "mechint", "final_model_stepV1", "report.json")),
             "mechint: the good checkpoint beside them is still analysed")
-    # analyses switched off in .config stay off (a "# CONFIG_X is not set" line once fell back to the default)
+    # analyses switched off in .config stay off (an "is not set" line once fell back to the default)
     only = os.path.join(tmp, "mechint-weights-only")
     os.makedirs(only, exist_ok=True)
     shutil.copy(os.path.join(out, "final_model_stepV1.safetensors"), only)
