@@ -48,9 +48,10 @@ void *mask_ref_new(Runner *r, int batches);
 void mask_ref_free(void *ref);
 double mask_ref_loss(const void *ref);
 MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const void *ref);
-/* hard: the round(target * n) kept directions; theta_out (optional): the final mask logits */
-void mask_train(Runner *r, const MaskPlan *p, const void *ref, double target, int steps, double lr, uint64_t seed,
-                double *hard, double *theta_out);
+/* Deterministic given the batches. hard: the round(target * n) kept directions; theta_out (optional): the
+ * final mask logits */
+void mask_train(Runner *r, const MaskPlan *p, const void *ref, double target, int steps, double lr, double *hard,
+                double *theta_out);
 cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targets, int ntargets, int steps,
                       double lr, uint64_t seed);
 

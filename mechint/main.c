@@ -266,8 +266,7 @@ static int attach(const char *run_dir, const char *step, const char *dir, const 
     cJSON_Delete(rep);
     char *summary = cJSON_PrintUnformatted(flat);
     cJSON_Delete(flat);
-    const char *files[64];
-    char *owned[64];
+    char *files[64];
     int nf = 0;
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -276,16 +275,16 @@ static int attach(const char *run_dir, const char *step, const char *dir, const 
         if (!x || de->d_name[0] == '.' || (strcmp(x, ".png") && strcmp(de->d_name, "report.md") && strcmp(de->d_name, "report.json")))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        files[nf] = owned[nf] = strdup(path);
+        files[nf] = strdup(path);
         nf++;
     }
     if (d) closedir(d);
     char folder[512];
     const char *stem = strrchr(dir, '/');
     snprintf(folder, sizeof folder, "mechint/%s", stem && stem[1] ? stem + 1 : dir);
-    int rc = wandb_attach_results(run_dir, step, summary, files, nf, folder);
+    int rc = wandb_attach_results(run_dir, step, summary, (const char *const *)files, nf, folder);
     if (rc == 0) printf("   attached to the W&B run of step %s (%d files)\n", step, nf);
-    for (int i = 0; i < nf; i++) free(owned[i]);
+    for (int i = 0; i < nf; i++) free(files[i]);
     free(summary);
     return rc < 0 ? 1 : 0;
 }

@@ -254,34 +254,33 @@ MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const v
     return e;
 }
 
-/* The common shift b >= 0 of all logits with mean sigmoid((theta - b) / tau) <= c (bisection). */
+/* mean over the n logits of sigmoid((theta - b) / tau): the kept fraction after a common shift b */
+static double mean_kept(const double *theta, size_t n, double tau, double b) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m += 1.0 / (1.0 + exp(-(theta[i] - b) / tau)) / n;
+    return m;
+}
+
+/* The common shift b >= 0 of all logits with mean_kept(theta, b) <= c (bisection). */
 static double kept_shift(const double *theta, size_t n, double tau, double c) {
-    double lo = 0.0, hi = 1.0, mean = 0.0;
-    for (size_t i = 0; i < n; i++) mean += 1.0 / (1.0 + exp(-theta[i] / tau)) / n;
-    if (mean <= c) return 0.0;
-    for (;;) { /* an upper end that satisfies the constraint */
-        double m = 0.0;
-        for (size_t i = 0; i < n; i++) m += 1.0 / (1.0 + exp(-(theta[i] - hi) / tau)) / n;
-        if (m <= c || hi > 1e6) break;
-        lo = hi, hi *= 2.0;
-    }
+    double lo = 0.0, hi = 1.0;
+    if (mean_kept(theta, n, tau, 0.0) <= c) return 0.0;
+    while (mean_kept(theta, n, tau, hi) > c && hi <= 1e6) lo = hi, hi *= 2.0; /* an upper end that satisfies it */
     for (int it = 0; it < 60; it++) {
-        double b = 0.5 * (lo + hi), m = 0.0;
-        for (size_t i = 0; i < n; i++) m += 1.0 / (1.0 + exp(-(theta[i] - b) / tau)) / n;
-        if (m > c) lo = b;
+        double b = 0.5 * (lo + hi);
+        if (mean_kept(theta, n, tau, b) > c) lo = b;
         else hi = b;
     }
     return hi;
 }
 
-void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, int steps, double lr, uint64_t seed,
-                double *hard, double *theta_out) {
+void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, int steps, double lr, double *hard,
+                double *theta_out) {
     const Ref *f = refp;
     size_t n = (size_t)p->L * p->H * p->nroles * p->r;
     double *theta = xmalloc(n * sizeof(double)), *m = xmalloc(n * sizeof(double)), *dm = xmalloc(n * sizeof(double));
     double *mom = xcalloc(n, sizeof(double)), v = 0.0;
     int ramp = steps / 2 > 0 ? steps / 2 : 1;
-    (void)seed; /* the optimisation is deterministic given the batches */
     for (size_t i = 0; i < n; i++) theta[i] = 3.0; /* masks start on (R1) */
     for (int t = 0; t < steps; t++) {
         double tau = 1.0 - 0.8 * t / (steps > 1 ? steps - 1 : 1);
@@ -373,7 +372,7 @@ cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targ
     Rng g = rng_seeded(seed, 11);
 #define FAITH(x) ((off.loss - f.loss_full) != 0 ? 1.0 - ((x) - f.loss_full) / (off.loss - f.loss_full) : NAN)
     for (int ti = 0; ti < ntargets; ti++) {
-        mask_train(r, &p, &f, targets[ti], steps, lr, seed + ti, hard, NULL);
+        mask_train(r, &p, &f, targets[ti], steps, lr, hard, NULL);
         MaskEval e = mask_evaluate(r, &p, hard, &f);
         baseline_mask(&p, hard, 0, &g, base);
         MaskEval mag = mask_evaluate(r, &p, base, &f);

@@ -355,7 +355,7 @@ static void test_runner(void) {
      * variant with and without +Pos, except QKV: one weak planted direction out of ~500 was measured to trade
      * places with an unused one (Jaccard 0.999, KL 2e-5), so the bound is 0.99 (docs/mechint.md) */
     double *theta = xmalloc(nm * 8);
-    mask_train(&r, &p, ref, kept_target, 150, 0.1, 1, hard, theta);
+    mask_train(&r, &p, ref, kept_target, 150, 0.1, hard, theta);
     double inter = 0.0, uni = 0.0, mean_planted = 0.0, mean_zero = 0.0, np = 0.0;
     for (size_t i = 0; i < nm; i++) {
         inter += hard[i] * planted[i], uni += fmax(hard[i], planted[i]);
