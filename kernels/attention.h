@@ -1,41 +1,52 @@
 /* Multi-head attention in every variant of kvlab (docs/kernels.md has the math).
  *
- * The configured variant is a compile-time constant (ATTN_VARIANT, from the
- * Kconfig "Attention" menu), so code for the other variants is removed by the
+ * The variants are the rows of kernels/attention.tbl: which projection blocks
+ * a variant has and which block plays query, key and value. The configured
+ * variant is a compile-time constant (ATTN_VARIANT, from the Kconfig
+ * "Attention" menu), so code for the other variants is removed by the
  * compiler. Self-attention takes the fused projection output of one layer,
- * (B, T, P*C) with the P projection blocks of the variant side by side and the
- * heads contiguous inside each block:
+ * (B, T, P*C) with the P blocks side by side and the heads contiguous inside
+ * each block; the scores are s * (query role) (key role)^T with
+ * s = 1/sqrt(head dim) and the output is A (value role).
  *
- *   variant    P  blocks    query  key  value   scores      output
- *   QKV        3  [Q|K|V]   Q      K    V       s Q K^T     A V
- *   KV         2  [K|V]     K      K    V       s K K^T     A V
- *   K          1  [K]       K      K    K       s K K^T     A K
- *   KV tying   2  [Q|V]     Q      V    V       s Q V^T     A V
- *
- * with s = 1/sqrt(head dim). +Pos (ATTN_POS) turns the scores into
- * S' = alpha S + f(i) + g(j) + b, the factored form of the paper's term
- * sum_c w_c (S_ij + P_ijc) + b (alpha = sum_c w_c), see attn_pos_*.
+ * +Pos (ATTN_POS) turns the scores into S' = alpha S + f(i) + g(j) + b, the
+ * factored form of the paper's term sum_c w_c (S_ij + P_ijc) + b
+ * (alpha = sum_c w_c), see attn_pos_*.
  * Order of operations: scale, positional term, masks (causal, key padding),
  * softmax, dropout, times values. Cross-attention (decoder queries, encoder
- * keys and values) is always plain QKV without +Pos. */
+ * keys and values) is always plain QKV without +Pos.
+ *
+ * This header and kernels/attention.c are backend-neutral; a backend
+ * (kernels/cpu/, ...) implements the compute functions declared below. */
 #ifndef KVLAB_ATTENTION_H
 #define KVLAB_ATTENTION_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
+#include <generated/attn_variants.h>
+
+/* ---- the variant table ----------------------------------------------------
+ * One row per variant, generated from kernels/attention.tbl (the only place
+ * these facts live; Python reads the same file). The array is static const
+ * in this header so that a row indexed by the compile-time ATTN_VARIANT
+ * folds to constants: code for the other variants is removed. */
+typedef struct {
+    int id;                 /* ATTN_QKV, ... (= row index) */
+    const char *name;       /* "qkv", "kv_tying": metadata and file names */
+    const char *label;      /* "QKV", "KV tying": tables and logs */
+    int nproj;              /* P: projection blocks side by side in the fused (B, T, P*C) */
+    const char *blocks[3];  /* checkpoint names of the blocks: attn.<block>.weight */
+    int query, key, value;  /* the block playing each role */
+    const char *roles;      /* the role sharing in words */
+    const char *kconfig;    /* the Kconfig symbol that selects it */
+} AttnVariantInfo;
+
+static const AttnVariantInfo attn_variants[ATTN_NUM_VARIANTS] = {ATTN_VARIANT_ROWS};
 
 /* The configured variant, as compile-time constants. */
-#if IS_ENABLED(CONFIG_ATTN_KV)
-#define ATTN_VARIANT ATTN_KV
-#elif IS_ENABLED(CONFIG_ATTN_K)
-#define ATTN_VARIANT ATTN_K
-#elif IS_ENABLED(CONFIG_ATTN_KV_TYING)
-#define ATTN_VARIANT ATTN_KV_TYING
-#elif IS_ENABLED(CONFIG_ATTN_QKV)
-#define ATTN_VARIANT ATTN_QKV
-#else
+#define ATTN_VARIANT ATTN_VARIANT_SELECTED
+#if ATTN_VARIANT < 0
 #error "no attention variant in the configuration (run make olddefconfig)"
 #endif
 #define ATTN_POS IS_ENABLED(CONFIG_ATTN_POS)
@@ -78,15 +89,16 @@ enum { ATTN_QKV = 0, ATTN_KV = 1, ATTN_K = 2, ATTN_KV_TYING = 3 };
 #define ATTN_HEAD_DIM 0
 #endif
 
-/* Projections of a variant, and which block (0..P-1) plays each role. */
-static inline int attn_num_proj(int variant) {
-    return variant == ATTN_QKV ? 3 : variant == ATTN_K ? 1 : 2;
-}
-static inline int attn_key_block(int variant) {
-    return variant == ATTN_QKV || variant == ATTN_KV_TYING ? 1 : 0;
-}
-static inline int attn_value_block(int variant) {
-    return variant == ATTN_QKV ? 2 : variant == ATTN_K ? 0 : 1;
+/* Facts of a variant, read from its row (constants for ATTN_VARIANT). */
+static inline int attn_num_proj(int variant) { return attn_variants[variant].nproj; }
+static inline int attn_query_block(int variant) { return attn_variants[variant].query; }
+static inline int attn_key_block(int variant) { return attn_variants[variant].key; }
+static inline int attn_value_block(int variant) { return attn_variants[variant].value; }
+/* Query role == key role: the scores S = s K K^T are symmetric before masks. */
+static inline int attn_symmetric(int variant) { return attn_query_block(variant) == attn_key_block(variant); }
+/* KV-cache tensors per layer: K and V, or one when the key is the value. */
+static inline int attn_cache_tensors(int variant) {
+    return attn_key_block(variant) == attn_value_block(variant) ? 1 : 2;
 }
 /* Projection block names in order, e.g. "q","k","v"; used for tensor names. */
 const char *attn_block_name(int variant, int block);
@@ -94,11 +106,8 @@ const char *attn_block_name(int variant, int block);
 const char *attn_variant_label(int variant, int pos);
 /* "qkv", "kv_pos", "kv_tying", ... (metadata and file-friendly) */
 const char *attn_variant_id(int variant, int pos);
-/* KV-cache floats per token per layer (C = channels): both K and V unless
- * the variant's key and value are the same tensor (K, KV tying). */
-static inline int attn_cache_tensors(int variant) {
-    return attn_key_block(variant) == attn_value_block(variant) ? 1 : 2;
-}
+/* The variant whose name (without a +Pos suffix) is name; -1 if none. */
+int attn_variant_by_name(const char *name);
 
 /* ---- +Pos: the fixed sinusoidal basis and the learned weights -------------
  * P[i,j] = concat(feat(i), feat(j))[:m], feat(p) = [sin(p f0), cos(p f0),
@@ -107,8 +116,11 @@ static inline int attn_cache_tensors(int variant) {
  * remaining m-ci from the key position j, so w.P[i,j] = f(i) + g(j). */
 int attn_pos_channels(int m);                 /* c */
 int attn_pos_query_channels(int m);           /* ci */
-/* feat table: T rows of c values (float64 math, rounded to float). */
+/* feat table: T rows of c values (float64 math, rounded to float), on the
+ * host; attn_pos_features_dev puts the same table in a dev_alloc buffer
+ * (the caller dev_frees it). */
 void attn_pos_features(float *feat, int T, int m);
+float *attn_pos_features_dev(int T, int m);
 /* Full P[i,j] (m values), for tests and analyses; never used in training. */
 void attn_pos_entry(double *out, int i, int j, int m);
 

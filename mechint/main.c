@@ -166,7 +166,7 @@ static int analyze(const char *ckpt, const char *out, const char *sha) {
     cJSON_AddStringToObject(rep, "family", r.family);
     cJSON_AddStringToObject(rep, "variant", attn_variant_id(m.variant, m.pos));
     cJSON_AddStringToObject(rep, "variant_label", attn_variant_label(m.variant, m.pos));
-    cJSON_AddStringToObject(rep, "roles", variant_roles(m.variant));
+    cJSON_AddStringToObject(rep, "roles", attn_variants[m.variant].roles);
     cJSON_AddStringToObject(rep, "weights", r.src.post_ln ? "raw (post-LN blocks cannot be folded)"
                                                           : "LayerNorm gain and bias folded into W_Q/W_K/W_V");
     cJSON_AddStringToObject(rep, "data", r.data_desc);

@@ -57,9 +57,11 @@ void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src) {
     memset(p, 0, sizeof *p);
     int v = m->variant, r = m->r, d = m->d, n = d + 1;
     p->L = m->L, p->H = m->H, p->r = r, p->C = src->C;
-    p->nroles = v == ATTN_QKV || v == ATTN_KV ? 2 : 1;
+    /* the key side of W_QK and the value side of W_OV: one block when the key is the value ("kv" when it is
+     * not the query as well, as in KV tying; "k" when one projection plays every role) */
+    p->nroles = attn_cache_tensors(v);
     p->role_block[0] = attn_key_block(v);
-    p->role_name[0] = v == ATTN_KV_TYING ? "kv" : v == ATTN_K ? "k" : "k";
+    p->role_name[0] = p->nroles == 2 || attn_symmetric(v) ? "k" : "kv";
     if (p->nroles == 2) p->role_block[1] = attn_value_block(v), p->role_name[1] = "v";
     size_t per = (size_t)p->L * p->H * p->nroles;
     p->A = xmalloc(per * r * r * sizeof(double));

@@ -65,9 +65,6 @@ typedef struct {
 void model_build(Model *m, const char *family, const ModelSource *src);
 void model_free(Model *m);
 
-/* The variant's role sharing, for the report. */
-const char *variant_roles(int variant);
-
 /* Weight-only analyses (mechint/weights.c). */
 cJSON *analysis_circuits(const Model *m);
 cJSON *analysis_qk_symmetry(const Model *m);

@@ -7,20 +7,10 @@
 #include "common.h"
 #include "mechint.h"
 
-const char *variant_roles(int variant) {
-    switch (variant) {
-    case ATTN_QKV: return "q, k, v separate";
-    case ATTN_KV: return "q = k (Q dropped), v separate";
-    case ATTN_K: return "q = k = v (one projection)";
-    case ATTN_KV_TYING: return "q separate, k = v (K := V)";
-    default: return "?";
-    }
-}
-
 void model_build(Model *m, const char *family, const ModelSource *src) {
     memset(m, 0, sizeof *m);
     int C = src->C, H = src->H, r = C / H, P = attn_num_proj(src->variant);
-    int kb = attn_key_block(src->variant), vb = attn_value_block(src->variant);
+    int qb = attn_query_block(src->variant), kb = attn_key_block(src->variant), vb = attn_value_block(src->variant);
     m->family = family;
     m->variant = src->variant, m->pos = src->pos, m->pos_m = src->pos_m, m->pos_groups = src->pos_groups;
     m->L = src->L, m->H = H, m->d = C, m->r = r;
@@ -56,7 +46,7 @@ void model_build(Model *m, const char *family, const ModelSource *src) {
             double *Wo = base + P * blk;
             for (int c = 0; c < r; c++)
                 for (int j = 0; j < C; j++) Wo[(size_t)c * C + j] = W[bp->projw + (size_t)j * C + (size_t)h * r + c];
-            ly->head[h].Wq = base;
+            ly->head[h].Wq = base + qb * blk;
             ly->head[h].Wk = base + kb * blk;
             ly->head[h].Wv = base + vb * blk;
             ly->head[h].Wo = Wo;

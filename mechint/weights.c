@@ -201,7 +201,7 @@ cJSON *analysis_qk_symmetry(const Model *m) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddItemToObject(s, "mean_sigma_sym", num(sum / (m->L * m->H)));
     cJSON_AddItemToObject(s, "min_sigma_sym", num(mn));
-    cJSON_AddBoolToObject(s, "symmetric_by_construction", m->variant == ATTN_KV || m->variant == ATTN_K);
+    cJSON_AddBoolToObject(s, "symmetric_by_construction", attn_symmetric(m->variant));
     cJSON_AddItemToObject(o, "summary", s);
     cJSON_AddStringToObject(o, "formula",
                             "bias-augmented M = W_Q W_K^T; sigma_sym = tr(M^2)/||M||_F^2 in [-1, 1]; positivity = "

@@ -2,9 +2,9 @@
 """make bench: training-step speed of every attention variant against this
 machine's sgemm rate, measured in one run.
 
-Builds bench/bench_step once per variant (QKV, KV, KV+Pos, K, K+Pos, KV
-tying), runs them round-robin for a few rounds so that machine noise hits
-every variant alike. Every bench process also measures this machine's
+Builds bench/bench_step once per variant of kernels/attention.tbl (and its
++Pos form where a step fragment exists: KV+Pos, K+Pos), runs them
+round-robin for a few rounds so that machine noise hits every variant alike. Every bench process also measures this machine's
 2048^3 sgemm rate, before and after its steps. Interference from other
 processes on a shared machine only ever slows a measurement down, so the
 primary figures compare best with best: the fastest step of each variant
@@ -21,10 +21,26 @@ import subprocess
 import sys
 import time
 
+import attention_tbl
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
-VARIANTS = [("qkv", "QKV"), ("kv", "KV"), ("kv_pos", "KV_POS"), ("k", "K"), ("k_pos", "K_POS"),
-            ("kv_tying", "KV_TYING")]
+
+
+def bench_variants():
+    """(name, step fragment, name without +Pos or None) of every row of kernels/attention.tbl, each followed by
+    its +Pos form where defconfigs/steps/ has a fragment for it (<ID>_POS)."""
+    pos = next(m for m in attention_tbl.modifiers() if m["kconfig"] == "ATTN_POS")
+    out = []
+    for row in attention_tbl.variants():
+        out.append((row["name"], row["id"], None))
+        if os.path.isfile(os.path.join(REPO, "defconfigs", "steps", row["id"] + "_POS")):
+            out.append((row["name"] + pos["name"], row["id"] + "_POS", row["name"]))
+    return out
+
+
+VARIANTS = bench_variants()
+BASELINE = attention_tbl.variants()[0]["name"]  # the first row (standard attention) is what the others are compared to
 
 
 def build(variant, fragment, sanitize=False):
@@ -49,12 +65,12 @@ def main():
           f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
           f"OPENBLAS_CORETYPE={coretype}", flush=True)
     binaries = {}
-    for variant, frag in VARIANTS:
+    for variant, frag, _ in VARIANTS:
         print(f"  building {variant}", flush=True)
         binaries[variant] = build(variant, frag)
-    runs = {v: [] for v, _ in VARIANTS}
+    runs = {v: [] for v, _, _ in VARIANTS}
     for rnd in range(args.rounds):
-        for variant, _ in VARIANTS:
+        for variant, _, _ in VARIANTS:
             cmd = [binaries[variant]] + [str(x) for x in args.shape] + [str(args.steps)]
             r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
             if r.returncode != 0:
@@ -68,7 +84,7 @@ def main():
     all_sgemm = [g for v in runs.values() for r in v for g in r["sgemm_gflops_runs"]]
     sgemm, sgemm_median = max(all_sgemm), statistics.median(all_sgemm)
     records = []
-    for variant, _ in VARIANTS:
+    for variant, _, _ in VARIANTS:
         rs = runs[variant]
         first = rs[0]
         steps = [ms for r in rs for ms in r["step_ms"]]
@@ -103,11 +119,12 @@ def main():
         records.append(rec)
     by = {r["variant"]: r for r in records}
     for r in records:
-        q = by["qkv"]
+        q = by[BASELINE]
         r["flops_vs_qkv"] = round(r["flops_per_token"] / q["flops_per_token"], 4)
         r["time_vs_qkv"] = round(r["ms_per_step"] / q["ms_per_step"], 4)
-        if r["variant"].endswith("_pos"):
-            base = by[r["variant"][:-4]]
+        without_pos = next(b for v, _, b in VARIANTS if v == r["variant"])
+        if without_pos:
+            base = by[without_pos]
             r["pos_overhead"] = round(r["ms_per_step"] / base["ms_per_step"] - 1, 4)
     out = os.path.join(REPO, "output", "bench")
     os.makedirs(out, exist_ok=True)

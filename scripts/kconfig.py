@@ -361,6 +361,23 @@ def cmd_check_symbols():
     for name, where in kconfig_references(kconf).items():
         used.setdefault(name, set()).update(where)
     problems = []
+    # the attention-variant table selects variants by Kconfig symbol: its symbols are used, must exist, and
+    # every member of the variant choice must have a row
+    import attention_tbl
+    table = os.path.relpath(attention_tbl.TABLE)
+    try:
+        table_syms = [r["kconfig"] for r in attention_tbl.variants()] + [m["kconfig"] for m in attention_tbl.modifiers()]
+    except (attention_tbl.TableError, OSError) as e:
+        table_syms = []
+        problems.append(str(e))
+    for name in table_syms:
+        used.setdefault(name, set()).add(table)
+    for choice in kconf.unique_choices:
+        members = [sym.name for sym in choice.syms]
+        if any(name in members for name in table_syms):
+            for name in members:
+                if name not in table_syms:
+                    problems.append(f"CONFIG_{name} is an attention variant in Kconfig but has no row in {table}")
     for name, where in sorted(used.items()):
         if name not in defined:
             problems.append(f"CONFIG_{name} is used in {', '.join(sorted(where))} but not defined in Kconfig")

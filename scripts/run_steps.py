@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+import attention_tbl
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Model families: Kconfig symbol -> binary (inside a step's build tree) and data sets.
@@ -107,9 +109,7 @@ def write_atomic(path, text):
 
 
 def variant_label(cfg):
-    base = ("KV" if cfg.get("ATTN_KV") else "K" if cfg.get("ATTN_K") else
-            "KV tying" if cfg.get("ATTN_KV_TYING") else "QKV")
-    return base + ("+Pos" if cfg.get("ATTN_POS") else "")
+    return attention_tbl.label(cfg)
 
 
 def step_files(out, sid, family):

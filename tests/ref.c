@@ -4,18 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu/hash.h"
 #include "attention.h"
+#include "hash.h"
 
-/* Role columns of each variant, from the table in docs/kernels.md:
+/* Role columns of each variant, from its row of kernels/attention.tbl:
  * which projection block serves as query, key and value. */
 static void roles(int variant, int *P, int *qb, int *kb, int *vb) {
-    switch (variant) {
-    case ATTN_QKV: *P = 3, *qb = 0, *kb = 1, *vb = 2; break;
-    case ATTN_KV: *P = 2, *qb = 0, *kb = 0, *vb = 1; break;
-    case ATTN_K: *P = 1, *qb = 0, *kb = 0, *vb = 0; break;
-    default: *P = 2, *qb = 0, *kb = 1, *vb = 1; break; /* KV tying: Q, then V as key and value */
-    }
+    *P = attn_num_proj(variant), *qb = attn_query_block(variant), *kb = attn_key_block(variant);
+    *vb = attn_value_block(variant);
 }
 
 /* The positional table P[i,j,:] for all (i, j), kept between calls: finite

@@ -131,6 +131,43 @@ def test_kconfig(tmp):
     R.check(r.returncode != 0 and "defconfig" in r.stderr, f"make without .config says how to start: {r.stderr}")
 
 
+def test_variant_table(tmp):
+    section("attention-variant table (kernels/attention.tbl)")
+    rows = {r["id"]: r for r in attention_tbl.variants()}
+    # the paper's variants as attention-variants.md defines them (known answers, not derived from the table)
+    paper = {"QKV": (["q", "k", "v"], "q", "k", "v"), "KV": (["k", "v"], "k", "k", "v"),
+             "K": (["k"], "k", "k", "k"), "KV_TYING": (["q", "v"], "q", "v", "v")}
+    for vid, (blocks, q, k, v) in paper.items():
+        r = rows.get(vid, {})
+        R.check(r.get("blocks") == blocks and (r.get("query"), r.get("key"), r.get("value")) == (q, k, v),
+                f"table row {vid}: blocks {blocks}, query {q}, key {k}, value {v}: {r}")
+    R.check([r["symmetric"] for r in (rows["QKV"], rows["KV"], rows["K"], rows["KV_TYING"])] ==
+            [False, True, True, False], "symmetric scores exactly where the query is the key")
+    R.check([r["cache_tensors"] for r in (rows["QKV"], rows["KV"], rows["K"], rows["KV_TYING"])] == [2, 2, 1, 1],
+            "KV cache: one tensor where the key is the value")
+    for r in rows.values():
+        R.check(os.path.isfile(os.path.join(REPO, "defconfigs", "steps", r["id"])),
+                f"table row {r['id']} has its step fragment defconfigs/steps/{r['id']}")
+    cfg = {"ATTN_QKV": True, "ATTN_KV_TYING": True, "ATTN_POS": True}
+    R.check(attention_tbl.label(cfg) == "KV tying+Pos" and attention_tbl.name(cfg) == "kv_tying_pos",
+            f"a refining symbol selects its row, +Pos appends its suffixes: {attention_tbl.label(cfg)}")
+    # the C header is generated from the same rows
+    hdr = os.path.join(tmp, "attn_variants.h")
+    r = run([PY, os.path.join(REPO, "scripts", "attention_tbl.py"), "--header", hdr])
+    text = open(hdr).read() if r.returncode == 0 else ""
+    R.check(all(f'.name = "{x["name"]}"' in text for x in rows.values()) and
+            f"ATTN_NUM_VARIANTS = {len(rows)}" in text, f"the C header has every row: {r.stderr}")
+    # a broken table is refused naming its line
+    bad = os.path.join(tmp, "bad.tbl")
+    with open(bad, "w") as f:
+        f.write("QKV | ATTN_QKV | qkv | QKV | q k v | q | x | v | roles\n")
+    try:
+        attention_tbl._parse(bad)
+        R.check(False, "a table row whose key block is not one of its blocks is refused")
+    except attention_tbl.TableError as e:
+        R.check(f"{bad}:1" in str(e) and "key block" in str(e), f"a bad table row is named with its line: {e}")
+
+
 def test_menuconfig(tmp):
     """Drives kconfiglib's menuconfig through a pseudo-terminal: jump to SEED, edit, save, quit."""
     import pty
@@ -182,18 +219,26 @@ def test_menuconfig(tmp):
 
 # ---------------------------------------------------------------- 2. C unit tests
 
-# name -> step fragments merged over tests/configs/base
-TEST_CONFIGS = [
-    ("qkv", ["defconfigs/steps/QKV"]),
-    ("kv", ["defconfigs/steps/KV"]),
-    ("k", ["defconfigs/steps/K"]),
-    ("kv_tying", ["defconfigs/steps/KV_TYING"]),
-    ("qkv_pos", ["defconfigs/steps/QKV", "tests/configs/pos_m10"]),
-    ("kv_pos", ["defconfigs/steps/KV_POS"]),
-    ("kv_pos_head", ["defconfigs/steps/KV_POS", "tests/configs/pos_per_head"]),
-    ("k_pos_head", ["defconfigs/steps/K_POS", "tests/configs/pos_per_head"]),
-    ("kv_tying_pos", ["defconfigs/steps/KV_TYING", "tests/configs/pos_m7"]),
-]
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import attention_tbl  # noqa: E402 - the variant table (kernels/attention.tbl)
+
+# The +Pos settings the variants take turns with, so that each is covered with
+# symmetric and asymmetric scores: (suffix, fragment under tests/configs/)
+POS_SETTINGS = [("pos", "pos_m10"), ("pos_head", "pos_per_head"), ("pos", "pos_m7"), ("pos", "pos")]
+
+
+def test_configs():
+    """name -> step fragments merged over tests/configs/base: every variant of the table as it is, then each
+    with +Pos under one of POS_SETTINGS."""
+    rows = attention_tbl.variants()
+    out = [(r["name"], [f"defconfigs/steps/{r['id']}"]) for r in rows]
+    for i, r in enumerate(rows):
+        suffix, frag = POS_SETTINGS[i % len(POS_SETTINGS)]
+        out.append((f"{r['name']}_{suffix}", [f"defconfigs/steps/{r['id']}", f"tests/configs/{frag}"]))
+    return out
+
+
+TEST_CONFIGS = test_configs()
 
 
 def parse_counts(output):
@@ -1053,6 +1098,7 @@ def main():
         R.check(r.returncode == 0, f"data for the tests: {r.stdout}{r.stderr}")
         if want("kconfig"):
             guarded(test_kconfig, tmp)
+            guarded(test_variant_table, tmp)
         if want("menuconfig"):
             guarded(test_menuconfig, tmp)
         if want("unit"):

@@ -27,37 +27,54 @@ static GPT2Config char_gpt(void) {
     return c;
 }
 
+/* Parameter counts are a pure function of the configuration, so every
+ * variant and +Pos setting is checked in every build, not only the built one. */
 static void test_param_counts(void) {
     /* attention-variants.md table 4, char GPT row, without +Pos */
-    static const long base[4] = {[ATTN_QKV] = 2703425, [ATTN_KV] = 2482241, [ATTN_K] = 2261057,
-                                 [ATTN_KV_TYING] = 2482241};
-    GPT2Config c = char_gpt();
-    GPT2 m;
-    gpt2_init(&m, &c, 1);
-    long want = base[ATTN_VARIANT];
-    if (ATTN_POS) want += (long)c.L * c.pos_groups * (c.pos_m + 1);
-    CHECK((long)m.table.total == want, "%s char-GPT parameter count %zu, oracle %ld",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), m.table.total, want);
+    static const long base[ATTN_NUM_VARIANTS] = {[ATTN_QKV] = 2703425, [ATTN_KV] = 2482241, [ATTN_K] = 2261057,
+                                                 [ATTN_KV_TYING] = 2482241};
+    for (int v = 0; v < ATTN_NUM_VARIANTS; v++) {
+        const char *name = attn_variant_label(v, 0);
+        CHECK(base[v] > 0, "no char-GPT parameter-count oracle for variant %s (add it from its definition)", name);
+        GPT2Config c = char_gpt();
+        c.variant = v, c.pos = 0, c.pos_m = 0, c.pos_groups = 0;
+        CHECK((long)gpt2_num_params(&c) == base[v], "%s char-GPT parameter count %zu, oracle %ld", name,
+              gpt2_num_params(&c), base[v]);
+        for (int groups = 1; groups <= c.H; groups += c.H - 1) { /* +Pos per layer and per head, m = 20 */
+            GPT2Config p = c;
+            p.pos = 1, p.pos_m = 20, p.pos_groups = groups;
+            CHECK((long)gpt2_num_params(&p) == base[v] + (long)c.L * groups * 21, "%s+Pos (%d groups) count %zu",
+                  name, groups, gpt2_num_params(&p));
+        }
+        /* GPT-2 124M (tied head, biases, V = 50257, T = 1024): 124,439,808 parameters for QKV
+         * (formats.md 2.1, llm.c's count with the unpadded vocabulary); each projection
+         * fewer removes C^2 + C per layer */
+        GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
+                        .gelu = 1, .variant = v};
+        long want124 = 124439808L - 12L * (3 - attn_num_proj(v)) * (768L * 768 + 768);
+        CHECK((long)gpt2_num_params(&g) == want124, "GPT-2 124M %s: %zu parameters, expected %ld", name,
+              gpt2_num_params(&g), want124);
+        /* matmul parameters: fewer projections, fewer parameters and FLOPs */
+        size_t per_layer = (size_t)(attn_num_proj(v) + 1 + 8) * 192 * 192;
+        CHECK(gpt2_matmul_params(&c) == 6 * per_layer + 65 * 192, "%s matmul parameter count", name);
+        CHECK(fabs(gpt2_flops_per_token(&c, 64) - (6.0 * (6 * per_layer + 65 * 192) + 12.0 * 6 * 64 * 192)) < 1,
+              "%s FLOPs per token = 6 N_matmul + 12 L T C", name);
+    }
     /* the oracle rows with +Pos, m = 20: KV+Pos 2,482,619 per head / 2,482,367 per layer; K+Pos 2,261,435 per head */
-    if (ATTN_POS && ATTN_POS_DIM == 20 && ATTN_VARIANT == ATTN_KV)
-        CHECK((long)m.table.total == (ATTN_POS_PER_HEAD ? 2482619 : 2482367), "KV+Pos oracle");
-    if (ATTN_POS && ATTN_POS_DIM == 20 && ATTN_VARIANT == ATTN_K && ATTN_POS_PER_HEAD)
-        CHECK((long)m.table.total == 2261435, "K+Pos oracle");
-    /* GPT-2 124M (tied head, biases, V = 50257, T = 1024): 124,439,808 parameters for QKV
-     * (formats.md 2.1, llm.c's count with the unpadded vocabulary); each projection
-     * fewer removes C^2 + C per layer, +Pos adds m+1 per layer or head */
-    GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
-                    .gelu = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
-                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 12 : 1) : 0};
-    long want124 = 124439808L - 12L * (3 - attn_num_proj(ATTN_VARIANT)) * (768L * 768 + 768) +
-                   (ATTN_POS ? 12L * g.pos_groups * (g.pos_m + 1) : 0);
-    CHECK((long)gpt2_num_params(&g) == want124, "GPT-2 124M %s: %zu parameters, expected %ld",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), gpt2_num_params(&g), want124);
-    /* matmul parameters: fewer projections, fewer parameters and FLOPs */
-    size_t per_layer = (size_t)(attn_num_proj(ATTN_VARIANT) + 1 + 8) * 192 * 192;
-    CHECK(gpt2_matmul_params(&c) == 6 * per_layer + 65 * 192, "matmul parameter count");
-    CHECK(fabs(gpt2_flops_per_token(&c, 64) - (6.0 * (6 * per_layer + 65 * 192) + 12.0 * 6 * 64 * 192)) < 1,
-          "FLOPs per token = 6 N_matmul + 12 L T C");
+    GPT2Config c = char_gpt();
+    c.pos = 1, c.pos_m = 20;
+    c.variant = ATTN_KV, c.pos_groups = 3;
+    CHECK(gpt2_num_params(&c) == 2482619, "KV+Pos per head oracle");
+    c.pos_groups = 1;
+    CHECK(gpt2_num_params(&c) == 2482367, "KV+Pos per layer oracle");
+    c.variant = ATTN_K, c.pos_groups = 3;
+    CHECK(gpt2_num_params(&c) == 2261435, "K+Pos per head oracle");
+    /* the model the build is for allocates exactly its table */
+    GPT2Config b = char_gpt();
+    GPT2 m;
+    gpt2_init(&m, &b, 1);
+    CHECK(m.table.total == gpt2_num_params(&b), "built %s model: %zu parameters", attn_variant_label(ATTN_VARIANT,
+          ATTN_POS), m.table.total);
     gpt2_free(&m);
 }
 

@@ -298,7 +298,7 @@ static void test_score_symmetry(void) {
         double asym = 0.0;
         for (int i = 0; i < T; i++)
             for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S[i * T + j] - S[j * T + i]));
-        int sym_variant = ATTN_VARIANT == ATTN_KV || ATTN_VARIANT == ATTN_K;
+        int sym_variant = attn_symmetric(ATTN_VARIANT);
         if (sym_variant && !ATTN_POS)
             CHECK(asym == 0.0, "%s scores (causal=%d) not exactly symmetric: %.3g", attn_variant_label(ATTN_VARIANT, 0),
                   causal, asym);

@@ -245,30 +245,47 @@ static S2SConfig synthetic_config(void) {
     return c;
 }
 
+/* Parameter counts are a pure function of the configuration: every variant
+ * and +Pos setting is checked in every build. */
 static void test_param_counts(void) {
     /* attention-variants.md table 4, synthetic row: d=32, L=1, H=1, 10 classes, biases */
-    static const long oracle[4] = {[ATTN_QKV] = 10346, [ATTN_KV] = 9290, [ATTN_K] = 8234, [ATTN_KV_TYING] = 9290};
+    static const long oracle[ATTN_NUM_VARIANTS] = {[ATTN_QKV] = 10346, [ATTN_KV] = 9290, [ATTN_K] = 8234,
+                                                   [ATTN_KV_TYING] = 9290};
+    for (int v = 0; v < ATTN_NUM_VARIANTS; v++) {
+        const char *name = attn_variant_label(v, 0);
+        CHECK(oracle[v] > 0, "no synthetic parameter-count oracle for variant %s (add it from its definition)", name);
+        S2SConfig c = synthetic_config();
+        c.variant = v, c.pos = 0, c.pos_m = 0, c.pos_groups = 0;
+        CHECK((long)s2s_num_params(&c) == oracle[v], "synthetic %s: %zu parameters, oracle %ld", name,
+              s2s_num_params(&c), oracle[v]);
+        c.pos = 1, c.pos_m = 10, c.pos_groups = 1;
+        CHECK((long)s2s_num_params(&c) == oracle[v] + 11, "synthetic %s+Pos (m = 10): %zu parameters", name,
+              s2s_num_params(&c));
+        /* encoder-decoder: cross-attention adds 4d^2 + 4d and a LayerNorm per decoder layer, whatever the variant */
+        for (int groups = 0; groups <= 2; groups++) { /* no +Pos, per layer, per head */
+            S2SConfig t = {.decoder = 1, .Vs = 100, .Vt = 80, .Tmax = 20, .C = 16, .H = 2, .mlp = 64, .L_enc = 2,
+                           .L_dec = 3, .gelu = 0, .scale_emb = 1, .pad = TOK_PAD, .variant = v, .pos = groups > 0,
+                           .pos_m = groups ? 7 : 0, .pos_groups = groups};
+            long C = 16, P = attn_num_proj(v), mlp = 64, posn = (long)groups * (groups ? 8 : 0);
+            long self = P * (C * C + C) + C * C + C + posn, ffn = C * mlp + mlp + mlp * C + C, ln = 2 * C;
+            long enc = 2 * (self + ffn + 2 * ln), dec = 3 * (self + ffn + 3 * ln + 4 * (C * C + C));
+            long sep = 100 * C + enc + ln + 80 * C + dec + ln + 80 * C + 80;
+            CHECK((long)s2s_num_params(&t) == sep, "%s encoder-decoder, separate embeddings, %d +Pos groups: %zu "
+                  "parameters, by hand %ld", name, groups, s2s_num_params(&t), sep);
+            t.shared_emb = 1;
+            t.Vs = t.Vt = 100;
+            long shared = 100 * C + enc + ln + dec + ln + 100;
+            CHECK((long)s2s_num_params(&t) == shared, "%s encoder-decoder, one shared table, %d +Pos groups: %zu "
+                  "parameters, by hand %ld", name, groups, s2s_num_params(&t), shared);
+        }
+    }
+    /* the reference's +Pos rows (m = 10) */
     S2SConfig c = synthetic_config();
-    long pos = ATTN_POS ? (long)c.pos_m + 1 : 0;
-    CHECK((long)s2s_num_params(&c) == oracle[ATTN_VARIANT] + pos, "synthetic %s: %zu parameters, oracle %ld",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), s2s_num_params(&c), oracle[ATTN_VARIANT] + pos);
-    if (ATTN_POS && ATTN_POS_DIM == 10 && (ATTN_VARIANT == ATTN_KV || ATTN_VARIANT == ATTN_K))
-        CHECK(s2s_num_params(&c) == (ATTN_VARIANT == ATTN_K ? 8245u : 9301u), "the reference's +Pos row (m = 10)");
-    /* encoder-decoder: cross-attention adds 4d^2 + 4d and a LayerNorm per decoder layer, whatever the variant */
-    S2SConfig t = {.decoder = 1, .Vs = 100, .Vt = 80, .Tmax = 20, .C = 16, .H = 2, .mlp = 64, .L_enc = 2, .L_dec = 3,
-                   .gelu = 0, .scale_emb = 1, .pad = TOK_PAD, .variant = ATTN_VARIANT, .pos = ATTN_POS,
-                   .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
-    long C = 16, P = attn_num_proj(ATTN_VARIANT), mlp = 64, posn = ATTN_POS ? (long)t.pos_groups * (ATTN_POS_DIM + 1) : 0;
-    long self = P * (C * C + C) + C * C + C + posn, ffn = C * mlp + mlp + mlp * C + C, ln = 2 * C;
-    long enc = 2 * (self + ffn + 2 * ln), dec = 3 * (self + ffn + 3 * ln + 4 * (C * C + C));
-    long sep = 100 * C + enc + ln + 80 * C + dec + ln + 80 * C + 80;
-    CHECK((long)s2s_num_params(&t) == sep, "encoder-decoder, separate embeddings: %zu parameters, by hand %ld",
-          s2s_num_params(&t), sep);
-    t.shared_emb = 1;
-    t.Vs = t.Vt = 100;
-    long shared = 100 * C + enc + ln + dec + ln + 100;
-    CHECK((long)s2s_num_params(&t) == shared, "encoder-decoder, one shared table: %zu parameters, by hand %ld",
-          s2s_num_params(&t), shared);
+    c.pos = 1, c.pos_m = 10, c.pos_groups = 1;
+    c.variant = ATTN_K;
+    CHECK(s2s_num_params(&c) == 8245u, "the reference's K+Pos row (m = 10)");
+    c.variant = ATTN_KV;
+    CHECK(s2s_num_params(&c) == 9301u, "the reference's KV+Pos row (m = 10)");
 }
 
 /* ------------------------------------------------------------------ float64 reference */

@@ -28,18 +28,32 @@ static ViTConfig config(int h, int w, int c, int classes, int P, int C, int L, i
     return v;
 }
 
+/* Parameter counts are a pure function of the configuration: every variant
+ * and +Pos setting is checked in every build. */
 static void test_param_counts(void) {
     /* attention-variants.md table 4: the paper's ViT rows without +Pos */
-    static const long mnist[4] = {[ATTN_QKV] = 59210, [ATTN_KV] = 51018, [ATTN_K] = 42826, [ATTN_KV_TYING] = 51018};
-    static const long cifar[4] = {[ATTN_QKV] = 1702410, [ATTN_KV] = 1440266, [ATTN_K] = 1178122,
-                                  [ATTN_KV_TYING] = 1440266};
-    ViTConfig a = config(28, 28, 1, 10, 7, 64, 2, 2, 64), b = config(32, 32, 3, 10, 8, 256, 4, 4, 256);
-    long pa = ATTN_POS ? (long)a.L * a.pos_groups * (a.pos_m + 1) : 0;
-    long pb = ATTN_POS ? (long)b.L * b.pos_groups * (b.pos_m + 1) : 0;
-    CHECK((long)vit_num_params(&a) == mnist[ATTN_VARIANT] + pa, "ViT MNIST p=7 d=64 %s: %zu parameters, oracle %ld",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), vit_num_params(&a), mnist[ATTN_VARIANT] + pa);
-    CHECK((long)vit_num_params(&b) == cifar[ATTN_VARIANT] + pb, "ViT CIFAR p=8 d=256 %s: %zu parameters, oracle %ld",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), vit_num_params(&b), cifar[ATTN_VARIANT] + pb);
+    static const long mnist[ATTN_NUM_VARIANTS] = {[ATTN_QKV] = 59210, [ATTN_KV] = 51018, [ATTN_K] = 42826,
+                                                  [ATTN_KV_TYING] = 51018};
+    static const long cifar[ATTN_NUM_VARIANTS] = {[ATTN_QKV] = 1702410, [ATTN_KV] = 1440266, [ATTN_K] = 1178122,
+                                                  [ATTN_KV_TYING] = 1440266};
+    for (int v = 0; v < ATTN_NUM_VARIANTS; v++) {
+        const char *name = attn_variant_label(v, 0);
+        CHECK(mnist[v] > 0 && cifar[v] > 0, "no ViT parameter-count oracle for variant %s (add it from its "
+              "definition)", name);
+        for (int groups = 0; groups <= 2; groups++) { /* no +Pos, per layer, per head (m = 50, as the paper's ViT) */
+            ViTConfig a = config(28, 28, 1, 10, 7, 64, 2, 2, 64), b = config(32, 32, 3, 10, 8, 256, 4, 4, 256);
+            a.variant = b.variant = v;
+            a.pos = b.pos = groups > 0;
+            a.pos_m = b.pos_m = groups ? 50 : 0;
+            a.pos_groups = groups == 2 ? a.H : groups;
+            b.pos_groups = groups == 2 ? b.H : groups;
+            long pa = (long)a.L * a.pos_groups * (a.pos_m + 1), pb = (long)b.L * b.pos_groups * (b.pos_m + 1);
+            CHECK((long)vit_num_params(&a) == mnist[v] + pa, "ViT MNIST p=7 d=64 %s, %d +Pos groups: %zu parameters, "
+                  "oracle %ld", name, a.pos_groups, vit_num_params(&a), mnist[v] + pa);
+            CHECK((long)vit_num_params(&b) == cifar[v] + pb, "ViT CIFAR p=8 d=256 %s, %d +Pos groups: %zu parameters, "
+                  "oracle %ld", name, b.pos_groups, vit_num_params(&b), cifar[v] + pb);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ float64 reference */

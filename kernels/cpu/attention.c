@@ -31,51 +31,6 @@
 
 #define ATTN_ROW_BLOCK 64
 
-/* ------------------------------------------------------------------ names */
-
-const char *attn_block_name(int variant, int block) {
-    static const char *names[4][3] = {{"q", "k", "v"}, {"k", "v", ""}, {"k", "", ""}, {"q", "v", ""}};
-    return names[variant][block];
-}
-
-const char *attn_variant_label(int variant, int pos) {
-    static const char *base[4] = {"QKV", "KV", "K", "KV tying"};
-    static const char *with_pos[4] = {"QKV+Pos", "KV+Pos", "K+Pos", "KV tying+Pos"};
-    return pos ? with_pos[variant] : base[variant];
-}
-
-const char *attn_variant_id(int variant, int pos) {
-    static const char *base[4] = {"qkv", "kv", "k", "kv_tying"};
-    static const char *with_pos[4] = {"qkv_pos", "kv_pos", "k_pos", "kv_tying_pos"};
-    return pos ? with_pos[variant] : base[variant];
-}
-
-/* ------------------------------------------------------------------ +Pos basis */
-
-int attn_pos_channels(int m) { return (m + 3) / 4 * 2; }
-
-int attn_pos_query_channels(int m) {
-    int c = attn_pos_channels(m);
-    return c < m ? c : m;
-}
-
-static double pos_feature(int p, int k, int c) {
-    double f = pow(10000.0, -2.0 * (k / 2) / c);
-    return k % 2 == 0 ? sin(p * f) : cos(p * f);
-}
-
-void attn_pos_features(float *feat, int T, int m) {
-    int c = attn_pos_channels(m);
-    for (int p = 0; p < T; p++)
-        for (int k = 0; k < c; k++) feat[(size_t)p * c + k] = (float)pos_feature(p, k, c);
-}
-
-void attn_pos_entry(double *out, int i, int j, int m) {
-    int c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
-    for (int k = 0; k < ci; k++) out[k] = pos_feature(i, k, c);
-    for (int k = ci; k < m; k++) out[k] = pos_feature(j, k - ci, c);
-}
-
 /* ------------------------------------------------------------------ problem */
 
 static int g_symmetric_path = 1;
@@ -113,7 +68,7 @@ static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : 
  * (ssyrk) path only where the query role is the key role; the compiler
  * removes the rest, since these are constant-false elsewhere. */
 static inline int uses_pos(const Problem *p) { return ATTN_POS && p->pos; }
-static inline int uses_symmetric(const Problem *p) { return attn_key_block(ATTN_VARIANT) == 0 && p->symmetric; }
+static inline int uses_symmetric(const Problem *p) { return attn_symmetric(ATTN_VARIANT) && p->symmetric; }
 
 /* dO_i . O_i over one head; the configured head dim gets its own copy with
  * a constant trip count. */
@@ -495,21 +450,21 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
         FATAL("%s: positional weights given but +Pos is not configured", op);
     }
     int C = a->H * a->hd, P = attn_num_proj(ATTN_VARIANT);
-    int kb = attn_key_block(ATTN_VARIANT), vb = attn_value_block(ATTN_VARIANT);
+    int qb = attn_query_block(ATTN_VARIANT), kb = attn_key_block(ATTN_VARIANT), vb = attn_value_block(ATTN_VARIANT);
     memset(p, 0, sizeof *p);
     p->B = a->B;
     p->Tq = p->Tk = a->T;
     p->H = a->H;
     p->hd = a->hd;
     p->causal = a->causal;
-    p->symmetric = kb == 0 && !a->causal && g_symmetric_path; /* query role == key role */
+    p->symmetric = attn_symmetric(ATTN_VARIANT) && !a->causal && g_symmetric_path;
     p->pos = ATTN_POS;
     p->scale = 1.0f / sqrtf((float)a->hd);
-    p->q = proj;
+    p->q = proj + (size_t)qb * C;
     p->k = proj + (size_t)kb * C;
     p->v = proj + (size_t)vb * C;
     if (dproj) {
-        p->dq = dproj;
+        p->dq = dproj + (size_t)qb * C;
         p->dk = dproj + (size_t)kb * C;
         p->dv = dproj + (size_t)vb * C;
     }
@@ -651,7 +606,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
     int T = a->T;
     const float *Q = p.q + b * p.q_bstride + (size_t)h * p.hd;
     const float *K = p.k + b * p.kv_bstride + (size_t)h * p.hd;
-    if (attn_key_block(ATTN_VARIANT) == 0)
+    if (attn_symmetric(ATTN_VARIANT))
         scores_symmetric(&p, K, S);
     else
         scores_block(&p, Q, K, 0, T, T, S, T);

@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Reader of kernels/attention.tbl, the table of attention variants, and the
+generator of its C header.
+
+As a module (run_steps.py, bench.py, mechint.py, the tests):
+    import attention_tbl
+    attention_tbl.variants()            # rows in table order, each a dict
+    attention_tbl.for_config(cfg)       # the row a resolved config.json selects
+    attention_tbl.label(cfg)            # "KV tying+Pos", ...
+    attention_tbl.name(cfg)             # "kv_tying_pos", ...
+
+As a program (scripts/Makefile.build):
+    scripts/attention_tbl.py --header OUT    write the C header (only when it changes)
+"""
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = os.path.join(REPO, "kernels", "attention.tbl")
+COLUMNS = ["id", "kconfig", "name", "label", "blocks", "query", "key", "value", "roles"]
+MOD_COLUMNS = ["kconfig", "name", "label"]
+
+
+class TableError(Exception):
+    pass
+
+
+def _parse(path=TABLE):
+    rows, mods = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            cells = [c.strip() for c in text.split("|")]
+            where = f"{path}:{lineno}"
+            if cells[0] == "@modifier":
+                if len(cells) != 1 + len(MOD_COLUMNS):
+                    raise TableError(f"{where}: a modifier has {len(MOD_COLUMNS)} columns after @modifier")
+                mods.append(dict(zip(MOD_COLUMNS, cells[1:])))
+                continue
+            if len(cells) != len(COLUMNS):
+                raise TableError(f"{where}: {len(cells)} columns, expected {len(COLUMNS)} ({' | '.join(COLUMNS)})")
+            row = dict(zip(COLUMNS, cells))
+            row["blocks"] = row["blocks"].split()
+            for role in ("query", "key", "value"):
+                if row[role] not in row["blocks"]:
+                    raise TableError(f"{where}: {role} block '{row[role]}' is not one of the blocks {row['blocks']}")
+            if len(set(row["blocks"])) != len(row["blocks"]) or not 1 <= len(row["blocks"]) <= 3:
+                raise TableError(f"{where}: blocks must be 1 to 3 distinct names")
+            used = {row["query"], row["key"], row["value"]}
+            if used != set(row["blocks"]):
+                raise TableError(f"{where}: block(s) {sorted(set(row['blocks']) - used)} play no role")
+            row["index"] = len(rows)
+            row["nproj"] = len(row["blocks"])
+            row["query_block"] = row["blocks"].index(row["query"])
+            row["key_block"] = row["blocks"].index(row["key"])
+            row["value_block"] = row["blocks"].index(row["value"])
+            row["symmetric"] = row["query"] == row["key"]
+            row["cache_tensors"] = 1 if row["key"] == row["value"] else 2
+            rows.append(row)
+    if not rows:
+        raise TableError(f"{path}: no variants")
+    for key in ("id", "kconfig", "name", "label"):
+        seen = [r[key] for r in rows]
+        if len(set(seen)) != len(seen):
+            raise TableError(f"{path}: column {key} repeats a value: {seen}")
+    return rows, mods
+
+
+_CACHE = {}
+
+
+def variants():
+    """The rows in table order (index = the C constant's value)."""
+    if "rows" not in _CACHE:
+        _CACHE["rows"], _CACHE["mods"] = _parse()
+    return _CACHE["rows"]
+
+
+def modifiers():
+    variants()
+    return _CACHE["mods"]
+
+
+def for_config(cfg):
+    """The row selected by a resolved configuration (config.json: symbol -> value, no CONFIG_ prefix).
+    A later row's symbol refines an earlier one's, as in the generated C selection."""
+    chosen = None
+    for row in variants():
+        if cfg.get(row["kconfig"]):
+            chosen = row
+    if chosen is None:
+        raise TableError("the configuration selects no attention variant of kernels/attention.tbl")
+    return chosen
+
+
+def _with_modifiers(cfg, column):
+    return for_config(cfg)[column] + "".join(m[column] for m in modifiers() if cfg.get(m["kconfig"]))
+
+
+def label(cfg):
+    return _with_modifiers(cfg, "label")
+
+
+def name(cfg):
+    return _with_modifiers(cfg, "name")
+
+
+def _c_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def header():
+    rows, mods = variants(), modifiers()
+    out = ["/* Generated from kernels/attention.tbl by scripts/attention_tbl.py: do not edit. */",
+           "#ifndef KVLAB_ATTN_VARIANTS_H", "#define KVLAB_ATTN_VARIANTS_H", "",
+           "enum {"]
+    out += [f"    ATTN_{r['id']} = {r['index']}," for r in rows]
+    out += [f"    ATTN_NUM_VARIANTS = {len(rows)}", "};", ""]
+    # selection: the last row whose symbol is set wins (refining symbols come later)
+    sel = "-1"
+    for r in rows:
+        sel = f"(IS_ENABLED(CONFIG_{r['kconfig']}) ? ATTN_{r['id']} : {sel})"
+    out += ["/* The variant the configuration selects (-1: none). */", f"#define ATTN_VARIANT_SELECTED {sel}", ""]
+    out += ["/* Rows of AttnVariantInfo (kernels/attention.h), in table order. */", "#define ATTN_VARIANT_ROWS \\"]
+    for r in rows:
+        blocks = ", ".join(_c_string(b) for b in r["blocks"])
+        out.append(f"    {{.id = ATTN_{r['id']}, .name = {_c_string(r['name'])}, .label = {_c_string(r['label'])}, "
+                   f".nproj = {r['nproj']}, .blocks = {{{blocks}}}, .query = {r['query_block']}, "
+                   f".key = {r['key_block']}, .value = {r['value_block']}, .roles = {_c_string(r['roles'])}, "
+                   f".kconfig = {_c_string('CONFIG_' + r['kconfig'])}}}, \\")
+    out += ["", ""]
+    for m in mods:
+        sym = m["kconfig"]
+        out += [f"#define {sym}_NAME_SUFFIX {_c_string(m['name'])}", f"#define {sym}_LABEL_SUFFIX {_c_string(m['label'])}"]
+    out += ["", "#endif", ""]
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] != "--header":
+        sys.stderr.write(__doc__)
+        return 2
+    try:
+        text = header()
+    except (TableError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    path = argv[2]
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return 0
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
