@@ -101,9 +101,9 @@ int main(int argc, char **argv) {
     for (int s = -2; s < steps; s++) {
         double t0 = wall_seconds();
         gpt2_forward(&m, in, tg, B, T, 1, (uint64_t)s);
-        gpt2_zero_grad(&m);
+        params_zero_grad(&m.w);
         gpt2_backward(&m, 1.0f);
-        gpt2_adamw(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+        params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
         if (s >= 0) t[s] = wall_seconds() - t0;
     }
     double sg_after = sgemm_gflops(2048, 5, rates + 5);
@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
            "\"ratio\": %.4f, \"threads\": %d, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, "
            "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
            "\"bidir_attention_ms_general_path\": %.2f, \"step_ms\": [",
-           attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), m.table.total, fpt,
+           attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), m.w.table.total, fpt,
            ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
            fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms);
     for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);

@@ -72,7 +72,7 @@ double gpt2_flops_per_token(const GPT2Config *c, int T) {
 
 static void build_table(GPT2 *m) {
     const GPT2Config *c = &m->cfg;
-    ParamTable *t = &m->table;
+    ParamTable *t = &m->w.table;
     int C = c->C, P = attn_num_proj(c->variant);
     char name[PARAM_NAME_MAX];
     m->wte = param_add(t, "wte.weight", 1, 2, c->V, C);
@@ -119,9 +119,9 @@ size_t gpt2_num_params(const GPT2Config *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.table.total;
+    size_t n = m.w.table.total;
     free(m.layer);
-    param_table_free(&m.table);
+    param_table_free(&m.w.table);
     return n;
 }
 
@@ -130,68 +130,46 @@ static int is_suffix(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-static void init_params(GPT2 *m, uint64_t seed) {
-    const GPT2Config *c = &m->cfg;
-    float *host = xcalloc(m->table.total, sizeof(float));
-    Rng rng = rng_seeded(seed, 1);
-    double resid_std = 0.02 / sqrt(2.0 * c->L);
-    double pos_bound = c->pos ? 1.0 / sqrt((double)c->pos_m) : 0.0;
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        float *p = host + s->offset;
-        if (strstr(s->name, ".pos.")) { /* PyTorch Linear(m, 1) default: U(-1/sqrt(m), 1/sqrt(m)) */
-            for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(&rng) - 1.0) * pos_bound);
-        } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
-            for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-        } else if (is_suffix(s->name, ".weight")) {
-            int residual = is_suffix(s->name, "attn.proj.weight") || is_suffix(s->name, "mlp.proj.weight");
-            double std = residual ? resid_std : 0.02;
-            for (size_t k = 0; k < s->numel; k++) p[k] = (float)(std * rng_normal(&rng));
-        } /* biases stay 0 */
-    }
-    dev_upload(m->params, host, m->table.total * sizeof(float));
-    free(host);
+/* GPT-2 init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
+ * weights 1, biases 0; +Pos as PyTorch's Linear(m, 1): U(-1/sqrt(m), 1/sqrt(m)). */
+static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
+    const GPT2Config *c = ctx;
+    if (strstr(s->name, ".pos.")) {
+        double bound = 1.0 / sqrt((double)c->pos_m);
+        for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
+    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
+        for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
+    } else if (is_suffix(s->name, ".weight")) {
+        int residual = is_suffix(s->name, "attn.proj.weight") || is_suffix(s->name, "mlp.proj.weight");
+        double std = residual ? 0.02 / sqrt(2.0 * c->L) : 0.02;
+        for (size_t k = 0; k < s->numel; k++) p[k] = (float)(std * rng_normal(rng));
+    } /* biases stay 0 */
 }
 
 void gpt2_init(GPT2 *m, const GPT2Config *cfg, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     build_table(m);
-    size_t bytes = m->table.total * sizeof(float);
-    m->params = dev_alloc(bytes);
-    m->grads = dev_alloc(bytes);
-    m->m = dev_alloc(bytes);
-    m->v = dev_alloc(bytes);
-    init_params(m, seed);
-    if (cfg->pos) {
-        size_t n = (size_t)cfg->T * attn_pos_channels(cfg->pos_m);
-        float *feat = xmalloc(n * sizeof(float));
-        attn_pos_features(feat, cfg->T, cfg->pos_m);
-        m->pos_feat = dev_alloc(n * sizeof(float));
-        dev_upload(m->pos_feat, feat, n * sizeof(float));
-        free(feat);
-    }
+    params_alloc(&m->w);
+    params_init(&m->w, seed, init_rule, &m->cfg);
+    if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->T, cfg->pos_m);
 }
 
 void gpt2_free(GPT2 *m) {
-    dev_free(m->params);
-    dev_free(m->grads);
-    dev_free(m->m);
-    dev_free(m->v);
+    params_free(&m->w);
     dev_free(m->pos_feat);
     dev_free(m->act_memory);
     dev_free(m->inputs);
     dev_free(m->targets);
     free(m->acts.block);
     free(m->layer);
-    param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
 
 /* ------------------------------------------------------------------ activations */
 
 /* Shape of every block for a batch of B x T tokens. */
-static BlockShape block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l) {
+BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l) {
     const GPT2Config *c = &m->cfg;
     BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
                     .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
@@ -205,7 +183,7 @@ static BlockShape block_shape(const GPT2 *m, int B, int T, int training, uint64_
 static void alloc_acts(GPT2 *m, int B, int T) {
     const GPT2Config *c = &m->cfg;
     size_t BT = (size_t)B * T, C = (size_t)c->C;
-    BlockShape s = block_shape(m, B, T, 0, 0, 0);
+    BlockShape s = gpt2_block_shape(m, B, T, 0, 0, 0);
     size_t need = (size_t)c->L * block_act_floats(&s) + block_scratch_floats(&s) + 4 * BT * C +
                   BT * (size_t)c->V + 6 * BT + 256;
     if (m->act_memory && need <= m->act_capacity) return;
@@ -223,7 +201,7 @@ static void alloc_acts(GPT2 *m, int B, int T) {
 static void layout_acts(GPT2 *m, int B, int T) {
     const GPT2Config *c = &m->cfg;
     size_t BT = (size_t)B * T, C = (size_t)c->C;
-    BlockShape s = block_shape(m, B, T, 0, 0, 0);
+    BlockShape s = gpt2_block_shape(m, B, T, 0, 0, 0);
     GPT2Acts *a = &m->acts;
     float *p = m->act_memory;
 #define TAKE(ptr, count) (ptr = p, p += ((count) + 15) / 16 * 16)
@@ -247,8 +225,8 @@ static void layout_acts(GPT2 *m, int B, int T) {
 
 /* ------------------------------------------------------------------ forward */
 
-#define PARAM(off) (m->params + (off))
-#define GRAD(off) (m->grads + (off))
+#define PARAM(off) (m->w.params + (off))
+#define GRAD(off) (m->w.grads + (off))
 #define HEAD_BIAS(c) (!(c)->tie && (c)->head_bias)
 #define SITE_EMB 0 /* dropout site of the embeddings; blocks use 1 + layer */
 
@@ -273,8 +251,8 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
         dropout_forward(a->encoded, a->encoded, n, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
     const float *x = a->encoded;
     for (int l = 0; l < c->L; l++) {
-        BlockShape s = block_shape(m, B, T, training, dropout_seed_base, l);
-        block_forward(&a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        BlockShape s = gpt2_block_shape(m, B, T, training, dropout_seed_base, l);
+        block_forward(&a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
         x = a->block[l].out;
     }
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, PARAM(m->lnfw), c->bias ? PARAM(m->lnfb) : NULL, (int)BT,
@@ -300,8 +278,6 @@ int gpt2_correct(GPT2 *m) {
 
 /* ------------------------------------------------------------------ backward */
 
-void gpt2_zero_grad(GPT2 *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
-
 void gpt2_backward(GPT2 *m, float loss_scale) {
     const GPT2Config *c = &m->cfg;
     if (!m->fwd_B || !m->counted) FATAL("gpt2_backward: no forward pass with targets to differentiate");
@@ -321,9 +297,9 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
     layernorm_backward(a->dres, GRAD(m->lnfw), c->bias ? GRAD(m->lnfb) : NULL, a->dlnf, last, PARAM(m->lnfw),
                        a->lnf_mean, a->lnf_rstd, (int)BT, C);
     for (int l = c->L - 1; l >= 0; l--) {
-        BlockShape s = block_shape(m, B, T, m->fwd_training, m->dropout_seed_base, l);
+        BlockShape s = gpt2_block_shape(m, B, T, m->fwd_training, m->dropout_seed_base, l);
         const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
-        block_backward(a->dres, m->grads, &a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        block_backward(a->dres, m->w.grads, &a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
     }
     const float *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {
@@ -334,10 +310,3 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
     embedding_backward(GRAD(m->wte), GRAD(m->wpe), demb, m->inputs, B, T, C, 1.0f);
 }
 
-void gpt2_adamw(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        adamw_update(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset, s->numel, lr,
-                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
-    }
-}

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "block.h"
-#include "checkpoint.h"
+#include "params.h"
 
 typedef struct {
     int V;          /* vocabulary size (from the data set) */
@@ -33,7 +33,7 @@ char *gpt2_config_json(const GPT2Config *c);
 
 typedef struct {
     float *encoded;                   /* (B,T,C) embeddings after dropout */
-    BlockActs *block;                 /* per layer (lib/block.h); block[l].out feeds layer l+1 */
+    BlockActs *block;                 /* per layer (nn/block.h); block[l].out feeds layer l+1 */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *logits;                    /* (B,T,V), overwritten by its gradient in backward */
     float *losses, *ce_lse;           /* (B,T) */
@@ -43,8 +43,7 @@ typedef struct {
 
 typedef struct {
     GPT2Config cfg;
-    ParamTable table;
-    float *params, *grads, *m, *v; /* table.total floats each */
+    Params w;                      /* parameters, gradients, AdamW moments (nn/params.h) */
     size_t wte, wpe, lnfw, lnfb, headw, headb;
     BlockParams *layer;
     float *pos_feat;               /* +Pos sinusoidal features, (T, c) */
@@ -62,6 +61,10 @@ typedef struct {
     const BlockHook *hook;
     int external_dlogits;
 } GPT2;
+
+/* The shape of block l for a batch of B x T tokens (dropout on when
+ * training, with the step's seed); sampling decodes with B = T = 1. */
+BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l);
 
 /* Builds the parameter table and initialises the parameters from seed
  * (GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)). */
@@ -82,11 +85,8 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
 /* Number of targets that counted in the last forward pass and, of those,
  * how many the model ranked first. */
 int gpt2_correct(GPT2 *m);
-void gpt2_zero_grad(GPT2 *m);
 /* Backward pass of the last forward; the loss gradient is scaled by
  * loss_scale / counted (loss_scale = 1 / gradient-accumulation steps). */
 void gpt2_backward(GPT2 *m, float loss_scale);
-/* AdamW on every tensor; weight decay only where the table says so. */
-void gpt2_adamw(GPT2 *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 
 #endif

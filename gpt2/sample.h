@@ -1,7 +1,8 @@
-/* Generation with a KV cache. Each layer caches the rows its attention
- * reads back: the key-role and value-role projections, which are one and
- * the same tensor for K and KV tying, so those variants keep one cached
- * tensor per layer instead of two. */
+/* Generation with a KV cache: the decode side of the shared transformer
+ * block (nn/block.h), one token at a time. Each layer caches the rows its
+ * attention reads back: the key-role and value-role projections, which are
+ * one and the same tensor for K and KV tying, so those variants keep one
+ * cached tensor per layer instead of two. */
 #ifndef KVLAB_GPT2_SAMPLE_H
 #define KVLAB_GPT2_SAMPLE_H
 
@@ -11,20 +12,21 @@
 #include "model.h"
 #include "rng.h"
 
+/* A sequence being decoded: the cache and the one-token buffers (device). */
 typedef struct {
-    int L, T, C, tensors; /* tensors per layer: 2 (key, value) or 1 */
-    float *keys, *values; /* (L, T, C) each; values == keys when tensors == 1 */
-    int len;              /* positions cached */
-    float *x, *ln, *proj, *att, *branch, *fc, *fc_act, *logits; /* one-token scratch */
-} KVCache;
+    KVCache cache;
+    DecodeScratch scratch;
+    float *x, *logits; /* (C), (V) */
+    int *token;        /* (1) */
+} GPT2Decoder;
 
-void kv_cache_init(KVCache *c, const GPT2 *m);
-void kv_cache_free(KVCache *c);
+void gpt2_decoder_init(GPT2Decoder *d, const GPT2 *m);
+void gpt2_decoder_free(GPT2Decoder *d);
 /* Bytes the cache holds per token (all layers). */
-size_t kv_cache_bytes_per_token(const GPT2Config *cfg);
-/* Appends token at the next position and returns its logits (V floats,
- * valid until the next call). */
-const float *gpt2_decode(GPT2 *m, KVCache *c, int token);
+size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg);
+/* Appends token at the next position and returns its logits (V floats of
+ * device memory, valid until the next call). */
+const float *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token);
 
 typedef struct {
     int length, top_k, use_cache;

@@ -90,7 +90,7 @@ static void metrics_header(Run *r, int resumed) {
     metrics_set_number(m, "flops_per_token", gpt2_flops_per_token(c, r->h.T));
     metrics_set_string(m, "flops_formula", "6*N_matmul + 12*L*T*C (training, attention over the full T x T)");
     metrics_set_number(m, "tokens_per_iter", (double)r->h.B * r->h.T * r->h.accum);
-    metrics_set_number(m, "kv_cache_bytes_per_token", (double)kv_cache_bytes_per_token(c));
+    metrics_set_number(m, "kv_cache_bytes_per_token", (double)gpt2_cache_bytes_per_token(c));
     run_write_metrics(t);
 }
 
@@ -150,9 +150,9 @@ static void banner(const Run *r) {
     printf("kvlab gpt2 | step %s | attention %s | %s\n", r->run.step, attn_variant_label(ATTN_VARIANT, ATTN_POS),
            backend_name());
     printf("model: %d layers, %d heads, %d channels, context %d, vocab %d (%s) | %zu parameters\n", c->L, c->H, c->C,
-           c->T, c->V, r->data.name, r->model.table.total);
+           c->T, c->V, r->data.name, r->model.w.table.total);
     printf("cost: %.1f MFLOP/token (6 N_matmul + 12 L T C) | KV cache %zu bytes/token (%d tensor%s per layer)\n",
-           gpt2_flops_per_token(c, h->T) / 1e6, kv_cache_bytes_per_token(c), attn_cache_tensors(c->variant),
+           gpt2_flops_per_token(c, h->T) / 1e6, gpt2_cache_bytes_per_token(c), attn_cache_tensors(c->variant),
            attn_cache_tensors(c->variant) == 1 ? "" : "s");
     printf("train: %d iters%s, batch %d x %d x %d accum, lr %.3g -> %.3g (warmup %d), wd %g, clip %g, seed %llu, "
            "%d threads\n", h->max_iters, h->max_time ? " or time budget" : "", h->B, h->T, h->accum, h->lr, h->min_lr,
@@ -199,7 +199,7 @@ static int train(Run *r) {
         }
         double t0 = wall_seconds();
         double lr = lr_warmup_cosine(t->iter, h->warmup, h->max_iters, h->lr, h->min_lr);
-        gpt2_zero_grad(m);
+        params_zero_grad(&m->w);
         double loss = 0.0;
         for (int k = 0; k < h->accum; k++) {
             if (dataset_train_batch(&r->data, &t->data_rng, h->B, x, y, &e) != 0) run_die(&e);
@@ -217,9 +217,9 @@ static int train(Run *r) {
             free(x), free(y);
             return 1;
         }
-        double norm = h->clip > 0 ? clip_grad_norm(m->grads, m->table.total, h->clip)
-                                  : grad_norm(m->grads, m->table.total);
-        gpt2_adamw(m, (float)lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)h->wd, t->iter + 1);
+        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
+                                  : grad_norm(m->w.grads, m->w.table.total);
+        params_adamw(&m->w, (float)lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)h->wd, t->iter + 1);
         t->iter++;
         double dt = wall_seconds() - t0;
         t->train_seconds += dt;
@@ -286,10 +286,7 @@ static void setup(Run *r) {
     t->unit = "tokens";
     t->model_json = gpt2_config_json(&cfg);
     t->vocab_json = dataset_vocab_json(&r->data);
-    t->table = &r->model.table;
-    t->params = r->model.params;
-    t->m = r->model.m;
-    t->v = r->model.v;
+    t->w = &r->model.w;
 }
 
 static void teardown(Run *r) {
@@ -380,7 +377,7 @@ static int cmd_sample(int argc, char **argv) {
                               r.run.model_json,
                               "the checkpoint has another model shape or vocabulary; use the binary of the step "
                               "that wrote it",
-                              &r.model.table, r.model.params, &e) != 0)
+                              &r.model.w, &e) != 0)
         run_die(&e);
     generate(&r, prompt_text, &opt);
     fputc('\n', stdout);

@@ -172,12 +172,13 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
                               const float *kv, const float *out, const float *lse,
                               const CrossAttnArgs *a);
 
-/* Decoding with a KV cache: one new query at position t against the cached
- * key-role and value-role rows 0..t (row stride ld; keys and values may be
- * the same buffer, as in K and KV tying, whose caches hold one tensor).
- * q is the new token's query-role projection (C floats); out gets C. */
-void attention_decode(float *out, const float *q, const float *keys, const float *values, int ld, int t, int H,
-                      int hd, const AttnPos *pos);
+/* Decoding with a KV cache: N sequences, each with one new query at position
+ * t against its cached key-role and value-role rows 0..t. q: (N, C) query-role
+ * rows, row stride q_ld; keys and values: (N, T, C) each, position-major
+ * per sequence (they may be the same buffer, as in K and KV tying, whose
+ * caches hold one tensor); out: (N, C). C = H * hd. */
+void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
+                      int N, int H, int hd, const AttnPos *pos);
 
 /* Bidirectional KV and K attention compute each score pair once (ssyrk).
  * Turning that off sends them through the general path: for benchmarks

@@ -28,6 +28,16 @@ void dev_free(void *p);
 void dev_zero(void *p, size_t bytes);
 void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);
+/* device to device; the two ranges must not overlap */
+void dev_copy(void *dst, const void *src, size_t bytes);
+/* rows x cols floats from src (row stride src_ld floats) to dst (row stride
+ * dst_ld), both device memory, not overlapping: e.g. appending one position
+ * of N sequences to a KV cache */
+void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols);
+/* dst row i = src row idx[i] for i < n (idx: n ints in device memory), cols
+ * floats per row, row strides dst_ld and src_ld; dst must not overlap src:
+ * e.g. reordering beam-search caches, or one source row per beam */
+void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols);
 
 /* ---- embedding: out[b,t,:] = scale * wte[tokens[b,t],:] + wpe[t,:] ------
  * scale is 1 for GPT-2, sqrt(C) for the translation model; wpe may be a

@@ -2,45 +2,10 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
-    if (ndim < 1 || ndim > PARAM_MAX_DIMS) FATAL("param_add: %s: %d dimensions", name, ndim);
-    if (strlen(name) >= PARAM_NAME_MAX) FATAL("param_add: name too long: %s", name);
-    if (t->n == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 64;
-        t->specs = xrealloc(t->specs, (size_t)t->cap * sizeof(ParamSpec));
-    }
-    ParamSpec *s = &t->specs[t->n++];
-    memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", name);
-    s->ndim = ndim;
-    s->decay = decay;
-    s->numel = 1;
-    va_list ap;
-    va_start(ap, ndim);
-    for (int d = 0; d < ndim; d++) {
-        s->shape[d] = va_arg(ap, int);
-        s->numel *= (size_t)s->shape[d];
-    }
-    va_end(ap);
-    s->offset = t->total;
-    t->total += s->numel;
-    return s->offset;
-}
-
-const ParamSpec *param_find(const ParamTable *t, const char *name) {
-    for (int i = 0; i < t->n; i++)
-        if (strcmp(t->specs[i].name, name) == 0) return &t->specs[i];
-    return NULL;
-}
-
-void param_table_free(ParamTable *t) {
-    free(t->specs);
-    memset(t, 0, sizeof *t);
-}
+#include "kernels.h"
 
 static StTensorIn tensor_in(const ParamSpec *s, const char *name, const float *base) {
     StTensorIn in = {.name = name, .dtype = ST_F32, .ndim = s->ndim, .data = base + s->offset};
@@ -176,13 +141,36 @@ int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, flo
     return 0;
 }
 
+/* ------------------------------------------------------------------ a model's device buffers */
+
+int checkpoint_save_params(const char *path, const Params *p, int moments, const StMeta *meta, int nmeta, Err *e) {
+    float *params = params_to_host(p, p->params);
+    float *m = moments ? params_to_host(p, p->m) : NULL, *v = moments ? params_to_host(p, p->v) : NULL;
+    int rc = checkpoint_save(path, &p->table, params, m, v, meta, nmeta, e);
+    free(params), free(m), free(v);
+    return rc;
+}
+
+int checkpoint_read_params(StFile *f, Params *p, int moments, Err *e) {
+    size_t n = p->table.total;
+    float *host = xmalloc((moments ? 3 : 1) * n * sizeof(float));
+    float *m = moments ? host + n : NULL, *v = moments ? host + 2 * n : NULL;
+    int rc = checkpoint_read(f, &p->table, host, m, v, e);
+    if (rc == 0) { /* all or nothing: a bad file leaves the model as it was */
+        params_from_host(p, p->params, host);
+        if (moments) params_from_host(p, p->m, m), params_from_host(p, p->v, v);
+    }
+    free(host);
+    return rc;
+}
+
 int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
-                          const char *model_json, const char *model_hint, const ParamTable *t, float *params, Err *e) {
+                          const char *model_json, const char *model_hint, Params *p, Err *e) {
     StFile *f = checkpoint_open(path, family, e);
     if (!f) return -1;
     int rc = checkpoint_expect(f, "variant", variant, variant_hint, e) != 0 ||
                      checkpoint_expect_json(f, "model", model_json, model_hint, e) != 0 ||
-                     checkpoint_read(f, t, params, NULL, NULL, e) != 0
+                     checkpoint_read_params(f, p, 0, e) != 0
                  ? -1
                  : 0;
     st_close(f);

@@ -1,8 +1,8 @@
-/* Named parameter tables and kvlab checkpoints (safetensors).
+/* kvlab checkpoints (safetensors).
  *
- * A model describes its parameters as a ParamTable: names, shapes and
- * offsets into ONE contiguous float buffer (llm.c style), and whether AdamW
- * decays them. Checkpoints store every tensor under its name plus string
+ * A model describes its parameters as a ParamTable (nn/params.h): names,
+ * shapes and offsets into one contiguous buffer. Checkpoints store every
+ * tensor under its name plus string
  * metadata (family, variant, the resolved configuration, ...). A resumable
  * state file adds the AdamW moments as "optim.m.<name>" / "optim.v.<name>".
  * Loading is strict: a foreign file, another family or variant, a missing,
@@ -15,29 +15,8 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "params.h"
 #include "safetensors.h"
-
-#define PARAM_NAME_MAX 96
-#define PARAM_MAX_DIMS 4
-
-typedef struct {
-    char name[PARAM_NAME_MAX];
-    int ndim;
-    int64_t shape[PARAM_MAX_DIMS];
-    size_t offset, numel;
-    int decay; /* AdamW weight decay applies (matrices) */
-} ParamSpec;
-
-typedef struct {
-    ParamSpec *specs;
-    int n, cap;
-    size_t total; /* floats */
-} ParamTable;
-
-/* Appends a tensor of the given shape (ndim values follow); returns its offset. */
-size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
-const ParamSpec *param_find(const ParamTable *t, const char *name);
-void param_table_free(ParamTable *t);
 
 #define CHECKPOINT_FORMAT_VERSION "1"
 
@@ -55,9 +34,14 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
 int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e);
 /* Reads every tensor of t into params (m and v too when non-NULL). */
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
+/* The same for a model's device buffers (nn/params.h), staged through host
+ * memory: parameters, plus the AdamW moments when `moments` is set. Reading
+ * is all or nothing: on an error the buffers keep their values. */
+int checkpoint_save_params(const char *path, const Params *p, int moments, const StMeta *meta, int nmeta, Err *e);
+int checkpoint_read_params(StFile *f, Params *p, int moments, Err *e);
 /* A model's parameters from a checkpoint of this family, variant and model
  * description (open, the two checks with their hints, read, close). */
 int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
-                          const char *model_json, const char *model_hint, const ParamTable *t, float *params, Err *e);
+                          const char *model_json, const char *model_hint, Params *p, Err *e);
 
 #endif

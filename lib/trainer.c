@@ -85,7 +85,7 @@ void run_save_model(TrainRun *r, const char *path, double val_loss) {
     base_meta(r, &m);
     meta_num(&m, "val_loss", "%.9g", val_loss);
     Err e;
-    if (checkpoint_save(path, r->table, r->params, NULL, NULL, m.kv, m.n, &e) != 0) run_die(&e);
+    if (checkpoint_save_params(path, r->w, 0, m.kv, m.n, &e) != 0) run_die(&e);
 }
 
 void run_save_state(TrainRun *r) {
@@ -101,7 +101,7 @@ void run_save_state(TrainRun *r) {
     meta_num(&m, "last_val_loss", "%.17g", r->last_val);
     for (int i = 0; i < r->nextra; i++) meta_num(&m, r->extra[i].name, "%.17g", *r->extra[i].value);
     Err e;
-    if (checkpoint_save(r->state_path, r->table, r->params, r->m, r->v, m.kv, m.n, &e) != 0) run_die(&e);
+    if (checkpoint_save_params(r->state_path, r->w, 1, m.kv, m.n, &e) != 0) run_die(&e);
 }
 
 static double meta_number(StFile *f, const char *key) {
@@ -127,7 +127,7 @@ int run_try_resume(TrainRun *r) {
         checkpoint_expect(f, "config", build_config_json(),
                           "it was written with another configuration; make moves such outputs aside before running, "
                           "or move the file away to restart the step", &e) != 0 ||
-        checkpoint_read(f, r->table, r->params, r->m, r->v, &e) != 0)
+        checkpoint_read_params(f, r->w, 1, &e) != 0)
         run_die(&e);
     r->iter = (int)meta_number(f, "step");
     const char *rng = st_meta(f, "data_rng");
@@ -167,7 +167,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_number(m, "seed", (double)r->seed);
     metrics_set_string(m, "dataset", r->dataset);
     metrics_set_string(m, "unit", r->unit);
-    metrics_set_number(m, "parameters", (double)r->table->total);
+    metrics_set_number(m, "parameters", (double)r->w->table.total);
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());
     metrics_set_string(m, "status", "running");

@@ -24,8 +24,7 @@ typedef struct {
     const char *unit;        /* what examples are: "tokens", "images", "sequences" */
     char *model_json;        /* model description, metadata "model" */
     char *vocab_json;        /* vocabulary or label names, metadata "tokenizer" (may be NULL) */
-    const ParamTable *table;
-    float *params, *m, *v;   /* model parameters and AdamW moments (table->total floats each) */
+    Params *w;               /* the model's parameters and AdamW moments (device buffers) */
     uint64_t seed;
     /* files */
     char final_path[4096], best_path[4096], state_path[4096], metrics_path[4096];

@@ -8,6 +8,7 @@
 #include "attention.h"
 #include "common.h"
 #include "data.h"
+#include "kernels.h"
 #include "linalg.h"
 #include "rng.h"
 
@@ -90,7 +91,7 @@ enum { C_PREV, C_SELF, C_SINK, C_LOCAL, C_DIST, C_ENT, C_SELFARG, C_NEXT, C_ASYM
 
 static AttnPos hook_pos(const Runner *r, int layer, const BlockShape *s) {
     const BlockParams *bp = &r->src.bp[layer];
-    AttnPos pos = {.m = s->pos_m, .groups = s->pos_groups, .w = r->params + bp->posw, .b = r->params + bp->posb,
+    AttnPos pos = {.m = s->pos_m, .groups = s->pos_groups, .w = r->w->params + bp->posw, .b = r->w->params + bp->posb,
                    .feat = s->pos_feat, .T = s->pos_T};
     return pos;
 }
@@ -105,17 +106,24 @@ static void collect_after_proj(const BlockHook *hk, int layer, const float *in, 
     AttnPos pos = hook_pos(r, layer, s);
     size_t nn = (size_t)T * T;
     float *S = xmalloc(nn * sizeof(float)), *Af = xmalloc(nn * sizeof(float));
+    float *dS = dev_alloc(nn * sizeof(float)), *dA = dev_alloc(nn * sizeof(float)); /* the kernels' outputs */
     double *Sd = xmalloc(nn * sizeof(double)), *Ad = xmalloc(nn * sizeof(double));
-    unsigned char *valid = xmalloc((size_t)T);
+    unsigned char *valid = xmalloc((size_t)T), *pad = NULL;
     int nb = s->B < c->max_seqs ? s->B : c->max_seqs;
+    if (s->key_pad) {
+        pad = xmalloc((size_t)nb * T);
+        dev_download(pad, s->key_pad, (size_t)nb * T);
+    }
     for (int b = 0; b < nb; b++) {
         int n = T; /* padding sits at the end: analyse the real prefix */
-        if (s->key_pad)
-            while (n > 0 && s->key_pad[(size_t)b * T + n - 1]) n--;
+        if (pad)
+            while (n > 0 && pad[(size_t)b * T + n - 1]) n--;
         if (n < 2) continue;
         for (int h = 0; h < H; h++) {
-            attention_scores(S, proj, s->pos ? &pos : NULL, &args, b, h);
-            attention_probs(Af, proj, s->pos ? &pos : NULL, &args, b, h);
+            attention_scores(dS, proj, s->pos ? &pos : NULL, &args, b, h);
+            attention_probs(dA, proj, s->pos ? &pos : NULL, &args, b, h);
+            dev_download(S, dS, nn * sizeof(float));
+            dev_download(Af, dA, nn * sizeof(float));
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < n; j++)
                     Sd[(size_t)i * n + j] = S[(size_t)i * T + j], Ad[(size_t)i * n + j] = Af[(size_t)i * T + j];
@@ -142,7 +150,8 @@ static void collect_after_proj(const BlockHook *hk, int layer, const float *in, 
             c->cnt[(size_t)layer * c->H + h]++;
         }
     }
-    free(S), free(Af), free(Sd), free(Ad), free(valid);
+    free(S), free(Af), free(Sd), free(Ad), free(valid), free(pad);
+    dev_free(dS), dev_free(dA);
 }
 
 cJSON *analysis_patterns(Runner *r, const Model *m, int batches, int max_seqs, int induction_len, uint64_t seed,
@@ -315,11 +324,21 @@ typedef struct {
     int r, T, C;
     double *mean;          /* [L][T][C] sums of head outputs per position */
     long *mcount;          /* [L] batch rows */
+    float *atty;           /* host copy of the head outputs the hook sees */
+    size_t cap;
 } Ablate;
 
-static void ablate_after_attn(const BlockHook *hk, int layer, float *atty, const BlockShape *s) {
+static void ablate_after_attn(const BlockHook *hk, int layer, float *dev_atty, const BlockShape *s) {
     Ablate *a = hk->ctx;
-    size_t C = (size_t)s->C;
+    size_t C = (size_t)s->C, bytes = (size_t)s->B * s->T * C * sizeof(float);
+    if (a->mode != 0 && layer != a->layer) return;
+    if (bytes > a->cap) {
+        free(a->atty);
+        a->atty = xmalloc(bytes);
+        a->cap = bytes;
+    }
+    float *atty = a->atty;
+    dev_download(atty, dev_atty, bytes);
     if (a->mode == 0) {
         for (int b = 0; b < s->B; b++)
             for (int t = 0; t < s->T && t < a->T; t++)
@@ -328,7 +347,6 @@ static void ablate_after_attn(const BlockHook *hk, int layer, float *atty, const
         a->mcount[layer] += s->B;
         return;
     }
-    if (layer != a->layer) return;
     for (int b = 0; b < s->B; b++)
         for (int t = 0; t < s->T; t++) {
             float *z = atty + ((size_t)b * s->T + t) * C + (size_t)a->head * a->r;
@@ -339,6 +357,7 @@ static void ablate_after_attn(const BlockHook *hk, int layer, float *atty, const
                 z[k] = a->mode == 1 ? 0.0f : (float)mu;
             }
         }
+    dev_upload(dev_atty, atty, bytes);
 }
 
 static double head_ablation_delta(Runner *r, int layer, int head, int mode, int batches, const double *clean,
@@ -418,6 +437,6 @@ cJSON *analysis_ablation(Runner *r, const Model *m, int batches) {
     cJSON_AddItemToObject(o, "summary", s);
     cJSON_AddStringToObject(o, "formula", "dloss = loss(head output replaced) - loss(clean), averaged over held-out "
                                           "batches; zero: output 0; mean: the head's mean output at that position");
-    free(clean), free(dz), free(dm), free(ord), free(a.mean), free(a.mcount);
+    free(clean), free(dz), free(dm), free(ord), free(a.mean), free(a.mcount), free(a.atty);
     return o;
 }

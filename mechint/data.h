@@ -33,14 +33,16 @@ typedef struct {
     int role_block[2];
     const char *role_name[2];
     double *A, *Bm, *sv;      /* per (layer, head, role): r x r factors of T(m), singular values */
-    const float *params;      /* the runner's buffer the masks rewrite */
+    float *dev_params;        /* the runner's parameters (device), which the masks rewrite */
+    const float *dev_grads;   /* and their gradients */
     const BlockParams *bp;
-    float *raw_w, *raw_b;     /* unmasked projections */
+    float *raw_w, *raw_b;     /* unmasked projections, per layer (host) */
+    float *work_w, *work_b;   /* one layer's masked projections or their gradients (host) */
 } MaskPlan;
 typedef struct {
     double loss, kl;
 } MaskEval;
-void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src);
+void mask_plan(MaskPlan *p, const Model *m, const Runner *r);
 void mask_plan_free(MaskPlan *p);
 /* Writes the masked projections into the parameters (mask NULL: restores). */
 void mask_apply(const MaskPlan *p, const double *mask);

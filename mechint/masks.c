@@ -24,6 +24,7 @@
 #include "attention.h"
 #include "common.h"
 #include "data.h"
+#include "kernels.h"
 #include "linalg.h"
 #include "rng.h"
 
@@ -53,7 +54,8 @@ static void circuit_basis(const double *Wa, int na, const double *Wb, int nb, in
     free(Ra), free(Rb), free(M), free(U), free(Vt);
 }
 
-void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src) {
+void mask_plan(MaskPlan *p, const Model *m, const Runner *run) {
+    const ModelSource *src = &run->src;
     memset(p, 0, sizeof *p);
     int v = m->variant, r = m->r, d = m->d, n = d + 1;
     p->L = m->L, p->H = m->H, p->r = r, p->C = src->C;
@@ -89,7 +91,8 @@ void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src) {
         }
     free(basis), free(WoT);
     /* the raw projection rows and biases, restored before every application */
-    p->params = src->params;
+    p->dev_params = run->w->params;
+    p->dev_grads = run->w->grads;
     p->bp = src->bp;
     p->attn_bias = src->attn_bias;
     size_t P = (size_t)attn_num_proj(v);
@@ -100,11 +103,13 @@ void mask_plan(MaskPlan *p, const Model *m, const ModelSource *src) {
         if (src->attn_bias)
             memcpy(p->raw_b + (size_t)l * P * p->C, src->params + src->bp[l].attnb, P * p->C * sizeof(float));
     }
+    p->work_w = xmalloc(P * p->C * p->C * sizeof(float));
+    p->work_b = xmalloc(P * p->C * sizeof(float));
     p->P = (int)P;
 }
 
 void mask_plan_free(MaskPlan *p) {
-    free(p->A), free(p->Bm), free(p->sv), free(p->raw_w), free(p->raw_b);
+    free(p->A), free(p->Bm), free(p->sv), free(p->raw_w), free(p->raw_b), free(p->work_w), free(p->work_b);
     memset(p, 0, sizeof *p);
 }
 
@@ -112,13 +117,12 @@ void mask_plan_free(MaskPlan *p) {
 void mask_apply(const MaskPlan *p, const double *mask) {
     int r = p->r, C = p->C, P = p->P;
     double *T = xmalloc((size_t)r * r * sizeof(double));
+    float *W = p->work_w, *b = p->work_b;
     for (int l = 0; l < p->L; l++) {
-        float *W = (float *)p->params + p->bp[l].attnw, *b = (float *)p->params + p->bp[l].attnb;
         const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
         memcpy(W, W0, (size_t)P * C * C * sizeof(float));
         if (p->attn_bias) memcpy(b, b0, (size_t)P * C * sizeof(float));
-        if (!mask) continue;
-        for (int h = 0; h < p->H; h++)
+        for (int h = 0; mask && h < p->H; h++) /* no mask: the raw rows */
             for (int ro = 0; ro < p->nroles; ro++) {
                 size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
                 const double *m = mask + idx * r, *A = p->A + idx * r * r, *Bm = p->Bm + idx * r * r;
@@ -146,18 +150,22 @@ void mask_apply(const MaskPlan *p, const double *mask) {
                     }
                 }
             }
+        dev_upload(p->dev_params + p->bp[l].attnw, W, (size_t)P * C * C * sizeof(float));
+        if (p->attn_bias) dev_upload(p->dev_params + p->bp[l].attnb, b, (size_t)P * C * sizeof(float));
     }
     free(T);
 }
 
 /* d(objective)/d(m) from the parameter gradients of the masked rows:
  * dT = W0^T dW' (augmented), dm_c = (A^T dT Bm^T)_cc. */
-static void mask_grad(const MaskPlan *p, const float *grads, double *dm) {
+static void mask_grad(const MaskPlan *p, double *dm) {
     int r = p->r, C = p->C, P = p->P;
     double *dT = xmalloc((size_t)r * r * sizeof(double));
     for (int l = 0; l < p->L; l++) {
         const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
-        const float *gW = grads + p->bp[l].attnw, *gb = grads + p->bp[l].attnb;
+        float *gW = p->work_w, *gb = p->work_b;
+        dev_download(gW, p->dev_grads + p->bp[l].attnw, (size_t)P * C * C * sizeof(float));
+        if (p->attn_bias) dev_download(gb, p->dev_grads + p->bp[l].attnb, (size_t)P * C * sizeof(float));
         for (int h = 0; h < p->H; h++)
             for (int ro = 0; ro < p->nroles; ro++) {
                 size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
@@ -227,8 +235,9 @@ static void ref_build(Ref *f, Runner *r, int nb) {
         f->rows[k] = r->rows;
         size_t n = (size_t)r->rows * r->V;
         f->p_full[k] = xmalloc(n * sizeof(float));
+        const float *logits = runner_logits(r);
         for (int i = 0; i < r->rows; i++) {
-            const float *z = r->logits + (size_t)i * r->V;
+            const float *z = logits + (size_t)i * r->V;
             float *q = f->p_full[k] + (size_t)i * r->V;
             double mx = z[0], s = 0.0;
             for (int v = 1; v < r->V; v++) mx = z[v] > mx ? z[v] : mx;
@@ -250,7 +259,7 @@ MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const v
     for (int k = 0; k < f->nb; k++) {
         e.loss += r->forward(r, k, NULL) / f->nb;
         int n;
-        e.kl += softmax_kl_rows(r->logits, f->p_full[k], r->targets, r->rows, r->V, NULL, &n) / f->nb;
+        e.kl += softmax_kl_rows(runner_logits(r), f->p_full[k], r->targets, r->rows, r->V, NULL, &n) / f->nb;
     }
     mask_apply(p, NULL);
     return e;
@@ -290,9 +299,10 @@ void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, i
         mask_apply(p, m);
         int k = t % f->nb, counted;
         r->forward(r, k, NULL);
-        softmax_kl_rows(r->logits, f->p_full[k], r->targets, r->rows, r->V, r->logits, &counted);
-        r->backward(r);
-        mask_grad(p, r->grads, dm);
+        float *logits = runner_logits(r); /* replaced by d(KL)/d(logits) in place */
+        softmax_kl_rows(logits, f->p_full[k], r->targets, r->rows, r->V, logits, &counted);
+        runner_backward(r, logits);
+        mask_grad(p, dm);
         /* Momentum per logit under one shared RMS scale: a per-logit (Adam) scale would move a direction the
          * KL ignores as fast as one it defends, erasing the very difference the masks are meant to find. */
         double g2 = 0.0;
@@ -361,7 +371,7 @@ static double kept_fraction(const double *mk, size_t n) {
 cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targets, int ntargets, int steps,
                       double lr, uint64_t seed) {
     MaskPlan p;
-    mask_plan(&p, m, &r->src);
+    mask_plan(&p, m, r);
     int nb = batches < r->nbatches ? batches : r->nbatches;
     Ref f;
     ref_build(&f, r, nb);

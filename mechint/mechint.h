@@ -5,7 +5,7 @@
  * row-vector convention of the catalogue (q = x W_Q + b_Q, W_Q d x r; head
  * output z W_O, W_O r x d), with the reading LayerNorm folded in where the
  * blocks are pre-LN. Weight-only analyses read these; data-driven ones run
- * the family's own forward pass (the training code, through lib/block.h's
+ * the family's own forward pass (the training code, through nn/block.h's
  * hooks) on held-out data, see runner.h. Every analysis writes a cJSON
  * object: "applies" (false with "why" when the variant makes it
  * meaningless), "per_head" [L][H] records, "summary", "params". */

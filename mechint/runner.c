@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "runner.h"
 #include "safetensors.h"
 
@@ -35,12 +36,44 @@ int runner_open(Runner *r, const char *ckpt, int batch_size, int max_batches, ui
 
 void runner_close(Runner *r) {
     if (r->close) r->close(r);
-    free(r->pos_table);
+    free(r->pos_table), free(r->host_params), free(r->host_logits);
     memset(r, 0, sizeof *r);
 }
 
-int runner_counted(const int *targets, int rows) {
-    int n = 0;
-    for (int i = 0; i < rows; i++) n += targets[i] >= 0;
-    return n;
+float *runner_logits(Runner *r) {
+    size_t n = (size_t)r->rows * r->V;
+    if (n > r->host_logits_cap) {
+        free(r->host_logits);
+        r->host_logits = xmalloc(n * sizeof(float));
+        r->host_logits_cap = n;
+    }
+    dev_download(r->host_logits, r->dev_logits, n * sizeof(float));
+    return r->host_logits;
+}
+
+void runner_backward(Runner *r, const float *dlogits) {
+    dev_upload(r->dev_logits, dlogits, (size_t)r->rows * r->V * sizeof(float));
+    r->backward(r);
+}
+
+void runner_layer(Runner *r, int l, const char *prefix, int index, int causal) {
+    if (l < 0 || l >= RUNNER_MAX_LAYERS) FATAL("mechint: layer %d, at most %d layers", l, RUNNER_MAX_LAYERS);
+    snprintf(r->name_store[l], sizeof r->name_store[l], "%.8s.%d", prefix, index);
+    r->layer_names[l] = r->name_store[l];
+    r->layer_causal[l] = causal;
+}
+
+void runner_setup(Runner *r, Params *w, const float *dev_pos, int npos, int C, const char *pos_kind) {
+    r->w = w;
+    r->host_params = params_to_host(w, w->params);
+    if (dev_pos) {
+        size_t n = (size_t)npos * C;
+        float *pos = xmalloc(n * sizeof(float));
+        dev_download(pos, dev_pos, n * sizeof(float));
+        r->pos_table = xmalloc(n * sizeof(double));
+        for (size_t i = 0; i < n; i++) r->pos_table[i] = pos[i];
+        free(pos);
+        r->npos = npos;
+        r->pos_kind = pos_kind;
+    }
 }

@@ -5,8 +5,13 @@
  * variant and the whole model description must match), loads the
  * parameters, describes the self-attention blocks for model_build, and loads
  * held-out data of the model's own data set. Forward passes run without
- * dropout through the code the trainer uses; the block hooks (lib/block.h)
- * let analyses read projections and change head outputs. */
+ * dropout through the code the trainer uses; the block hooks (nn/block.h)
+ * let analyses read projections and change head outputs.
+ *
+ * The model's buffers are device memory (kernels/kernels.h): analyses read
+ * the weights from a host copy taken at opening (src.params), the logits
+ * through runner_logits() and give gradients back through runner_backward();
+ * the hooks see device pointers and copy what they read. */
 #ifndef KVLAB_MECHINT_RUNNER_H
 #define KVLAB_MECHINT_RUNNER_H
 
@@ -27,10 +32,9 @@ struct Runner {
     const char *family;
     char data_desc[256];     /* the held-out data, for the report */
     const char *unit;        /* what a row is: "tokens", "images", "target tokens" */
-    /* parameters and gradients in the family's buffer (masks change params in place) */
-    float *params, *grads;
-    const ParamTable *table;
-    ModelSource src;         /* self-attention blocks, for model_build and the hooks */
+    Params *w;               /* the model's device buffers (masks change w->params in place) */
+    float *host_params;      /* w->params as loaded, host copy */
+    ModelSource src;         /* self-attention blocks of host_params, for model_build and the hooks */
     const char *layer_names[RUNNER_MAX_LAYERS];
     int layer_causal[RUNNER_MAX_LAYERS];
     char name_store[RUNNER_MAX_LAYERS][16];
@@ -40,11 +44,12 @@ struct Runner {
     int max_T;               /* longest sequence a forward pass sees */
     /* held-out batches: nbatches of rows logits rows each */
     int nbatches, V;
-    float *logits;           /* (rows, V) after forward; backward reads d(objective)/d(logits) from here */
+    float *dev_logits;       /* the model's (rows, V) logits after forward (device memory) */
     int *targets;            /* host copy of the last batch's targets (rows); < 0: does not count */
     int rows;
     double (*forward)(Runner *r, int k, const BlockHook *hook);   /* mean loss over counted rows */
-    void (*backward)(Runner *r);                                   /* into grads (zeroed first) */
+    /* the model's backward from the d(objective)/d(logits) in dev_logits, into w->grads (zeroed first) */
+    void (*backward)(Runner *r);
     /* token models (gpt2): forward on given tokens (B x T); NULL otherwise */
     double (*forward_tokens)(Runner *r, const int *x, const int *y, int B, int T, const BlockHook *hook);
     int vocab, ctx;
@@ -55,6 +60,8 @@ struct Runner {
     int grid_w, grid_h, cls; /* ViT: patch grid, CLS token at position 0 */
     void (*close)(Runner *r);
     void *impl;
+    float *host_logits;      /* runner_logits() */
+    size_t host_logits_cap;
 };
 
 /* Opens ckpt for analysis; 0, or -1 with an error naming the file. */
@@ -65,7 +72,18 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
 int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e);
 int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e);
 
-/* Shared by the family runners: counts rows with a target >= 0. */
-int runner_counted(const int *targets, int rows);
+/* The logits of the last forward pass in host memory (rows x V floats,
+ * valid until the next call). */
+float *runner_logits(Runner *r);
+/* Backward from d(objective)/d(logits) given in host memory (rows x V):
+ * parameter gradients in r->w->grads. */
+void runner_backward(Runner *r, const float *dlogits);
+
+/* For the family runners, once the checkpoint is in w: the host copy of the
+ * parameters and the positions entering layer 0 (npos x C floats at
+ * dev_pos, device memory; NULL: none). */
+void runner_setup(Runner *r, Params *w, const float *dev_pos, int npos, int C, const char *pos_kind);
+/* Names self-attention layer l "<prefix>.<index>" and says whether it is causal. */
+void runner_layer(Runner *r, int l, const char *prefix, int index, int causal);
 
 #endif

@@ -22,7 +22,7 @@ static double g2_run(Runner *r, const int *x, const int *y, int B, int T, const 
     g->model.hook = hook;
     double loss = gpt2_forward(&g->model, x, y, B, T, 0, 0);
     g->model.hook = NULL;
-    r->logits = g->model.acts.logits;
+    r->dev_logits = g->model.acts.logits;
     r->rows = B * T;
     r->V = g->model.cfg.V;
     if (y) memcpy(r->targets, y, (size_t)B * T * sizeof(int));
@@ -44,7 +44,7 @@ static double g2_forward_tokens(Runner *r, const int *x, const int *y, int B, in
 
 static void g2_backward(Runner *r) {
     G2 *g = r->impl;
-    gpt2_zero_grad(&g->model);
+    params_zero_grad(&g->model.w);
     g->model.external_dlogits = 1;
     gpt2_backward(&g->model, 1.0f);
     g->model.external_dlogits = 0;
@@ -71,8 +71,8 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     gpt2_init(&g->model, &cfg, seed);
     g->model_json = gpt2_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "gpt2", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.table,
-                              g->model.params, e) != 0) {
+                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.w,
+                              e) != 0) {
         gpt2_free(&g->model), dataset_free(&g->data), free(g->model_json), free(g);
         return -1;
     }
@@ -87,15 +87,11 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     r->nbatches = dataset_val_batches(&g->data, g->B, max_batches);
     snprintf(r->data_desc, sizeof r->data_desc, "%s validation split: %d batches of %d windows of %d tokens",
              g->data.name, r->nbatches, g->B, g->T);
-    r->params = g->model.params, r->grads = g->model.grads, r->table = &g->model.table;
+    /* the learned absolute positions entering layer 0 */
+    runner_setup(r, &g->model.w, g->model.w.params + g->model.wpe, cfg.T, cfg.C, "learned");
     int L = cfg.L;
-    if (L > RUNNER_MAX_LAYERS) FATAL("mechint: %d layers, at most %d", L, RUNNER_MAX_LAYERS);
-    for (int l = 0; l < L; l++) {
-        snprintf(r->name_store[l], sizeof r->name_store[l], "h.%d", l);
-        r->layer_names[l] = r->name_store[l];
-        r->layer_causal[l] = 1;
-    }
-    r->src = (ModelSource){.params = g->model.params, .bp = g->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
+    for (int l = 0; l < L; l++) runner_layer(r, l, "h", l, 1);
+    r->src = (ModelSource){.params = r->host_params, .bp = g->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
                            .variant = cfg.variant, .pos = cfg.pos, .pos_m = cfg.pos_m, .pos_groups = cfg.pos_groups,
                            .bias = cfg.bias, .attn_bias = cfg.attn_bias, .post_ln = 0, .causal = r->layer_causal,
                            .names = r->layer_names};
@@ -104,11 +100,6 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     r->backward = g2_backward;
     r->forward_tokens = g2_forward_tokens;
     r->vocab = cfg.V, r->ctx = cfg.T;
-    /* learned absolute positions entering layer 0 */
-    r->npos = cfg.T;
-    r->pos_kind = "learned";
-    r->pos_table = xmalloc((size_t)cfg.T * cfg.C * sizeof(double));
-    for (size_t i = 0; i < (size_t)cfg.T * cfg.C; i++) r->pos_table[i] = g->model.params[g->model.wpe + i];
     r->close = g2_close;
     return 0;
 }

@@ -113,7 +113,7 @@ static double sr_forward(Runner *r, int k, const BlockHook *hook) {
         rows = b * T;
     }
     m->hook = NULL;
-    r->logits = m->acts.logits;
+    r->dev_logits = m->acts.logits;
     r->rows = rows;
     r->V = g->cfg.Vt;
     for (int i = 0; i < rows; i++) /* padding (translation) does not count */
@@ -123,7 +123,7 @@ static double sr_forward(Runner *r, int k, const BlockHook *hook) {
 
 static void sr_backward(Runner *r) {
     SR *g = r->impl;
-    s2s_zero_grad(&g->model);
+    params_zero_grad(&g->model.w);
     g->model.external_dlogits = 1;
     s2s_backward(&g->model, 1.0f);
     g->model.external_dlogits = 0;
@@ -166,8 +166,8 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
     s2s_init(&g->model, &c, seed);
     g->model_json = s2s_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "seq2seq", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.table,
-                              g->model.params, e) != 0) {
+                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.w,
+                              e) != 0) {
         sr_free(g);
         return -1;
     }
@@ -198,20 +198,17 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
                  task_name((SynthTask)g->task), (unsigned long long)g->job_seed, r->nbatches, g->B, g->sd.T, used,
                  g->nval, (long)used * g->sd.T, r->unit);
     }
-    r->params = g->model.params, r->grads = g->model.grads, r->table = &g->model.table;
+    /* the fixed sinusoids added to the encoder input */
+    runner_setup(r, &g->model.w, g->model.pe, c.Tmax, c.C, "sinusoidal");
     int L = c.L_enc + (c.decoder ? c.L_dec : 0);
-    if (L > RUNNER_MAX_LAYERS) FATAL("mechint: %d self-attention layers, at most %d", L, RUNNER_MAX_LAYERS);
     g->bp = xmalloc((size_t)L * sizeof(BlockParams));
     for (int l = 0; l < L; l++) {
         int dec = l >= c.L_enc;
         g->bp[l] = dec ? g->model.dec[l - c.L_enc].b : g->model.enc[l];
-        snprintf(r->name_store[l], sizeof r->name_store[l], "%s.%hu", dec ? "dec" : "enc",
-                 (unsigned short)(dec ? l - c.L_enc : l));
-        r->layer_names[l] = r->name_store[l];
-        r->layer_causal[l] = dec;
+        runner_layer(r, l, dec ? "dec" : "enc", dec ? l - c.L_enc : l, dec);
     }
     /* every linear layer and LayerNorm has a bias, the projections too (seq2seq/model.c shape()) */
-    r->src = (ModelSource){.params = g->model.params, .bp = g->bp, .L = L, .H = c.H, .C = c.C, .variant = c.variant,
+    r->src = (ModelSource){.params = r->host_params, .bp = g->bp, .L = L, .H = c.H, .C = c.C, .variant = c.variant,
                            .pos = c.pos, .pos_m = c.pos_m, .pos_groups = c.pos_groups, .bias = 1, .attn_bias = 1,
                            .post_ln = c.post_ln, .causal = r->layer_causal, .names = r->layer_names};
     r->pos_feat = g->model.pos_feat, r->pos_T = c.Tmax, r->max_T = c.Tmax;
@@ -219,11 +216,6 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
     r->backward = sr_backward;
     r->forward_tokens = NULL;
     r->vocab = 0, r->ctx = 0;
-    /* the fixed sinusoids added to the encoder input */
-    r->npos = c.Tmax;
-    r->pos_kind = "sinusoidal";
-    r->pos_table = xmalloc((size_t)c.Tmax * c.C * sizeof(double));
-    for (size_t i = 0; i < (size_t)c.Tmax * c.C; i++) r->pos_table[i] = g->model.pe[i];
     r->close = sr_close;
     return 0;
 }

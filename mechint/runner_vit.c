@@ -28,7 +28,7 @@ static double vr_forward(Runner *r, int k, const BlockHook *hook) {
     v->model.hook = hook;
     double loss = vit_forward(&v->model, v->patches, v->labels, count, 0, 0);
     v->model.hook = NULL;
-    r->logits = v->model.acts.logits;
+    r->dev_logits = v->model.acts.logits;
     r->rows = count;
     r->V = v->model.cfg.classes;
     memcpy(r->targets, v->labels, (size_t)count * sizeof(int));
@@ -37,7 +37,7 @@ static double vr_forward(Runner *r, int k, const BlockHook *hook) {
 
 static void vr_backward(Runner *r) {
     VR *v = r->impl;
-    vit_zero_grad(&v->model);
+    params_zero_grad(&v->model.w);
     v->model.external_dlogits = 1;
     vit_backward(&v->model, 1.0f);
     v->model.external_dlogits = 0;
@@ -65,8 +65,8 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     vit_init(&v->model, &cfg, seed);
     v->model_json = vit_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "vit", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              v->model_json, "the checkpoint has another model shape or data set", &v->model.table,
-                              v->model.params, e) != 0) {
+                              v->model_json, "the checkpoint has another model shape or data set", &v->model.w,
+                              e) != 0) {
         vit_free(&v->model), vit_data_free(&v->data), free(v->model_json), free(v);
         return -1;
     }
@@ -86,15 +86,11 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     snprintf(r->data_desc, sizeof r->data_desc,
              "%s validation split (%d of the training images, seeded): %d batches of up to %d images (%d images)",
              v->data.name, v->data.nval, r->nbatches, v->B, used);
-    r->params = v->model.params, r->grads = v->model.grads, r->table = &v->model.table;
+    /* learned position embeddings entering layer 0 (row 0: the CLS token's when there is one) */
+    runner_setup(r, &v->model.w, v->model.w.params + v->model.posemb, cfg.T, cfg.C, "learned");
     int L = cfg.L;
-    if (L > RUNNER_MAX_LAYERS) FATAL("mechint: %d layers, at most %d", L, RUNNER_MAX_LAYERS);
-    for (int l = 0; l < L; l++) {
-        snprintf(r->name_store[l], sizeof r->name_store[l], "blocks.%hu", (unsigned short)l);
-        r->layer_names[l] = r->name_store[l];
-        r->layer_causal[l] = 0;
-    }
-    r->src = (ModelSource){.params = v->model.params, .bp = v->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
+    for (int l = 0; l < L; l++) runner_layer(r, l, "blocks", l, 0);
+    r->src = (ModelSource){.params = r->host_params, .bp = v->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
                            .variant = cfg.variant, .pos = cfg.pos, .pos_m = cfg.pos_m, .pos_groups = cfg.pos_groups,
                            .bias = 1, .attn_bias = cfg.attn_bias, .post_ln = 0, .causal = r->layer_causal,
                            .names = r->layer_names};
@@ -103,11 +99,6 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     r->backward = vr_backward;
     r->forward_tokens = NULL;
     r->vocab = 0, r->ctx = 0;
-    /* learned position embeddings entering layer 0 (row 0: the CLS token's when there is one) */
-    r->npos = cfg.T;
-    r->pos_kind = "learned";
-    r->pos_table = xmalloc((size_t)cfg.T * cfg.C * sizeof(double));
-    for (size_t i = 0; i < (size_t)cfg.T * cfg.C; i++) r->pos_table[i] = v->model.params[v->model.posemb + i];
     r->grid_w = cfg.img_w / cfg.P, r->grid_h = cfg.img_h / cfg.P, r->cls = cfg.cls;
     r->close = vr_close;
     return 0;

@@ -91,7 +91,7 @@ static void add_cross(ParamTable *t, DecBlockParams *dp, int l, const S2SConfig 
 
 static void build_table(S2S *m) {
     const S2SConfig *c = &m->cfg;
-    ParamTable *t = &m->table;
+    ParamTable *t = &m->w.table;
     int C = c->C;
     if (c->onehot) {
         m->inw = param_add(t, "enc.in.weight", 1, 2, C, c->Vs);
@@ -137,10 +137,10 @@ size_t s2s_num_params(const S2SConfig *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.table.total;
+    size_t n = m.w.table.total;
     free(m.enc);
     free(m.dec);
-    param_table_free(&m.table);
+    param_table_free(&m.w.table);
     return n;
 }
 
@@ -151,35 +151,24 @@ static int is_suffix(const char *s, const char *suffix) {
 
 /* As the reference models: xavier-uniform on every matrix, zero biases,
  * LayerNorm 1 and 0; +Pos weights xavier-uniform as Linear(m, 1), bias 0. */
-static void init_params(S2S *m, uint64_t seed) {
-    float *host = xcalloc(m->table.total, sizeof(float));
-    Rng rng = rng_seeded(seed, 1);
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        float *p = host + s->offset;
-        double bound = 0.0;
-        if (strstr(s->name, "ln") && is_suffix(s->name, ".weight"))
-            for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-        else if (is_suffix(s->name, ".pos.w"))
-            bound = sqrt(6.0 / (m->cfg.pos_m + 1));
-        else if (s->ndim == 2)
-            bound = sqrt(6.0 / (double)(s->shape[0] + s->shape[1]));
-        for (size_t k = 0; bound > 0.0 && k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(&rng) - 1.0) * bound);
-    }
-    dev_upload(m->params, host, m->table.total * sizeof(float));
-    free(host);
+static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
+    const S2SConfig *c = ctx;
+    double bound = 0.0;
+    if (strstr(s->name, "ln") && is_suffix(s->name, ".weight"))
+        for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
+    else if (is_suffix(s->name, ".pos.w"))
+        bound = sqrt(6.0 / (c->pos_m + 1));
+    else if (s->ndim == 2)
+        bound = sqrt(6.0 / (double)(s->shape[0] + s->shape[1]));
+    for (size_t k = 0; bound > 0.0 && k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
 }
 
 void s2s_init(S2S *m, const S2SConfig *cfg, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     build_table(m);
-    size_t bytes = m->table.total * sizeof(float);
-    m->params = dev_alloc(bytes);
-    m->grads = dev_alloc(bytes);
-    m->m = dev_alloc(bytes);
-    m->v = dev_alloc(bytes);
-    init_params(m, seed);
+    params_alloc(&m->w);
+    params_init(&m->w, seed, init_rule, &m->cfg);
     /* interleaved sinusoidal positions, base 10000 */
     int C = cfg->C;
     float *pe = xmalloc((size_t)cfg->Tmax * C * sizeof(float));
@@ -192,22 +181,14 @@ void s2s_init(S2S *m, const S2SConfig *cfg, uint64_t seed) {
     m->pe = dev_alloc((size_t)cfg->Tmax * C * sizeof(float));
     dev_upload(m->pe, pe, (size_t)cfg->Tmax * C * sizeof(float));
     free(pe);
-    if (cfg->pos) {
-        size_t n = (size_t)cfg->Tmax * attn_pos_channels(cfg->pos_m);
-        float *feat = xmalloc(n * sizeof(float));
-        attn_pos_features(feat, cfg->Tmax, cfg->pos_m);
-        m->pos_feat = dev_alloc(n * sizeof(float));
-        dev_upload(m->pos_feat, feat, n * sizeof(float));
-        free(feat);
-    }
+    if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->Tmax, cfg->pos_m);
 }
 
 void s2s_free(S2S *m) {
-    dev_free(m->params), dev_free(m->grads), dev_free(m->m), dev_free(m->v);
+    params_free(&m->w);
     dev_free(m->pe), dev_free(m->pos_feat), dev_free(m->act_memory);
     dev_free(m->src), dev_free(m->tgt_in), dev_free(m->tgt_out), dev_free(m->src_pad), dev_free(m->tgt_pad);
     free(m->acts.enc), free(m->acts.dec), free(m->enc), free(m->dec);
-    param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
 
@@ -302,8 +283,8 @@ static void layout(S2S *m, int B, int S, int T) {
 
 /* ------------------------------------------------------------------ forward */
 
-#define PARAM(off) (m->params + (off))
-#define GRAD(off) (m->grads + (off))
+#define PARAM(off) (m->w.params + (off))
+#define GRAD(off) (m->w.grads + (off))
 enum { SITE_SRC = 0, SITE_TGT = 1, SITE_HEAD = 2, SITE_ENC = 16, SITE_DEC = 1024 };
 
 static void pad_mask(unsigned char *mask, const int *tok, size_t n, int pad) {
@@ -334,7 +315,7 @@ static const float *encode(S2S *m, int B, int S, int training) {
     for (int l = 0; l < c->L_enc; l++) {
         BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
-        block_forward(&a->enc[l], x, m->params, &m->enc[l], &s, &a->scratch);
+        block_forward(&a->enc[l], x, m->w.params, &m->enc[l], &s, &a->scratch);
         x = a->enc[l].out;
     }
     if (c->post_ln) return x;
@@ -387,7 +368,7 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
         for (int l = 0; l < c->L_dec; l++) {
             BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, training,
                                  dropout_seed(dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
-            decblock_forward(&a->dec[l], y, mem, S, m->src_pad, m->params, &m->dec[l], &s, &a->dscratch);
+            decblock_forward(&a->dec[l], y, mem, S, m->src_pad, m->w.params, &m->dec[l], &s, &a->dscratch);
             y = a->dec[l].b.out;
         }
         layernorm_forward(a->yout, a->yout_mean, a->yout_rstd, y, PARAM(m->dec_lnfw), PARAM(m->dec_lnfb), (int)BT,
@@ -414,8 +395,6 @@ int s2s_correct(S2S *m) {
 
 /* ------------------------------------------------------------------ backward */
 
-void s2s_zero_grad(S2S *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
-
 /* dres = d(memory) -> encoder parameters. */
 static void encode_backward(S2S *m, float *dres) {
     const S2SConfig *c = &m->cfg;
@@ -427,13 +406,13 @@ static void encode_backward(S2S *m, float *dres) {
         dev_zero(a->dtmp, n * sizeof(float));
         layernorm_backward(a->dtmp, GRAD(m->enc_lnfw), GRAD(m->enc_lnfb), dres, last, PARAM(m->enc_lnfw),
                            a->mem_mean, a->mem_rstd, (int)BS, c->C);
-        memcpy(dres, a->dtmp, n * sizeof(float));
+        dev_copy(dres, a->dtmp, n * sizeof(float));
     }
     for (int l = c->L_enc - 1; l >= 0; l--) {
         BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, m->fwd_training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
         const float *x = l == 0 ? a->x0 : a->enc[l - 1].out;
-        block_backward(dres, m->grads, &a->enc[l], x, m->params, &m->enc[l], &s, &a->scratch);
+        block_backward(dres, m->w.grads, &a->enc[l], x, m->w.params, &m->enc[l], &s, &a->scratch);
     }
     if (c->onehot) {
         linear_backward(NULL, GRAD(m->inw), GRAD(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
@@ -498,7 +477,7 @@ void s2s_backward(S2S *m, float loss_scale) {
         BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, m->fwd_training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
         const float *y = l == 0 ? a->y0 : a->dec[l - 1].b.out;
-        decblock_backward(a->dres, a->dmem, m->grads, &a->dec[l], y, mem, S, m->src_pad, m->params, &m->dec[l], &s,
+        decblock_backward(a->dres, a->dmem, m->w.grads, &a->dec[l], y, mem, S, m->src_pad, m->w.params, &m->dec[l], &s,
                           &a->dscratch);
     }
     const float *demb = a->dres;
@@ -508,91 +487,42 @@ void s2s_backward(S2S *m, float loss_scale) {
         demb = a->dtmp;
     }
     embedding_backward(GRAD(m->tgt_emb), NULL, demb, m->tgt_in, B, T, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
-    memcpy(a->dres, a->dmem, BS * C * sizeof(float));
+    dev_copy(a->dres, a->dmem, BS * C * sizeof(float));
     encode_backward(m, a->dres);
-}
-
-void s2s_adamw(S2S *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        adamw_update(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset, s->numel, lr,
-                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
-    }
 }
 
 /* ------------------------------------------------------------------ decoding */
 
+/* Decoding state of N = B x K rows: the self-attention cache, the source's
+ * cross-attention keys and values per row, and the one-position buffers. */
 typedef struct {
-    int N, L, C, max_len, tensors;
-    float *keys, *values;   /* (L, N, max_len, C) self-attention rows, values == keys for one tensor */
+    int N;
+    KVCache cache;
+    DecodeScratch scratch;
     float **xkv;            /* per layer (N, S, 2C): cross-attention keys and values of each row's source */
     unsigned char *src_pad; /* (N, S) */
-    float *x, *ln, *proj, *att, *branch, *xq, *xatt, *xlse, *fc, *fc_act, *logits;
+    float *x, *logits;      /* (N, C), (N, V) */
+    int *tokens;            /* (N) */
 } DecodeState;
 
-/* One decoder step for all N rows at position t: logits (N, V) of the next token. */
+/* One decoder step for all N rows at position t: logits (N, V) of the next token (device memory). */
 static const float *decode_step(S2S *m, DecodeState *d, const int *tokens, int t, int S) {
     const S2SConfig *c = &m->cfg;
-    const float *W = m->params;
-    int N = d->N, C = c->C, P = attn_num_proj(c->variant), H = c->H;
-    int kb = attn_key_block(c->variant), vb = attn_value_block(c->variant);
-    float mean[4096], rstd[4096];
-    if (N > 4096) FATAL("s2s_decode: at most 4096 rows per batch (%d)", N);
-    int *tok = dev_alloc((size_t)N * sizeof(int));
-    dev_upload(tok, tokens, (size_t)N * sizeof(int));
-    embedding_forward(d->x, tok, W + m->tgt_emb, m->pe + (size_t)t * C, N, 1, C, c->Vt,
+    const float *W = m->w.params;
+    int N = d->N, C = c->C;
+    dev_upload(d->tokens, tokens, (size_t)N * sizeof(int));
+    embedding_forward(d->x, d->tokens, W + m->tgt_emb, m->pe + (size_t)t * C, N, 1, C, c->Vt,
                       c->scale_emb ? sqrtf((float)C) : 1.0f);
-    dev_free(tok);
     for (int l = 0; l < c->L_dec; l++) {
-        const DecBlockParams *p = &m->dec[l];
-        size_t row = (size_t)d->max_len * C;
-        float *keys = d->keys + (size_t)l * N * row, *values = d->values + (size_t)l * N * row;
-        layernorm_forward(d->ln, mean, rstd, d->x, W + p->b.ln1w, W + p->b.ln1b, N, C);
-        linear_forward(d->proj, d->ln, W + p->b.attnw, W + p->b.attnb, N, C, P * C);
-        AttnPos pos = {.m = c->pos_m, .groups = c->pos_groups, .w = W + p->b.posw, .b = W + p->b.posb,
-                       .feat = m->pos_feat, .T = c->Tmax};
-        for (int n = 0; n < N; n++) { /* cache this position's key and value rows, then attend */
-            const float *pr = d->proj + (size_t)n * P * C;
-            memcpy(keys + n * row + (size_t)t * C, pr + (size_t)kb * C, (size_t)C * sizeof(float));
-            if (d->tensors == 2) memcpy(values + n * row + (size_t)t * C, pr + (size_t)vb * C, (size_t)C * sizeof(float));
-            attention_decode(d->att + (size_t)n * C, pr, keys + n * row, values + n * row, C, t, H, C / H,
-                             c->pos ? &pos : NULL);
-        }
-        linear_forward(d->branch, d->att, W + p->b.projw, W + p->b.projb, N, C, C);
-        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
-        layernorm_forward(d->ln, mean, rstd, d->x, W + p->lnxw, W + p->lnxb, N, C);
-        linear_forward(d->xq, d->ln, W + p->xqw, W + p->xqb, N, C, C);
-        CrossAttnArgs xa = {.B = N, .Tq = 1, .Tk = S, .H = H, .hd = C / H, .key_pad = d->src_pad};
-        cross_attention_forward(d->xatt, d->xlse, d->xq, d->xkv[l], &xa);
-        linear_forward(d->branch, d->xatt, W + p->xprojw, W + p->xprojb, N, C, C);
-        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
-        layernorm_forward(d->ln, mean, rstd, d->x, W + p->b.ln2w, W + p->b.ln2b, N, C);
-        linear_forward(d->fc, d->ln, W + p->b.fcw, W + p->b.fcb, N, C, c->mlp);
-        if (c->gelu)
-            gelu_forward(d->fc_act, d->fc, (size_t)N * c->mlp);
-        else
-            relu_forward(d->fc_act, d->fc, (size_t)N * c->mlp);
-        linear_forward(d->branch, d->fc_act, W + p->b.fcpw, W + p->b.fcpb, N, c->mlp, C);
-        residual_forward(d->x, d->x, d->branch, (size_t)N * C);
+        BlockShape s = shape(m, N, 1, 1, 0, NULL, 0, 0, c->L_enc + l);
+        DecodeCross cross = {.p = &m->dec[l], .xkv = d->xkv[l], .S = S, .src_pad = d->src_pad};
+        block_decode(d->x, t, &d->cache, l, W, &m->dec[l].b, &cross, &s, &d->scratch);
     }
-    layernorm_forward(d->ln, mean, rstd, d->x, W + m->dec_lnfw, W + m->dec_lnfb, N, C);
-    linear_forward(d->logits, d->ln, W + m->genw, W + m->genb, N, C, c->Vt);
+    d->cache.len = t + 1;
+    DecodeScratch *sc = &d->scratch;
+    layernorm_forward(sc->ln, sc->mean, sc->rstd, d->x, W + m->dec_lnfw, W + m->dec_lnfb, N, C);
+    linear_forward(d->logits, sc->ln, W + m->genw, W + m->genb, N, C, c->Vt);
     return d->logits;
-}
-
-/* Copies cache rows so that row n continues hypothesis parent[n]. */
-static void reorder_cache(DecodeState *d, const int *parent, int t) {
-    size_t row = (size_t)d->max_len * d->C, used = (size_t)(t + 1) * d->C;
-    float *tmp = xmalloc((size_t)d->N * used * sizeof(float));
-    for (int pass = 0; pass < d->tensors; pass++) {
-        float *base = pass == 0 ? d->keys : d->values;
-        for (int l = 0; l < d->L; l++) {
-            float *cache = base + (size_t)l * d->N * row;
-            for (int n = 0; n < d->N; n++) memcpy(tmp + (size_t)n * used, cache + (size_t)parent[n] * row, used * 4);
-            for (int n = 0; n < d->N; n++) memcpy(cache + (size_t)n * row, tmp + (size_t)n * used, used * 4);
-        }
-    }
-    free(tmp);
 }
 
 typedef struct {
@@ -623,27 +553,30 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     pad_mask(mask, src, BS, c->pad);
     dev_upload(m->src_pad, mask, BS);
     const float *mem = encode(m, B, S, 0);
-    DecodeState d = {.N = N, .L = c->L_dec, .C = C, .max_len = max_len, .tensors = attn_cache_tensors(c->variant)};
-    size_t cache = (size_t)c->L_dec * N * max_len * C;
-    d.keys = dev_alloc(cache * sizeof(float));
-    d.values = d.tensors == 2 ? dev_alloc(cache * sizeof(float)) : d.keys;
+    DecodeState d = {.N = N};
+    kv_cache_init(&d.cache, c->L_dec, N, max_len, C, c->variant);
+    decode_scratch_init(&d.scratch, N, C, c->H, c->mlp, c->variant);
+    /* source keys and values, one copy per beam row (row n reads sentence n / K) */
+    int *rowsrc = xmalloc((size_t)N * sizeof(int)), *rowsrc_dev = dev_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++) rowsrc[n] = n / K;
+    dev_upload(rowsrc_dev, rowsrc, (size_t)N * sizeof(int));
+    size_t kvrow = (size_t)S * 2 * C;
     d.xkv = xmalloc((size_t)c->L_dec * sizeof(float *));
     float *xkv = dev_alloc(BS * 2 * C * sizeof(float));
-    for (int l = 0; l < c->L_dec; l++) { /* source keys and values, one copy per beam row */
-        linear_forward(xkv, mem, m->params + m->dec[l].xkvw, m->params + m->dec[l].xkvb, (int)BS, C, 2 * C);
-        d.xkv[l] = dev_alloc((size_t)N * S * 2 * C * sizeof(float));
-        for (int n = 0; n < N; n++)
-            memcpy(d.xkv[l] + (size_t)n * S * 2 * C, xkv + (size_t)(n / K) * S * 2 * C, (size_t)S * 2 * C * 4);
+    for (int l = 0; l < c->L_dec; l++) {
+        linear_forward(xkv, mem, m->w.params + m->dec[l].xkvw, m->w.params + m->dec[l].xkvb, (int)BS, C, 2 * C);
+        d.xkv[l] = dev_alloc((size_t)N * kvrow * sizeof(float));
+        rows_gather(d.xkv[l], kvrow, xkv, kvrow, rowsrc_dev, N, kvrow);
     }
-    dev_free(xkv);
+    dev_free(xkv), dev_free(rowsrc_dev);
+    unsigned char *pad = xmalloc((size_t)N * S);
+    for (int n = 0; n < N; n++) memcpy(pad + (size_t)n * S, mask + (size_t)rowsrc[n] * S, (size_t)S);
     d.src_pad = dev_alloc((size_t)N * S);
-    for (int n = 0; n < N; n++) memcpy(d.src_pad + (size_t)n * S, mask + (size_t)(n / K) * S, (size_t)S);
-    free(mask);
-    size_t nc = (size_t)N * C, nm = (size_t)N * c->mlp;
-    d.x = dev_alloc(nc * 4), d.ln = dev_alloc(nc * 4), d.proj = dev_alloc(nc * attn_num_proj(c->variant) * 4);
-    d.att = dev_alloc(nc * 4), d.branch = dev_alloc(nc * 4), d.xq = dev_alloc(nc * 4), d.xatt = dev_alloc(nc * 4);
-    d.xlse = dev_alloc((size_t)N * c->H * 4), d.fc = dev_alloc(nm * 4), d.fc_act = dev_alloc(nm * 4);
-    d.logits = dev_alloc((size_t)N * V * 4);
+    dev_upload(d.src_pad, pad, (size_t)N * S);
+    free(pad), free(mask), free(rowsrc);
+    d.x = dev_alloc((size_t)N * C * sizeof(float));
+    d.logits = dev_alloc((size_t)N * V * sizeof(float));
+    d.tokens = dev_alloc((size_t)N * sizeof(int));
 
     /* hypotheses: tokens so far per row, log-probabilities, and the best finished one per sentence */
     int *tokens = xmalloc((size_t)N * sizeof(int)), *hist = xmalloc((size_t)N * max_len * sizeof(int));
@@ -722,7 +655,7 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
             if (!done[b]) all_done = 0;
         }
         if (all_done || t == max_len - 1) break;
-        reorder_cache(&d, parent, t);
+        kv_cache_reorder(&d.cache, parent);
         memcpy(score, nscore, (size_t)N * sizeof(double));
         memcpy(hist, hist2, (size_t)N * max_len * sizeof(int));
     }
@@ -730,8 +663,7 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     free(logits), free(cand);
     for (int l = 0; l < c->L_dec; l++) dev_free(d.xkv[l]);
     free(d.xkv);
-    if (d.values != d.keys) dev_free(d.values);
-    dev_free(d.keys), dev_free(d.src_pad), dev_free(d.x), dev_free(d.ln), dev_free(d.proj), dev_free(d.att);
-    dev_free(d.branch), dev_free(d.xq), dev_free(d.xatt), dev_free(d.xlse), dev_free(d.fc), dev_free(d.fc_act);
-    dev_free(d.logits);
+    kv_cache_free(&d.cache);
+    decode_scratch_free(&d.scratch);
+    dev_free(d.src_pad), dev_free(d.x), dev_free(d.logits), dev_free(d.tokens);
 }

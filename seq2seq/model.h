@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "block.h"
-#include "checkpoint.h"
+#include "params.h"
 
 typedef struct {
     int decoder;        /* 1: encoder-decoder; 0: encoder only */
@@ -57,8 +57,7 @@ typedef struct {
 
 typedef struct {
     S2SConfig cfg;
-    ParamTable table;
-    float *params, *grads, *m, *v;
+    Params w; /* parameters, gradients, AdamW moments (nn/params.h) */
     size_t inw, inb, src_emb, tgt_emb, enc_lnfw, enc_lnfb, dec_lnfw, dec_lnfb, genw, genb;
     size_t hfcw, hfcb, hlnw, hlnb, houtw, houtb;
     BlockParams *enc;
@@ -93,9 +92,7 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
                    uint64_t dropout_seed);
 /* Targets of the last forward the model ranked first (argmax), of m->counted. */
 int s2s_correct(S2S *m);
-void s2s_zero_grad(S2S *m);
 void s2s_backward(S2S *m, float loss_scale);
-void s2s_adamw(S2S *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 
 /* ---- decoding (encoder-decoder) -------------------------------------------
  * Greedy or beam search with caches: the encoder runs once, each decoder

@@ -238,7 +238,7 @@ static void banner(const Run *r) {
                r->njobs, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, IF_SYNTH_LEN);
     printf("model: %s, %d channels, %d heads, %d+%d layers, mlp %d, %s-LN | %zu parameters\n",
            c->decoder ? "encoder-decoder" : "encoder only", c->C, c->H, c->L_enc, c->decoder ? c->L_dec : 0, c->mlp,
-           c->post_ln ? "post" : "pre", r->model.table.total);
+           c->post_ln ? "post" : "pre", r->model.w.table.total);
     printf("train: %d epochs x %d steps of %d sequences%s, seed %llu, %d threads\n", r->h.epochs, r->steps_per_epoch,
            r->h.B, r->njobs > 1 ? " per job" : "", (unsigned long long)r->h.seed, backend_threads());
     fflush(stdout);
@@ -249,10 +249,10 @@ static void start_job(Run *r, int job) {
     S2S *m = &r->model;
     S2S fresh;
     s2s_init(&fresh, &r->cfg, r->jobs[job].seed);
-    memcpy(m->params, fresh.params, m->table.total * sizeof(float));
+    dev_copy(m->w.params, fresh.w.params, m->w.table.total * sizeof(float));
     s2s_free(&fresh);
-    dev_zero(m->m, m->table.total * sizeof(float));
-    dev_zero(m->v, m->table.total * sizeof(float));
+    dev_zero(m->w.m, m->w.table.total * sizeof(float));
+    dev_zero(m->w.v, m->w.table.total * sizeof(float));
     r->run.best_val = INFINITY;
     r->run.best_iter = -1;
 }
@@ -405,7 +405,7 @@ static int train(Run *r) {
             }
         }
         double lr = learning_rate(h, local, r->iters_per_job, r->cfg.C);
-        s2s_zero_grad(m);
+        params_zero_grad(&m->w);
         double loss = s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, B, 1,
                                   dropout_seed(h->seed, (uint64_t)t->iter, 0));
         int correct = s2s_correct(m), counted = m->counted;
@@ -417,9 +417,9 @@ static int train(Run *r) {
             return 1;
         }
         s2s_backward(m, 1.0f);
-        double norm = h->clip > 0 ? clip_grad_norm(m->grads, m->table.total, h->clip)
-                                  : grad_norm(m->grads, m->table.total);
-        s2s_adamw(m, (float)lr, 0.9f, (float)h->beta2, (float)h->eps, 0.0f, local + 1);
+        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
+                                  : grad_norm(m->w.grads, m->w.table.total);
+        params_adamw(&m->w, (float)lr, 0.9f, (float)h->beta2, (float)h->eps, 0.0f, local + 1);
         t->iter++;
         double dt = wall_seconds() - t0;
         t->train_seconds += dt;
@@ -539,10 +539,7 @@ static void setup(Run *r) {
     t->model_json = s2s_config_json(&c);
     t->vocab_json = xstrdup(TRANSLATION ? "{\"type\":\"words\",\"note\":\"rebuilt from the training set\"}"
                                         : "{\"type\":\"digits\",\"size\":10}");
-    t->table = &r->model.table;
-    t->params = r->model.params;
-    t->m = r->model.m;
-    t->v = r->model.v;
+    t->w = &r->model.w;
 }
 
 static void teardown(Run *r) {
@@ -612,8 +609,8 @@ static int cmd_translate(int argc, char **argv) {
     Err e;
     if (checkpoint_load_model(ckpt, "seq2seq", r.run.variant,
                               "use the binary of the step that wrote it (output/<run>/train_seq2seq_step<STEP>)",
-                              r.run.model_json, "the checkpoint has another model shape or vocabulary", &r.model.table,
-                              r.model.params, &e) != 0)
+                              r.run.model_json, "the checkpoint has another model shape or vocabulary", &r.model.w,
+                              &e) != 0)
         run_die(&e);
     if (n > r.td.test.n) n = r.td.test.n;
     double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, n);

@@ -235,6 +235,9 @@ def test_configs():
     for i, r in enumerate(rows):
         suffix, frag = POS_SETTINGS[i % len(POS_SETTINGS)]
         out.append((f"{r['name']}_{suffix}", [f"defconfigs/steps/{r['id']}", f"tests/configs/{frag}"]))
+    # the device-memory guard (kernels/cpu/guard.c): the family, sampling, checkpoint and mechint tests with host
+    # access to device memory trapped
+    out.append(("guard", ["defconfigs/steps/KV_TYING", "tests/configs/pos", "tests/configs/guard"]))
     return out
 
 
@@ -271,8 +274,11 @@ def test_units(build_root, sanitize, only):
         progs = sorted(p for p in glob.glob(os.path.join(bdir, "tests", "test_*")) if os.access(p, os.X_OK)
                        and not p.endswith((".o", ".d")))
         for prog in progs:
-            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint"):
+            if i > 0 and os.path.basename(prog) not in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq",
+                                                         "test_mechint", "test_guard"):
                 continue
+            if name == "guard" and os.path.basename(prog) in ("test_kernels", "test_mechint"):
+                continue  # test_kernels: being made device-clean; mechint: run under the guard end to end
             t0 = time.time()
             r = run([prog], env=env)
             counts = parse_counts(r.stdout)
@@ -737,6 +743,47 @@ def test_bad_runs(tmp, sanitize):
     R.check(os.path.exists(path) and metrics(path)["status"] == "failed", "the metrics file records the failure")
 
 
+GUARD = "CONFIG_CPU_DEVICE_GUARD=y\n"
+
+
+def no_guard_fault(r):
+    return "host code touched device memory" not in r.stdout + r.stderr and r.returncode != -signal.SIGSEGV
+
+
+def test_guard_end_to_end(tmp, sanitize):
+    section("device-memory guard end to end: every family trains, samples, decodes and is analysed with host "
+            "access to device memory trapped")
+    ws = Workspace(tmp, "guard-gpt2", TINY.replace('"V0,V1"', '"V1,KV_POS"') + GUARD, sanitize)
+    r = ws.make()
+    R.check(r.returncode == 0 and no_guard_fault(r), f"guard: gpt2 steps train, checkpoint, resume-ready and sample:\n"
+            f"{(r.stdout + r.stderr)[-2000:]}")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    ck = os.path.join(ws.run_dir(), "final_model_stepKV_POS.safetensors")
+    args = [ws.binary("KV_POS"), "sample", "--ckpt", ck, "--prompt", "one hundred", "--length", "12",
+            "--temperature", "0"]
+    r1, r2 = run(args, env=env), run(args + ["--no-cache"], env=env)
+    R.check(r1.returncode == 0 and r1.stdout == r2.stdout and no_guard_fault(r1) and no_guard_fault(r2),
+            f"guard: cached and uncached sampling agree: {r1.stdout!r} / {r2.stdout!r} {r1.stderr[-500:]}")
+    ws.set(*MECHINT_SMALL)
+    r = ws.make("mechint")
+    R.check(r.returncode == 0 and no_guard_fault(r), f"guard: make mechint analyses both steps:\n"
+            f"{(r.stdout + r.stderr)[-2000:]}")
+    ws = Workspace(tmp, "guard-vit", TINY_VIT.replace("CONFIG_VIT_EPOCHS=2", "CONFIG_VIT_EPOCHS=1")
+                   .replace('"V0,KV"', '"KV_POS"') + GUARD, sanitize)
+    r = ws.make()
+    R.check(r.returncode == 0 and no_guard_fault(r), f"guard: ViT trains and tests:\n{(r.stdout + r.stderr)[-2000:]}")
+    r = run([ws.binary("KV_POS", "tinyvit", "vit"), "eval", "--ckpt",
+             os.path.join(ws.run_dir("tinyvit"), "final_model_stepKV_POS.safetensors")], env=env)
+    R.check(r.returncode == 0 and "test accuracy" in r.stdout and no_guard_fault(r), f"guard: train_vit eval: "
+            f"{r.stderr[-1000:]}")
+    ws = Workspace(tmp, "guard-s2s", TINY_SYNTH.replace('CONFIG_SEQ2SEQ_TASKS="copy,sub"', 'CONFIG_SEQ2SEQ_TASKS="copy"')
+                   .replace('CONFIG_SEQ2SEQ_SEEDS="1,2"', 'CONFIG_SEQ2SEQ_SEEDS="1"').replace('"V0,KV"', '"KV_TYING"')
+                   + "CONFIG_SEQ2SEQ_ENCODER_DECODER=y\n" + GUARD, sanitize)
+    r = ws.make()
+    R.check(r.returncode == 0 and no_guard_fault(r), f"guard: the encoder-decoder trains and tests (beam search "
+            f"under the guard: test_seq2seq in the guarded unit build):\n{(r.stdout + r.stderr)[-2000:]}")
+
+
 def test_vit_end_to_end(tmp, sanitize):
     section("ViT: two steps on Fashion-MNIST end to end, resume, bad checkpoints")
     ws = Workspace(tmp, "vit", TINY_VIT, sanitize)
@@ -1115,6 +1162,8 @@ def main():
             guarded(test_bad_runs, tmp, args.sanitize)
         if want("vit"):
             guarded(test_vit_end_to_end, tmp, args.sanitize)
+        if want("guard"):
+            guarded(test_guard_end_to_end, tmp, args.sanitize)
         if want("seq2seq"):
             guarded(test_synthetic_end_to_end, tmp, args.sanitize)
             guarded(test_translation_end_to_end, tmp, args.sanitize)

@@ -15,6 +15,7 @@
 #include "gpt2/model.h"
 #include "gpt2/sample.h"
 #include "checkpoint.h"
+#include "model_check.h"
 #include "ref.h"
 #include "test.h"
 
@@ -73,8 +74,8 @@ static void test_param_counts(void) {
     GPT2Config b = char_gpt();
     GPT2 m;
     gpt2_init(&m, &b, 1);
-    CHECK(m.table.total == gpt2_num_params(&b), "built %s model: %zu parameters", attn_variant_label(ATTN_VARIANT,
-          ATTN_POS), m.table.total);
+    CHECK(m.w.table.total == gpt2_num_params(&b), "built %s model: %zu parameters", attn_variant_label(ATTN_VARIANT,
+          ATTN_POS), m.w.table.total);
     gpt2_free(&m);
 }
 
@@ -124,19 +125,18 @@ static double ref_loss(void *vctx) {
     return loss;
 }
 
+/* Multiplies every parameter by f (through host memory: model buffers are the backend's). */
+static void scale_params(GPT2 *m, float f) {
+    float *p = params_to_host(&m->w, m->w.params);
+    for (size_t k = 0; k < m->w.table.total; k++) p[k] *= f;
+    params_from_host(&m->w, m->w.params, p);
+    free(p);
+}
+
 static void model_case(const char *name, GPT2Config c, int B, int T) {
     GPT2 m;
     gpt2_init(&m, &c, 7);
-    /* non-zero biases and +Pos weights so that every path carries signal */
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamSpec *s = &m.table.specs[i];
-        if (strstr(s->name, ".bias") || strstr(s->name, ".pos."))
-            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 0.1f * (float)sin(3.0 * k + i);
-        if (strstr(s->name, "ln") && strstr(s->name, ".weight"))
-            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 1.0f + 0.2f * (float)cos(5.0 * k + i);
-    }
-    /* weights larger than GPT-2's 0.02 init so that attention is not uniform */
-    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 8.0f;
+    float *hp = perturb_params(&m.w, 8.0f); /* weights far above GPT-2's 0.02 init: attention is not uniform */
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) {
         in[i] = (i * 7 + 3) % c.V;
@@ -144,48 +144,26 @@ static void model_case(const char *name, GPT2Config c, int B, int T) {
     }
     tg[2] = -1; /* an ignored target */
     double loss = gpt2_forward(&m, in, tg, B, T, 1, 0);
-    gpt2_zero_grad(&m);
+    params_zero_grad(&m.w);
     gpt2_backward(&m, 1.0f);
-    RefCtx r = {&m, xmalloc(m.table.total * sizeof(double)), in, tg, B, T};
-    for (size_t k = 0; k < m.table.total; k++) r.P[k] = m.params[k];
+    RefCtx r = {&m, xmalloc(m.w.table.total * sizeof(double)), in, tg, B, T};
+    for (size_t k = 0; k < m.w.table.total; k++) r.P[k] = hp[k];
     double want = ref_loss(&r);
     CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "%s: loss %.8f, float64 reference %.8f", name, loss, want);
     /* every tensor's gradient against central differences of the reference */
-    int bad = 0;
-    double worst_rel = 0.0;
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamSpec *s = &m.table.specs[i];
-        double err = 0.0, fdmax = 0.0;
-        size_t step = s->numel > 24 ? s->numel / 24 : 1;
-        for (size_t k = 0; k < s->numel; k += step) {
-            size_t j = s->offset + k;
-            double old = r.P[j];
-            r.P[j] = old + 1e-5;
-            double lp = ref_loss(&r);
-            r.P[j] = old - 1e-5;
-            double lm = ref_loss(&r);
-            r.P[j] = old;
-            double fd = (lp - lm) / 2e-5;
-            err = fmax(err, fabs(fd - m.grads[j]));
-            fdmax = fmax(fdmax, fabs(fd));
-        }
-        if (err > 2e-3 * fdmax + 1e-6) {
-            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
-            bad++;
-        }
-        if (fdmax > 0) worst_rel = fmax(worst_rel, err / fdmax);
-    }
+    double worst_rel;
+    int bad = gradcheck(name, &m.w, r.P, ref_loss, &r, 24, &worst_rel);
     CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
-          bad, m.table.n, worst_rel);
+          bad, m.w.table.n, worst_rel);
     /* determinism: the same pass twice gives bit-identical gradients */
-    float *g1 = xmalloc(m.table.total * sizeof(float));
-    memcpy(g1, m.grads, m.table.total * sizeof(float));
+    float *g1 = params_to_host(&m.w, m.w.grads);
     double loss2 = gpt2_forward(&m, in, tg, B, T, 1, 0);
-    gpt2_zero_grad(&m);
+    params_zero_grad(&m.w);
     gpt2_backward(&m, 1.0f);
-    CHECK(loss2 == loss && memcmp(g1, m.grads, m.table.total * sizeof(float)) == 0,
+    float *g2 = params_to_host(&m.w, m.w.grads);
+    CHECK(loss2 == loss && memcmp(g1, g2, m.w.table.total * sizeof(float)) == 0,
           "%s: repeated forward/backward is bit-identical", name);
-    free(g1);
+    free(g1), free(g2), free(hp);
     free(r.P);
     free(in);
     free(tg);
@@ -216,37 +194,36 @@ static void test_cache_equivalence(void) {
                     .pos_groups = ATTN_POS ? g : 0};
     GPT2 m;
     gpt2_init(&m, &c, 11);
-    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 10.0f; /* sharp attention */
+    scale_params(&m, 10.0f); /* sharp attention */
     int toks[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
-    KVCache cache;
-    kv_cache_init(&cache, &m);
+    GPT2Decoder d;
+    gpt2_decoder_init(&d, &m);
     double worst = 0.0, lmax = 0.0;
-    float *full = xmalloc((size_t)c.V * sizeof(float));
+    size_t vbytes = (size_t)c.V * sizeof(float);
+    float *full = xmalloc(vbytes), *dec = xmalloc(vbytes);
     for (int t = 0; t < c.T; t++) {
-        const float *cached = gpt2_decode(&m, &cache, toks[t]);
-        float *dec = xmalloc((size_t)c.V * sizeof(float));
-        memcpy(dec, cached, (size_t)c.V * sizeof(float));
+        dev_download(dec, gpt2_decode(&m, &d, toks[t]), vbytes);
         gpt2_forward(&m, toks, NULL, 1, t + 1, 0, 0);
-        memcpy(full, m.acts.logits + (size_t)t * c.V, (size_t)c.V * sizeof(float));
+        dev_download(full, m.acts.logits + (size_t)t * c.V, vbytes);
         for (int v = 0; v < c.V; v++) {
             worst = fmax(worst, fabs(dec[v] - full[v]));
             lmax = fmax(lmax, fabs(full[v]));
         }
-        free(dec);
     }
     CHECK(worst <= 1e-5 * lmax + 1e-5, "%s: cached and uncached logits differ by %.3g (max |logit| %.3g)",
           attn_variant_label(ATTN_VARIANT, ATTN_POS), worst, lmax);
     int tensors = ATTN_VARIANT == ATTN_K || ATTN_VARIANT == ATTN_KV_TYING ? 1 : 2;
-    CHECK(cache.tensors == tensors && (cache.tensors == 2) == (cache.values != cache.keys),
-          "%s caches %d tensor(s) per layer, expected %d", attn_variant_label(ATTN_VARIANT, ATTN_POS), cache.tensors,
+    CHECK(d.cache.tensors == tensors && (d.cache.tensors == 2) == (d.cache.values != d.cache.keys),
+          "%s caches %d tensor(s) per layer, expected %d", attn_variant_label(ATTN_VARIANT, ATTN_POS), d.cache.tensors,
           tensors);
-    CHECK(kv_cache_bytes_per_token(&c) == (size_t)c.L * tensors * c.C * sizeof(float), "cache bytes per token");
-    kv_cache_free(&cache);
-    free(full);
+    CHECK(gpt2_cache_bytes_per_token(&c) == (size_t)c.L * tensors * c.C * sizeof(float), "cache bytes per token");
+    gpt2_decoder_free(&d);
+    free(full), free(dec);
     gpt2_free(&m);
 }
 
-/* Save, load into a fresh model: identical parameters and moments; strict errors otherwise. */
+/* Save, load into a fresh model: identical parameters and moments; strict
+ * errors otherwise, and a failed read leaves the model as it was. */
 static void test_checkpoint_round_trip(void) {
     GPT2Config c = {.V = 13, .T = 8, .L = 2, .H = 2, .C = 8, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
                     .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
@@ -254,7 +231,11 @@ static void test_checkpoint_round_trip(void) {
     GPT2 a, b;
     gpt2_init(&a, &c, 1);
     gpt2_init(&b, &c, 2);
-    for (size_t k = 0; k < a.table.total; k++) a.m[k] = 0.5f * (float)k, a.v[k] = 1.0f / (1.0f + (float)k);
+    size_t n = a.w.table.total, bytes = n * sizeof(float);
+    float *hm = xmalloc(bytes), *hv = xmalloc(bytes);
+    for (size_t k = 0; k < n; k++) hm[k] = 0.5f * (float)k, hv[k] = 1.0f / (1.0f + (float)k);
+    params_from_host(&a.w, a.w.m, hm);
+    params_from_host(&a.w, a.w.v, hv);
     char dir[] = "/tmp/kvlab_test_ckpt_XXXXXX";
     if (!mkdtemp(dir)) FATAL("mkdtemp failed");
     char path[256], path2[256];
@@ -262,15 +243,17 @@ static void test_checkpoint_round_trip(void) {
     snprintf(path2, sizeof path2, "%s/model.safetensors", dir);
     StMeta meta[2] = {{"family", "gpt2"}, {"variant", attn_variant_id(ATTN_VARIANT, ATTN_POS)}};
     Err e;
-    CHECK(checkpoint_save(path, &a.table, a.params, a.m, a.v, meta, 2, &e) == 0, "save state: %s", e.msg);
-    CHECK(checkpoint_save(path2, &a.table, a.params, NULL, NULL, meta, 2, &e) == 0, "save model: %s", e.msg);
+    CHECK(checkpoint_save_params(path, &a.w, 1, meta, 2, &e) == 0, "save state: %s", e.msg);
+    CHECK(checkpoint_save_params(path2, &a.w, 0, meta, 2, &e) == 0, "save model: %s", e.msg);
     StFile *f = checkpoint_open(path, "gpt2", &e);
     CHECK(f != NULL, "open: %s", f ? "" : e.msg);
     if (f) {
-        CHECK(checkpoint_read(f, &b.table, b.params, b.m, b.v, &e) == 0, "read: %s", e.msg);
-        size_t bytes = a.table.total * sizeof(float);
-        CHECK(!memcmp(a.params, b.params, bytes) && !memcmp(a.m, b.m, bytes) && !memcmp(a.v, b.v, bytes),
+        CHECK(checkpoint_read_params(f, &b.w, 1, &e) == 0, "read: %s", e.msg);
+        float *ap = params_to_host(&a.w, a.w.params), *bp = params_to_host(&b.w, b.w.params);
+        float *bm = params_to_host(&b.w, b.w.m), *bv = params_to_host(&b.w, b.w.v);
+        CHECK(!memcmp(ap, bp, bytes) && !memcmp(hm, bm, bytes) && !memcmp(hv, bv, bytes),
               "parameters and moments round-trip bit for bit");
+        free(ap), free(bp), free(bm), free(bv);
         CHECK(checkpoint_expect(f, "variant", attn_variant_id(ATTN_VARIANT, ATTN_POS), "", &e) == 0,
               "variant metadata round-trips");
         CHECK(checkpoint_expect(f, "variant", "something_else", "use the right binary", &e) != 0 &&
@@ -286,7 +269,7 @@ static void test_checkpoint_round_trip(void) {
     gpt2_init(&small, &c3, 3);
     f = checkpoint_open(path2, "gpt2", &e);
     if (f) {
-        CHECK(checkpoint_read(f, &small.table, small.params, NULL, NULL, &e) != 0 && strstr(e.msg, "unexpected tensor"),
+        CHECK(checkpoint_read_params(f, &small.w, 0, &e) != 0 && strstr(e.msg, "unexpected tensor"),
               "a checkpoint with more layers is rejected: %s", e.msg);
         st_close(f);
     }
@@ -295,7 +278,7 @@ static void test_checkpoint_round_trip(void) {
     gpt2_init(&big, &c3, 3);
     f = checkpoint_open(path2, "gpt2", &e);
     if (f) {
-        CHECK(checkpoint_read(f, &big.table, big.params, NULL, NULL, &e) != 0 && strstr(e.msg, "missing"),
+        CHECK(checkpoint_read_params(f, &big.w, 0, &e) != 0 && strstr(e.msg, "missing"),
               "a checkpoint with fewer layers is rejected: %s", e.msg);
         st_close(f);
     }
@@ -305,19 +288,24 @@ static void test_checkpoint_round_trip(void) {
     gpt2_init(&wide, &c3, 3);
     f = checkpoint_open(path2, "gpt2", &e);
     if (f) {
-        CHECK(checkpoint_read(f, &wide.table, wide.params, NULL, NULL, &e) != 0 && strstr(e.msg, "wte.weight"),
+        CHECK(checkpoint_read_params(f, &wide.w, 0, &e) != 0 && strstr(e.msg, "wte.weight"),
               "a checkpoint of another width is rejected naming the tensor: %s", e.msg);
         st_close(f);
     }
-    /* a non-finite value is reported */
-    a.params[3] = NAN;
-    checkpoint_save(path2, &a.table, a.params, NULL, NULL, meta, 2, &e);
+    /* a non-finite value is reported, and the model keeps its parameters */
+    float *ap = params_to_host(&a.w, a.w.params), *before = params_to_host(&b.w, b.w.params);
+    ap[3] = NAN;
+    checkpoint_save(path2, &a.w.table, ap, NULL, NULL, meta, 2, &e);
     f = checkpoint_open(path2, "gpt2", &e);
     if (f) {
-        CHECK(checkpoint_read(f, &b.table, b.params, NULL, NULL, &e) != 0 && strstr(e.msg, "non-finite"),
+        CHECK(checkpoint_read_params(f, &b.w, 0, &e) != 0 && strstr(e.msg, "non-finite"),
               "a NaN in a checkpoint is reported: %s", e.msg);
+        float *after = params_to_host(&b.w, b.w.params);
+        CHECK(!memcmp(before, after, bytes), "a checkpoint that fails to load leaves the model unchanged");
+        free(after);
         st_close(f);
     }
+    free(ap), free(before), free(hm), free(hv);
     unlink(path);
     unlink(path2);
     rmdir(dir);

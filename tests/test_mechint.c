@@ -232,23 +232,28 @@ static void test_detectors(void) {
 #if IS_ENABLED(CONFIG_GPT2)
 static char g_dir[256];
 
-/* A checkpoint of a freshly initialised model (the test's own data set and config). */
-static void save_checkpoint(const char *path, void (*edit)(GPT2 *m, Rng *g)) {
+/* A checkpoint of a freshly initialised model (the test's own data set and
+ * config); edit changes its parameters (a host copy, W) first. */
+static void save_checkpoint(const char *path, void (*edit)(const GPT2 *m, float *W)) {
     Dataset ds;
     Err e;
     if (dataset_load(&ds, CONFIG_DATA_DIR, CONFIG_GPT2_BLOCK_SIZE, &e) != 0) FATAL("%s", e.msg);
     GPT2Config cfg = gpt2_config_from_kconfig(ds.V);
     GPT2 m;
     gpt2_init(&m, &cfg, 11);
-    Rng g = rng_seeded(13, 1);
-    if (edit) edit(&m, &g);
+    if (edit) {
+        float *W = params_to_host(&m.w, m.w.params);
+        edit(&m, W);
+        params_from_host(&m.w, m.w.params, W);
+        free(W);
+    }
     TrainRun t;
     memset(&t, 0, sizeof t);
     run_init(&t, "gpt2", g_dir, "t", 1);
     t.dataset = ds.name, t.variant = attn_variant_id(ATTN_VARIANT, ATTN_POS), t.unit = "tokens";
     t.model_json = gpt2_config_json(&cfg);
     t.vocab_json = dataset_vocab_json(&ds);
-    t.table = &m.table, t.params = m.params;
+    t.w = &m.w;
     run_save_model(&t, path, 1.0);
     free(t.model_json), free(t.vocab_json);
     gpt2_free(&m);
@@ -256,26 +261,24 @@ static void save_checkpoint(const char *path, void (*edit)(GPT2 *m, Rng *g)) {
 }
 
 static int zero_L, zero_H;
-static void zero_head_output(GPT2 *m, Rng *g) {
-    (void)g;
+static void zero_head_output(const GPT2 *m, float *params) {
     int C = m->cfg.C, r = C / m->cfg.H;
-    float *W = m->params + m->layer[zero_L].projw; /* (out C, in C): head h reads columns h*r.. */
+    float *W = params + m->layer[zero_L].projw; /* (out C, in C): head h reads columns h*r.. */
     for (int j = 0; j < C; j++)
         for (int c = 0; c < r; c++) W[(size_t)j * C + zero_H * r + c] = 0.0f;
 }
 
 /* planted: each head's keys and values use only the first r/2 directions of its r channels */
-static void plant(GPT2 *m, Rng *g) {
-    (void)g;
+static void plant(const GPT2 *m, float *params) {
     int C = m->cfg.C, H = m->cfg.H, r = C / H, P = attn_num_proj(ATTN_VARIANT);
     for (int l = 0; l < m->cfg.L; l++) { /* attention that matters: at initialisation its effect on the output is tiny */
-        for (size_t k = 0; k < (size_t)P * C * C; k++) m->params[m->layer[l].attnw + k] *= 6.0f;
-        for (size_t k = 0; k < (size_t)C * C; k++) m->params[m->layer[l].projw + k] *= 6.0f;
+        for (size_t k = 0; k < (size_t)P * C * C; k++) params[m->layer[l].attnw + k] *= 6.0f;
+        for (size_t k = 0; k < (size_t)C * C; k++) params[m->layer[l].projw + k] *= 6.0f;
         /* +Pos scales the content scores by alpha = sum of the pos weights, random in sign and often near 0 at
          * initialisation: then the planted key directions hardly matter and no mask could find them. alpha = 1
          * makes them count as they do without +Pos; the key-position bias stays as initialised. */
         for (int g = 0; m->cfg.pos && g < m->cfg.pos_groups; g++) {
-            float *w = m->params + m->layer[l].posw + (size_t)g * m->cfg.pos_m, alpha = 0.0f;
+            float *w = params + m->layer[l].posw + (size_t)g * m->cfg.pos_m, alpha = 0.0f;
             for (int c = 0; c < m->cfg.pos_m; c++) alpha += w[c];
             for (int c = 0; c < m->cfg.pos_m; c++) w[c] += (1.0f - alpha) / (float)m->cfg.pos_m;
         }
@@ -286,8 +289,8 @@ static void plant(GPT2 *m, Rng *g) {
             for (int h = 0; h < H; h++)
                 for (int c = r / 2; c < r; c++) {
                     size_t row = (size_t)p * C + (size_t)h * r + c;
-                    memset(m->params + m->layer[l].attnw + row * C, 0, (size_t)C * sizeof(float));
-                    if (m->cfg.attn_bias) m->params[m->layer[l].attnb + row] = 0.0f;
+                    memset(params + m->layer[l].attnw + row * C, 0, (size_t)C * sizeof(float));
+                    if (m->cfg.attn_bias) params[m->layer[l].attnb + row] = 0.0f;
                 }
         }
 }
@@ -314,7 +317,7 @@ static void test_runner(void) {
     cJSON_Delete(ab);
     /* R1: the initial (all-on) masks are exactly the model; all-off differs */
     MaskPlan p;
-    mask_plan(&p, &m, &r.src);
+    mask_plan(&p, &m, &r);
     void *ref = mask_ref_new(&r, 1);
     size_t nm = (size_t)p.L * p.H * p.nroles * p.r;
     double *ones = xmalloc(nm * 8), *zeros = xcalloc(nm, 8);
@@ -336,7 +339,7 @@ static void test_runner(void) {
     CHECK(opened, "runner opens the planted checkpoint: %s", opened ? "" : e.msg);
     if (!opened) return;
     model_build(&m, r.family, &r.src);
-    mask_plan(&p, &m, &r.src);
+    mask_plan(&p, &m, &r);
     ref = mask_ref_new(&r, 1);
     nm = (size_t)p.L * p.H * p.nroles * p.r;
     double *hard = xmalloc(nm * 8), *planted = xmalloc(nm * 8);

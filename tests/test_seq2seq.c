@@ -20,6 +20,7 @@
 #include "attention.h"
 #include "common.h"
 #include "kernels.h"
+#include "model_check.h"
 #include "ref.h"
 #include "seq2seq/bleu.h"
 #include "seq2seq/data.h"
@@ -427,54 +428,23 @@ static double ref_loss(void *vctx) {
     return loss;
 }
 
-/* Non-trivial LayerNorms and biases, and sharper attention than at init. */
-static void perturb(S2S *m) {
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        if (strstr(s->name, "ln") && strstr(s->name, ".weight"))
-            for (size_t k = 0; k < s->numel; k++) m->params[s->offset + k] = 1.0f + 0.2f * (float)cos(5.0 * k + i);
-        else if (strstr(s->name, ".bias") || strstr(s->name, ".pos."))
-            for (size_t k = 0; k < s->numel; k++) m->params[s->offset + k] = 0.1f * (float)sin(3.0 * k + i);
-    }
-    for (size_t k = 0; k < m->table.total; k++) m->params[k] *= 1.5f;
-}
-
 static void model_case(const char *name, S2SConfig c, const int *src, int S, const int *tin, const int *tout, int T,
                        int B) {
     S2S m;
     s2s_init(&m, &c, 11);
-    perturb(&m);
+    float *hp = perturb_params(&m.w, 1.5f);
     double loss = s2s_forward(&m, src, S, tin, tout, T, B, 1, 99); /* training with dropout 0: same function */
-    s2s_zero_grad(&m);
+    params_zero_grad(&m.w);
     s2s_backward(&m, 1.0f);
-    RefCtx r = {&m, xmalloc(m.table.total * sizeof(double)), src, tin, tout, B, S, c.decoder ? T : S};
-    for (size_t k = 0; k < m.table.total; k++) r.P[k] = m.params[k];
+    RefCtx r = {&m, xmalloc(m.w.table.total * sizeof(double)), src, tin, tout, B, S, c.decoder ? T : S};
+    for (size_t k = 0; k < m.w.table.total; k++) r.P[k] = hp[k];
     double want = ref_loss(&r);
     CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "%s: loss %.8f, float64 reference %.8f", name, loss, want);
-    int bad = 0;
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamSpec *s = &m.table.specs[i];
-        double err = 0.0, fdmax = 0.0;
-        size_t step = s->numel > 24 ? s->numel / 24 : 1;
-        for (size_t k = 0; k < s->numel; k += step) {
-            size_t j = s->offset + k;
-            double old = r.P[j];
-            r.P[j] = old + 1e-5;
-            double lp = ref_loss(&r);
-            r.P[j] = old - 1e-5;
-            double lm = ref_loss(&r);
-            r.P[j] = old;
-            double fd = (lp - lm) / 2e-5;
-            err = fmax(err, fabs(fd - m.grads[j]));
-            fdmax = fmax(fdmax, fabs(fd));
-        }
-        if (err > 2e-3 * fdmax + 1e-6) {
-            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
-            bad++;
-        }
-    }
-    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences", name, bad, m.table.n);
-    free(r.P);
+    double worst_rel;
+    int bad = gradcheck(name, &m.w, r.P, ref_loss, &r, 24, &worst_rel);
+    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
+          bad, m.w.table.n, worst_rel);
+    free(r.P), free(hp);
     s2s_free(&m);
 }
 
@@ -541,8 +511,7 @@ static void test_decoding(void) {
                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
     S2S m;
     s2s_init(&m, &c, 21);
-    perturb(&m);
-    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 1.5f; /* peaked distributions: few near-ties */
+    free(perturb_params(&m.w, 1.5f * 1.5f)); /* peaked distributions: few near-ties */
     enum { B = 3, S = 5, L = 10 };
     const int src[B * S] = {4, 5, 6, 7, 8, 9, 10, 11, TOK_PAD, TOK_PAD, 7, 4, 4, 11, TOK_PAD};
     int out[B * L], lens[B], agree = 1;

@@ -14,6 +14,7 @@
 #include "attention.h"
 #include "common.h"
 #include "kernels.h"
+#include "model_check.h"
 #include "ref.h"
 #include "rng.h"
 #include "test.h"
@@ -122,51 +123,25 @@ static double ref_loss(void *vctx) {
 static void model_case(const char *name, ViTConfig c) {
     ViT m;
     vit_init(&m, &c, 5);
-    for (int i = 0; i < m.table.n; i++) { /* non-trivial LayerNorms and biases */
-        const ParamSpec *s = &m.table.specs[i];
-        if (strstr(s->name, "ln") && strstr(s->name, ".weight"))
-            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 1.0f + 0.2f * (float)cos(5.0 * k + i);
-        else if (strstr(s->name, ".bias") || strstr(s->name, ".pos."))
-            for (size_t k = 0; k < s->numel; k++) m.params[s->offset + k] = 0.1f * (float)sin(3.0 * k + i);
-    }
-    for (size_t k = 0; k < m.table.total; k++) m.params[k] *= 1.5f; /* sharper attention than at init */
+    float *hp = perturb_params(&m.w, 1.5f);
     int B = 3, pd = c.P * c.P * c.img_c;
     size_t np = (size_t)B * c.N * pd;
     float *patches = xmalloc(np * sizeof(float));
     for (size_t i = 0; i < np; i++) patches[i] = (float)sin(0.37 * (double)i) * 1.3f;
     int labels[3] = {2, 0, 3};
     double loss = vit_forward(&m, patches, labels, B, 1, 0);
-    vit_zero_grad(&m);
+    params_zero_grad(&m.w);
     vit_backward(&m, 1.0f);
-    RefCtx r = {&m, xmalloc(m.table.total * sizeof(double)), xmalloc(np * sizeof(double)), labels, B};
-    for (size_t k = 0; k < m.table.total; k++) r.P[k] = m.params[k];
+    RefCtx r = {&m, xmalloc(m.w.table.total * sizeof(double)), xmalloc(np * sizeof(double)), labels, B};
+    for (size_t k = 0; k < m.w.table.total; k++) r.P[k] = hp[k];
     for (size_t k = 0; k < np; k++) r.patches[k] = patches[k];
     double want = ref_loss(&r);
     CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "%s: loss %.8f, float64 reference %.8f", name, loss, want);
-    int bad = 0;
-    for (int i = 0; i < m.table.n; i++) {
-        const ParamSpec *s = &m.table.specs[i];
-        double err = 0.0, fdmax = 0.0;
-        size_t step = s->numel > 20 ? s->numel / 20 : 1;
-        for (size_t k = 0; k < s->numel; k += step) {
-            size_t j = s->offset + k;
-            double old = r.P[j];
-            r.P[j] = old + 1e-5;
-            double lp = ref_loss(&r);
-            r.P[j] = old - 1e-5;
-            double lm = ref_loss(&r);
-            r.P[j] = old;
-            double fd = (lp - lm) / 2e-5;
-            err = fmax(err, fabs(fd - m.grads[j]));
-            fdmax = fmax(fdmax, fabs(fd));
-        }
-        if (err > 2e-3 * fdmax + 1e-6) {
-            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
-            bad++;
-        }
-    }
-    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences", name, bad, m.table.n);
-    free(r.P), free(r.patches), free(patches);
+    double worst_rel;
+    int bad = gradcheck(name, &m.w, r.P, ref_loss, &r, 20, &worst_rel);
+    CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
+          bad, m.w.table.n, worst_rel);
+    free(r.P), free(r.patches), free(patches), free(hp);
     vit_free(&m);
 }
 
@@ -186,11 +161,11 @@ static void test_overfit(void) {
     double loss = 0.0;
     int correct = 0;
     for (int it = 1; it <= 150; it++) {
-        vit_zero_grad(&m);
+        params_zero_grad(&m.w);
         loss = vit_forward(&m, patches, labels, B, 1, (uint64_t)it);
         correct = vit_correct(&m, NULL);
         vit_backward(&m, 1.0f);
-        vit_adamw(&m, 3e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, it);
+        params_adamw(&m.w, 3e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, it);
     }
     vit_forward(&m, patches, labels, B, 0, 0);
     correct = vit_correct(&m, NULL);

@@ -83,7 +83,7 @@ double vit_flops_per_image(const ViTConfig *c) {
 
 static void build_table(ViT *m) {
     const ViTConfig *c = &m->cfg;
-    ParamTable *t = &m->table;
+    ParamTable *t = &m->w.table;
     int C = c->C, P = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
     char name[PARAM_NAME_MAX];
     m->patchw = param_add(t, "patch.weight", 1, 2, C, pd);
@@ -139,9 +139,9 @@ size_t vit_num_params(const ViTConfig *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.table.total;
+    size_t n = m.w.table.total;
     free(m.layer);
-    param_table_free(&m.table);
+    param_table_free(&m.w.table);
     return n;
 }
 
@@ -153,58 +153,39 @@ static int is_suffix(const char *s, const char *suffix) {
 /* PyTorch's defaults, as the reference ViT: Linear weights and biases
  * U(-1/sqrt(in), 1/sqrt(in)); CLS token and position embedding N(0, 1);
  * LayerNorm 1 and 0; +Pos U(-1/sqrt(m), 1/sqrt(m)). */
-static void init_params(ViT *m, uint64_t seed) {
-    float *host = xcalloc(m->table.total, sizeof(float));
-    Rng rng = rng_seeded(seed, 1);
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        float *p = host + s->offset;
-        if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
-            for (size_t k = 0; k < s->numel; k++) p[k] = (float)rng_normal(&rng);
-        } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
-            for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-        } else if (strstr(s->name, "ln") && is_suffix(s->name, ".bias")) {
-            continue;
-        } else {
-            /* fan-in: the weight's second dim; a bias shares its weight's; +Pos: m */
-            const ParamSpec *w = is_suffix(s->name, ".bias") ? &m->table.specs[i - 1] : s;
-            int fan_in = strstr(s->name, ".pos.") ? m->cfg.pos_m : (int)w->shape[w->ndim - 1];
-            if (strstr(s->name, "attn.") && is_suffix(s->name, ".bias") && !strstr(s->name, "proj"))
-                fan_in = m->cfg.C; /* fused projection biases follow their own weights */
-            double bound = 1.0 / sqrt((double)fan_in);
-            for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(&rng) - 1.0) * bound);
-        }
+static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
+    const ViT *m = ctx;
+    if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
+        for (size_t k = 0; k < s->numel; k++) p[k] = (float)rng_normal(rng);
+    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
+        for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
+    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".bias")) {
+        return;
+    } else {
+        /* fan-in: the weight's second dim; a bias shares its weight's (the tensor before it); +Pos: m */
+        const ParamSpec *w = is_suffix(s->name, ".bias") ? s - 1 : s;
+        int fan_in = strstr(s->name, ".pos.") ? m->cfg.pos_m : (int)w->shape[w->ndim - 1];
+        if (strstr(s->name, "attn.") && is_suffix(s->name, ".bias") && !strstr(s->name, "proj"))
+            fan_in = m->cfg.C; /* fused projection biases follow their own weights */
+        double bound = 1.0 / sqrt((double)fan_in);
+        for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
     }
-    dev_upload(m->params, host, m->table.total * sizeof(float));
-    free(host);
 }
 
 void vit_init(ViT *m, const ViTConfig *cfg, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     build_table(m);
-    size_t bytes = m->table.total * sizeof(float);
-    m->params = dev_alloc(bytes);
-    m->grads = dev_alloc(bytes);
-    m->m = dev_alloc(bytes);
-    m->v = dev_alloc(bytes);
-    init_params(m, seed);
-    if (cfg->pos) {
-        size_t n = (size_t)cfg->T * attn_pos_channels(cfg->pos_m);
-        float *feat = xmalloc(n * sizeof(float));
-        attn_pos_features(feat, cfg->T, cfg->pos_m);
-        m->pos_feat = dev_alloc(n * sizeof(float));
-        dev_upload(m->pos_feat, feat, n * sizeof(float));
-        free(feat);
-    }
+    params_alloc(&m->w);
+    params_init(&m->w, seed, init_rule, m);
+    if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->T, cfg->pos_m);
 }
 
 void vit_free(ViT *m) {
-    dev_free(m->params), dev_free(m->grads), dev_free(m->m), dev_free(m->v);
+    params_free(&m->w);
     dev_free(m->pos_feat), dev_free(m->act_memory), dev_free(m->targets);
     free(m->acts.block);
     free(m->layer);
-    param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
 
@@ -265,8 +246,8 @@ static void layout_acts(ViT *m, int B) {
 
 /* ------------------------------------------------------------------ forward */
 
-#define PARAM(off) (m->params + (off))
-#define GRAD(off) (m->grads + (off))
+#define PARAM(off) (m->w.params + (off))
+#define GRAD(off) (m->w.grads + (off))
 #define SITE_EMB 0
 
 /* the output of the encoder the pooling reads */
@@ -293,7 +274,7 @@ double vit_forward(ViT *m, const float *patches, const int *labels, int B, int t
     const float *x = a->encoded;
     for (int l = 0; l < c->L; l++) {
         BlockShape s = block_shape(m, B, training, dropout_seed_base, l);
-        block_forward(&a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        block_forward(&a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
         x = a->block[l].out;
     }
     if (c->final_ln)
@@ -341,8 +322,6 @@ int vit_correct(ViT *m, int *pred) {
 
 /* ------------------------------------------------------------------ backward */
 
-void vit_zero_grad(ViT *m) { dev_zero(m->grads, m->table.total * sizeof(float)); }
-
 void vit_backward(ViT *m, float loss_scale) {
     const ViTConfig *c = &m->cfg;
     if (!m->fwd_B || !m->counted) FATAL("vit_backward: no forward pass with labels to differentiate");
@@ -379,7 +358,7 @@ void vit_backward(ViT *m, float loss_scale) {
     for (int l = c->L - 1; l >= 0; l--) {
         BlockShape s = block_shape(m, B, m->fwd_training, m->dropout_seed_base, l);
         const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
-        block_backward(a->dres, m->grads, &a->block[l], x, m->params, &m->layer[l], &s, &a->scratch);
+        block_backward(a->dres, m->w.grads, &a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
     }
     const float *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {
@@ -393,10 +372,3 @@ void vit_backward(ViT *m, float loss_scale) {
     linear_backward(NULL, GRAD(m->patchw), GRAD(m->patchb), a->dpemb, a->patches, PARAM(m->patchw), B * c->N, pd, C);
 }
 
-void vit_adamw(ViT *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    for (int i = 0; i < m->table.n; i++) {
-        const ParamSpec *s = &m->table.specs[i];
-        adamw_update(m->params + s->offset, m->grads + s->offset, m->m + s->offset, m->v + s->offset, s->numel, lr,
-                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
-    }
-}

@@ -1,7 +1,7 @@
 /* Vision Transformer in C: patches -> linear patch embedding -> CLS token
  * (or none, for mean pooling) and learned position embeddings -> pre-LN
  * encoder blocks with bidirectional attention in the configured variant
- * (lib/block.h) -> optional final LayerNorm -> CLS or mean pooling ->
+ * (nn/block.h) -> optional final LayerNorm -> CLS or mean pooling ->
  * classification head. Parameters in one buffer, gradients in another. */
 #ifndef KVLAB_VIT_MODEL_H
 #define KVLAB_VIT_MODEL_H
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "block.h"
-#include "checkpoint.h"
+#include "params.h"
 
 typedef struct {
     int img_h, img_w, img_c, classes;
@@ -45,8 +45,7 @@ typedef struct {
 
 typedef struct {
     ViTConfig cfg;
-    ParamTable table;
-    float *params, *grads, *m, *v;
+    Params w; /* parameters, gradients, AdamW moments (nn/params.h) */
     size_t patchw, patchb, clstok, posemb, lnfw, lnfb, headfcw, headfcb, headw, headb;
     BlockParams *layer;
     float *pos_feat;
@@ -76,8 +75,6 @@ double vit_flops_per_image(const ViTConfig *c);
 double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed);
 /* Correct predictions of the last forward; predictions into pred (B) if non-NULL. */
 int vit_correct(ViT *m, int *pred);
-void vit_zero_grad(ViT *m);
 void vit_backward(ViT *m, float loss_scale);
-void vit_adamw(ViT *m, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 
 #endif

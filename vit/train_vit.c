@@ -181,7 +181,7 @@ static void banner(const Run *r) {
     printf("data: %s, %dx%dx%d, %d classes: %d train, %d validation, %d test images\n", r->data.name, c->img_h,
            c->img_w, c->img_c, c->classes, r->data.ntrain, r->data.nval, r->data.test.n);
     printf("model: patch %d (%d tokens, %s pooling), %d layers, %d heads, %d channels, mlp %d | %zu parameters\n",
-           c->P, c->T, c->cls ? "CLS" : "mean", c->L, c->H, c->C, c->mlp, r->model.table.total);
+           c->P, c->T, c->cls ? "CLS" : "mean", c->L, c->H, c->C, c->mlp, r->model.w.table.total);
     printf("cost: %.2f MFLOP/image (training) | train: %d epochs x %d steps of %d images, lr %.3g -> %.3g, wd %g, "
            "seed %llu, %d threads\n", vit_flops_per_image(c) / 1e6, h->epochs, r->steps_per_epoch, h->B, h->lr,
            h->min_lr, h->wd, (unsigned long long)h->seed, backend_threads());
@@ -207,7 +207,7 @@ static int train(Run *r) {
         vit_batch(&r->data, &r->data.train, r->perm + (size_t)pos * h->B, h->B, m->cfg.P, r->data.augment,
                   dropout_seed(h->seed, (uint64_t)epoch, 77), r->patches, r->labels);
         double lr = lr_warmup_cosine(t->iter, h->warmup, r->max_iters, h->lr, h->min_lr);
-        vit_zero_grad(m);
+        params_zero_grad(&m->w);
         double loss = vit_forward(m, r->patches, r->labels, h->B, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
         int correct = vit_correct(m, NULL);
         if (!isfinite(loss)) {
@@ -218,9 +218,9 @@ static int train(Run *r) {
             return 1;
         }
         vit_backward(m, 1.0f);
-        double norm = h->clip > 0 ? clip_grad_norm(m->grads, m->table.total, h->clip)
-                                  : grad_norm(m->grads, m->table.total);
-        vit_adamw(m, (float)lr, 0.9f, (float)h->beta2, 1e-8f, (float)h->wd, t->iter + 1);
+        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
+                                  : grad_norm(m->w.grads, m->w.table.total);
+        params_adamw(&m->w, (float)lr, 0.9f, (float)h->beta2, 1e-8f, (float)h->wd, t->iter + 1);
         t->iter++;
         double dt = wall_seconds() - t0;
         t->train_seconds += dt;
@@ -278,7 +278,7 @@ static int train(Run *r) {
                                                 "the checkpoint with the lowest validation loss");
     Err e;
     StFile *f = checkpoint_open(t->best_path, "vit", &e);
-    if (!f || checkpoint_read(f, &m->table, m->params, NULL, NULL, &e) != 0) run_die(&e);
+    if (!f || checkpoint_read_params(f, &m->w, 0, &e) != 0) run_die(&e);
     st_close(f);
     double best_acc = test_and_record(r, "best_model_", 0);
     run_finish(t, stopped_by);
@@ -322,10 +322,7 @@ static void setup(Run *r) {
     t->unit = "images";
     t->model_json = vit_config_json(&cfg);
     t->vocab_json = vit_labels_json(&r->data);
-    t->table = &r->model.table;
-    t->params = r->model.params;
-    t->m = r->model.m;
-    t->v = r->model.v;
+    t->w = &r->model.w;
 }
 
 static void teardown(Run *r) {
@@ -393,8 +390,8 @@ static int cmd_eval(int argc, char **argv) {
     Err e;
     if (checkpoint_load_model(ckpt, "vit", r.run.variant,
                               "use the binary of the step that wrote the checkpoint (output/<run>/train_vit_step<STEP>)",
-                              r.run.model_json, "the checkpoint has another model shape or data set", &r.model.table,
-                              r.model.params, &e) != 0)
+                              r.run.model_json, "the checkpoint has another model shape or data set", &r.model.w,
+                              &e) != 0)
         run_die(&e);
     int n = r.data.test.n, K = r.model.cfg.classes;
     int *all = xmalloc((size_t)n * sizeof(int));

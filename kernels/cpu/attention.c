@@ -562,17 +562,23 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 
 /* ------------------------------------------------------------------ decoding */
 
-void attention_decode(float *out, const float *q, const float *keys, const float *values, int ld, int t, int H,
-                      int hd, const AttnPos *pos) {
-    if (t < 0 || H <= 0 || hd <= 0 || ld < H * hd) FATAL("attention_decode: bad shape t=%d H=%d hd=%d ld=%d", t, H, hd, ld);
+void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
+                      int N, int H, int hd, const AttnPos *pos) {
+    int C = H * hd;
+    if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
+        FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
     if (ATTN_POS && (!pos || pos->T <= t)) FATAL("attention_decode: +Pos basis missing or shorter than position %d", t);
     int n = t + 1;
     float scale = 1.0f / sqrtf((float)hd);
-    float *s = xmalloc((size_t)n * sizeof(float));
-    for (int h = 0; h < H; h++) {
-        const float *qh = q + (size_t)h * hd;
+    float *ws = workspace((size_t)n * omp_get_max_threads());
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < N * H; task++) {
+        int r = task / H, h = task % H;
+        float *s = ws + (size_t)n * omp_get_thread_num();
+        const float *qh = q + (size_t)r * q_ld + (size_t)h * hd;
+        const float *kh = keys + (size_t)r * T * C + (size_t)h * hd, *vh = values + (size_t)r * T * C + (size_t)h * hd;
         /* s_j = scale * k_j . q for the cached rows j = 0..t */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, keys + (size_t)h * hd, ld, qh, 1, 0.0f, s, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kh, C, qh, 1, 0.0f, s, 1);
         if (ATTN_POS) { /* alpha s_j + g(j) + f(t) + b, with this head's weights */
             int gi = pos->groups == 1 ? 0 : h, m = pos->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
             const float *w = pos->w + (size_t)gi * m;
@@ -590,10 +596,8 @@ void attention_decode(float *out, const float *q, const float *keys, const float
         for (int j = 0; j < n; j++) sum += (s[j] = vexpf(s[j] - mx));
         for (int j = 0; j < n; j++) s[j] /= sum;
         /* out_h = sum_j a_j v_j */
-        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, values + (size_t)h * hd, ld, s, 1, 0.0f,
-                    out + (size_t)h * hd, 1);
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, vh, C, s, 1, 0.0f, out + (size_t)r * C + (size_t)h * hd, 1);
     }
-    free(s);
 }
 
 /* ------------------------------------------------------------------ dense views */

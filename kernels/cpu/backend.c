@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "guard.h"
 
 /* Not declared by every cblas.h; provided by OpenBLAS. */
 void openblas_set_num_threads(int num_threads);
@@ -29,6 +30,7 @@ const char *backend_name(void) { return "cpu (OpenBLAS sgemm + OpenMP)"; }
 int backend_threads(void) { return g_threads; }
 
 void *dev_alloc(size_t bytes) {
+    if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD)) return guard_alloc(bytes); /* zero-filled pages */
     /* 64-byte alignment for full-width vector loads */
     size_t rounded = (bytes + 63) / 64 * 64;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
@@ -37,10 +39,31 @@ void *dev_alloc(size_t bytes) {
     return p;
 }
 
-void dev_free(void *p) { free(p); }
+void dev_free(void *p) {
+    if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD))
+        guard_free(p);
+    else
+        free(p);
+}
 
 void dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 
 void dev_upload(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 void dev_download(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+void dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
+    if (rows < 0 || cols > dst_ld || cols > src_ld)
+        FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
+    for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * dst_ld, src + (size_t)i * src_ld, cols * sizeof(float));
+}
+
+void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
+    if (n < 0 || cols > dst_ld || cols > src_ld)
+        FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * dst_ld, src + (size_t)idx[i] * src_ld, cols * sizeof(float));
+}

@@ -1,5 +1,7 @@
 #include "block.h"
 
+#include <string.h>
+
 #include "common.h"
 #include "kernels.h"
 
@@ -314,4 +316,97 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
     attention_backward_sublayer(bs->dln, dres, grads, b, b->ln1, params, &p->b, s, bs);
     layernorm_backward(dres, G(p->b.ln1w), GB(s->bias, p->b.ln1b), bs->dln, x, W(p->b.ln1w), b->ln1_mean,
                        b->ln1_rstd, N, C);
+}
+
+/* ------------------------------------------------------------------ decoding */
+
+size_t kv_cache_bytes_per_token(int L, int C, int variant) {
+    return (size_t)L * (size_t)attn_cache_tensors(variant) * (size_t)C * sizeof(float);
+}
+
+void kv_cache_init(KVCache *c, int L, int N, int T, int C, int variant) {
+    c->L = L, c->N = N, c->T = T, c->C = C, c->len = 0;
+    c->tensors = attn_cache_tensors(variant);
+    size_t n = (size_t)L * N * T * C;
+    c->keys = dev_alloc(n * sizeof(float));
+    c->values = c->tensors == 2 ? dev_alloc(n * sizeof(float)) : c->keys;
+    c->tmp = N > 1 ? dev_alloc((size_t)N * T * C * sizeof(float)) : NULL; /* one sequence never reorders */
+    c->idx = dev_alloc((size_t)N * sizeof(int));
+}
+
+void kv_cache_free(KVCache *c) {
+    if (c->values != c->keys) dev_free(c->values);
+    dev_free(c->keys), dev_free(c->tmp), dev_free(c->idx);
+    c->keys = c->values = c->tmp = NULL, c->idx = NULL;
+}
+
+void kv_cache_reorder(KVCache *c, const int *parent) {
+    if (!c->len) return;
+    if (!c->tmp) FATAL("kv_cache_reorder: a cache of one sequence has nothing to reorder");
+    dev_upload(c->idx, parent, (size_t)c->N * sizeof(int));
+    size_t row = (size_t)c->T * c->C, used = (size_t)c->len * c->C;
+    for (int tensor = 0; tensor < c->tensors; tensor++)
+        for (int l = 0; l < c->L; l++) {
+            float *cache = (tensor == 0 ? c->keys : c->values) + (size_t)l * c->N * row;
+            rows_gather(c->tmp, used, cache, row, c->idx, c->N, used);
+            dev_copy_rows(cache, row, c->tmp, used, c->N, used);
+        }
+}
+
+void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int variant) {
+    size_t nc = (size_t)N * C * sizeof(float), nm = (size_t)N * mlp * sizeof(float);
+    sc->ln = dev_alloc(nc), sc->att = dev_alloc(nc), sc->branch = dev_alloc(nc);
+    sc->xq = dev_alloc(nc), sc->xatt = dev_alloc(nc);
+    sc->mean = dev_alloc((size_t)N * sizeof(float)), sc->rstd = dev_alloc((size_t)N * sizeof(float));
+    sc->proj = dev_alloc(nc * attn_num_proj(variant));
+    sc->fc = dev_alloc(nm), sc->fc_act = dev_alloc(nm);
+    sc->xlse = dev_alloc((size_t)N * H * sizeof(float));
+}
+
+void decode_scratch_free(DecodeScratch *sc) {
+    dev_free(sc->ln), dev_free(sc->att), dev_free(sc->branch), dev_free(sc->xq), dev_free(sc->xatt);
+    dev_free(sc->mean), dev_free(sc->rstd), dev_free(sc->proj), dev_free(sc->fc), dev_free(sc->fc_act);
+    dev_free(sc->xlse);
+    memset(sc, 0, sizeof *sc);
+}
+
+void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
+                  const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc) {
+    int N = s->B, C = s->C, H = s->H, P = attn_num_proj(ATTN_VARIANT);
+    if (N != cache->N || C != cache->C || t < 0 || t >= cache->T || layer < 0 || layer >= cache->L)
+        FATAL("block_decode: %d rows of width %d at position %d of layer %d, the cache holds %d x %d x %d of %d "
+              "layers", N, C, t, layer, cache->N, cache->T, cache->C, cache->L);
+    size_t nc = (size_t)N * C, row = (size_t)cache->T * C;
+    float *keys = cache->keys + (size_t)layer * N * row, *values = cache->values + (size_t)layer * N * row;
+    /* self-attention over positions 0..t, this position's key-role and value-role rows cached first */
+    layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
+    linear_forward(sc->proj, sc->ln, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, P * C);
+    dev_copy_rows(keys + (size_t)t * C, row, sc->proj + (size_t)attn_key_block(ATTN_VARIANT) * C, (size_t)P * C, N,
+                  (size_t)C);
+    if (cache->tensors == 2)
+        dev_copy_rows(values + (size_t)t * C, row, sc->proj + (size_t)attn_value_block(ATTN_VARIANT) * C,
+                      (size_t)P * C, N, (size_t)C);
+    AttnPos pos = attn_pos(params, p, s);
+    attention_decode(sc->att, sc->proj + (size_t)attn_query_block(ATTN_VARIANT) * C, P * C, keys, values, cache->T, t,
+                     N, H, C / H, s->pos ? &pos : NULL);
+    linear_forward(sc->branch, sc->att, W(p->projw), WB(s->bias, p->projb), N, C, C);
+    residual_forward(x, x, sc->branch, nc);
+    if (cross) { /* cross-attention to the encoder output (QKV) */
+        const DecBlockParams *d = cross->p;
+        layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(d->lnxw), WB(s->bias, d->lnxb), N, C);
+        linear_forward(sc->xq, sc->ln, W(d->xqw), WB(s->bias, d->xqb), N, C, C);
+        CrossAttnArgs xa = {.B = N, .Tq = 1, .Tk = cross->S, .H = H, .hd = C / H, .key_pad = cross->src_pad};
+        cross_attention_forward(sc->xatt, sc->xlse, sc->xq, cross->xkv, &xa);
+        linear_forward(sc->branch, sc->xatt, W(d->xprojw), WB(s->bias, d->xprojb), N, C, C);
+        residual_forward(x, x, sc->branch, nc);
+    }
+    /* MLP */
+    layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+    linear_forward(sc->fc, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
+    if (s->gelu)
+        gelu_forward(sc->fc_act, sc->fc, (size_t)N * s->mlp);
+    else
+        relu_forward(sc->fc_act, sc->fc, (size_t)N * s->mlp);
+    linear_forward(sc->branch, sc->fc_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
+    residual_forward(x, x, sc->branch, nc);
 }

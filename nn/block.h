@@ -113,4 +113,49 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc);
 
+/* ---- decoding one position with a KV cache ---------------------------------
+ * The same pre-LN block (with the decoder's cross-attention when cross is
+ * given) for one new position t of N sequences at once: GPT-2 sampling
+ * (N = 1) and the seq2seq decoder's beam search (N = batch x beams) both run
+ * it. The cache keeps, per layer, the key-role rows and (unless the
+ * variant's key role is its value role) the value-role rows of positions
+ * 0..t of every sequence; memory a variant does not need is not allocated. */
+typedef struct {
+    int L, N, T, C, tensors; /* layers, sequences, positions, channels, tensors per layer (1 or 2) */
+    float *keys, *values;    /* (L, N, T, C) each; values == keys with one tensor */
+    float *tmp;              /* (N, T, C): room for reordering */
+    int *idx;                /* (N) device ints for reordering */
+    int len;                 /* positions filled */
+} KVCache;
+
+/* Cache bytes one generated token adds: layers x tensors x C floats. */
+size_t kv_cache_bytes_per_token(int L, int C, int variant);
+void kv_cache_init(KVCache *c, int L, int N, int T, int C, int variant);
+void kv_cache_free(KVCache *c);
+/* Row n continues sequence parent[n] (N host ints): reorders positions
+ * 0..len-1 of every layer (beam search). */
+void kv_cache_reorder(KVCache *c, const int *parent);
+
+/* Cross-attention inputs of one decoder layer while decoding. */
+typedef struct {
+    const DecBlockParams *p;      /* the layer's cross-attention weights */
+    const float *xkv;             /* (N, S, 2C): the encoder's keys and values, one copy per row */
+    int S;
+    const unsigned char *src_pad; /* (N, S): nonzero = padding, or NULL */
+} DecodeCross;
+
+/* Scratch for decoding N rows of width C, MLP width mlp. */
+typedef struct {
+    float *ln, *mean, *rstd, *proj, *att, *branch, *fc, *fc_act, *xq, *xatt, *xlse;
+} DecodeScratch;
+void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int variant);
+void decode_scratch_free(DecodeScratch *sc);
+
+/* x (N, C): the residual stream at position t, updated in place by block
+ * `layer` of the model; the layer's rows for position t go into the cache
+ * (the caller advances cache->len after the last layer). s describes the
+ * block (C, H, mlp, activation, biases, +Pos) with B = N, T = 1; pre-LN. */
+void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
+                  const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc);
+
 #endif

@@ -1,0 +1,87 @@
+#include "params.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels.h"
+
+size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
+    if (ndim < 1 || ndim > PARAM_MAX_DIMS) FATAL("param_add: %s: %d dimensions", name, ndim);
+    if (strlen(name) >= PARAM_NAME_MAX) FATAL("param_add: name too long: %s", name);
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 64;
+        t->specs = xrealloc(t->specs, (size_t)t->cap * sizeof(ParamSpec));
+    }
+    ParamSpec *s = &t->specs[t->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ndim = ndim;
+    s->decay = decay;
+    s->numel = 1;
+    va_list ap;
+    va_start(ap, ndim);
+    for (int d = 0; d < ndim; d++) {
+        s->shape[d] = va_arg(ap, int);
+        s->numel *= (size_t)s->shape[d];
+    }
+    va_end(ap);
+    s->offset = t->total;
+    t->total += s->numel;
+    return s->offset;
+}
+
+const ParamSpec *param_find(const ParamTable *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->specs[i].name, name) == 0) return &t->specs[i];
+    return NULL;
+}
+
+void param_table_free(ParamTable *t) {
+    free(t->specs);
+    memset(t, 0, sizeof *t);
+}
+
+void params_alloc(Params *p) {
+    size_t bytes = p->table.total * sizeof(float);
+    p->params = dev_alloc(bytes);
+    p->grads = dev_alloc(bytes);
+    p->m = dev_alloc(bytes);
+    p->v = dev_alloc(bytes);
+}
+
+void params_free(Params *p) {
+    dev_free(p->params), dev_free(p->grads), dev_free(p->m), dev_free(p->v);
+    param_table_free(&p->table);
+    memset(p, 0, sizeof *p);
+}
+
+void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx) {
+    float *host = xcalloc(p->table.total, sizeof(float));
+    Rng rng = rng_seeded(seed, 1);
+    for (int i = 0; i < p->table.n; i++) rule(&p->table.specs[i], host + p->table.specs[i].offset, &rng, ctx);
+    dev_upload(p->params, host, p->table.total * sizeof(float));
+    free(host);
+}
+
+void params_zero_grad(Params *p) { dev_zero(p->grads, p->table.total * sizeof(float)); }
+
+void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    for (int i = 0; i < p->table.n; i++) {
+        const ParamSpec *s = &p->table.specs[i];
+        adamw_update(p->params + s->offset, p->grads + s->offset, p->m + s->offset, p->v + s->offset, s->numel, lr,
+                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
+    }
+}
+
+float *params_to_host(const Params *p, const float *buf) {
+    float *host = xmalloc(p->table.total * sizeof(float));
+    dev_download(host, buf, p->table.total * sizeof(float));
+    return host;
+}
+
+void params_from_host(Params *p, float *buf, const float *host) {
+    dev_upload(buf, host, p->table.total * sizeof(float));
+}

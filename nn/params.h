@@ -1,0 +1,66 @@
+/* The parameters of a model, as in llm.c: every tensor lives in ONE
+ * contiguous buffer of device memory (the gradients, and AdamW's two moments
+ * in three more buffers of the same layout), described by a table of names,
+ * shapes and offsets. The families build the table; allocation, seeded
+ * initialisation, zeroing the gradients, AdamW and host copies live here
+ * once. Checkpoint files store each tensor under its table name
+ * (train/checkpoint.h, docs/checkpoints.md). */
+#ifndef KVLAB_PARAMS_H
+#define KVLAB_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rng.h"
+
+#define PARAM_NAME_MAX 96
+#define PARAM_MAX_DIMS 4
+
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[PARAM_MAX_DIMS];
+    size_t offset, numel;
+    int decay; /* AdamW weight decay applies (matrices) */
+} ParamSpec;
+
+typedef struct {
+    ParamSpec *specs;
+    int n, cap;
+    size_t total; /* floats */
+} ParamTable;
+
+/* Appends a tensor of the given shape (ndim values follow); returns its offset. */
+size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
+const ParamSpec *param_find(const ParamTable *t, const char *name);
+void param_table_free(ParamTable *t);
+
+/* A model's table and its four device buffers (table.total floats each). */
+typedef struct {
+    ParamTable table;
+    float *params, *grads, *m, *v;
+} Params;
+
+/* Allocates the four buffers for the table built in p->table (zeroed). */
+void params_alloc(Params *p);
+/* Frees the buffers and the table. */
+void params_free(Params *p);
+
+/* Fills tensor s (s->numel floats at host) with its initial values, drawing
+ * from rng; tensors the rule leaves alone stay 0. */
+typedef void (*ParamInit)(const ParamSpec *s, float *host, Rng *rng, void *ctx);
+/* Initialises every tensor in table order from one seeded stream, on the
+ * host, then uploads: the same seed gives the same model on every target. */
+void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx);
+
+void params_zero_grad(Params *p);
+/* AdamW on every tensor; weight decay only where the table says so. */
+void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+
+/* Host copy of one of p's buffers (params, grads, m or v): xmalloc'ed,
+ * table.total floats, the caller frees it. */
+float *params_to_host(const Params *p, const float *buf);
+/* Replaces one of p's buffers with table.total host floats. */
+void params_from_host(Params *p, float *buf, const float *host);
+
+#endif
