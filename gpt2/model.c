@@ -41,18 +41,27 @@ GPT2Config gpt2_config_from_kconfig(int vocab) {
 }
 
 char *gpt2_config_json(const GPT2Config *c) {
-    char *s = xmalloc(1024);
-    snprintf(s, 1024,
-             "{\"family\":\"gpt2\",\"vocab_size\":%d,\"block_size\":%d,\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,"
-             "\"head_dim\":%d,\"mlp_hidden\":%d,\"activation\":\"%s\",\"bias\":%s,\"attn_bias\":%s,"
-             "\"tied_head\":%s,\"head_bias\":%s,\"dropout\":%g,\"ln_placement\":\"pre\",\"attention\":{"
-             "\"variant\":\"%s\",\"label\":\"%s\",\"projections\":%d,\"pos\":%s,\"pos_dim\":%d,"
-             "\"pos_groups\":%d,\"scale\":\"1/sqrt(head_dim)\",\"causal\":true}}",
-             c->V, c->T, c->L, c->H, c->C, c->C / c->H, 4 * c->C, c->gelu ? "gelu_tanh" : "relu",
-             c->bias ? "true" : "false", c->attn_bias ? "true" : "false", c->tie ? "true" : "false",
-             c->head_bias ? "true" : "false", (double)c->dropout, attn_variant_id(c->variant, c->pos),
-             attn_variant_label(c->variant, c->pos), attn_num_proj(c->variant), c->pos ? "true" : "false", c->pos_m,
-             c->pos_groups);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "family", "gpt2");
+    cJSON_AddNumberToObject(o, "vocab_size", c->V);
+    cJSON_AddNumberToObject(o, "block_size", c->T);
+    cJSON_AddNumberToObject(o, "n_layer", c->L);
+    cJSON_AddNumberToObject(o, "n_head", c->H);
+    cJSON_AddNumberToObject(o, "n_embd", c->C);
+    cJSON_AddNumberToObject(o, "head_dim", c->C / c->H);
+    cJSON_AddNumberToObject(o, "mlp_hidden", 4 * c->C);
+    cJSON_AddStringToObject(o, "activation", c->gelu ? "gelu_tanh" : "relu");
+    cJSON_AddBoolToObject(o, "bias", c->bias);
+    cJSON_AddBoolToObject(o, "attn_bias", c->attn_bias);
+    cJSON_AddBoolToObject(o, "tied_head", c->tie);
+    cJSON_AddBoolToObject(o, "head_bias", c->head_bias);
+    cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
+    cJSON_AddStringToObject(o, "ln_placement", "pre");
+    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    cJSON_AddTrueToObject(a, "causal");
+    cJSON_AddItemToObject(o, "attention", a);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
     return s;
 }
 

@@ -1,5 +1,7 @@
 #include "block.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -316,6 +318,26 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
     attention_backward_sublayer(bs->dln, dres, grads, b, b->ln1, params, &p->b, s, bs);
     layernorm_backward(dres, G(p->b.ln1w), GB(s->bias, p->b.ln1b), bs->dln, x, W(p->b.ln1w), b->ln1_mean,
                        b->ln1_rstd, N, C);
+}
+
+/* ------------------------------------------------------------------ descriptions */
+
+cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups) {
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "variant", attn_variant_id(variant, pos));
+    cJSON_AddStringToObject(a, "label", attn_variant_label(variant, pos));
+    cJSON_AddNumberToObject(a, "projections", attn_num_proj(variant));
+    cJSON_AddBoolToObject(a, "pos", pos);
+    cJSON_AddNumberToObject(a, "pos_dim", pos_m);
+    cJSON_AddNumberToObject(a, "pos_groups", pos_groups);
+    cJSON_AddStringToObject(a, "scale", "1/sqrt(head_dim)");
+    return a;
+}
+
+double json_float(float x) {
+    char s[32];
+    snprintf(s, sizeof s, "%g", (double)x);
+    return strtod(s, NULL);
 }
 
 /* ------------------------------------------------------------------ decoding */

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "attention.h"
 
 /* Offsets of one block's tensors in the model's parameter buffer (the same
@@ -112,6 +114,15 @@ void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, 
 void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc);
+
+/* ---- model descriptions (checkpoint metadata "model") ----------------------
+ * The "attention" object every family writes: variant, label, projections,
+ * +Pos settings and the score scale; the family adds what is its own
+ * (causal, cross-attention). json_float: a float as the number its %g text
+ * reads as (0.1f is 0.1), since stored descriptions are compared field by
+ * field with those of the build. */
+cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups);
+double json_float(float x);
 
 /* ---- decoding one position with a KV cache ---------------------------------
  * The same pre-LN block (with the decoder's cross-attention when cross is

@@ -13,22 +13,34 @@
 /* ------------------------------------------------------------------ configuration */
 
 char *s2s_config_json(const S2SConfig *c) {
-    char *s = xmalloc(1024);
-    snprintf(s, 1024,
-             "{\"family\":\"seq2seq\",\"architecture\":\"%s\",\"src_vocab\":%d,\"tgt_vocab\":%d,\"input\":\"%s\","
-             "\"max_len\":%d,\"n_embd\":%d,\"n_head\":%d,\"head_dim\":%d,\"mlp_hidden\":%d,\"enc_layers\":%d,"
-             "\"dec_layers\":%d,\"ln_placement\":\"%s\",\"activation\":\"%s\",\"mlp_dropout\":%s,\"scale_emb\":%s,"
-             "\"shared_emb\":%s,\"head\":\"%s\",\"pad\":%d,\"dropout\":%g,\"label_smoothing\":%g,\"positions\":"
-             "\"sinusoidal\",\"attention\":{\"variant\":\"%s\",\"label\":\"%s\",\"projections\":%d,\"pos\":%s,"
-             "\"pos_dim\":%d,\"pos_groups\":%d,\"scale\":\"1/sqrt(head_dim)\",\"cross_attention\":\"qkv\"}}",
-             c->decoder ? "encoder-decoder" : "encoder", c->Vs, c->Vt, c->onehot ? "one-hot linear" : "embedding",
-             c->Tmax, c->C, c->H, c->C / c->H, c->mlp, c->L_enc, c->decoder ? c->L_dec : 0,
-             c->post_ln ? "post" : "pre", c->gelu ? "gelu_tanh" : "relu", c->mlp_dropout ? "true" : "false",
-             c->scale_emb ? "true" : "false", c->shared_emb ? "true" : "false",
-             c->decoder ? "generator" : (c->head_mlp ? "linear-ln-relu-linear" : "linear"), c->pad,
-             (double)c->dropout, (double)c->label_smoothing, attn_variant_id(c->variant, c->pos),
-             attn_variant_label(c->variant, c->pos), attn_num_proj(c->variant), c->pos ? "true" : "false", c->pos_m,
-             c->pos_groups);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "family", "seq2seq");
+    cJSON_AddStringToObject(o, "architecture", c->decoder ? "encoder-decoder" : "encoder");
+    cJSON_AddNumberToObject(o, "src_vocab", c->Vs);
+    cJSON_AddNumberToObject(o, "tgt_vocab", c->Vt);
+    cJSON_AddStringToObject(o, "input", c->onehot ? "one-hot linear" : "embedding");
+    cJSON_AddNumberToObject(o, "max_len", c->Tmax);
+    cJSON_AddNumberToObject(o, "n_embd", c->C);
+    cJSON_AddNumberToObject(o, "n_head", c->H);
+    cJSON_AddNumberToObject(o, "head_dim", c->C / c->H);
+    cJSON_AddNumberToObject(o, "mlp_hidden", c->mlp);
+    cJSON_AddNumberToObject(o, "enc_layers", c->L_enc);
+    cJSON_AddNumberToObject(o, "dec_layers", c->decoder ? c->L_dec : 0);
+    cJSON_AddStringToObject(o, "ln_placement", c->post_ln ? "post" : "pre");
+    cJSON_AddStringToObject(o, "activation", c->gelu ? "gelu_tanh" : "relu");
+    cJSON_AddBoolToObject(o, "mlp_dropout", c->mlp_dropout);
+    cJSON_AddBoolToObject(o, "scale_emb", c->scale_emb);
+    cJSON_AddBoolToObject(o, "shared_emb", c->shared_emb);
+    cJSON_AddStringToObject(o, "head", c->decoder ? "generator" : c->head_mlp ? "linear-ln-relu-linear" : "linear");
+    cJSON_AddNumberToObject(o, "pad", c->pad);
+    cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
+    cJSON_AddNumberToObject(o, "label_smoothing", json_float(c->label_smoothing));
+    cJSON_AddStringToObject(o, "positions", "sinusoidal");
+    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    cJSON_AddStringToObject(a, "cross_attention", "qkv");
+    cJSON_AddItemToObject(o, "attention", a);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
     return s;
 }
 

@@ -50,18 +50,31 @@ ViTConfig vit_config_from_kconfig(int h, int w, int c, int classes) {
 }
 
 char *vit_config_json(const ViTConfig *c) {
-    char *s = xmalloc(1024);
-    snprintf(s, 1024,
-             "{\"family\":\"vit\",\"image\":[%d,%d,%d],\"classes\":%d,\"patch\":%d,\"patches\":%d,\"tokens\":%d,"
-             "\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,\"head_dim\":%d,\"mlp_hidden\":%d,\"activation\":"
-             "\"gelu_tanh\",\"pooling\":\"%s\",\"head\":\"%s\",\"final_ln\":%s,\"attn_bias\":%s,\"dropout\":%g,"
-             "\"ln_placement\":\"pre\",\"attention\":{\"variant\":\"%s\",\"label\":\"%s\",\"projections\":%d,"
-             "\"pos\":%s,\"pos_dim\":%d,\"pos_groups\":%d,\"scale\":\"1/sqrt(head_dim)\",\"causal\":false}}",
-             c->img_h, c->img_w, c->img_c, c->classes, c->P, c->N, c->T, c->L, c->H, c->C, c->C / c->H, c->mlp,
-             c->cls ? "cls" : "mean", c->head_mlp ? "linear-gelu-linear" : "linear", c->final_ln ? "true" : "false",
-             c->attn_bias ? "true" : "false", (double)c->dropout, attn_variant_id(c->variant, c->pos),
-             attn_variant_label(c->variant, c->pos), attn_num_proj(c->variant), c->pos ? "true" : "false", c->pos_m,
-             c->pos_groups);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "family", "vit");
+    const int image[3] = {c->img_h, c->img_w, c->img_c};
+    cJSON_AddItemToObject(o, "image", cJSON_CreateIntArray(image, 3));
+    cJSON_AddNumberToObject(o, "classes", c->classes);
+    cJSON_AddNumberToObject(o, "patch", c->P);
+    cJSON_AddNumberToObject(o, "patches", c->N);
+    cJSON_AddNumberToObject(o, "tokens", c->T);
+    cJSON_AddNumberToObject(o, "n_layer", c->L);
+    cJSON_AddNumberToObject(o, "n_head", c->H);
+    cJSON_AddNumberToObject(o, "n_embd", c->C);
+    cJSON_AddNumberToObject(o, "head_dim", c->C / c->H);
+    cJSON_AddNumberToObject(o, "mlp_hidden", c->mlp);
+    cJSON_AddStringToObject(o, "activation", "gelu_tanh");
+    cJSON_AddStringToObject(o, "pooling", c->cls ? "cls" : "mean");
+    cJSON_AddStringToObject(o, "head", c->head_mlp ? "linear-gelu-linear" : "linear");
+    cJSON_AddBoolToObject(o, "final_ln", c->final_ln);
+    cJSON_AddBoolToObject(o, "attn_bias", c->attn_bias);
+    cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
+    cJSON_AddStringToObject(o, "ln_placement", "pre");
+    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    cJSON_AddFalseToObject(a, "causal");
+    cJSON_AddItemToObject(o, "attention", a);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
     return s;
 }
 
