@@ -33,12 +33,6 @@ const char *attn_variant_label(int variant, int pos) { return with_pos(variant, 
 
 const char *attn_variant_id(int variant, int pos) { return with_pos(variant, pos, 0); }
 
-int attn_variant_by_name(const char *name) {
-    for (int v = 0; v < ATTN_NUM_VARIANTS; v++)
-        if (!strcmp(attn_variants[v].name, name)) return v;
-    return -1;
-}
-
 /* ------------------------------------------------------------------ +Pos basis */
 
 int attn_pos_channels(int m) { return (m + 3) / 4 * 2; }

@@ -106,8 +106,6 @@ const char *attn_block_name(int variant, int block);
 const char *attn_variant_label(int variant, int pos);
 /* "qkv", "kv_pos", "kv_tying", ... (metadata and file-friendly) */
 const char *attn_variant_id(int variant, int pos);
-/* The variant whose name (without a +Pos suffix) is name; -1 if none. */
-int attn_variant_by_name(const char *name);
 
 /* ---- +Pos: the fixed sinusoidal basis and the learned weights -------------
  * P[i,j] = concat(feat(i), feat(j))[:m], feat(p) = [sin(p f0), cos(p f0),

@@ -96,16 +96,3 @@ void shard_close(Shard *s) {
     memset(s, 0, sizeof *s);
 }
 
-uint16_t *shard_read(const char *path, int vocab_size, size_t *ntok, Err *e) {
-    Shard s;
-    if (shard_open(&s, path, e) != 0) return NULL;
-    uint16_t *tokens = xmalloc(s.ntok * sizeof(uint16_t));
-    if (shard_read_tokens(&s, 0, s.ntok, vocab_size, tokens, e) != 0) {
-        free(tokens);
-        tokens = NULL;
-    } else {
-        *ntok = s.ntok;
-    }
-    shard_close(&s);
-    return tokens;
-}

@@ -33,7 +33,4 @@ int shard_open(Shard *s, const char *path, Err *e);
 int shard_read_tokens(Shard *s, size_t start, size_t count, int vocab_size, uint16_t *out, Err *e);
 void shard_close(Shard *s);
 
-/* Opens, validates and reads a whole shard; malloc'd array, *ntok tokens. */
-uint16_t *shard_read(const char *path, int vocab_size, size_t *ntok, Err *e);
-
 #endif

@@ -34,11 +34,6 @@ double la_frob2(const double *A, int n) {
     return s;
 }
 
-double la_trace(const double *A, int n) {
-    double s = 0.0;
-    for (int i = 0; i < n; i++) s += A[(size_t)i * n + i];
-    return s;
-}
 
 double la_dot(const double *A, const double *B, int n) {
     double s = 0.0;

@@ -8,9 +8,8 @@
 
 /* C (m x n) = op(A) op(B); op(A) is m x k. */
 void la_gemm(double *C, const double *A, int ta, const double *B, int tb, int m, int k, int n);
-/* Frobenius norm squared, trace of a square matrix, Frobenius inner product. */
+/* Frobenius norm squared, Frobenius inner product. */
 double la_frob2(const double *A, int n);
-double la_trace(const double *A, int n);
 double la_dot(const double *A, const double *B, int n);
 
 /* Thin QR of A (m x n, m >= n): Q (m x n, orthonormal columns) and R (n x n,

@@ -148,6 +148,12 @@ def test_variant_table(tmp):
     for r in rows.values():
         R.check(os.path.isfile(os.path.join(REPO, "defconfigs", "steps", r["id"])),
                 f"table row {r['id']} has its step fragment defconfigs/steps/{r['id']}")
+    # the KV tying ablation's steps are the QKV and KV tying steps under their ablation names
+    steps = os.path.join(REPO, "defconfigs", "steps")
+    assignments = {name: sorted(x[1:] for x in kconfig_mod.parse_assignments(os.path.join(steps, name)))
+                   for name in ("V0", "QKV", "V1", "KV_TYING")}
+    R.check(assignments["V0"] == assignments["QKV"] and assignments["V1"] == assignments["KV_TYING"],
+            f"steps V0 and V1 assign what QKV and KV_TYING do: {assignments}")
     cfg = {"ATTN_QKV": True, "ATTN_KV_TYING": True, "ATTN_POS": True}
     R.check(attention_tbl.label(cfg) == "KV tying+Pos" and attention_tbl.name(cfg) == "kv_tying_pos",
             f"a refining symbol selects its row, +Pos appends its suffixes: {attention_tbl.label(cfg)}")
@@ -221,6 +227,7 @@ def test_menuconfig(tmp):
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import attention_tbl  # noqa: E402 - the variant table (kernels/attention.tbl)
+import kconfig as kconfig_mod  # noqa: E402 - scripts/kconfig.py, for its fragment parser
 
 # The +Pos settings the variants take turns with, so that each is covered with
 # symmetric and asymmetric scores: (suffix, fragment under tests/configs/)
