@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "kernels.h"
 
@@ -11,6 +12,28 @@ static StTensorIn tensor_in(const ParamSpec *s, const char *name, const float *b
     StTensorIn in = {.name = name, .dtype = ST_F32, .ndim = s->ndim, .data = base + s->offset};
     for (int d = 0; d < s->ndim; d++) in.shape[d] = s->shape[d];
     return in;
+}
+
+/* CRC-32 (zlib's) of a tensor's bytes as stored in the file (the host is
+ * little-endian, as safetensors), as 8 lowercase hex digits. */
+static void tensor_crc(const float *x, size_t numel, char hex[16]) {
+    uLong crc = crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)x, numel * sizeof(float));
+    snprintf(hex, 16, "%08lx", (unsigned long)crc);
+}
+
+/* {"<tensor name>": "<crc32, 8 hex digits>", ...} for metadata CHECKPOINT_CRC_KEY. */
+static char *crc_json(const StTensorIn *in, int n) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < n; i++) {
+        char hex[16];
+        size_t numel = 1;
+        for (int d = 0; d < in[i].ndim; d++) numel *= (size_t)in[i].shape[d];
+        tensor_crc(in[i].data, numel, hex);
+        cJSON_AddStringToObject(o, in[i].name, hex);
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
 }
 
 int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
@@ -31,12 +54,15 @@ int checkpoint_save(const char *path, const ParamTable *t, const float *params, 
             n++;
         }
     }
-    StMeta *all = xmalloc((size_t)(nmeta + 2) * sizeof(StMeta));
+    char *crcs = crc_json(in, n);
+    StMeta *all = xmalloc((size_t)(nmeta + 3) * sizeof(StMeta));
     all[0] = (StMeta){"framework", "kvlab"};
     all[1] = (StMeta){"format_version", CHECKPOINT_FORMAT_VERSION};
-    memcpy(all + 2, meta, (size_t)nmeta * sizeof(StMeta));
-    int rc = st_save(path, in, n, all, nmeta + 2, e);
+    all[2] = (StMeta){CHECKPOINT_CRC_KEY, crcs};
+    memcpy(all + 3, meta, (size_t)nmeta * sizeof(StMeta));
+    int rc = st_save(path, in, n, all, nmeta + 3, e);
     free(all);
+    free(crcs);
     free(names);
     free(in);
     return rc;
@@ -105,12 +131,30 @@ int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, co
     return rc;
 }
 
-static int read_one(StFile *f, const ParamSpec *s, const char *name, float *dst, Err *e) {
+/* Checks the tensor just read against its checksum in crcs (the parsed
+ * CHECKPOINT_CRC_KEY metadata; NULL for files written before checksums). */
+static int check_crc(StFile *f, const cJSON *crcs, const char *name, const float *x, size_t numel, Err *e) {
+    if (!crcs) return 0;
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(crcs, name);
+    if (!cJSON_IsString(want))
+        return err_set(e, "%s: tensor '%s' has no checksum in metadata '%s' (hint: the header was damaged or edited; "
+                          "use another copy of the checkpoint)", st_path(f), name, CHECKPOINT_CRC_KEY);
+    char got[16];
+    tensor_crc(x, numel, got);
+    if (strcmp(got, want->valuestring) != 0)
+        return err_set(e, "%s: tensor '%s' does not match its checksum (CRC-32 %s, the file says %s): its bytes changed "
+                          "after the checkpoint was written (hint: the file is damaged (disk, copy or transfer); use "
+                          "another copy or an earlier checkpoint)", st_path(f), name, got, want->valuestring);
+    return 0;
+}
+
+static int read_one(StFile *f, const ParamSpec *s, const char *name, float *dst, const cJSON *crcs, Err *e) {
     const StTensorInfo *ti = st_find(f, name);
     if (!ti)
         return err_set(e, "%s: tensor '%s' is missing (hint: the checkpoint is from a different model shape or "
                           "variant; use the binary of the step that wrote it)", st_path(f), name);
     if (st_read_f32(f, name, s->ndim, s->shape, dst, e) != 0) return -1;
+    if (check_crc(f, crcs, name, dst, s->numel, e) != 0) return -1;
     for (size_t k = 0; k < s->numel; k++)
         if (!isfinite(dst[k]))
             return err_set(e, "%s: tensor '%s' holds a non-finite value at index %zu (hint: the run that wrote it "
@@ -120,16 +164,24 @@ static int read_one(StFile *f, const ParamSpec *s, const char *name, float *dst,
 
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e) {
     char name[PARAM_NAME_MAX + 16];
-    for (int i = 0; i < t->n; i++) {
+    const char *crc_text = st_meta(f, CHECKPOINT_CRC_KEY);
+    cJSON *crcs = crc_text ? cJSON_Parse(crc_text) : NULL;
+    int rc = 0;
+    if (crc_text && !cJSON_IsObject(crcs))
+        rc = err_set(e, "%s: metadata '%s' is not a JSON object (hint: the header was damaged or edited; use another "
+                        "copy of the checkpoint)", st_path(f), CHECKPOINT_CRC_KEY);
+    for (int i = 0; i < t->n && rc == 0; i++) {
         const ParamSpec *s = &t->specs[i];
-        if (read_one(f, s, s->name, params + s->offset, e) != 0) return -1;
-        if (m && v) {
+        rc = read_one(f, s, s->name, params + s->offset, crcs, e);
+        if (rc == 0 && m && v) {
             snprintf(name, sizeof name, "optim.m.%s", s->name);
-            if (read_one(f, s, name, m + s->offset, e) != 0) return -1;
+            rc = read_one(f, s, name, m + s->offset, crcs, e);
             snprintf(name, sizeof name, "optim.v.%s", s->name);
-            if (read_one(f, s, name, v + s->offset, e) != 0) return -1;
+            if (rc == 0) rc = read_one(f, s, name, v + s->offset, crcs, e);
         }
     }
+    cJSON_Delete(crcs);
+    if (rc != 0) return -1;
     /* nothing unexpected: every tensor is a parameter or one of its moments */
     for (int i = 0; i < st_count(f); i++) {
         const char *n = st_get(f, i)->name;

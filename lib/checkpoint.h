@@ -6,8 +6,9 @@
  * metadata (family, variant, the resolved configuration, ...). A resumable
  * state file adds the AdamW moments as "optim.m.<name>" / "optim.v.<name>".
  * Loading is strict: a foreign file, another family or variant, a missing,
- * extra or misshaped tensor, or a non-finite value is an error naming the
- * file and the problem. */
+ * extra or misshaped tensor, a tensor whose bytes do not match its CRC-32
+ * (metadata CHECKPOINT_CRC_KEY; files without it load unchecked), or a
+ * non-finite value is an error naming the file and the problem. */
 #ifndef KVLAB_CHECKPOINT_H
 #define KVLAB_CHECKPOINT_H
 
@@ -19,9 +20,13 @@
 #include "safetensors.h"
 
 #define CHECKPOINT_FORMAT_VERSION "1"
+/* Metadata key holding {"<tensor>": "<CRC-32 of its bytes, 8 hex digits>"}.
+ * Not a format change: readers that predate it ignore the key. */
+#define CHECKPOINT_CRC_KEY "tensor_crc32"
 
 /* Writes params (and, if m and v are given, the AdamW moments) with the
- * metadata pairs; "framework" and "format_version" are added. Atomic. */
+ * metadata pairs; "framework", "format_version" and CHECKPOINT_CRC_KEY are
+ * added. Atomic. */
 int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
                     const StMeta *meta, int nmeta, Err *e);
 
@@ -32,7 +37,8 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
 /* Compares the JSON object in metadata key with want_json field by field;
  * the error names the first field that differs and both values. */
 int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e);
-/* Reads every tensor of t into params (m and v too when non-NULL). */
+/* Reads every tensor of t into params (m and v too when non-NULL), each
+ * checked against its CRC-32 when the file has CHECKPOINT_CRC_KEY. */
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
 /* The same for a model's device buffers (nn/params.h), staged through host
  * memory: parameters, plus the AdamW moments when `moments` is set. Reading

@@ -36,6 +36,8 @@
 #define QUEUE_BYTES ((size_t)256 << 20) /* unsent rows kept in memory before the upload gives up */
 #define GRAPHQL_ATTEMPTS 20
 #define FILESTREAM_ATTEMPTS 10085      /* the SDK's: about 7 days at the longest wait */
+#define FINAL_ATTEMPT_S 5.0            /* a bounded wait's last attempt starts this long before its end (see attempt_wait) */
+#define CONNECT_GRACE_S 5.0            /* default of WANDB_CONNECT_GRACE: how long refused connections are retried in a bounded wait */
 #define HIST_PREFIX "{\"t\":\"history\",\"row\":"
 #define SUMMARY_PREFIX "{\"t\":\"summary\",\"summary\":"
 #define SYNC_HINT "continuing offline, sync later with make wandb-sync"
@@ -246,10 +248,13 @@ typedef struct {
     long request_bytes;
     uint64_t rng;
     double last_fs;    /* start of the last FileStream request (pacing, heartbeats) */
-    double not_before; /* no request before this time (Retry-After, RateLimit-Reset, backoff) */
+    double not_before; /* no request before this time (Retry-After, RateLimit-Reset) */
     pthread_mutex_t mu; /* also guards the run's queue (WandbRun) */
     pthread_cond_t cv;
     double deadline;    /* guarded by mu: give up once passed (init and finish bounds) */
+    double bound_start; /* guarded by mu: when the deadline was set */
+    double refused_grace; /* guarded by mu: stop retrying once connections were refused this long (INFINITY: never) */
+    int refused;        /* the last request failed on a refused connection (nothing listening) */
     /* the run as the server names it, from the UpsertBucket answer */
     char *entity, *project, *run_id, *url, *fs_url;
     /* the cursor, persisted in sync_state.json */
@@ -307,7 +312,7 @@ static void uplink_setup(Uplink *u, const WandbSettings *s) {
     u->min_gap = fmin(1.0, setting(s->flush_interval_s, NULL, 10));
     u->request_bytes = s->request_bytes > 0 ? s->request_bytes : REQUEST_BYTES;
     u->rng = ((uint64_t)(unix_seconds() * 1e9) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)u) | 1;
-    u->deadline = INFINITY;
+    u->deadline = u->refused_grace = INFINITY;
     u->uploaded = cJSON_CreateArray();
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -340,10 +345,25 @@ static double deadline_of(Uplink *u) {
     return d;
 }
 
-static void set_deadline(Uplink *u, double d) {
+static double refused_grace_of(Uplink *u) {
     pthread_mutex_lock(&u->mu);
+    double g = u->refused_grace;
+    pthread_mutex_unlock(&u->mu);
+    return g;
+}
+
+/* Bounds the waits from now on (mu held): give up at deadline d, and after
+ * `grace` seconds of refused connections. Wakes a waiting worker. */
+static void set_bounds_locked(Uplink *u, double d, double grace) {
     u->deadline = d;
+    u->bound_start = wall_seconds();
+    u->refused_grace = grace;
     pthread_cond_broadcast(&u->cv);
+}
+
+static void set_bounds(Uplink *u, double d, double grace) {
+    pthread_mutex_lock(&u->mu);
+    set_bounds_locked(u, d, grace);
     pthread_mutex_unlock(&u->mu);
 }
 
@@ -360,18 +380,41 @@ static void wait_until(Uplink *u, double t) {
     pthread_cond_timedwait(&u->cv, &u->mu, &ts);
 }
 
-/* Sleeps until t; returns -1 as soon as the deadline passes (finish may bring it forward). */
-static int sleep_until(Uplink *u, double t) {
+/* Sleeps until the next attempt of a request may start: at `planned` (our
+ * backoff), never before `firm` (Retry-After, RateLimit-Reset, FileStream
+ * pacing: the server's rules). A bounded wait ends with an attempt at its
+ * end instead of giving up early: an attempt planned after the last moment
+ * that still leaves time for an answer before the deadline (FINAL_ATTEMPT_S,
+ * at most a quarter of the bound and the attempt's timeout) is made at that
+ * moment, and one planned after the end of the refusal grace (refused_since
+ * + refused_grace) at that end. *final says whether this attempt is the one
+ * at the deadline's end; after it, -1. Also -1 once the deadline passes or
+ * a firm wait reaches past it. The bounds are read again after every wake-up
+ * (wandb_finish sets them while the worker sleeps here). */
+static int attempt_wait(Uplink *u, double planned, double firm, double per_attempt, double refused_since, int *final) {
     int rc = 0;
     pthread_mutex_lock(&u->mu);
     for (;;) {
-        double now = wall_seconds();
-        if (now >= u->deadline) {
+        double now = wall_seconds(), t = planned;
+        double last = u->deadline - fmin(per_attempt, fmin(FINAL_ATTEMPT_S, 0.25 * (u->deadline - u->bound_start)));
+        if (t > refused_since + u->refused_grace) t = refused_since + u->refused_grace;
+        if (t > last) {
+            if (*final) {
+                rc = -1;
+                break;
+            }
+            t = last;
+        }
+        t = fmax(t, firm);
+        if (now >= u->deadline || t >= u->deadline) {
             rc = -1;
             break;
         }
-        if (now >= t) break;
-        wait_until(u, fmin(t, u->deadline));
+        if (now >= t) {
+            *final = now >= last;
+            break;
+        }
+        wait_until(u, t);
     }
     pthread_mutex_unlock(&u->mu);
     return rc;
@@ -538,36 +581,49 @@ static void describe(const Uplink *u, Kind kind, const Resp *r, Err *e) {
     }
 }
 
-/* Sends until a 2xx answer, a failure not worth retrying, the attempt limit or
- * the deadline. Every attempt sends the same bytes; waits follow exponential
- * backoff with jitter unless the server said Retry-After. FileStream requests
- * also keep min_gap apart. Returns 0 on 2xx (answer in r), else -1 and e. */
+/* Sends until a 2xx answer, a failure not worth retrying, the attempt limit,
+ * the deadline or, while connections are refused (nothing listening), the
+ * refusal grace. Every attempt sends the same bytes; waits follow
+ * exponential backoff with jitter unless the server said Retry-After, and a
+ * bounded wait ends with a last attempt at its end (attempt_wait).
+ * FileStream requests also keep min_gap apart. Returns 0 on 2xx (answer in
+ * r), else -1 and e; u->refused tells whether the last failure was a
+ * refused connection. */
 static int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
                    FILE *upload, curl_off_t upload_size, Resp *r, Err *e) {
-    int attempts = kind == FILESTREAM ? FILESTREAM_ATTEMPTS : GRAPHQL_ATTEMPTS;
+    int attempts = kind == FILESTREAM ? FILESTREAM_ATTEMPTS : GRAPHQL_ATTEMPTS, final = 0;
     double per_attempt = kind == FILESTREAM ? u->fs_timeout : kind == STORAGE ? INFINITY : u->http_timeout;
+    double planned = 0, refused_since = INFINITY;
     Err last = {""};
+    u->refused = 0;
     for (int a = 0; a < attempts; a++) {
-        double start = fmax(u->not_before, kind == FILESTREAM ? u->last_fs + u->min_gap : 0);
-        if (sleep_until(u, start) != 0) break;
-        double timeout = fmin(per_attempt, deadline_of(u) - wall_seconds());
+        double firm = fmax(u->not_before, kind == FILESTREAM ? u->last_fs + u->min_gap : 0);
+        if (attempt_wait(u, planned, firm, per_attempt, refused_since, &final) != 0) break;
+        double start = wall_seconds(), timeout = fmin(per_attempt, deadline_of(u) - start);
         if (upload) rewind(upload);
-        if (kind == FILESTREAM) u->last_fs = wall_seconds();
+        if (kind == FILESTREAM) u->last_fs = start;
         http_once(u, url, kind != STORAGE, headers, body, len, upload, upload_size, isfinite(timeout) ? timeout : 0, r);
         if (r->rl_remaining >= 0 && r->rl_remaining < 1 && r->rl_reset > 0)
             u->not_before = wall_seconds() + r->rl_reset;
         if (r->status >= 200 && r->status < 300) return 0;
         if (r->cc == CURLE_ABORTED_BY_CALLBACK) break; /* the deadline passed mid-transfer */
+        u->refused = r->status == 0 && r->cc == CURLE_COULDNT_CONNECT;
+        refused_since = u->refused ? fmin(refused_since, start) : INFINITY;
         describe(u, kind, r, &last);
         if (!retryable(kind, r)) {
             *e = last;
             return -1;
         }
         if (a + 1 == attempts) return err_set(e, "%s (gave up after %d attempts)", last.msg, attempts);
+        double now = wall_seconds();
+        if (u->refused && now - refused_since >= refused_grace_of(u))
+            return err_set(e, "%s (connections refused for %.1f s)", last.msg, now - refused_since);
         double wait = fmin(u->retry_max, u->retry_min * ldexp(1.0, a < 30 ? a : 30) *
                                              (1.0 + 0.25 * (double)(rng_next(&u->rng) >> 11) / 9007199254740992.0));
-        if (r->retry_after >= 0) wait = r->retry_after;
-        u->not_before = fmax(u->not_before, wall_seconds() + wait);
+        if (r->retry_after >= 0) /* the server's wait is firm: never shortened to fit a deadline */
+            u->not_before = fmax(u->not_before, now + r->retry_after);
+        else
+            planned = now + wait;
     }
     return err_set(e, "stopped at the time limit%s%s", last.msg[0] ? " after: " : "", last.msg);
 }
@@ -889,7 +945,9 @@ struct WandbRun {
     int has_worker;
     char *spool_dir;
     int spool_fd, spool_failed;
-    double t0, flush_s, heartbeat_s, finish_timeout_s;
+    double t0, flush_s, heartbeat_s, finish_timeout_s, connect_grace_s;
+    cJSON *run_rec, *config; /* kept until the worker has created the run (wandb_init found nothing listening) */
+    atomic_int connected;    /* the run exists on the server; up.url and the names are set */
     /* training thread only */
     KV row;
     long row_step, last_step; /* last_step: the last closed row, -1 before the first */
@@ -1088,13 +1146,65 @@ static void batch_free(Batch *b) {
     cJSON_Delete(b->uploaded);
 }
 
-/* The upload thread: files first, then data every flush interval, a heartbeat
- * after heartbeat_s of silence, and at finish the rest plus "complete". Any
- * failure it cannot retry stops the upload for good; the spool has it all. */
+/* Creates the run on the server (UpsertBucket from the run record) and sets
+ * up the cursor the uploads and a later sync go by. Called by wandb_init,
+ * or by the worker when wandb_init found nothing listening. */
+static int create_run(WandbRun *r, Err *e) {
+    Uplink *u = &r->up;
+    long lines = 0;
+    int inserted = 1;
+    if (upsert(u, r->run_rec, cJSON_IsObject(r->config) ? r->config : NULL, &lines, &inserted, e) != 0) return -1;
+    if (!inserted)
+        say("run %s already exists in %s/%s; its history continues after line %ld "
+            "(hint: log steps above the last one stored there, or use a new WANDB_RUN_ID)",
+            u->run_id, u->entity, u->project, lines);
+    u->hist_offset = lines;
+    u->state_path = r->spool_dir ? join(r->spool_dir, "sync_state.json") : NULL;
+    state_save(u);
+    atomic_store(&r->connected, 1);
+    return 0;
+}
+
+/* The worker's first job when wandb_init went offline for now because
+ * nothing listened at the server's address: retry creating the run with
+ * backoff, for as long as connections are refused, until the server
+ * answers. The rows queued meanwhile then go up in order like any backlog.
+ * wandb_finish sets the refusal grace again, so a server still absent at
+ * the end costs one last attempt, not the finish bound. */
+static int worker_connect(WandbRun *r) {
+    Uplink *u = &r->up;
+    Err e;
+    for (;;) {
+        int rc = create_run(r, &e);
+        pthread_mutex_lock(&u->mu);
+        int stop = r->finishing || r->gave_up;
+        pthread_mutex_unlock(&u->mu);
+        if (rc == 0) {
+            say("%s answers now; logging to %s", u->base, u->url);
+            return 0;
+        }
+        if (stop || !u->refused) {
+            say("cannot create the run on %s: %s; %s", u->base, e.msg, stop ? "the run stays in the spool" : SYNC_HINT);
+            return -1;
+        }
+    }
+}
+
+/* The upload thread: creates the run if wandb_init could not, then files
+ * first, data every flush interval, a heartbeat after heartbeat_s of
+ * silence, and at finish the rest plus "complete". Any failure it cannot
+ * retry stops the upload for good; the spool has it all. */
 static void *worker_main(void *arg) {
     WandbRun *r = arg;
     Uplink *u = &r->up;
     Err e;
+    if (!atomic_load(&r->connected)) {
+        int rc = worker_connect(r);
+        pthread_mutex_lock(&u->mu);
+        if (rc != 0) r->gave_up = 1;
+        u->last_fs = wall_seconds() - r->flush_s; /* the backlog goes at once */
+        pthread_mutex_unlock(&u->mu);
+    }
     pthread_mutex_lock(&u->mu);
     while (!r->gave_up) {
         int have_files = cJSON_GetArraySize(r->files_pending) > 0;
@@ -1182,7 +1292,7 @@ static void close_row(WandbRun *r) {
             if (r->queued_bytes + len > QUEUE_BYTES) {
                 r->gave_up = 1;
                 pthread_cond_broadcast(&r->up.cv);
-                say("upload to %s fell %zu MiB behind; %s", r->up.url, QUEUE_BYTES >> 20, SYNC_HINT);
+                say("upload to %s fell %zu MiB behind; %s", r->up.base, QUEUE_BYTES >> 20, SYNC_HINT);
             } else {
                 Line *l = xmalloc(sizeof *l + len + 1);
                 l->next = NULL;
@@ -1219,6 +1329,7 @@ WandbRun *wandb_init(const WandbSettings *s) {
     r->flush_s = setting(s->flush_interval_s, NULL, 10);
     r->heartbeat_s = setting(s->heartbeat_s, NULL, 30);
     r->finish_timeout_s = setting(s->finish_timeout_s, NULL, 120);
+    r->connect_grace_s = setting(s->connect_grace_s, "WANDB_CONNECT_GRACE", CONNECT_GRACE_S);
     r->last_step = -1;
     r->spool_fd = -1;
     r->files_pending = cJSON_CreateArray();
@@ -1263,34 +1374,28 @@ WandbRun *wandb_init(const WandbSettings *s) {
     }
 
     Err e;
+    r->run_rec = run;
+    r->config = config;
     if (online && !(u->key = find_key(s, u->base, &e))) {
         say("%s; %s", e.msg, SYNC_HINT);
     } else if (online) {
-        long lines = 0;
-        int inserted = 1;
-        set_deadline(u, wall_seconds() + setting(s->init_timeout_s, "WANDB_INIT_TIMEOUT", 90));
-        if (upsert(u, run, cJSON_IsObject(config) ? config : NULL, &lines, &inserted, &e) != 0) {
+        set_bounds(u, wall_seconds() + setting(s->init_timeout_s, "WANDB_INIT_TIMEOUT", 90), r->connect_grace_s);
+        int rc = create_run(r, &e);
+        if (rc != 0 && !u->refused)
             say("cannot create the run on %s: %s; %s", u->base, e.msg, SYNC_HINT);
-        } else {
-            if (!inserted)
-                say("run %s already exists in %s/%s; its history continues after line %ld "
-                    "(hint: log steps above the last one stored there, or use a new WANDB_RUN_ID)",
-                    u->run_id, u->entity, u->project, lines);
-            u->hist_offset = lines;
-            u->state_path = r->spool_dir ? join(r->spool_dir, "sync_state.json") : NULL;
-            state_save(u);
-            set_deadline(u, INFINITY);
-            u->last_fs = wall_seconds();
-            if (pthread_create(&r->worker, NULL, worker_main, r) != 0)
-                say("cannot start the upload thread; %s", SYNC_HINT);
-            else {
-                r->has_worker = 1;
-                say("logging to %s", u->url);
-            }
+        else if (rc != 0) /* nothing listens (yet): the worker keeps trying */
+            say("cannot create the run on %s: %s; continuing offline for now, retrying in the background "
+                "(the rows go up live once the server answers; else sync later with make wandb-sync)",
+                u->base, e.msg);
+        set_bounds(u, INFINITY, INFINITY);
+        u->last_fs = wall_seconds();
+        if ((rc == 0 || u->refused) && pthread_create(&r->worker, NULL, worker_main, r) != 0)
+            say("cannot start the upload thread; %s", SYNC_HINT);
+        else if (rc == 0 || u->refused) {
+            r->has_worker = 1;
+            if (rc == 0) say("logging to %s", u->url);
         }
     }
-    cJSON_Delete(run);
-    cJSON_Delete(config);
     return r;
 }
 
@@ -1390,7 +1495,9 @@ int wandb_upload_file(WandbRun *r, const char *local_path, const char *run_path)
 
 int wandb_should_stop(const WandbRun *r) { return r ? atomic_load(&r->stopped) : 0; }
 
-const char *wandb_run_url(const WandbRun *r) { return r && r->has_worker ? r->up.url : NULL; }
+const char *wandb_run_url(const WandbRun *r) {
+    return r && r->has_worker && atomic_load(&r->connected) ? r->up.url : NULL;
+}
 
 const char *wandb_spool_dir(const WandbRun *r) { return r ? r->spool_dir : NULL; }
 
@@ -1410,8 +1517,7 @@ void wandb_finish(WandbRun *r, int exit_code) {
         r->finishing = 1;
         r->exit_code = exit_code;
         r->summary_dirty = 1; /* the summary always goes right before completion */
-        r->up.deadline = wall_seconds() + r->finish_timeout_s;
-        pthread_cond_broadcast(&r->up.cv);
+        set_bounds_locked(&r->up, wall_seconds() + r->finish_timeout_s, r->connect_grace_s);
         pthread_mutex_unlock(&r->up.mu);
         pthread_join(r->worker, NULL);
         if (r->completed) say("run uploaded: %s", r->up.url);
@@ -1423,6 +1529,8 @@ void wandb_finish(WandbRun *r, int exit_code) {
     queue_free(r);
     cJSON_Delete(r->files_pending);
     cJSON_Delete(r->uploaded_pending);
+    cJSON_Delete(r->run_rec);
+    cJSON_Delete(r->config);
     uplink_free(&r->up);
     free(r->spool_dir);
     free(r);

@@ -28,6 +28,8 @@ typedef struct {
     double finish_timeout_s; /* 0 = default 120 */
     double retry_min_s, retry_max_s; /* 0 = defaults 2 and 60 */
     double init_timeout_s;   /* bound on run creation in wandb_init; 0: $WANDB_INIT_TIMEOUT, else 90 */
+    double connect_grace_s;  /* refused connections (nothing listening) end a bounded wait after this long;
+                              * 0: $WANDB_CONNECT_GRACE, else 5 */
     double http_timeout_s;   /* per GraphQL attempt; 0: $WANDB_HTTP_TIMEOUT, else 30 */
     double filestream_timeout_s; /* per FileStream attempt; 0 = default 180 */
     long request_bytes;      /* history bytes per FileStream request; 0 = default 10 MiB (tests use less) */
@@ -37,8 +39,11 @@ typedef struct WandbRun WandbRun;
 
 /* Starts a run: creates the spool, and when online creates the run on the
  * server (bounded by init_timeout_s) and starts the upload thread. On any
- * problem prints one line and continues with the spool only. Returns NULL
- * only for mode "disabled"; every function below accepts NULL and does nothing. */
+ * problem prints one line and continues with the spool only; when nothing
+ * listens at the server's address (connections refused for connect_grace_s),
+ * the upload thread keeps trying and uploads everything once it answers.
+ * Returns NULL only for mode "disabled"; every function below accepts NULL
+ * and does nothing. */
 WandbRun *wandb_init(const WandbSettings *s);
 /* Sets key = value in the row of `step`. Logging a higher step closes the open
  * row; values for a step at or below the last closed one are dropped and counted.
@@ -54,7 +59,7 @@ void wandb_summary_set(WandbRun *r, const char *key, double value);
 int wandb_upload_file(WandbRun *r, const char *local_path, const char *run_path);
 /* 1 once the server said the run was stopped from the web UI. */
 int wandb_should_stop(const WandbRun *r);
-/* The run's web page, or NULL when the run is not online. */
+/* The run's web page, or NULL while the run does not exist on the server. */
 const char *wandb_run_url(const WandbRun *r);
 /* <dir>/wandb-c/<run_id>/ (a "-2", "-3" suffix when that folder already exists), or NULL without a spool. */
 const char *wandb_spool_dir(const WandbRun *r);

@@ -10,10 +10,10 @@ injected through POST /_fake/inject (section 9.3). GET /_fake/state returns
 everything the tests assert on; POST /_fake/shutdown stops the server, which
 then writes the same state to --state-file.
 
-usage: fake_wandb.py --port-file F [--state-file F] [--api-key KEY]
+usage: fake_wandb.py --port-file F [--port N] [--state-file F] [--api-key KEY]
                      [--min-gap S] [--heartbeat-limit S] [--strict]
-Listens on 127.0.0.1 on a free port, written to --port-file once it accepts
-connections. Standard library only.
+Listens on 127.0.0.1 on a free port (or --port), written to --port-file once
+it accepts connections. Standard library only.
 """
 import argparse
 import base64
@@ -76,9 +76,10 @@ class Fake:
             raise Reply(400, gql_error("fake server: " + text))
 
     def take_rule(self, op, path):
-        """The first rule matching this request (by operation name or path regex), consumed once."""
+        """The first rule matching this request (by operation name or path regex), consumed once;
+        a rule with "for_s" matches every such request for that many seconds after it was injected."""
         for rule in self.rules:
-            if rule["times"] <= 0:
+            if rule["times"] <= 0 or time.time() >= rule.get("until", math.inf):
                 continue
             m = rule["match"]
             if m != op and not re.search(m, path):
@@ -518,6 +519,9 @@ class Handler(BaseHTTPRequestHandler):
             with fake.lock:
                 for rule in rules if isinstance(rules, list) else [rules]:
                     rule.setdefault("times", 1)
+                    if "for_s" in rule:
+                        rule["until"] = time.time() + float(rule["for_s"])
+                        rule["times"] = 10**9
                     rule.setdefault("action", {})
                     fake.rules.append(rule)
             return self.send(200, {})
@@ -556,6 +560,7 @@ def filestream_summary(body):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port-file", required=True)
+    ap.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
     ap.add_argument("--state-file")
     ap.add_argument("--api-key", default="test-key")
     ap.add_argument("--min-gap", type=float, default=0.0, help="minimum seconds between data-bearing FileStream requests")
@@ -563,7 +568,7 @@ def main():
     ap.add_argument("--strict", action="store_true", help="answer every violation with 400")
     args = ap.parse_args()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     server.fake = Fake(args)
     server.fake.port = server.server_address[1]

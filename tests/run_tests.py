@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
@@ -727,6 +728,47 @@ def test_sampling_and_bad_checkpoints(ws, tmp):
     R.check(r.returncode == 1 and "missing.safetensors" in r.stderr, f"a missing checkpoint is named: {r.stderr}")
 
 
+def test_checkpoint_checksums(ws, tmp):
+    """A real checkpoint carries a CRC-32 per tensor (metadata tensor_crc32, checked here with zlib): one flipped
+    data byte is reported naming the file and the tensor; without the key (older checkpoints) it loads as before."""
+    section("checkpoint checksums")
+    out = ws.run_dir()
+    b0, ck0 = ws.binary("V0"), os.path.join(out, "final_model_stepV0.safetensors")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    data = open(ck0, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header["__metadata__"]
+    crcs = json.loads(meta.get("tensor_crc32", "{}"))
+    tensors = {k: v["data_offsets"] for k, v in header.items() if k != "__metadata__"}
+    R.check(sorted(crcs) == sorted(tensors) and
+            all(int(crcs[k], 16) == zlib.crc32(data[8 + n + b:8 + n + e]) for k, (b, e) in tensors.items()),
+            f"the checkpoint's tensor_crc32 holds zlib's CRC-32 of every tensor's bytes ({len(crcs)} of {len(tensors)})")
+    args = ["sample", "--prompt", "one hundred", "--length", "12", "--temperature", "0"]
+    good = run([b0] + args + ["--ckpt", ck0], env=env)
+    at = 8 + n + (len(data) - 8 - n) // 2  # the middle of the data section
+    name = next(k for k, (b, e) in tensors.items() if b <= at - 8 - n < e)
+    flipped = bytearray(data)
+    flipped[at] ^= 0x10
+    path = os.path.join(tmp, "flipped-data.safetensors")
+    with open(path, "wb") as f:
+        f.write(flipped)
+    r = run([b0] + args + ["--ckpt", path], env=env)
+    lines = r.stderr.strip().splitlines()
+    R.check(r.returncode == 1 and len(lines) == 1 and path in lines[0] and f"'{name}'" in lines[0] and
+            "checksum" in lines[0] and "hint" in lines[0] and r.stdout == "",
+            f"a flipped data byte in {name}: one line naming the file and the tensor: rc={r.returncode} {r.stderr.strip()}")
+    del meta["tensor_crc32"]
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path = os.path.join(tmp, "no-checksums.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+    r = run([b0] + args + ["--ckpt", path], env=env)
+    R.check(good.returncode == 0 and r.returncode == 0 and r.stdout == good.stdout,
+            f"a checkpoint without checksums (written before them) still loads: {r.stderr.strip()} {r.stdout!r}")
+
+
 def test_bad_runs(tmp, sanitize):
     section("bad data and divergence stop with a clear error")
     ws = Workspace(tmp, "baddata", TINY.replace('CONFIG_GPT2_DATA_NUMBERS=y\n', '') +
@@ -1162,6 +1204,7 @@ def main():
             if guarded(test_ablation_end_to_end, ws):
                 guarded(test_mechint_end_to_end, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
+                guarded(test_checkpoint_checksums, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_rebuild_tracking, ws)
                 guarded(test_skip_and_redo, ws)

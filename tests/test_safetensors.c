@@ -1,9 +1,11 @@
 /* Tests for lib/safetensors: round trip, one crafted file per validation rule
  * of formats.md 1.3, truncation at every length, a mutation fuzz, atomic
  * writes, and an independent numpy reader (tests/safetensors_numpy_check.py).
+ * Also the per-tensor checksums of kvlab checkpoints (lib/checkpoint.c).
  * Run from the repository root. */
 #define _GNU_SOURCE
 #include "safetensors.h"
+#include "checkpoint.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -584,6 +586,73 @@ static void test_numpy(void) {
     CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "numpy cross-check failed (status %d)", rc);
 }
 
+/* kvlab checkpoints carry a CRC-32 per tensor (metadata tensor_crc32): one
+ * flipped data byte, in a parameter or an AdamW moment, is a one-line error
+ * naming the file and the tensor; a damaged checksum table is an error too;
+ * files without checksums (written before them) still load, unchecked. */
+static void test_checkpoint_checksums(void) {
+    ParamTable t = {0};
+    param_add(&t, "blocks.0.attn.k.weight", 1, 2, 3, 4);
+    param_add(&t, "lnf.bias", 0, 1, 5);
+    size_t bytes = t.total * sizeof(float);
+    float *p = xmalloc(bytes), *m = xmalloc(bytes), *v = xmalloc(bytes), *got = xmalloc(3 * bytes);
+    for (size_t k = 0; k < t.total; k++) p[k] = 0.25f * (float)k - 1, m[k] = 1e-3f * (float)k, v[k] = 1.0f / (float)(k + 1);
+    const char *path = tmp_path("state.safetensors"), *bad = tmp_path("flipped.safetensors");
+    StMeta meta[] = {{"family", "test"}};
+    Err e;
+    CHECK(checkpoint_save(path, &t, p, m, v, meta, 1, &e) == 0, "checkpoint_save: %s", e.msg);
+    StFile *f = checkpoint_open(path, "test", &e);
+    CHECK(f && checkpoint_read(f, &t, got, got + t.total, got + 2 * t.total, &e) == 0 && !memcmp(got, p, bytes) &&
+              !memcmp(got + t.total, m, bytes) && !memcmp(got + 2 * t.total, v, bytes),
+          "a checkpoint with checksums reads back: %s", f ? e.msg : "not opened");
+    int ntensors = f ? st_count(f) : 0;
+    CHECK(f && ntensors == 6 && st_meta(f, CHECKPOINT_CRC_KEY) && strlen(st_meta(f, CHECKPOINT_CRC_KEY)) > 6 * 10,
+          "metadata %s holds a checksum for each of the 6 tensors: %s", CHECKPOINT_CRC_KEY,
+          f && st_meta(f, CHECKPOINT_CRC_KEY) ? st_meta(f, CHECKPOINT_CRC_KEY) : "(none)");
+    size_t n;
+    unsigned char *orig = (unsigned char *)read_file(path, &n, &e);
+    uint64_t hlen = 0;
+    for (int i = 0; orig && i < 8; i++) hlen |= (uint64_t)orig[i] << (8 * i);
+    /* one flipped byte in the middle of each tensor in turn: parameters and optim.m/optim.v */
+    for (int i = 0; orig && i < ntensors; i++) {
+        const StTensorInfo *ti = st_get(f, i);
+        size_t at = 8 + (size_t)hlen + (size_t)(ti->begin + ti->end) / 2;
+        orig[at] ^= 0x01;
+        write_bytes(bad, orig, n);
+        orig[at] ^= 0x01;
+        char quoted[128];
+        snprintf(quoted, sizeof quoted, "'%s'", ti->name);
+        StFile *g = checkpoint_open(bad, "test", &e);
+        int rc = g ? checkpoint_read(g, &t, got, got + t.total, got + 2 * t.total, &e) : 0;
+        CHECK(g && rc != 0 && well_formed(e.msg, bad) && strstr(e.msg, quoted) && strstr(e.msg, "checksum"),
+              "a flipped byte in %s is reported naming the file and the tensor: %s", ti->name, g ? e.msg : "not opened");
+        if (g) st_close(g);
+    }
+    /* a damaged checksum table: an error, not a silent unchecked load */
+    StMeta damaged[] = {{"framework", "kvlab"}, {"format_version", CHECKPOINT_FORMAT_VERSION}, {"family", "test"},
+                        {CHECKPOINT_CRC_KEY, "{\"lnf.bias\": \"00000000\""}};
+    StTensorIn in[2] = {{.name = "blocks.0.attn.k.weight", .dtype = ST_F32, .ndim = 2, .shape = {3, 4}, .data = p},
+                        {.name = "lnf.bias", .dtype = ST_F32, .ndim = 1, .shape = {5}, .data = p + 12}};
+    CHECK(st_save(bad, in, 2, damaged, 4, &e) == 0, "st_save: %s", e.msg);
+    StFile *g = checkpoint_open(bad, "test", &e);
+    CHECK(g && checkpoint_read(g, &t, got, NULL, NULL, &e) != 0 && well_formed(e.msg, bad) &&
+              strstr(e.msg, CHECKPOINT_CRC_KEY),
+          "a checksum table that is not JSON is reported: %s", g ? e.msg : "not opened");
+    if (g) st_close(g);
+    /* an older checkpoint (no checksums) loads, also with a flipped byte: nothing to check it against */
+    p[1] = -p[1];
+    CHECK(st_save(bad, in, 2, damaged, 3, &e) == 0, "st_save: %s", e.msg);
+    g = checkpoint_open(bad, "test", &e);
+    CHECK(g && !st_meta(g, CHECKPOINT_CRC_KEY) && checkpoint_read(g, &t, got, NULL, NULL, &e) == 0 &&
+              !memcmp(got, p, bytes),
+          "a checkpoint without checksums still loads: %s", g ? e.msg : "not opened");
+    if (g) st_close(g);
+    if (f) st_close(f);
+    free(orig);
+    free(p), free(m), free(v), free(got);
+    param_table_free(&t);
+}
+
 static void remove_tmpdir(void) {
     DIR *d = opendir(tmpdir);
     for (struct dirent *de; d && (de = readdir(d));)
@@ -602,6 +671,7 @@ int main(void) {
     test_save_rejects();
     test_atomic();
     test_numpy();
+    test_checkpoint_checksums();
     remove_tmpdir();
     return TEST_SUMMARY("safetensors");
 }

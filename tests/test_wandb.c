@@ -6,8 +6,10 @@
  * 400, FileStream 404 and 413), a wrong API key, dropped connections and
  * answers slower than the per-attempt timeout, heartbeats, pacing under a
  * burst, the stop flag, NaN and infinities, a bounded finish, a server down
- * for the whole run followed by sync, interrupted syncs (a failing request,
- * a killed sync), disabled and offline modes. The server records protocol
+ * for the whole run followed by sync (nothing listening: offline after a
+ * short grace), a server back within the init bound (a last attempt at its
+ * end), a server appearing mid-run (the rows go up live), interrupted syncs
+ * (a failing request, a killed sync), disabled and offline modes. The server records protocol
  * violations; every scenario asserts there are none, and that the API key
  * never appears in stdout, stderr or the spool. Run from the repository root. */
 #define _GNU_SOURCE
@@ -281,17 +283,26 @@ static WandbSettings settings(const Server *sv, const char *run_id) {
 static double loss_at(long step) { return 3.0 - 0.01 * (double)step; }
 
 /* The happy-path workload: STEPS rows of train metrics, eval values every 20
- * steps in the same row, an explicit summary value and one file. */
-static void standard_run(WandbRun *r, double step_sleep) {
-    for (long step = 0; step < STEPS; step++) {
+ * steps in the same row, an explicit summary value and one file;
+ * standard_steps logs the rows of steps [from, to). */
+static void standard_steps(WandbRun *r, long from, long to, double step_sleep) {
+    for (long step = from; step < to; step++) {
         wandb_log(r, step, "train/loss", loss_at(step));
         wandb_log(r, step, "train/lr", 3e-4);
         if (step % 20 == 0) wandb_log(r, step, "eval/loss", loss_at(step) + 0.1);
         wandb_commit(r, step);
         if (step_sleep > 0) sleep_s(step_sleep);
     }
+}
+
+static void standard_end(WandbRun *r) {
     wandb_summary_set(r, "best/eval_loss", 2.31);
     CHECK(wandb_upload_file(r, metrics_path, "metrics.json") == 0, "upload_file accepts metrics.json");
+}
+
+static void standard_run(WandbRun *r, double step_sleep) {
+    standard_steps(r, 0, STEPS, step_sleep);
+    standard_end(r);
 }
 
 /* The server state a complete standard run must leave, however it got there. */
@@ -896,13 +907,18 @@ static void test_finish_bounded(void) {
     server_stop(&sv);
 }
 
-/* Online run against a server that is down the whole time, then sync: the same final state as the happy path. */
+/* Online run while nothing listens at the server's address the whole time,
+ * then sync: the same final state as the happy path. With a 30 s init bound
+ * and WANDB_CONNECT_GRACE=1, the step goes offline after the 1 s grace
+ * (not after 30 s), and finish gives up after one last refused attempt
+ * instead of waiting for its 15 s bound. */
 static void test_down_then_sync(void) {
     Server dead;
     if (!server_start(&dead, NULL)) return;
     server_stop(&dead); /* nothing listens on its port any more */
     WandbSettings s = settings(&dead, "downrun1");
-    s.init_timeout_s = 1.0;
+    s.init_timeout_s = 30;
+    setenv("WANDB_CONNECT_GRACE", "1", 1);
     capture_begin();
     double t0 = wall_seconds();
     WandbRun *r = wandb_init(&s);
@@ -911,10 +927,17 @@ static void test_down_then_sync(void) {
     standard_run(r, 0);
     char spool[4200];
     snprintf(spool, sizeof spool, "%s", wandb_spool_dir(r));
+    t0 = wall_seconds();
     wandb_finish(r, 0);
+    double finish_took = wall_seconds() - t0;
     char *out = capture_end();
-    CHECK(offline && init_took < 3.0 && strstr(out, "continuing offline"),
-          "server down: init gives up after its bound (%.2f s) and goes offline:\n%s", init_took, out);
+    unsetenv("WANDB_CONNECT_GRACE");
+    CHECK(offline && init_took >= 0.95 && init_took < 4.0 && count_of(out, "continuing offline for now") == 1,
+          "nothing listening: init retries for the 1 s grace, not the 30 s bound (%.2f s), and says it goes "
+          "offline for now:\n%s", init_took, out);
+    CHECK(finish_took < 4.0 && strstr(out, "the run stays in the spool") && strstr(out, "make wandb-sync"),
+          "nothing listening: finish gives up after one last attempt (%.2f s, bound 15 s) and says to sync:\n%s",
+          finish_took, out);
     free(out);
 
     Server sv;
@@ -937,6 +960,89 @@ static void test_down_then_sync(void) {
     st = server_state(&sv);
     CHECK(rc == 0 && cJSON_GetArraySize(item(st, "requests")) == before, "down then sync: a second sync sends nothing");
     cJSON_Delete(st);
+    server_stop(&sv);
+}
+
+/* The server answers 503 for the first 20 s of a 30 s init bound, with the
+ * default backoff (2, 4, 8, 16 s: attempts near 0, 2, 6 and 14 s, the next
+ * one planned past 30 s). The last attempt is moved to the end of the bound
+ * (25 s: 5 s before it), finds the server back and the run goes online. */
+static void test_init_last_attempt(void) {
+    Server sv;
+    if (!server_start(&sv, NULL)) return;
+    inject(&sv, "{\"match\":\"UpsertBucket\",\"for_s\":20,\"action\":{\"status\":503}}");
+    WandbSettings s = settings(&sv, "lastatt1");
+    s.init_timeout_s = 30;
+    s.retry_min_s = s.retry_max_s = 0; /* the defaults: 2 to 60 s */
+    capture_begin();
+    double t0 = wall_seconds();
+    WandbRun *r = wandb_init(&s);
+    double init_took = wall_seconds() - t0;
+    int online = wandb_run_url(r) != NULL;
+    standard_run(r, 0);
+    wandb_finish(r, 0);
+    char *out = capture_end();
+    CHECK(online && init_took >= 20 && init_took <= 30.5,
+          "init, server back after 20 s of a 30 s bound: online (%d) after a last attempt before the bound "
+          "(%.1f s):\n%s", online, init_took, out);
+    cJSON *st = server_state(&sv);
+    CHECK(count_requests(st, "UpsertBucket", 503) >= 3 && count_requests(st, "UpsertBucket", 200) == 1,
+          "init, server back after 20 s: %d answers 503, then one 200", count_requests(st, "UpsertBucket", 503));
+    check_standard(st, "lastatt1", "fake-default-entity", 0, "init last attempt");
+    cJSON_Delete(st);
+    free(out);
+    server_stop(&sv);
+}
+
+/* Nothing listens when the step starts: init goes offline for now after the
+ * 1 s grace; a server then appears on that port while the step trains, and
+ * the upload thread (still retrying) creates the run, uploads the rows
+ * logged meanwhile in order, and the rows logged after it answered arrive
+ * live, before finish: every row exactly once, no protocol violation. */
+static void test_server_appears_later(void) {
+    Server sv;
+    if (!server_start(&sv, NULL)) return;
+    server_stop(&sv);
+    const char *port = strrchr(sv.url, ':') + 1;
+    WandbSettings s = settings(&sv, "latesrv1");
+    s.init_timeout_s = 30;
+    s.connect_grace_s = 1;
+    capture_begin();
+    double t0 = wall_seconds();
+    WandbRun *r = wandb_init(&s);
+    double init_took = wall_seconds() - t0;
+    int offline = wandb_run_url(r) == NULL;
+    standard_steps(r, 0, STEPS / 2, 0.005);
+    int started = server_start(&sv, (const char *[]){"--port", port, NULL});
+    standard_steps(r, STEPS / 2, STEPS, 0.02);
+    int stored = -1;
+    for (int i = 0; started && i < 400 && stored < STEPS; i++) { /* live: before finish, within 20 s */
+        cJSON *st = fetch_state(&sv);
+        const cJSON *run = find_run(st, "latesrv1");
+        stored = run ? cJSON_GetArraySize(item(run, "rows")) : -1;
+        cJSON_Delete(st);
+        if (stored < STEPS) sleep_s(0.05);
+    }
+    char url[256];
+    snprintf(url, sizeof url, "%s", wandb_run_url(r) ? wandb_run_url(r) : "(none)");
+    standard_end(r);
+    wandb_finish(r, 0);
+    char *out = capture_end();
+    CHECK(offline && init_took >= 0.95 && init_took < 4.0 && strstr(out, "continuing offline for now"),
+          "server appears later: init goes offline for now after the 1 s grace (%.2f s):\n%s", init_took, out);
+    if (!started) {
+        free(out);
+        return;
+    }
+    char want[256];
+    snprintf(want, sizeof want, "%s/fake-default-entity/tiny-gpt/runs/latesrv1", sv.url);
+    CHECK(stored == STEPS && !strcmp(url, want) && strstr(out, "answers now") && strstr(out, "run uploaded"),
+          "server appears later: all %d rows stored before finish (%d), run URL %s:\n%s", STEPS, stored, url, out);
+    cJSON *st = server_state(&sv);
+    check_standard(st, "latesrv1", "fake-default-entity", 0, "server appears later");
+    CHECK(count_requests(st, "UpsertBucket", 0) == 1, "server appears later: one UpsertBucket");
+    cJSON_Delete(st);
+    free(out);
     server_stop(&sv);
 }
 
@@ -1189,7 +1295,8 @@ int main(void) {
     /* the developer's own W&B settings must not leak into the tests */
     const char *vars[] = {"WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_MODE",
                           "WANDB_RUN_ID", "WANDB_NAME", "WANDB_NOTES", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE",
-                          "WANDB_TAGS", "WANDB_DIR", "WANDB_HTTP_TIMEOUT", "WANDB_INIT_TIMEOUT", "NETRC"};
+                          "WANDB_TAGS", "WANDB_DIR", "WANDB_HTTP_TIMEOUT", "WANDB_INIT_TIMEOUT",
+                          "WANDB_CONNECT_GRACE", "NETRC"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     if (!mkdtemp(tmp)) FATAL("mkdtemp failed");
     setenv("HOME", tmp, 1); /* no ~/.netrc of the developer either */
@@ -1216,6 +1323,8 @@ int main(void) {
     TIMED(test_nan_inf());
     TIMED(test_finish_bounded());
     TIMED(test_down_then_sync());
+    TIMED(test_init_last_attempt());
+    TIMED(test_server_appears_later());
     TIMED(test_sync_resumes_after_failure());
     TIMED(test_sync_killed());
     TIMED(test_attach_results());
