@@ -37,12 +37,6 @@ static double urand(void) { /* xorshift64*, uniform in [0, 1) */
     return (double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static float *randf(size_t n, double scale) {
-    float *x = dev_alloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)((2.0 * urand() - 1.0) * scale);
-    return x;
-}
-
 /* The kernels get only dev_alloc buffers. A test makes its inputs and checks
  * the results on the host, and moves them with dev_upload and dev_download,
  * so that the same checks run on any backend. */
@@ -170,6 +164,42 @@ static void test_vecmath(void) {
 
 /* ------------------------------------------------------------------ attention */
 
+/* +Pos parameters: `groups` sets of m weights and a bias, uniform in
+ * [-0.5, 0.5), the feature table for T positions, and the AttnPos that the
+ * kernels get (device buffers only). */
+typedef struct {
+    Buf w, b;     /* (groups, m) and (groups) */
+    float *feat;  /* device: (T, c) from attn_pos_features_dev */
+    AttnPos pos;
+} PosParams;
+
+static PosParams pos_params(int groups, int m, int T) {
+    PosParams p;
+    p.w = buf_rand((size_t)groups * m, 0.5);
+    p.b = buf_rand((size_t)groups, 0.5);
+    p.feat = attn_pos_features_dev(T, m);
+    p.pos = (AttnPos){.m = m, .groups = groups, .w = p.w.d, .b = p.b.d, .feat = p.feat, .T = T};
+    return p;
+}
+
+static void pos_params_free(PosParams *p) {
+    buf_free(&p->w), buf_free(&p->b);
+    dev_free(p->feat);
+}
+
+/* A key-padding mask (B, T) on the host (for the reference) and its device
+ * copy (for the kernels); NULL both when there is none. */
+typedef struct {
+    unsigned char *h, *d;
+} Pad;
+
+static Pad pad_upload(unsigned char *host, size_t n) { return (Pad){host, host ? dev_copy_of(host, n) : NULL}; }
+
+static void pad_free(Pad *p) {
+    free(p->h);
+    dev_free(p->d);
+}
+
 typedef struct {
     int variant, B, T, H, hd, causal, m, groups;
     unsigned char *pad;
@@ -193,60 +223,58 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     const int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
     size_t nproj = (size_t)B * T * P * C, nout = (size_t)B * T * C;
     char what[256];
-    float *proj = randf(nproj, 1.0), *R = randf(nout, 1.0);
-    float *out = dev_alloc(nout * sizeof(float)), *lse = dev_alloc((size_t)B * H * T * sizeof(float));
-    float *dproj = dev_alloc(nproj * sizeof(float));
-    unsigned char *pad = NULL;
+    Buf proj = buf_rand(nproj, 1.0), R = buf_rand(nout, 1.0);
+    Buf out = buf_zeros(nout), lse = buf_zeros((size_t)B * H * T), dproj = buf_zeros(nproj);
+    unsigned char *padh = NULL;
     if (padded) { /* pad the last keys of batch 0 and key 0 of the last batch (a causal row with nothing to see) */
-        pad = xcalloc((size_t)B * T, 1);
-        for (int t = T - T / 3; t < T; t++) pad[t] = 1;
-        pad[(size_t)(B - 1) * T] = 1;
+        padh = xcalloc((size_t)B * T, 1);
+        for (int t = T - T / 3; t < T; t++) padh[t] = 1;
+        padh[(size_t)(B - 1) * T] = 1;
     }
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad, .dropout = dropout,
+    Pad pad = pad_upload(padh, (size_t)B * T);
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad.d, .dropout = dropout,
                   .seed = 0x1234abcdu};
-    AttnPos pos = {0};
-    AttnPosGrad dpos = {0};
-    float *w = NULL, *bb = NULL, *feat = NULL;
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    Buf dw = NONE, db = NONE;
     if (ATTN_POS) {
-        w = randf((size_t)groups * m, 0.5);
-        bb = randf((size_t)groups, 0.5);
+        pp = pos_params(groups, m, T);
         /* random weights, but a gain alpha = sum(w) of either sign and away from 0,
          * so that the scores matter and the variants stay distinguishable */
         for (int gi = 0; gi < groups; gi++) {
             double sum = 0.0, target = (urand() < 0.5 ? -1.0 : 1.0) * (0.7 + 0.6 * urand());
-            for (int k = 0; k < m; k++) sum += w[gi * m + k];
-            w[gi * m] += (float)(target - sum);
+            for (int k = 0; k < m; k++) sum += pp.w.h[gi * m + k];
+            pp.w.h[gi * m] += (float)(target - sum);
         }
-        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
-        attn_pos_features(feat, T, m);
-        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
-        dpos.dw = dev_alloc((size_t)groups * m * sizeof(float));
-        dpos.db = dev_alloc((size_t)groups * sizeof(float));
+        buf_upload(&pp.w);
+        dw = buf_zeros((size_t)groups * m);
+        db = buf_zeros((size_t)groups);
     }
-    attention_forward(out, lse, proj, ATTN_POS ? &pos : NULL, &a);
-    attention_backward(dproj, ATTN_POS ? &dpos : NULL, R, proj, out, lse, ATTN_POS ? &pos : NULL, &a);
+    AttnPosGrad dpos = {dw.d, db.d};
+    attention_forward(out.d, lse.d, proj.d, ATTN_POS ? &pp.pos : NULL, &a);
+    attention_backward(dproj.d, ATTN_POS ? &dpos : NULL, R.d, proj.d, out.d, lse.d, ATTN_POS ? &pp.pos : NULL, &a);
+    buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db);
 
-    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj, nproj),
-                 w ? to_double(w, (size_t)groups * m) : NULL, bb ? to_double(bb, (size_t)groups) : NULL, R,
+    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad.h, dropout, a.seed, to_double(proj.h, nproj),
+                 pp.w.n ? to_double(pp.w.h, pp.w.n) : NULL, pp.b.n ? to_double(pp.b.h, pp.b.n) : NULL, R.h,
                  xmalloc(nout * sizeof(double))};
     self_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, nout, &omax);
+    double omax, err = max_abs_diff(out.h, c.out, nout, &omax);
     snprintf(what, sizeof what, "%s %s forward", attn_variant_label(variant, ATTN_POS), name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
     snprintf(what, sizeof what, "%s %s d(proj)", attn_variant_label(variant, ATTN_POS), name);
-    check_grad(what, c.proj, nproj, dproj, self_loss, &c, 300);
+    check_grad(what, c.proj, nproj, dproj.h, self_loss, &c, 300);
     if (ATTN_POS) {
         snprintf(what, sizeof what, "%s %s d(pos w)", attn_variant_label(variant, ATTN_POS), name);
-        check_grad(what, c.w, (size_t)groups * m, dpos.dw, self_loss, &c, 1000);
+        check_grad(what, c.w, (size_t)groups * m, dw.h, self_loss, &c, 1000);
         /* rows of G' sum to zero: db = 0 and all query-position channels get
          * the same gradient (attention-variants.md 3.3) */
         int ci = attn_pos_query_channels(m);
         for (int gi = 0; gi < groups; gi++) {
             double spread = 0.0, scale = 1e-3;
-            for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dpos.dw[gi * m + k]));
-            for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dpos.dw[gi * m + k] - dpos.dw[gi * m]));
-            CHECK(fabs(dpos.db[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
-                  (double)dpos.db[gi]);
+            for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dw.h[gi * m + k]));
+            for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dw.h[gi * m + k] - dw.h[gi * m]));
+            CHECK(fabs(db.h[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
+                  (double)db.h[gi]);
             CHECK(spread <= 1e-5 * scale * B * T, "%s %s: query-channel gradients differ by %.3g, expected equal",
                   attn_variant_label(variant, 1), name, spread);
         }
@@ -255,8 +283,8 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     for (int other = 0; other < 4; other++) {
         if (other == variant || attn_num_proj(other) != P) continue;
         double *o2 = xmalloc(nout * sizeof(double));
-        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad, c.w, c.b, m, groups, dropout, a.seed);
-        double d = max_abs_diff(out, o2, nout, NULL);
+        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad.h, c.w, c.b, m, groups, dropout, a.seed);
+        double d = max_abs_diff(out.h, o2, nout, NULL);
         CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
               name, attn_variant_label(other, ATTN_POS), d);
         free(o2);
@@ -265,17 +293,9 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     free(c.w);
     free(c.b);
     free(c.out);
-    dev_free(proj);
-    dev_free(R);
-    dev_free(out);
-    dev_free(lse);
-    dev_free(dproj);
-    dev_free(w);
-    dev_free(bb);
-    dev_free(dpos.dw);
-    dev_free(dpos.db);
-    free(feat);
-    free(pad);
+    buf_free(&proj), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dproj), buf_free(&dw), buf_free(&db);
+    pos_params_free(&pp);
+    pad_free(&pad);
 }
 
 typedef struct {
@@ -297,40 +317,35 @@ static double cross_loss(void *vctx) {
 static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout) {
     int C = H * hd;
     size_t nq = (size_t)B * Tq * C, nkv = (size_t)B * Tk * 2 * C;
-    float *q = randf(nq, 1.0), *kv = randf(nkv, 1.0), *R = randf(nq, 1.0);
-    float *out = dev_alloc(nq * sizeof(float)), *lse = dev_alloc((size_t)B * H * Tq * sizeof(float));
-    float *dq = dev_alloc(nq * sizeof(float)), *dkv = dev_alloc(nkv * sizeof(float));
-    unsigned char *pad = NULL;
+    Buf q = buf_rand(nq, 1.0), kv = buf_rand(nkv, 1.0), R = buf_rand(nq, 1.0);
+    Buf out = buf_zeros(nq), lse = buf_zeros((size_t)B * H * Tq), dq = buf_zeros(nq), dkv = buf_zeros(nkv);
+    unsigned char *padh = NULL;
     if (padded) {
-        pad = xcalloc((size_t)B * Tk, 1);
+        padh = xcalloc((size_t)B * Tk, 1);
         for (int b = 0; b < B; b++)
-            for (int t = Tk - 1 - b; t < Tk; t++) pad[(size_t)b * Tk + t] = 1;
+            for (int t = Tk - 1 - b; t < Tk; t++) padh[(size_t)b * Tk + t] = 1;
     }
-    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad, .dropout = dropout, .seed = 99};
-    cross_attention_forward(out, lse, q, kv, &a);
-    cross_attention_backward(dq, dkv, R, q, kv, out, lse, &a);
-    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q, nq), to_double(kv, nkv), R,
+    Pad pad = pad_upload(padh, (size_t)B * Tk);
+    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad.d, .dropout = dropout, .seed = 99};
+    cross_attention_forward(out.d, lse.d, q.d, kv.d, &a);
+    cross_attention_backward(dq.d, dkv.d, R.d, q.d, kv.d, out.d, lse.d, &a);
+    buf_download(&out), buf_download(&dq), buf_download(&dkv);
+    CrossCtx c = {B, Tq, Tk, H, hd, pad.h, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};
     cross_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, nq, &omax);
+    double omax, err = max_abs_diff(out.h, c.out, nq, &omax);
     char what[128];
     snprintf(what, sizeof what, "cross-attention %s forward", name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g", what, err);
     snprintf(what, sizeof what, "cross-attention %s d(q)", name);
-    check_grad(what, c.q, nq, dq, cross_loss, &c, 200);
+    check_grad(what, c.q, nq, dq.h, cross_loss, &c, 200);
     snprintf(what, sizeof what, "cross-attention %s d(kv)", name);
-    check_grad(what, c.kv, nkv, dkv, cross_loss, &c, 300);
+    check_grad(what, c.kv, nkv, dkv.h, cross_loss, &c, 300);
     free(c.q);
     free(c.kv);
     free(c.out);
-    free(pad);
-    dev_free(q);
-    dev_free(kv);
-    dev_free(R);
-    dev_free(out);
-    dev_free(lse);
-    dev_free(dq);
-    dev_free(dkv);
+    pad_free(&pad);
+    buf_free(&q), buf_free(&kv), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dq), buf_free(&dkv);
 }
 
 /* Symmetry of the scores before masking: exact for KV and K (each pair is
@@ -338,22 +353,16 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
 static void test_score_symmetry(void) {
     int B = 1, T = 33, H = 2, hd = 8, P = attn_num_proj(ATTN_VARIANT), m = ATTN_POS_DIM;
     int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
-    float *proj = randf((size_t)B * T * P * H * hd, 1.0), *S = xmalloc((size_t)T * T * sizeof(float));
-    float *w = NULL, *bb = NULL, *feat = NULL;
-    AttnPos pos = {0};
-    if (ATTN_POS) {
-        w = randf((size_t)groups * m, 0.5);
-        bb = randf((size_t)groups, 0.5);
-        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
-        attn_pos_features(feat, T, m);
-        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
-    }
+    Buf proj = buf_rand((size_t)B * T * P * H * hd, 1.0), S = buf_zeros((size_t)T * T);
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    if (ATTN_POS) pp = pos_params(groups, m, T);
     for (int causal = 0; causal <= 1; causal++) {
         AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal};
-        attention_scores(S, proj, ATTN_POS ? &pos : NULL, &a, 0, 1);
+        attention_scores(S.d, proj.d, ATTN_POS ? &pp.pos : NULL, &a, 0, 1);
+        buf_download(&S);
         double asym = 0.0;
         for (int i = 0; i < T; i++)
-            for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S[i * T + j] - S[j * T + i]));
+            for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S.h[i * T + j] - S.h[j * T + i]));
         int sym_variant = attn_symmetric(ATTN_VARIANT);
         if (sym_variant && !ATTN_POS)
             CHECK(asym == 0.0, "%s scores (causal=%d) not exactly symmetric: %.3g", attn_variant_label(ATTN_VARIANT, 0),
@@ -362,37 +371,34 @@ static void test_score_symmetry(void) {
             CHECK(asym > 1e-3, "%s scores unexpectedly symmetric (%.3g)", attn_variant_label(ATTN_VARIANT, ATTN_POS),
                   asym);
         if (ATTN_POS) { /* factored form against the direct sum_c w_c (S_ij + P_ijc) + b */
-            float *S0 = xmalloc((size_t)T * T * sizeof(float));
-            AttnPos zero = pos;
-            float *one = xmalloc((size_t)groups * m * sizeof(float)), *zb = xcalloc((size_t)groups, sizeof(float));
-            for (int k = 0; k < groups * m; k++) one[k] = 1.0f / m; /* alpha = 1, B = mean of P: undone below */
-            zero.w = one;
-            zero.b = zb;
-            attention_scores(S0, proj, &zero, &a, 0, 1);
+            Buf S0 = buf_zeros((size_t)T * T), one = buf_zeros((size_t)groups * m), zb = buf_zeros((size_t)groups);
+            for (int k = 0; k < groups * m; k++) one.h[k] = 1.0f / m; /* alpha = 1, B = mean of P: undone below */
+            buf_upload(&one);
+            AttnPos zero = pp.pos;
+            zero.w = one.d;
+            zero.b = zb.d;
+            attention_scores(S0.d, proj.d, &zero, &a, 0, 1);
+            buf_download(&S0);
             double worst = 0.0, smax = 0.0, Pij[256];
             int gi = ATTN_POS_PER_HEAD ? 1 : 0;
+            const float *w = pp.w.h, *bb = pp.b.h;
             for (int i = 0; i < T; i++)
                 for (int j = 0; j < T; j++) {
                     attn_pos_entry(Pij, i, j, m);
-                    double raw = S0[i * T + j], mean = 0.0;
+                    double raw = S0.h[i * T + j], mean = 0.0;
                     for (int k = 0; k < m; k++) mean += Pij[k] / m;
                     raw -= mean; /* raw scaled score s q_i.k_j */
                     double direct = bb[gi];
                     for (int k = 0; k < m; k++) direct += w[gi * m + k] * (raw + Pij[k]);
-                    worst = fmax(worst, fabs(S[i * T + j] - direct));
+                    worst = fmax(worst, fabs(S.h[i * T + j] - direct));
                     smax = fmax(smax, fabs(direct));
                 }
             CHECK(worst <= 1e-6 * fmax(1.0, smax) * 4, "+Pos factored scores differ from the direct sum by %.3g", worst);
-            free(S0);
-            free(one);
-            free(zb);
+            buf_free(&S0), buf_free(&one), buf_free(&zb);
         }
     }
-    dev_free(proj);
-    free(S);
-    dev_free(w);
-    dev_free(bb);
-    free(feat);
+    buf_free(&proj), buf_free(&S);
+    pos_params_free(&pp);
 }
 
 /* P table against the reference's float64 test vectors. */
