@@ -758,31 +758,30 @@ static void expect_error(const char *op, void (*fn)(void)) {
           "bad arguments to %s: exit status %d, message '%s'", op, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
 }
 
-static float dummy[64];
+/* The bad calls get device buffers like any call: the kernels may read them
+ * (token ids, targets) before they find the error. Made by
+ * test_argument_errors before the children fork, freed after. */
+static float *dummy; /* 64 floats */
+static int *bad_ids; /* {0, 7, 9}: token 7 of a vocabulary of 5, target 9 of 4 classes */
+
 static void bad_linear(void) { linear_forward(dummy, dummy + 8, dummy + 16, NULL, 0, 4, 4); }
 static void bad_layernorm(void) { layernorm_forward(dummy, dummy, dummy, dummy, dummy, NULL, 2, -1); }
 static void bad_attention(void) {
-    float lse[4];
     AttnArgs a = {.B = 1, .T = 2, .H = 0, .hd = 4};
-    attention_forward(dummy, lse, dummy, NULL, &a);
+    attention_forward(dummy, dummy + 32, dummy, NULL, &a);
 }
 static void bad_dropout(void) { dropout_forward(dummy, dummy, 4, 1.5f, 1); }
-static void bad_embedding(void) {
-    int tok[2] = {0, 7};
-    embedding_forward(dummy, tok, dummy, dummy, 1, 2, 2, 5, 1.0f);
-}
-static void bad_crossentropy(void) {
-    int t[1] = {9};
-    crossentropy_forward(dummy, dummy, dummy, t, 1, 4, -1, 0.0f);
-}
+static void bad_embedding(void) { embedding_forward(dummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f); }
+static void bad_crossentropy(void) { crossentropy_forward(dummy, dummy, dummy, bad_ids + 2, 1, 4, -1, 0.0f); }
 static void bad_pool(void) { pool_tokens_forward(dummy, dummy, 1, 4, 2, 3, 2); }
 static void bad_cross_attention(void) {
-    float lse[4];
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
-    cross_attention_forward(dummy, lse, dummy, dummy, &a);
+    cross_attention_forward(dummy, dummy + 32, dummy, dummy, &a);
 }
 
 static void test_argument_errors(void) {
+    dummy = dev_alloc(64 * sizeof(float));
+    bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));
     expect_error("linear_forward", bad_linear);
     expect_error("layernorm_forward", bad_layernorm);
     expect_error("attention_forward", bad_attention);
@@ -791,6 +790,8 @@ static void test_argument_errors(void) {
     expect_error("crossentropy_forward", bad_crossentropy);
     expect_error("cross_attention_forward", bad_cross_attention);
     expect_error("pool_tokens_forward", bad_pool);
+    dev_free(dummy);
+    dev_free(bad_ids);
 }
 
 int main(void) {
