@@ -187,19 +187,6 @@ static void pos_params_free(PosParams *p) {
     dev_free(p->feat);
 }
 
-/* A key-padding mask (B, T) on the host (for the reference) and its device
- * copy (for the kernels); NULL both when there is none. */
-typedef struct {
-    unsigned char *h, *d;
-} Pad;
-
-static Pad pad_upload(unsigned char *host, size_t n) { return (Pad){host, host ? dev_copy_of(host, n) : NULL}; }
-
-static void pad_free(Pad *p) {
-    free(p->h);
-    dev_free(p->d);
-}
-
 typedef struct {
     int variant, B, T, H, hd, causal, m, groups;
     unsigned char *pad;
@@ -225,14 +212,14 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     char what[256];
     Buf proj = buf_rand(nproj, 1.0), R = buf_rand(nout, 1.0);
     Buf out = buf_zeros(nout), lse = buf_zeros((size_t)B * H * T), dproj = buf_zeros(nproj);
-    unsigned char *padh = NULL;
+    unsigned char *pad = NULL, *pad_d = NULL; /* the key-padding mask for the reference and for the kernels */
     if (padded) { /* pad the last keys of batch 0 and key 0 of the last batch (a causal row with nothing to see) */
-        padh = xcalloc((size_t)B * T, 1);
-        for (int t = T - T / 3; t < T; t++) padh[t] = 1;
-        padh[(size_t)(B - 1) * T] = 1;
+        pad = xcalloc((size_t)B * T, 1);
+        for (int t = T - T / 3; t < T; t++) pad[t] = 1;
+        pad[(size_t)(B - 1) * T] = 1;
+        pad_d = dev_copy_of(pad, (size_t)B * T);
     }
-    Pad pad = pad_upload(padh, (size_t)B * T);
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad.d, .dropout = dropout,
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad_d, .dropout = dropout,
                   .seed = 0x1234abcdu};
     PosParams pp = {NONE, NONE, NULL, {0}};
     Buf dw = NONE, db = NONE;
@@ -254,7 +241,7 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     attention_backward(dproj.d, ATTN_POS ? &dpos : NULL, R.d, proj.d, out.d, lse.d, ATTN_POS ? &pp.pos : NULL, &a);
     buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db);
 
-    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad.h, dropout, a.seed, to_double(proj.h, nproj),
+    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj.h, nproj),
                  pp.w.n ? to_double(pp.w.h, pp.w.n) : NULL, pp.b.n ? to_double(pp.b.h, pp.b.n) : NULL, R.h,
                  xmalloc(nout * sizeof(double))};
     self_loss(&c);
@@ -283,7 +270,7 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     for (int other = 0; other < 4; other++) {
         if (other == variant || attn_num_proj(other) != P) continue;
         double *o2 = xmalloc(nout * sizeof(double));
-        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad.h, c.w, c.b, m, groups, dropout, a.seed);
+        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad, c.w, c.b, m, groups, dropout, a.seed);
         double d = max_abs_diff(out.h, o2, nout, NULL);
         CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
               name, attn_variant_label(other, ATTN_POS), d);
@@ -295,7 +282,8 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     free(c.out);
     buf_free(&proj), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dproj), buf_free(&dw), buf_free(&db);
     pos_params_free(&pp);
-    pad_free(&pad);
+    free(pad);
+    dev_free(pad_d);
 }
 
 typedef struct {
@@ -319,18 +307,18 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
     size_t nq = (size_t)B * Tq * C, nkv = (size_t)B * Tk * 2 * C;
     Buf q = buf_rand(nq, 1.0), kv = buf_rand(nkv, 1.0), R = buf_rand(nq, 1.0);
     Buf out = buf_zeros(nq), lse = buf_zeros((size_t)B * H * Tq), dq = buf_zeros(nq), dkv = buf_zeros(nkv);
-    unsigned char *padh = NULL;
+    unsigned char *pad = NULL, *pad_d = NULL;
     if (padded) {
-        padh = xcalloc((size_t)B * Tk, 1);
+        pad = xcalloc((size_t)B * Tk, 1);
         for (int b = 0; b < B; b++)
-            for (int t = Tk - 1 - b; t < Tk; t++) padh[(size_t)b * Tk + t] = 1;
+            for (int t = Tk - 1 - b; t < Tk; t++) pad[(size_t)b * Tk + t] = 1;
+        pad_d = dev_copy_of(pad, (size_t)B * Tk);
     }
-    Pad pad = pad_upload(padh, (size_t)B * Tk);
-    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad.d, .dropout = dropout, .seed = 99};
+    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad_d, .dropout = dropout, .seed = 99};
     cross_attention_forward(out.d, lse.d, q.d, kv.d, &a);
     cross_attention_backward(dq.d, dkv.d, R.d, q.d, kv.d, out.d, lse.d, &a);
     buf_download(&out), buf_download(&dq), buf_download(&dkv);
-    CrossCtx c = {B, Tq, Tk, H, hd, pad.h, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
+    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};
     cross_loss(&c);
     double omax, err = max_abs_diff(out.h, c.out, nq, &omax);
@@ -344,7 +332,8 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
     free(c.q);
     free(c.kv);
     free(c.out);
-    pad_free(&pad);
+    free(pad);
+    dev_free(pad_d);
     buf_free(&q), buf_free(&kv), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dq), buf_free(&dkv);
 }
 
