@@ -37,10 +37,60 @@ static double urand(void) { /* xorshift64*, uniform in [0, 1) */
     return (double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static float *randf(size_t n, double scale) {
-    float *x = dev_alloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)((2.0 * urand() - 1.0) * scale);
-    return x;
+/* The kernels get only dev_alloc buffers. A test makes its inputs and checks
+ * the results on the host, and moves them with dev_upload and dev_download,
+ * so that the same checks run on any backend. */
+
+/* A device copy of `bytes` bytes of host memory (token ids, masks, ...). */
+static void *dev_copy_of(const void *host, size_t bytes) {
+    void *d = dev_alloc(bytes);
+    dev_upload(d, host, bytes);
+    return d;
+}
+
+/* n floats of a test: host values h and the device buffer d that the kernels
+ * get. NONE stands for an absent one (no bias): both NULL. */
+typedef struct {
+    float *h, *d;
+    size_t n;
+} Buf;
+
+static const Buf NONE = {NULL, NULL, 0};
+
+/* Zeros on both sides: an output, or a gradient the backward accumulates into. */
+static Buf buf_zeros(size_t n) { return (Buf){xcalloc(n, sizeof(float)), dev_alloc(n * sizeof(float)), n}; }
+
+/* The host values to the device (after the test set or changed them). */
+static void buf_upload(Buf *b) {
+    if (b->n) dev_upload(b->d, b->h, b->n * sizeof(float));
+}
+
+/* The device values (a kernel's result) to the host; returns them. */
+static float *buf_download(Buf *b) {
+    if (b->n) dev_download(b->h, b->d, b->n * sizeof(float));
+    return b->h;
+}
+
+/* A copy of n host values on both sides. */
+static Buf buf_from(const float *host, size_t n) {
+    Buf b = buf_zeros(n);
+    memcpy(b.h, host, n * sizeof(float));
+    buf_upload(&b);
+    return b;
+}
+
+/* n values uniform in [-scale, scale) on both sides. */
+static Buf buf_rand(size_t n, double scale) {
+    Buf b = buf_zeros(n);
+    for (size_t i = 0; i < n; i++) b.h[i] = (float)((2.0 * urand() - 1.0) * scale);
+    buf_upload(&b);
+    return b;
+}
+
+static void buf_free(Buf *b) {
+    free(b->h);
+    dev_free(b->d);
+    *b = NONE;
 }
 
 static double *to_double(const float *x, size_t n) {
@@ -114,6 +164,29 @@ static void test_vecmath(void) {
 
 /* ------------------------------------------------------------------ attention */
 
+/* +Pos parameters: `groups` sets of m weights and a bias, uniform in
+ * [-0.5, 0.5), the feature table for T positions, and the AttnPos that the
+ * kernels get (device buffers only). */
+typedef struct {
+    Buf w, b;     /* (groups, m) and (groups) */
+    float *feat;  /* device: (T, c) from attn_pos_features_dev */
+    AttnPos pos;
+} PosParams;
+
+static PosParams pos_params(int groups, int m, int T) {
+    PosParams p;
+    p.w = buf_rand((size_t)groups * m, 0.5);
+    p.b = buf_rand((size_t)groups, 0.5);
+    p.feat = attn_pos_features_dev(T, m);
+    p.pos = (AttnPos){.m = m, .groups = groups, .w = p.w.d, .b = p.b.d, .feat = p.feat, .T = T};
+    return p;
+}
+
+static void pos_params_free(PosParams *p) {
+    buf_free(&p->w), buf_free(&p->b);
+    dev_free(p->feat);
+}
+
 typedef struct {
     int variant, B, T, H, hd, causal, m, groups;
     unsigned char *pad;
@@ -137,60 +210,58 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     const int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
     size_t nproj = (size_t)B * T * P * C, nout = (size_t)B * T * C;
     char what[256];
-    float *proj = randf(nproj, 1.0), *R = randf(nout, 1.0);
-    float *out = dev_alloc(nout * sizeof(float)), *lse = dev_alloc((size_t)B * H * T * sizeof(float));
-    float *dproj = dev_alloc(nproj * sizeof(float));
-    unsigned char *pad = NULL;
+    Buf proj = buf_rand(nproj, 1.0), R = buf_rand(nout, 1.0);
+    Buf out = buf_zeros(nout), lse = buf_zeros((size_t)B * H * T), dproj = buf_zeros(nproj);
+    unsigned char *pad = NULL, *pad_d = NULL; /* the key-padding mask for the reference and for the kernels */
     if (padded) { /* pad the last keys of batch 0 and key 0 of the last batch (a causal row with nothing to see) */
         pad = xcalloc((size_t)B * T, 1);
         for (int t = T - T / 3; t < T; t++) pad[t] = 1;
         pad[(size_t)(B - 1) * T] = 1;
+        pad_d = dev_copy_of(pad, (size_t)B * T);
     }
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad, .dropout = dropout,
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad_d, .dropout = dropout,
                   .seed = 0x1234abcdu};
-    AttnPos pos = {0};
-    AttnPosGrad dpos = {0};
-    float *w = NULL, *bb = NULL, *feat = NULL;
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    Buf dw = NONE, db = NONE;
     if (ATTN_POS) {
-        w = randf((size_t)groups * m, 0.5);
-        bb = randf((size_t)groups, 0.5);
+        pp = pos_params(groups, m, T);
         /* random weights, but a gain alpha = sum(w) of either sign and away from 0,
          * so that the scores matter and the variants stay distinguishable */
         for (int gi = 0; gi < groups; gi++) {
             double sum = 0.0, target = (urand() < 0.5 ? -1.0 : 1.0) * (0.7 + 0.6 * urand());
-            for (int k = 0; k < m; k++) sum += w[gi * m + k];
-            w[gi * m] += (float)(target - sum);
+            for (int k = 0; k < m; k++) sum += pp.w.h[gi * m + k];
+            pp.w.h[gi * m] += (float)(target - sum);
         }
-        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
-        attn_pos_features(feat, T, m);
-        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
-        dpos.dw = dev_alloc((size_t)groups * m * sizeof(float));
-        dpos.db = dev_alloc((size_t)groups * sizeof(float));
+        buf_upload(&pp.w);
+        dw = buf_zeros((size_t)groups * m);
+        db = buf_zeros((size_t)groups);
     }
-    attention_forward(out, lse, proj, ATTN_POS ? &pos : NULL, &a);
-    attention_backward(dproj, ATTN_POS ? &dpos : NULL, R, proj, out, lse, ATTN_POS ? &pos : NULL, &a);
+    AttnPosGrad dpos = {dw.d, db.d};
+    attention_forward(out.d, lse.d, proj.d, ATTN_POS ? &pp.pos : NULL, &a);
+    attention_backward(dproj.d, ATTN_POS ? &dpos : NULL, R.d, proj.d, out.d, lse.d, ATTN_POS ? &pp.pos : NULL, &a);
+    buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db);
 
-    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj, nproj),
-                 w ? to_double(w, (size_t)groups * m) : NULL, bb ? to_double(bb, (size_t)groups) : NULL, R,
+    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj.h, nproj),
+                 pp.w.n ? to_double(pp.w.h, pp.w.n) : NULL, pp.b.n ? to_double(pp.b.h, pp.b.n) : NULL, R.h,
                  xmalloc(nout * sizeof(double))};
     self_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, nout, &omax);
+    double omax, err = max_abs_diff(out.h, c.out, nout, &omax);
     snprintf(what, sizeof what, "%s %s forward", attn_variant_label(variant, ATTN_POS), name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
     snprintf(what, sizeof what, "%s %s d(proj)", attn_variant_label(variant, ATTN_POS), name);
-    check_grad(what, c.proj, nproj, dproj, self_loss, &c, 300);
+    check_grad(what, c.proj, nproj, dproj.h, self_loss, &c, 300);
     if (ATTN_POS) {
         snprintf(what, sizeof what, "%s %s d(pos w)", attn_variant_label(variant, ATTN_POS), name);
-        check_grad(what, c.w, (size_t)groups * m, dpos.dw, self_loss, &c, 1000);
+        check_grad(what, c.w, (size_t)groups * m, dw.h, self_loss, &c, 1000);
         /* rows of G' sum to zero: db = 0 and all query-position channels get
          * the same gradient (attention-variants.md 3.3) */
         int ci = attn_pos_query_channels(m);
         for (int gi = 0; gi < groups; gi++) {
             double spread = 0.0, scale = 1e-3;
-            for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dpos.dw[gi * m + k]));
-            for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dpos.dw[gi * m + k] - dpos.dw[gi * m]));
-            CHECK(fabs(dpos.db[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
-                  (double)dpos.db[gi]);
+            for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dw.h[gi * m + k]));
+            for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dw.h[gi * m + k] - dw.h[gi * m]));
+            CHECK(fabs(db.h[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
+                  (double)db.h[gi]);
             CHECK(spread <= 1e-5 * scale * B * T, "%s %s: query-channel gradients differ by %.3g, expected equal",
                   attn_variant_label(variant, 1), name, spread);
         }
@@ -200,7 +271,7 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
         if (other == variant || attn_num_proj(other) != P) continue;
         double *o2 = xmalloc(nout * sizeof(double));
         ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad, c.w, c.b, m, groups, dropout, a.seed);
-        double d = max_abs_diff(out, o2, nout, NULL);
+        double d = max_abs_diff(out.h, o2, nout, NULL);
         CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
               name, attn_variant_label(other, ATTN_POS), d);
         free(o2);
@@ -209,17 +280,10 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     free(c.w);
     free(c.b);
     free(c.out);
-    dev_free(proj);
-    dev_free(R);
-    dev_free(out);
-    dev_free(lse);
-    dev_free(dproj);
-    dev_free(w);
-    dev_free(bb);
-    dev_free(dpos.dw);
-    dev_free(dpos.db);
-    free(feat);
+    buf_free(&proj), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dproj), buf_free(&dw), buf_free(&db);
+    pos_params_free(&pp);
     free(pad);
+    dev_free(pad_d);
 }
 
 typedef struct {
@@ -241,40 +305,36 @@ static double cross_loss(void *vctx) {
 static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout) {
     int C = H * hd;
     size_t nq = (size_t)B * Tq * C, nkv = (size_t)B * Tk * 2 * C;
-    float *q = randf(nq, 1.0), *kv = randf(nkv, 1.0), *R = randf(nq, 1.0);
-    float *out = dev_alloc(nq * sizeof(float)), *lse = dev_alloc((size_t)B * H * Tq * sizeof(float));
-    float *dq = dev_alloc(nq * sizeof(float)), *dkv = dev_alloc(nkv * sizeof(float));
-    unsigned char *pad = NULL;
+    Buf q = buf_rand(nq, 1.0), kv = buf_rand(nkv, 1.0), R = buf_rand(nq, 1.0);
+    Buf out = buf_zeros(nq), lse = buf_zeros((size_t)B * H * Tq), dq = buf_zeros(nq), dkv = buf_zeros(nkv);
+    unsigned char *pad = NULL, *pad_d = NULL;
     if (padded) {
         pad = xcalloc((size_t)B * Tk, 1);
         for (int b = 0; b < B; b++)
             for (int t = Tk - 1 - b; t < Tk; t++) pad[(size_t)b * Tk + t] = 1;
+        pad_d = dev_copy_of(pad, (size_t)B * Tk);
     }
-    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad, .dropout = dropout, .seed = 99};
-    cross_attention_forward(out, lse, q, kv, &a);
-    cross_attention_backward(dq, dkv, R, q, kv, out, lse, &a);
-    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q, nq), to_double(kv, nkv), R,
+    CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad_d, .dropout = dropout, .seed = 99};
+    cross_attention_forward(out.d, lse.d, q.d, kv.d, &a);
+    cross_attention_backward(dq.d, dkv.d, R.d, q.d, kv.d, out.d, lse.d, &a);
+    buf_download(&out), buf_download(&dq), buf_download(&dkv);
+    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};
     cross_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, nq, &omax);
+    double omax, err = max_abs_diff(out.h, c.out, nq, &omax);
     char what[128];
     snprintf(what, sizeof what, "cross-attention %s forward", name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g", what, err);
     snprintf(what, sizeof what, "cross-attention %s d(q)", name);
-    check_grad(what, c.q, nq, dq, cross_loss, &c, 200);
+    check_grad(what, c.q, nq, dq.h, cross_loss, &c, 200);
     snprintf(what, sizeof what, "cross-attention %s d(kv)", name);
-    check_grad(what, c.kv, nkv, dkv, cross_loss, &c, 300);
+    check_grad(what, c.kv, nkv, dkv.h, cross_loss, &c, 300);
     free(c.q);
     free(c.kv);
     free(c.out);
     free(pad);
-    dev_free(q);
-    dev_free(kv);
-    dev_free(R);
-    dev_free(out);
-    dev_free(lse);
-    dev_free(dq);
-    dev_free(dkv);
+    dev_free(pad_d);
+    buf_free(&q), buf_free(&kv), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dq), buf_free(&dkv);
 }
 
 /* Symmetry of the scores before masking: exact for KV and K (each pair is
@@ -282,22 +342,16 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
 static void test_score_symmetry(void) {
     int B = 1, T = 33, H = 2, hd = 8, P = attn_num_proj(ATTN_VARIANT), m = ATTN_POS_DIM;
     int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
-    float *proj = randf((size_t)B * T * P * H * hd, 1.0), *S = xmalloc((size_t)T * T * sizeof(float));
-    float *w = NULL, *bb = NULL, *feat = NULL;
-    AttnPos pos = {0};
-    if (ATTN_POS) {
-        w = randf((size_t)groups * m, 0.5);
-        bb = randf((size_t)groups, 0.5);
-        feat = xmalloc((size_t)T * attn_pos_channels(m) * sizeof(float));
-        attn_pos_features(feat, T, m);
-        pos = (AttnPos){.m = m, .groups = groups, .w = w, .b = bb, .feat = feat, .T = T};
-    }
+    Buf proj = buf_rand((size_t)B * T * P * H * hd, 1.0), S = buf_zeros((size_t)T * T);
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    if (ATTN_POS) pp = pos_params(groups, m, T);
     for (int causal = 0; causal <= 1; causal++) {
         AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal};
-        attention_scores(S, proj, ATTN_POS ? &pos : NULL, &a, 0, 1);
+        attention_scores(S.d, proj.d, ATTN_POS ? &pp.pos : NULL, &a, 0, 1);
+        buf_download(&S);
         double asym = 0.0;
         for (int i = 0; i < T; i++)
-            for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S[i * T + j] - S[j * T + i]));
+            for (int j = 0; j < T; j++) asym = fmax(asym, fabs(S.h[i * T + j] - S.h[j * T + i]));
         int sym_variant = attn_symmetric(ATTN_VARIANT);
         if (sym_variant && !ATTN_POS)
             CHECK(asym == 0.0, "%s scores (causal=%d) not exactly symmetric: %.3g", attn_variant_label(ATTN_VARIANT, 0),
@@ -306,37 +360,34 @@ static void test_score_symmetry(void) {
             CHECK(asym > 1e-3, "%s scores unexpectedly symmetric (%.3g)", attn_variant_label(ATTN_VARIANT, ATTN_POS),
                   asym);
         if (ATTN_POS) { /* factored form against the direct sum_c w_c (S_ij + P_ijc) + b */
-            float *S0 = xmalloc((size_t)T * T * sizeof(float));
-            AttnPos zero = pos;
-            float *one = xmalloc((size_t)groups * m * sizeof(float)), *zb = xcalloc((size_t)groups, sizeof(float));
-            for (int k = 0; k < groups * m; k++) one[k] = 1.0f / m; /* alpha = 1, B = mean of P: undone below */
-            zero.w = one;
-            zero.b = zb;
-            attention_scores(S0, proj, &zero, &a, 0, 1);
+            Buf S0 = buf_zeros((size_t)T * T), one = buf_zeros((size_t)groups * m), zb = buf_zeros((size_t)groups);
+            for (int k = 0; k < groups * m; k++) one.h[k] = 1.0f / m; /* alpha = 1, B = mean of P: undone below */
+            buf_upload(&one);
+            AttnPos zero = pp.pos;
+            zero.w = one.d;
+            zero.b = zb.d;
+            attention_scores(S0.d, proj.d, &zero, &a, 0, 1);
+            buf_download(&S0);
             double worst = 0.0, smax = 0.0, Pij[256];
             int gi = ATTN_POS_PER_HEAD ? 1 : 0;
+            const float *w = pp.w.h, *bb = pp.b.h;
             for (int i = 0; i < T; i++)
                 for (int j = 0; j < T; j++) {
                     attn_pos_entry(Pij, i, j, m);
-                    double raw = S0[i * T + j], mean = 0.0;
+                    double raw = S0.h[i * T + j], mean = 0.0;
                     for (int k = 0; k < m; k++) mean += Pij[k] / m;
                     raw -= mean; /* raw scaled score s q_i.k_j */
                     double direct = bb[gi];
                     for (int k = 0; k < m; k++) direct += w[gi * m + k] * (raw + Pij[k]);
-                    worst = fmax(worst, fabs(S[i * T + j] - direct));
+                    worst = fmax(worst, fabs(S.h[i * T + j] - direct));
                     smax = fmax(smax, fabs(direct));
                 }
             CHECK(worst <= 1e-6 * fmax(1.0, smax) * 4, "+Pos factored scores differ from the direct sum by %.3g", worst);
-            free(S0);
-            free(one);
-            free(zb);
+            buf_free(&S0), buf_free(&one), buf_free(&zb);
         }
     }
-    dev_free(proj);
-    free(S);
-    dev_free(w);
-    dev_free(bb);
-    free(feat);
+    buf_free(&proj), buf_free(&S);
+    pos_params_free(&pp);
 }
 
 /* P table against the reference's float64 test vectors. */
@@ -384,24 +435,24 @@ static double ln_loss(void *v) {
 
 static void test_layernorm(int with_bias) {
     int N = 7, C = 37;
-    float *x = randf((size_t)N * C, 2.0), *w = randf(C, 1.0), *b = with_bias ? randf(C, 1.0) : NULL;
-    float *R = randf((size_t)N * C, 1.0), *out = dev_alloc((size_t)N * C * 4), *mean = dev_alloc(N * 4),
-          *rstd = dev_alloc(N * 4), *dx = dev_alloc((size_t)N * C * 4), *dw = dev_alloc(C * 4),
-          *db = with_bias ? dev_alloc(C * 4) : NULL;
-    for (int k = 0; k < C; k++) x[3 * C + k] = x[3 * C + k] * 0.2f + 3.0f; /* a row with a large mean */
-    layernorm_forward(out, mean, rstd, x, w, b, N, C);
-    layernorm_backward(dx, dw, db, R, x, w, mean, rstd, N, C);
-    OpCtx c = {N, C, 0, to_double(x, (size_t)N * C), to_double(w, C), b ? to_double(b, C) : NULL,
-               xmalloc((size_t)N * C * sizeof(double)), R};
+    Buf x = buf_rand((size_t)N * C, 2.0), w = buf_rand(C, 1.0), b = with_bias ? buf_rand(C, 1.0) : NONE;
+    Buf R = buf_rand((size_t)N * C, 1.0), out = buf_zeros((size_t)N * C), mean = buf_zeros(N), rstd = buf_zeros(N),
+        dx = buf_zeros((size_t)N * C), dw = buf_zeros(C), db = with_bias ? buf_zeros(C) : NONE;
+    for (int k = 0; k < C; k++) x.h[3 * C + k] = x.h[3 * C + k] * 0.2f + 3.0f; /* a row with a large mean */
+    buf_upload(&x);
+    layernorm_forward(out.d, mean.d, rstd.d, x.d, w.d, b.d, N, C);
+    layernorm_backward(dx.d, dw.d, db.d, R.d, x.d, w.d, mean.d, rstd.d, N, C);
+    OpCtx c = {N, C, 0, to_double(x.h, (size_t)N * C), to_double(w.h, C), b.n ? to_double(b.h, C) : NULL,
+               xmalloc((size_t)N * C * sizeof(double)), R.h};
     ln_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, (size_t)N * C, &omax);
+    double omax, err = max_abs_diff(buf_download(&out), c.out, (size_t)N * C, &omax);
     CHECK(err <= FWD_TOL * omax, "layernorm forward error %.3g", err);
-    check_grad("layernorm d(inp)", c.x, (size_t)N * C, dx, ln_loss, &c, 400);
-    check_grad("layernorm d(w)", c.w, C, dw, ln_loss, &c, 100);
-    if (b) check_grad("layernorm d(b)", c.b, C, db, ln_loss, &c, 100);
+    check_grad("layernorm d(inp)", c.x, (size_t)N * C, buf_download(&dx), ln_loss, &c, 400);
+    check_grad("layernorm d(w)", c.w, C, buf_download(&dw), ln_loss, &c, 100);
+    if (b.n) check_grad("layernorm d(b)", c.b, C, buf_download(&db), ln_loss, &c, 100);
     free(c.x), free(c.w), free(c.b), free(c.out);
-    dev_free(x), dev_free(w), dev_free(b), dev_free(R), dev_free(out), dev_free(mean), dev_free(rstd), dev_free(dx),
-        dev_free(dw), dev_free(db);
+    buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&mean), buf_free(&rstd),
+        buf_free(&dx), buf_free(&dw), buf_free(&db);
 }
 
 static double lin_loss(void *v) {
@@ -412,21 +463,22 @@ static double lin_loss(void *v) {
 
 static void test_linear(int with_bias) {
     int N = 9, C = 70, OC = 67; /* odd sizes, more than one 64-column chunk */
-    float *x = randf((size_t)N * C, 1.0), *w = randf((size_t)OC * C, 0.5), *b = with_bias ? randf(OC, 1.0) : NULL;
-    float *R = randf((size_t)N * OC, 1.0), *out = dev_alloc((size_t)N * OC * 4), *dx = dev_alloc((size_t)N * C * 4),
-          *dw = dev_alloc((size_t)OC * C * 4), *db = with_bias ? dev_alloc(OC * 4) : NULL;
-    linear_forward(out, x, w, b, N, C, OC);
-    linear_backward(dx, dw, db, R, x, w, N, C, OC);
-    OpCtx c = {N, C, OC, to_double(x, (size_t)N * C), to_double(w, (size_t)OC * C), b ? to_double(b, OC) : NULL,
-               xmalloc((size_t)N * OC * sizeof(double)), R};
+    Buf x = buf_rand((size_t)N * C, 1.0), w = buf_rand((size_t)OC * C, 0.5), b = with_bias ? buf_rand(OC, 1.0) : NONE;
+    Buf R = buf_rand((size_t)N * OC, 1.0), out = buf_zeros((size_t)N * OC), dx = buf_zeros((size_t)N * C),
+        dw = buf_zeros((size_t)OC * C), db = with_bias ? buf_zeros(OC) : NONE;
+    linear_forward(out.d, x.d, w.d, b.d, N, C, OC);
+    linear_backward(dx.d, dw.d, db.d, R.d, x.d, w.d, N, C, OC);
+    OpCtx c = {N, C, OC, to_double(x.h, (size_t)N * C), to_double(w.h, (size_t)OC * C),
+               b.n ? to_double(b.h, OC) : NULL, xmalloc((size_t)N * OC * sizeof(double)), R.h};
     lin_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, (size_t)N * OC, &omax);
+    double omax, err = max_abs_diff(buf_download(&out), c.out, (size_t)N * OC, &omax);
     CHECK(err <= FWD_TOL * omax, "linear forward error %.3g", err);
-    check_grad("linear d(inp)", c.x, (size_t)N * C, dx, lin_loss, &c, 300);
-    check_grad("linear d(w)", c.w, (size_t)OC * C, dw, lin_loss, &c, 300);
-    if (b) check_grad("linear d(b)", c.b, OC, db, lin_loss, &c, 100);
+    check_grad("linear d(inp)", c.x, (size_t)N * C, buf_download(&dx), lin_loss, &c, 300);
+    check_grad("linear d(w)", c.w, (size_t)OC * C, buf_download(&dw), lin_loss, &c, 300);
+    if (b.n) check_grad("linear d(b)", c.b, OC, buf_download(&db), lin_loss, &c, 100);
     free(c.x), free(c.w), free(c.b), free(c.out);
-    dev_free(x), dev_free(w), dev_free(b), dev_free(R), dev_free(out), dev_free(dx), dev_free(dw), dev_free(db);
+    buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&dx), buf_free(&dw),
+        buf_free(&db);
 }
 
 static double gelu_loss(void *v) {
@@ -443,62 +495,67 @@ static double relu_loss(void *v) {
 
 static void test_activations(void) {
     int N = 1001;
-    float *x = randf(N, 6.0), *R = randf(N, 1.0), *out = dev_alloc(N * 4), *dx = dev_alloc(N * 4);
+    Buf x = buf_rand(N, 6.0), R = buf_rand(N, 1.0), out = buf_zeros(N), dx = buf_zeros(N);
     for (int i = 0; i < N; i++) /* keep ReLU's kink out of the difference's reach */
-        if (fabsf(x[i]) < 1e-3f) x[i] = 0.5f;
-    OpCtx c = {N, 0, 0, to_double(x, N), NULL, NULL, xmalloc(N * sizeof(double)), R};
-    gelu_forward(out, x, N);
-    gelu_backward(dx, x, R, N);
+        if (fabsf(x.h[i]) < 1e-3f) x.h[i] = 0.5f;
+    buf_upload(&x);
+    OpCtx c = {N, 0, 0, to_double(x.h, N), NULL, NULL, xmalloc(N * sizeof(double)), R.h};
+    gelu_forward(out.d, x.d, N);
+    gelu_backward(dx.d, x.d, R.d, N);
     gelu_loss(&c);
-    double omax, err = max_abs_diff(out, c.out, N, &omax);
+    double omax, err = max_abs_diff(buf_download(&out), c.out, N, &omax);
     CHECK(err <= 1e-6 * omax, "gelu forward error %.3g", err);
-    check_grad("gelu d(inp)", c.x, N, dx, gelu_loss, &c, 1001);
-    memset(dx, 0, N * 4);
-    relu_forward(out, x, N);
-    relu_backward(dx, x, R, N);
+    check_grad("gelu d(inp)", c.x, N, buf_download(&dx), gelu_loss, &c, 1001);
+    dev_zero(dx.d, N * sizeof(float));
+    relu_forward(out.d, x.d, N);
+    relu_backward(dx.d, x.d, R.d, N);
     relu_loss(&c);
-    err = max_abs_diff(out, c.out, N, &omax);
+    err = max_abs_diff(buf_download(&out), c.out, N, &omax);
     CHECK(err == 0.0, "relu forward error %.3g", err);
-    check_grad("relu d(inp)", c.x, N, dx, relu_loss, &c, 1001);
+    check_grad("relu d(inp)", c.x, N, buf_download(&dx), relu_loss, &c, 1001);
     /* residual: exact */
-    float *y = randf(N, 1.0), *da = dev_alloc(N * 4), *dbb = dev_alloc(N * 4);
-    residual_forward(out, x, y, N);
-    residual_backward(da, dbb, R, N);
+    Buf y = buf_rand(N, 1.0), da = buf_zeros(N), dbb = buf_zeros(N);
+    residual_forward(out.d, x.d, y.d, N);
+    residual_backward(da.d, dbb.d, R.d, N);
+    buf_download(&out), buf_download(&da), buf_download(&dbb);
     int ok = 1;
-    for (int i = 0; i < N; i++) ok &= out[i] == x[i] + y[i] && da[i] == R[i] && dbb[i] == R[i];
+    for (int i = 0; i < N; i++) ok &= out.h[i] == x.h[i] + y.h[i] && da.h[i] == R.h[i] && dbb.h[i] == R.h[i];
     CHECK(ok, "residual forward/backward");
     free(c.x), free(c.out);
-    dev_free(x), dev_free(R), dev_free(out), dev_free(dx), dev_free(y), dev_free(da), dev_free(dbb);
+    buf_free(&x), buf_free(&R), buf_free(&out), buf_free(&dx), buf_free(&y), buf_free(&da), buf_free(&dbb);
 }
 
 static void test_embedding(void) {
     int B = 3, T = 5, C = 130, V = 11;
     int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
-    float *wte = randf((size_t)V * C, 1.0), *wpe = randf((size_t)T * C, 1.0), *out = dev_alloc((size_t)B * T * C * 4);
-    float *dout = randf((size_t)B * T * C, 1.0), *dwte = dev_alloc((size_t)V * C * 4), *dwpe = dev_alloc((size_t)T * C * 4);
-    embedding_forward(out, tokens, wte, wpe, B, T, C, V, 1.5f); /* scaled, as the translation model */
-    embedding_backward(dwte, dwpe, dout, tokens, B, T, C, 1.5f);
+    int *tokens_d = dev_copy_of(tokens, sizeof tokens);
+    Buf wte = buf_rand((size_t)V * C, 1.0), wpe = buf_rand((size_t)T * C, 1.0), out = buf_zeros((size_t)B * T * C);
+    Buf dout = buf_rand((size_t)B * T * C, 1.0), dwte = buf_zeros((size_t)V * C), dwpe = buf_zeros((size_t)T * C);
+    embedding_forward(out.d, tokens_d, wte.d, wpe.d, B, T, C, V, 1.5f); /* scaled, as the translation model */
+    embedding_backward(dwte.d, dwpe.d, dout.d, tokens_d, B, T, C, 1.5f);
+    buf_download(&out), buf_download(&dwte), buf_download(&dwpe);
     int ok = 1;
     for (int i = 0; i < B * T; i++)
         for (int c = 0; c < C; c++)
-            ok &= fabsf(out[i * C + c] - (1.5f * wte[tokens[i] * C + c] + wpe[(i % T) * C + c])) <= 1e-6f;
+            ok &= fabsf(out.h[i * C + c] - (1.5f * wte.h[tokens[i] * C + c] + wpe.h[(i % T) * C + c])) <= 1e-6f;
     CHECK(ok, "embedding forward is scale * wte[token] + wpe[position]");
     double err = 0.0;
     for (int v = 0; v < V; v++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
             for (int i = 0; i < B * T; i++)
-                if (tokens[i] == v) s += 1.5 * dout[i * C + c];
-            err = fmax(err, fabs(s - dwte[v * C + c]));
+                if (tokens[i] == v) s += 1.5 * dout.h[i * C + c];
+            err = fmax(err, fabs(s - dwte.h[v * C + c]));
         }
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
-            for (int b = 0; b < B; b++) s += dout[(b * T + t) * C + c];
-            err = fmax(err, fabs(s - dwpe[t * C + c]));
+            for (int b = 0; b < B; b++) s += dout.h[(b * T + t) * C + c];
+            err = fmax(err, fabs(s - dwpe.h[t * C + c]));
         }
     CHECK(err < 1e-5, "embedding backward sums the gradients of each token and position (error %.3g)", err);
-    dev_free(wte), dev_free(wpe), dev_free(out), dev_free(dout), dev_free(dwte), dev_free(dwpe);
+    dev_free(tokens_d);
+    buf_free(&wte), buf_free(&wpe), buf_free(&out), buf_free(&dout), buf_free(&dwte), buf_free(&dwpe);
 }
 
 /* Token assembly and pooling are linear: forward against direct sums, and the
@@ -507,50 +564,52 @@ static void test_tokens_and_pooling(void) {
     int B = 3, N = 5, C = 7;
     for (int with_cls = 0; with_cls <= 1; with_cls++) {
         int T = N + with_cls;
-        float *x = randf((size_t)B * N * C, 1.0), *cls = randf(C, 1.0), *pos = randf((size_t)T * C, 1.0);
-        float *out = dev_alloc((size_t)B * T * C * 4), *dout = randf((size_t)B * T * C, 1.0);
-        float *dx = dev_alloc((size_t)B * N * C * 4), *dcls = dev_alloc(C * 4), *dpos = dev_alloc((size_t)T * C * 4);
-        tokens_embed_forward(out, x, with_cls ? cls : NULL, pos, B, T, C);
-        tokens_embed_backward(dx, with_cls ? dcls : NULL, dpos, dout, B, T, C);
+        Buf x = buf_rand((size_t)B * N * C, 1.0), cls = buf_rand(C, 1.0), pos = buf_rand((size_t)T * C, 1.0);
+        Buf out = buf_zeros((size_t)B * T * C), dout = buf_rand((size_t)B * T * C, 1.0);
+        Buf dx = buf_zeros((size_t)B * N * C), dcls = buf_zeros(C), dpos = buf_zeros((size_t)T * C);
+        tokens_embed_forward(out.d, x.d, with_cls ? cls.d : NULL, pos.d, B, T, C);
+        tokens_embed_backward(dx.d, with_cls ? dcls.d : NULL, dpos.d, dout.d, B, T, C);
+        buf_download(&out), buf_download(&dx), buf_download(&dcls), buf_download(&dpos);
         double err = 0.0, lhs = 0.0, rhs = 0.0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
                 for (int c = 0; c < C; c++) {
-                    double src = with_cls && t == 0 ? cls[c] : x[((size_t)b * N + t - with_cls) * C + c];
-                    double want = src + pos[(size_t)t * C + c];
-                    err = fmax(err, fabs(out[((size_t)b * T + t) * C + c] - want));
-                    lhs += (double)dout[((size_t)b * T + t) * C + c] * want;
+                    double src = with_cls && t == 0 ? cls.h[c] : x.h[((size_t)b * N + t - with_cls) * C + c];
+                    double want = src + pos.h[(size_t)t * C + c];
+                    err = fmax(err, fabs(out.h[((size_t)b * T + t) * C + c] - want));
+                    lhs += (double)dout.h[((size_t)b * T + t) * C + c] * want;
                 }
-        for (size_t i = 0; i < (size_t)B * N * C; i++) rhs += (double)dx[i] * x[i];
-        for (size_t i = 0; i < (size_t)T * C; i++) rhs += (double)dpos[i] * pos[i];
+        for (size_t i = 0; i < (size_t)B * N * C; i++) rhs += (double)dx.h[i] * x.h[i];
+        for (size_t i = 0; i < (size_t)T * C; i++) rhs += (double)dpos.h[i] * pos.h[i];
         if (with_cls)
-            for (int c = 0; c < C; c++) rhs += (double)dcls[c] * cls[c];
+            for (int c = 0; c < C; c++) rhs += (double)dcls.h[c] * cls.h[c];
         CHECK(err < 1e-6, "tokens_embed_forward (cls=%d) error %.3g", with_cls, err);
         CHECK(fabs(lhs - rhs) < 1e-4 * fabs(lhs) + 1e-5, "tokens_embed_backward is the adjoint (cls=%d): %.8g vs %.8g",
               with_cls, lhs, rhs);
-        dev_free(x), dev_free(cls), dev_free(pos), dev_free(out), dev_free(dout), dev_free(dx), dev_free(dcls),
-            dev_free(dpos);
+        buf_free(&x), buf_free(&cls), buf_free(&pos), buf_free(&out), buf_free(&dout), buf_free(&dx), buf_free(&dcls),
+            buf_free(&dpos);
     }
     int T = 6;
-    float *inp = randf((size_t)B * T * C, 1.0), *out = dev_alloc((size_t)B * C * 4), *dout = randf((size_t)B * C, 1.0);
-    float *dinp = dev_alloc((size_t)B * T * C * 4);
-    pool_tokens_forward(out, inp, B, T, C, 1, 5); /* mean over the patch tokens after a CLS */
-    pool_tokens_backward(dinp, dout, B, T, C, 1, 5);
+    Buf inp = buf_rand((size_t)B * T * C, 1.0), out = buf_zeros((size_t)B * C), dout = buf_rand((size_t)B * C, 1.0);
+    Buf dinp = buf_zeros((size_t)B * T * C);
+    pool_tokens_forward(out.d, inp.d, B, T, C, 1, 5); /* mean over the patch tokens after a CLS */
+    pool_tokens_backward(dinp.d, dout.d, B, T, C, 1, 5);
+    buf_download(&out), buf_download(&dinp);
     double err = 0.0, lhs = 0.0, rhs = 0.0;
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++) {
             double m = 0.0;
-            for (int t = 1; t < 6; t++) m += inp[((size_t)b * T + t) * C + c] / 5.0;
-            err = fmax(err, fabs(out[(size_t)b * C + c] - m));
-            lhs += (double)dout[(size_t)b * C + c] * m;
+            for (int t = 1; t < 6; t++) m += inp.h[((size_t)b * T + t) * C + c] / 5.0;
+            err = fmax(err, fabs(out.h[(size_t)b * C + c] - m));
+            lhs += (double)dout.h[(size_t)b * C + c] * m;
         }
-    for (size_t i = 0; i < (size_t)B * T * C; i++) rhs += (double)dinp[i] * inp[i];
+    for (size_t i = 0; i < (size_t)B * T * C; i++) rhs += (double)dinp.h[i] * inp.h[i];
     int untouched = 1;
     for (int b = 0; b < B; b++)
-        for (int c = 0; c < C; c++) untouched &= dinp[((size_t)b * T) * C + c] == 0.0f;
+        for (int c = 0; c < C; c++) untouched &= dinp.h[((size_t)b * T) * C + c] == 0.0f;
     CHECK(err < 1e-6, "pool_tokens_forward is the mean (error %.3g)", err);
     CHECK(fabs(lhs - rhs) < 1e-4 * fabs(lhs) + 1e-5 && untouched, "pool_tokens_backward is the adjoint");
-    dev_free(inp), dev_free(out), dev_free(dout), dev_free(dinp);
+    buf_free(&inp), buf_free(&out), buf_free(&dout), buf_free(&dinp);
 }
 
 typedef struct {
@@ -568,57 +627,63 @@ static double ce_loss(void *v) {
 static void test_crossentropy(double smoothing) {
     int N = 8, V = 13, ignore = 0;
     int targets[8] = {3, 0, 12, 5, 0, 7, 1, 11}; /* two rows are padding (0) */
-    float *logits = randf((size_t)N * V, 4.0), *losses = dev_alloc(N * 4), *lse = dev_alloc(N * 4);
-    float *dl = dev_alloc((size_t)N * V * 4);
-    int counted = crossentropy_forward(losses, lse, logits, targets, N, V, ignore, (float)smoothing);
+    int *targets_d = dev_copy_of(targets, sizeof targets);
+    Buf logits = buf_rand((size_t)N * V, 4.0), losses = buf_zeros(N), lse = buf_zeros(N);
+    Buf dl = buf_zeros((size_t)N * V);
+    int counted = crossentropy_forward(losses.d, lse.d, logits.d, targets_d, N, V, ignore, (float)smoothing);
     CHECK(counted == 6, "crossentropy counts %d rows, expected 6", counted);
+    buf_download(&losses);
     double mean = 0.0;
-    for (int i = 0; i < N; i++) mean += losses[i];
+    for (int i = 0; i < N; i++) mean += losses.h[i];
     mean /= counted;
-    CeCtx c = {N, V, ignore, smoothing, to_double(logits, (size_t)N * V), targets};
+    CeCtx c = {N, V, ignore, smoothing, to_double(logits.h, (size_t)N * V), targets};
     double want = ce_loss(&c);
     CHECK(fabs(mean - want) < 1e-5 * fabs(want), "crossentropy loss %.7f, reference %.7f (smoothing %.2f)", mean, want,
           smoothing);
-    CHECK(losses[1] == 0.0f && losses[4] == 0.0f, "ignored rows have zero loss");
-    crossentropy_backward(dl, logits, lse, targets, N, V, ignore, (float)smoothing, 1.0f / counted);
+    CHECK(losses.h[1] == 0.0f && losses.h[4] == 0.0f, "ignored rows have zero loss");
+    crossentropy_backward(dl.d, logits.d, lse.d, targets_d, N, V, ignore, (float)smoothing, 1.0f / counted);
     char what[64];
     snprintf(what, sizeof what, "crossentropy d(logits), smoothing %.2f", smoothing);
-    check_grad(what, c.logits, (size_t)N * V, dl, ce_loss, &c, 1000);
+    check_grad(what, c.logits, (size_t)N * V, buf_download(&dl), ce_loss, &c, 1000);
     /* in place: dlogits overwrite the logits */
-    crossentropy_backward(logits, logits, lse, targets, N, V, ignore, (float)smoothing, 1.0f / counted);
+    crossentropy_backward(logits.d, logits.d, lse.d, targets_d, N, V, ignore, (float)smoothing, 1.0f / counted);
+    buf_download(&logits);
     double err = 0.0;
-    for (int i = 0; i < N * V; i++) err = fmax(err, fabs(logits[i] - dl[i]));
+    for (int i = 0; i < N * V; i++) err = fmax(err, fabs(logits.h[i] - dl.h[i]));
     CHECK(err == 0.0, "in-place crossentropy backward equals out-of-place (%.3g)", err);
     free(c.logits);
-    dev_free(logits), dev_free(losses), dev_free(lse), dev_free(dl);
+    dev_free(targets_d);
+    buf_free(&logits), buf_free(&losses), buf_free(&lse), buf_free(&dl);
 }
 
 static void test_dropout(void) {
     size_t n = 200000;
     float p = 0.3f;
-    float *x = randf(n, 1.0), *y = dev_alloc(n * 4), *y2 = dev_alloc(n * 4), *dx = dev_alloc(n * 4);
+    Buf x = buf_rand(n, 1.0), y = buf_zeros(n), y2 = buf_zeros(n), dx = buf_zeros(n);
     uint64_t s = dropout_seed(1337, 5, 2);
-    dropout_forward(y, x, n, p, s);
-    dropout_forward(y2, x, n, p, s);
-    dropout_backward(dx, x, n, p, s); /* dout = x: dx must equal y */
+    dropout_forward(y.d, x.d, n, p, s);
+    dropout_forward(y2.d, x.d, n, p, s);
+    dropout_backward(dx.d, x.d, n, p, s); /* dout = x: dx must equal y */
+    buf_download(&y), buf_download(&y2), buf_download(&dx);
     size_t kept = 0;
     int same = 1, scaled = 1, mask = 1;
     for (size_t i = 0; i < n; i++) {
-        kept += y[i] != 0.0f;
-        same &= y[i] == y2[i];
-        if (y[i] != 0.0f) scaled &= fabsf(y[i] - x[i] / (1 - p)) <= 1e-6f * fabsf(y[i]);
-        mask &= dx[i] == y[i];
+        kept += y.h[i] != 0.0f;
+        same &= y.h[i] == y2.h[i];
+        if (y.h[i] != 0.0f) scaled &= fabsf(y.h[i] - x.h[i] / (1 - p)) <= 1e-6f * fabsf(y.h[i]);
+        mask &= dx.h[i] == y.h[i];
     }
     double frac = (double)kept / n, sd = sqrt(p * (1 - p) / n);
     CHECK(fabs(frac - (1 - p)) < 5 * sd, "dropout keeps %.4f of values, expected %.2f", frac, 1 - p);
     CHECK(same, "dropout is deterministic for a seed");
     CHECK(scaled, "kept values are scaled by 1/(1-p)");
     CHECK(mask, "dropout backward uses the forward mask");
-    dropout_forward(y2, x, n, p, dropout_seed(1337, 6, 2));
+    dropout_forward(y2.d, x.d, n, p, dropout_seed(1337, 6, 2));
+    buf_download(&y2);
     size_t differ = 0;
-    for (size_t i = 0; i < n; i++) differ += (y[i] == 0.0f) != (y2[i] == 0.0f);
+    for (size_t i = 0; i < n; i++) differ += (y.h[i] == 0.0f) != (y2.h[i] == 0.0f);
     CHECK(differ > n / 10, "another step gives another mask (%zu of %zu differ)", differ, n);
-    dev_free(x), dev_free(y), dev_free(y2), dev_free(dx);
+    buf_free(&x), buf_free(&y), buf_free(&y2), buf_free(&dx);
 }
 
 static void test_adamw_and_clip(void) {
@@ -627,27 +692,33 @@ static void test_adamw_and_clip(void) {
      *                    p = 1 - 0.1 (0.5/(0.5+1e-8) + 0.01) = 0.899000002
      * step 2, g = -0.25: m = 0.02, v = 3.1225e-4, mhat = 0.02/0.19, vhat = 3.1225e-4/0.001999,
      *                    p = 0.899 - 0.1 (0.266337... + 0.00899) = 0.8714672987 */
-    float p = 1.0f, m = 0.0f, v = 0.0f, g = 0.5f;
-    adamw_update(&p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
-    CHECK_CLOSE(m, 0.05, 1e-8, 1e-6, "adamw m after step 1");
-    CHECK_CLOSE(v, 2.5e-4, 0, 1e-4, "adamw v after step 1 (float32 1-beta2 is 0.00099999)");
-    CHECK_CLOSE(p, 0.899000002, 1e-7, 0, "adamw param after step 1");
-    g = -0.25f;
-    adamw_update(&p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
-    CHECK_CLOSE(p, 0.8714672987, 2e-7, 0, "adamw param after step 2 (bias correction)");
-    float q = 1.0f, mq = 0.0f, vq = 0.0f, gq = 0.5f;
-    adamw_update(&q, &gq, &mq, &vq, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
-    CHECK_CLOSE(q, 0.9, 1e-7, 0, "adamw without weight decay: p = 1 - 0.1 * 1");
+    Buf p = buf_from((float[]){1.0f}, 1), m = buf_zeros(1), v = buf_zeros(1), g = buf_from((float[]){0.5f}, 1);
+    adamw_update(p.d, g.d, m.d, v.d, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    buf_download(&p), buf_download(&m), buf_download(&v);
+    CHECK_CLOSE(m.h[0], 0.05, 1e-8, 1e-6, "adamw m after step 1");
+    CHECK_CLOSE(v.h[0], 2.5e-4, 0, 1e-4, "adamw v after step 1 (float32 1-beta2 is 0.00099999)");
+    CHECK_CLOSE(p.h[0], 0.899000002, 1e-7, 0, "adamw param after step 1");
+    g.h[0] = -0.25f;
+    buf_upload(&g);
+    adamw_update(p.d, g.d, m.d, v.d, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2);
+    CHECK_CLOSE(buf_download(&p)[0], 0.8714672987, 2e-7, 0, "adamw param after step 2 (bias correction)");
+    Buf q = buf_from((float[]){1.0f}, 1), mq = buf_zeros(1), vq = buf_zeros(1), gq = buf_from((float[]){0.5f}, 1);
+    adamw_update(q.d, gq.d, mq.d, vq.d, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+    CHECK_CLOSE(buf_download(&q)[0], 0.9, 1e-7, 0, "adamw without weight decay: p = 1 - 0.1 * 1");
+    buf_free(&p), buf_free(&m), buf_free(&v), buf_free(&g), buf_free(&q), buf_free(&mq), buf_free(&vq), buf_free(&gq);
 
-    float grads[5] = {3.0f, 0.0f, 4.0f, 0.0f, 0.0f}; /* norm 5 */
-    double norm = clip_grad_norm(grads, 5, 1.0);
+    Buf grads = buf_from((float[]){3.0f, 0.0f, 4.0f, 0.0f, 0.0f}, 5); /* norm 5 */
+    double norm = clip_grad_norm(grads.d, 5, 1.0);
+    buf_download(&grads);
     CHECK_CLOSE(norm, 5.0, 1e-12, 0, "clip returns the norm before clipping");
-    CHECK_CLOSE(grads[0], 3.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales by max/(norm+1e-6)");
-    CHECK_CLOSE(grads[2], 4.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales every entry");
-    CHECK_CLOSE(grad_norm(grads, 5), 1.0, 1e-6, 0, "norm after clipping is the maximum");
-    float small[2] = {0.3f, 0.4f};
-    clip_grad_norm(small, 2, 1.0);
-    CHECK(small[0] == 0.3f && small[1] == 0.4f, "no clipping below the maximum");
+    CHECK_CLOSE(grads.h[0], 3.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales by max/(norm+1e-6)");
+    CHECK_CLOSE(grads.h[2], 4.0 / (5.0 + 1e-6), 1e-7, 0, "clip scales every entry");
+    CHECK_CLOSE(grad_norm(grads.d, 5), 1.0, 1e-6, 0, "norm after clipping is the maximum");
+    Buf small = buf_from((float[]){0.3f, 0.4f}, 2);
+    clip_grad_norm(small.d, 2, 1.0);
+    buf_download(&small);
+    CHECK(small.h[0] == 0.3f && small.h[1] == 0.4f, "no clipping below the maximum");
+    buf_free(&grads), buf_free(&small);
 }
 
 /* ------------------------------------------------------------------ argument errors */
@@ -676,31 +747,30 @@ static void expect_error(const char *op, void (*fn)(void)) {
           "bad arguments to %s: exit status %d, message '%s'", op, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
 }
 
-static float dummy[64];
+/* The bad calls get device buffers like any call: the kernels may read them
+ * (token ids, targets) before they find the error. Made by
+ * test_argument_errors before the children fork, freed after. */
+static float *dummy; /* 64 floats */
+static int *bad_ids; /* {0, 7, 9}: token 7 of a vocabulary of 5, target 9 of 4 classes */
+
 static void bad_linear(void) { linear_forward(dummy, dummy + 8, dummy + 16, NULL, 0, 4, 4); }
 static void bad_layernorm(void) { layernorm_forward(dummy, dummy, dummy, dummy, dummy, NULL, 2, -1); }
 static void bad_attention(void) {
-    float lse[4];
     AttnArgs a = {.B = 1, .T = 2, .H = 0, .hd = 4};
-    attention_forward(dummy, lse, dummy, NULL, &a);
+    attention_forward(dummy, dummy + 32, dummy, NULL, &a);
 }
 static void bad_dropout(void) { dropout_forward(dummy, dummy, 4, 1.5f, 1); }
-static void bad_embedding(void) {
-    int tok[2] = {0, 7};
-    embedding_forward(dummy, tok, dummy, dummy, 1, 2, 2, 5, 1.0f);
-}
-static void bad_crossentropy(void) {
-    int t[1] = {9};
-    crossentropy_forward(dummy, dummy, dummy, t, 1, 4, -1, 0.0f);
-}
+static void bad_embedding(void) { embedding_forward(dummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f); }
+static void bad_crossentropy(void) { crossentropy_forward(dummy, dummy, dummy, bad_ids + 2, 1, 4, -1, 0.0f); }
 static void bad_pool(void) { pool_tokens_forward(dummy, dummy, 1, 4, 2, 3, 2); }
 static void bad_cross_attention(void) {
-    float lse[4];
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
-    cross_attention_forward(dummy, lse, dummy, dummy, &a);
+    cross_attention_forward(dummy, dummy + 32, dummy, dummy, &a);
 }
 
 static void test_argument_errors(void) {
+    dummy = dev_alloc(64 * sizeof(float));
+    bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));
     expect_error("linear_forward", bad_linear);
     expect_error("layernorm_forward", bad_layernorm);
     expect_error("attention_forward", bad_attention);
@@ -709,6 +779,8 @@ static void test_argument_errors(void) {
     expect_error("crossentropy_forward", bad_crossentropy);
     expect_error("cross_attention_forward", bad_cross_attention);
     expect_error("pool_tokens_forward", bad_pool);
+    dev_free(dummy);
+    dev_free(bad_ids);
 }
 
 int main(void) {
