@@ -127,7 +127,7 @@ typedef struct {
     int groups;         /* 1 (per layer) or H (per head) */
     const float *w;     /* (groups, m) */
     const float *b;     /* (groups) */
-    const float *feat;  /* (T, c) from attn_pos_features */
+    const float *feat;  /* (T, c) from attn_pos_features_dev (device memory, like w and b) */
     int T;              /* positions in feat (>= sequence length) */
 } AttnPos;
 
@@ -141,7 +141,7 @@ typedef struct {
 typedef struct {
     int B, T, H, hd;            /* C = H * hd */
     int causal;                 /* mask keys j > i */
-    const unsigned char *key_pad; /* (B, T): nonzero = padding key, masked; or NULL */
+    const unsigned char *key_pad; /* (B, T) device memory: nonzero = padding key, masked; or NULL */
     float dropout;              /* on the attention probabilities (0 = off) */
     uint64_t seed;              /* dropout seed for this layer and step */
 } AttnArgs;
@@ -160,7 +160,7 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
  * = [K|V] from the encoder, key_pad (B, Tk) or NULL, no causal mask. */
 typedef struct {
     int B, Tq, Tk, H, hd;
-    const unsigned char *key_pad;
+    const unsigned char *key_pad; /* (B, Tk) device memory, or NULL */
     float dropout;
     uint64_t seed;
 } CrossAttnArgs;
@@ -183,7 +183,7 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
  * that measure the saving and tests that compare the two paths. Default on. */
 void attention_set_symmetric_path(int on);
 
-/* One (batch, head) as dense T x T matrices, computed by the same code as
+/* One (batch, head) as dense T x T matrices (S and A: device memory), computed by the same code as
  * the forward pass, for tests and analyses: the scores S' before any mask
  * (scale and +Pos applied), and the probabilities A (masks and softmax
  * applied, no dropout). */

@@ -8,7 +8,11 @@
  *  - every *_backward ACCUMULATES (+=) into the gradients it is given, so
  *    gradients from several uses (residual branches, tied weights, roles
  *    that share a projection) add up; the caller zeroes them once per step;
- *  - bad shapes or arguments stop the program with a message naming the op.
+ *  - bad shapes or arguments stop the program with a message naming the op;
+ *  - every pointer argument is device memory (dev_alloc), token ids, targets
+ *    and masks too; the few results returned by value (a count, a norm) are
+ *    host values, so on an asynchronous backend those calls wait for the
+ *    device: call them once per step, not per op.
  * Attention has its own header, kernels/attention.h. */
 #ifndef KVLAB_KERNELS_H
 #define KVLAB_KERNELS_H
