@@ -133,9 +133,9 @@ WANDB_SYNC_BUILD := $(BUILD)/wandb-sync
 wandb-sync: deps
 	@$(KCONFIG) step $(WANDB_SYNC_BUILD) $(KCONFIG_CONFIG)
 	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(WANDB_SYNC_BUILD) WANDB_SYNC=y SANITIZE=$(SANITIZE) \
-	    $(WANDB_SYNC_BUILD)/lib/wandb_sync
+	    $(WANDB_SYNC_BUILD)/wandb/wandb_sync
 	@WANDB_BASE_URL="$${WANDB_BASE_URL:-$(call unquote,$(CONFIG_WANDB_BASE_URL))}" \
-	    $(WANDB_SYNC_BUILD)/lib/wandb_sync "$(or $(MODELS),$(OUTDIR)/$(RUN))"
+	    $(WANDB_SYNC_BUILD)/wandb/wandb_sync "$(or $(MODELS),$(OUTDIR)/$(RUN))"
 
 # ---------------------------------------------------------------- cleaning
 

@@ -68,7 +68,7 @@ static Hyper hyper_from_kconfig(void) {
 /* ------------------------------------------------------------------ run state */
 
 typedef struct {
-    TrainRun run;  /* files, progress, metrics (lib/trainer.h) */
+    TrainRun run;  /* files, progress, metrics (train/trainer.h) */
     Dataset data;
     GPT2 model;
     Hyper h;

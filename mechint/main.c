@@ -21,7 +21,7 @@
 #include "attention.h"
 #include "buildinfo.h"
 #include "common.h"
-#include "data.h"
+#include "probes.h"
 #include "kernels.h"
 #include "mechint.h"
 #include "runner.h"

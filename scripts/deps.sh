@@ -8,7 +8,7 @@ PACKAGES=(
     python3-kconfiglib      # Kconfig: menuconfig, defconfigs, autoconf.h
     libopenblas-openmp-dev  # sgemm; the OpenMP build shares our thread pool
     libcjson-dev            # safetensors headers, metrics, configs
-    libcurl4-openssl-dev    # Weights & Biases uploads (lib/wandb.c)
+    libcurl4-openssl-dev    # Weights & Biases uploads (wandb/)
     libunistring-dev        # Unicode classes for the GPT-2 BPE pre-tokeniser
     zlib1g-dev              # gzip-compressed IDX image files
     dataset-fashion-mnist   # Fashion-MNIST for the ViT family (/usr/share/datasets/fashion-mnist)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A fake Weights & Biases server for the tests of lib/wandb.c.
+"""A fake Weights & Biases server for the tests of the W&B client (wandb/).
 
 Implements section 9 of the wire protocol (../shared/reference/wandb-protocol.md,
 docs/wandb.md): GraphQL UpsertBucket, CreateRunFiles, Viewer and

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bpe.h"
+#include "gpt2/bpe.h"
 #include "common.h"
 #include "test.h"
 

@@ -14,7 +14,7 @@
 #include <zlib.h>
 
 #include "common.h"
-#include "images.h"
+#include "vit/images.h"
 #include "test.h"
 
 static char dir[] = "/tmp/kvlab_test_images_XXXXXX";

@@ -10,7 +10,7 @@
 #include "common.h"
 #include "kernels.h"
 #include "mechint/linalg.h"
-#include "mechint/data.h"
+#include "mechint/probes.h"
 #include "mechint/mechint.h"
 #include "mechint/runner.h"
 #include "rng.h"

@@ -1,7 +1,7 @@
 /* Tests for lib/safetensors: round trip, one crafted file per validation rule
  * of formats.md 1.3, truncation at every length, a mutation fuzz, atomic
  * writes, and an independent numpy reader (tests/safetensors_numpy_check.py).
- * Also the per-tensor checksums of kvlab checkpoints (lib/checkpoint.c).
+ * Also the per-tensor checksums of kvlab checkpoints (train/checkpoint.c).
  * Run from the repository root. */
 #define _GNU_SOURCE
 #include "safetensors.h"

@@ -10,7 +10,7 @@
 #include "common.h"
 #include "test.h"
 
-#include "token_shards.h"
+#include "gpt2/token_shards.h"
 
 /* A whole shard, opened, validated and read (malloc'd, *ntok tokens); NULL with e on an error. */
 static uint16_t *shard_read(const char *path, int vocab_size, size_t *ntok, Err *e) {

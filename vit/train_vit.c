@@ -8,7 +8,7 @@
  *
  * Each epoch trains on a seeded permutation of the training images, then
  * measures the validation images (never trained on); the test set is used
- * only at the end. Files as train_gpt2 (lib/trainer.h). */
+ * only at the end. Files as train_gpt2 (train/trainer.h). */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>

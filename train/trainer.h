@@ -44,7 +44,7 @@ typedef struct {
         double *value;
     } extra[8];
     int nextra;
-    struct WandbRun *wandb;  /* experiment tracking (lib/tracking.c), NULL when off */
+    struct WandbRun *wandb;  /* experiment tracking (train/tracking.c), NULL when off */
 } TrainRun;
 
 /* Saves *value in the state file under name and restores it on resume. */

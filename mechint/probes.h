@@ -1,4 +1,4 @@
-/* Data-driven analyses (mechint/data.c, mechint/masks.c) and the
+/* Data-driven analyses (mechint/probes.c, mechint/masks.c) and the
  * known-answer building blocks the tests call directly. */
 #ifndef KVLAB_MECHINT_DATA_H
 #define KVLAB_MECHINT_DATA_H

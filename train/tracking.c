@@ -1,4 +1,4 @@
-/* Experiment tracking hooks of the trainer (lib/tracking.h, docs/wandb.md). */
+/* Experiment tracking hooks of the trainer (train/tracking.h, docs/wandb.md). */
 #include "tracking.h"
 
 #include <cjson/cJSON.h>
@@ -8,31 +8,19 @@
 
 #include "buildinfo.h"
 
-#ifndef CONFIG_WANDB
-#define TRACKING_PROJECT NULL
-#define TRACKING_ENTITY NULL
-#define TRACKING_NAME "{run}-{step}"
-#define TRACKING_TAGS NULL
-#define TRACKING_BASE_URL NULL
-#else
-#define TRACKING_PROJECT CONFIG_WANDB_PROJECT
-#define TRACKING_ENTITY CONFIG_WANDB_ENTITY
-#define TRACKING_NAME CONFIG_WANDB_RUN_NAME
-#define TRACKING_TAGS CONFIG_WANDB_TAGS
-#define TRACKING_BASE_URL CONFIG_WANDB_BASE_URL
-#endif
+/* Built only when CONFIG_WANDB is on (train/Makefile): its symbols exist. */
 
 static const char *nonempty(const char *s) { return s && *s ? s : NULL; }
 
 void tracking_settings(WandbSettings *s) {
     memset(s, 0, sizeof *s);
     s->mode = IS_ENABLED(CONFIG_WANDB_OFFLINE) ? "offline" : IS_ENABLED(CONFIG_WANDB_ONLINE) ? "online" : "disabled";
-    s->project = nonempty(TRACKING_PROJECT);
-    s->entity = nonempty(TRACKING_ENTITY);
-    s->tags = nonempty(TRACKING_TAGS);
+    s->project = nonempty(CONFIG_WANDB_PROJECT);
+    s->entity = nonempty(CONFIG_WANDB_ENTITY);
+    s->tags = nonempty(CONFIG_WANDB_TAGS);
     /* the client prefers an explicit URL to $WANDB_BASE_URL; the environment must win over Kconfig */
     const char *env_url = getenv("WANDB_BASE_URL");
-    s->base_url = env_url && *env_url ? NULL : nonempty(TRACKING_BASE_URL);
+    s->base_url = env_url && *env_url ? NULL : nonempty(CONFIG_WANDB_BASE_URL);
 }
 
 /* The display name from the Kconfig template: {run}, {step}, {family}, {variant}. */
@@ -40,7 +28,7 @@ static void expand_name(const TrainRun *r, char *out, size_t n) {
     const char *names[] = {"{run}", "{step}", "{family}", "{variant}"};
     const char *values[] = {CONFIG_RUN_NAME, r->step, r->family, r->variant};
     size_t k = 0;
-    for (const char *p = TRACKING_NAME; *p && k + 1 < n;) {
+    for (const char *p = CONFIG_WANDB_RUN_NAME; *p && k + 1 < n;) {
         int hit = 0;
         for (int i = 0; i < 4 && !hit; i++) {
             size_t len = strlen(names[i]);
@@ -62,7 +50,7 @@ static void add_json(cJSON *o, const char *key, const char *text) {
 }
 
 void tracking_start(TrainRun *r) {
-    if (!IS_ENABLED(CONFIG_WANDB) || r->wandb) return;
+    if (r->wandb) return;
     WandbSettings s;
     tracking_settings(&s);
     char name[256], tags[1024], dir[4200];

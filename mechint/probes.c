@@ -7,7 +7,7 @@
 
 #include "attention.h"
 #include "common.h"
-#include "data.h"
+#include "probes.h"
 #include "kernels.h"
 #include "linalg.h"
 #include "rng.h"

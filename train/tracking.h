@@ -1,6 +1,6 @@
 /* Experiment tracking for the trainers of every family: the glue between
- * the Kconfig menu "Experiment tracking", lib/trainer.c and the W&B client
- * (lib/wandb.h). The trainer calls the tracking_* hooks itself (when the
+ * the Kconfig menu "Experiment tracking", train/trainer.c and the W&B client
+ * (wandb/wandb.h). The trainer calls the tracking_* hooks itself (when the
  * metrics file is opened, written, finished), so a family needs no code of
  * its own: every series it appends to the metrics document is reported.
  *
@@ -11,11 +11,12 @@
 #define KVLAB_TRACKING_H
 
 #include "trainer.h"
+
+#if IS_ENABLED(CONFIG_WANDB)
 #include "wandb.h"
 
-/* The Kconfig defaults (mode, project, entity, tags, server); mode
- * "disabled" when tracking is off. Environment variables still override
- * them (docs/wandb.md). */
+/* The Kconfig defaults (mode, project, entity, tags, server). Environment
+ * variables still override them (docs/wandb.md). */
 void tracking_settings(WandbSettings *s);
 
 /* Starts the W&B run of r (run_open_metrics). */
@@ -35,5 +36,16 @@ void tracking_finish(TrainRun *r, int exit_code);
  * printing one line saying why not. */
 int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
                          const char *const *files, int nfiles, const char *folder);
+#else
+/* Tracking is off: neither these hooks nor the W&B client are linked. */
+static inline void tracking_start(TrainRun *r) { (void)r; }
+static inline void tracking_log(TrainRun *r) { (void)r; }
+static inline void tracking_finish(TrainRun *r, int exit_code) { (void)r, (void)exit_code; }
+static inline int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
+                                       const char *const *files, int nfiles, const char *folder) {
+    (void)run_dir, (void)step, (void)summary_json, (void)files, (void)nfiles, (void)folder;
+    return 1;
+}
+#endif
 
 #endif
