@@ -109,8 +109,9 @@ check-config: deps
 test: deps
 	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
 
+# AGAINST=DIR: another checkout's benchmark runs beside this one's (scripts/bench.py --against).
 bench: deps
-	@$(PYTHON) scripts/bench.py
+	@$(PYTHON) scripts/bench.py $(if $(AGAINST),--against "$(AGAINST)")
 
 # ---------------------------------------------------------------- analysis
 
@@ -164,7 +165,7 @@ help:
 	@echo "  build            build only"
 	@echo "  run              run only (after build)"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
-	@echo "  bench            kernel benchmark: output/bench/bench.json"
+	@echo "  bench            kernel benchmark: output/bench/bench.json (AGAINST=DIR: beside another checkout)"
 	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"
 	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"

@@ -11,7 +11,11 @@ primary figures compare best with best: the fastest step of each variant
 against the fastest sgemm of the run; medians are recorded beside them.
 Writes output/bench/bench.json (one record per variant) and prints the table.
 
-usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V]
+With --against DIR, another checkout's benchmark (e.g. a git worktree of an
+older commit) runs beside this one's in every round, and each variant's
+step time is compared: output/bench/against.json.
+
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR]
 """
 import argparse
 import json
@@ -43,14 +47,45 @@ VARIANTS = bench_variants()
 BASELINE = attention_tbl.variants()[0]["name"]  # the first row (standard attention) is what the others are compared to
 
 
-def build(variant, fragment, sanitize=False):
-    bdir = os.path.join(REPO, "build", "bench", variant)
-    base = os.path.join(REPO, "tests", "configs", "base")
+def build(variant, fragment, repo=REPO):
+    """bench/bench_step of one variant, built in repo (this checkout, or the one --against names)."""
+    bdir = os.path.join(repo, "build", "bench", variant)
+    base = os.path.join(repo, "tests", "configs", "base")
     subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment)],
-                   cwd=REPO, check=True)
+                   cwd=repo, check=True)
     subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
-                    "BENCH=y"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+                    "BENCH=y"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
     return os.path.join(bdir, "bench", "bench_step")
+
+
+def run_bench(binary, shape, steps):
+    r = subprocess.run([binary] + [str(x) for x in shape] + [str(steps)], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def compare(runs, against, path, other):
+    """The step time of this checkout against another, per variant, from runs interleaved round by round:
+    best against best (noise only slows a run down) and median against median."""
+    rows = []
+    for variant, _, _ in VARIANTS:
+        mine = [ms for r in runs[variant] for ms in r["step_ms"]]
+        theirs = [ms for r in against[variant] for ms in r["step_ms"]]
+        rows.append({"variant": variant, "label": runs[variant][0]["label"],
+                     "ms_per_step": round(min(mine), 2), "ms_per_step_against": round(min(theirs), 2),
+                     "time_ratio": round(min(mine) / min(theirs), 4),
+                     "median_time_ratio": round(statistics.median(mine) / statistics.median(theirs), 4)})
+    print(f"\nthis checkout against {other} (interleaved in every round; ratio < 1: this checkout is faster)")
+    print(f"{'variant':10s} {'ms/step':>9s} {'against':>9s} {'best ratio':>11s} {'median ratio':>13s}")
+    for r in rows:
+        print(f"{r['label']:10s} {r['ms_per_step']:9.1f} {r['ms_per_step_against']:9.1f} {r['time_ratio']:11.3f} "
+              f"{r['median_time_ratio']:13.3f}")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"against": other, "variants": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    print(f"written {os.path.relpath(path, REPO)}")
 
 
 def main():
@@ -59,28 +94,42 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--shape", nargs=6, type=int, default=[6, 6, 384, 256, 12, 65], metavar=("L", "H", "C", "T",
                                                                                              "B", "V"))
+    ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
+                    "commit): its benchmark runs beside this one's in every round, and the step times are compared "
+                    "(output/bench/against.json)")
     args = ap.parse_args()
+    if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
+        print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
+              file=sys.stderr)
+        return 2
     coretype = os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS detects the CPU)")
     print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "
           f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
           f"OPENBLAS_CORETYPE={coretype}", flush=True)
-    binaries = {}
+    binaries, others = {}, {}
     for variant, frag, _ in VARIANTS:
         print(f"  building {variant}", flush=True)
         binaries[variant] = build(variant, frag)
+        if args.against:
+            others[variant] = build(variant, frag, os.path.abspath(args.against))
     runs = {v: [] for v, _, _ in VARIANTS}
-    for rnd in range(args.rounds):
-        for variant, _, _ in VARIANTS:
-            cmd = [binaries[variant]] + [str(x) for x in args.shape] + [str(args.steps)]
-            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"error: {variant} benchmark failed: {r.stderr.strip()}", file=sys.stderr)
-                return 1
-            rec = json.loads(r.stdout)
-            runs[variant].append(rec)
-            print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} ms/step, "
-                  f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
-                  flush=True)
+    against = {v: [] for v, _, _ in VARIANTS}
+    try:
+        for rnd in range(args.rounds):
+            for variant, _, _ in VARIANTS:
+                rec = run_bench(binaries[variant], args.shape, args.steps)
+                runs[variant].append(rec)
+                print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} ms/step, "
+                      f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
+                      flush=True)
+                if args.against:
+                    rec = run_bench(others[variant], args.shape, args.steps)
+                    against[variant].append(rec)
+                    print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} "
+                          f"ms/step, median {rec['ms_per_step']:8.1f} ({args.against})", flush=True)
+    except RuntimeError as e:
+        print(f"error: benchmark: {e}", file=sys.stderr)
+        return 1
     all_sgemm = [g for v in runs.values() for r in v for g in r["sgemm_gflops_runs"]]
     sgemm, sgemm_median = max(all_sgemm), statistics.median(all_sgemm)
     records = []
@@ -150,6 +199,8 @@ def main():
               f"{r['tokens_per_s']:8.0f} {r['gflops']:8.1f} {r['ratio']:6.3f} {r['flops_vs_qkv']:9.3f} "
               f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}")
     print(f"\nwritten {os.path.relpath(path, REPO)}")
+    if args.against:
+        compare(runs, against, os.path.join(out, "against.json"), args.against)
     return 0
 
 
