@@ -241,13 +241,8 @@ static int train(Run *r) {
             fflush(stdout);
         }
         if (run_stop_signal()) {
-            run_save_state(t);
-            char msg[256];
-            snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
-            run_fail(t, "interrupted", msg);
-            fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
             free(x), free(y);
-            return 128 + run_stop_signal();
+            return run_stop(t);
         }
     }
     free(x);

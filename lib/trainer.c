@@ -217,14 +217,41 @@ void run_fail(TrainRun *r, const char *status, const char *msg) {
 
 static volatile sig_atomic_t g_stop_signal;
 
-static void on_signal(int sig) { g_stop_signal = sig; }
+static void on_signal(int sig) {
+    if (!g_stop_signal) g_stop_signal = sig; /* the first reason is the one reported */
+}
 
 void run_catch_signals(void) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    /* Output to a runner that is gone must not kill the trainer before it
+     * saves: the write fails instead, and run_stop_signal() reports it. */
+    signal(SIGPIPE, SIG_IGN);
 }
 
-int run_stop_signal(void) { return (int)g_stop_signal; }
+int run_stop_signal(void) {
+    if (!g_stop_signal && (ferror(stdout) || ferror(stderr))) g_stop_signal = SIGPIPE;
+    return (int)g_stop_signal;
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+int run_stop(TrainRun *r) {
+    int sig = run_stop_signal();
+    run_save_state(r);
+    char msg[256];
+    if (sig == SIGPIPE)
+        snprintf(msg, sizeof msg, "stopped at iteration %d: its output was closed (the step runner is gone)", r->iter);
+    else
+        snprintf(msg, sizeof msg, "stopped by %s at iteration %d", signal_name(sig), r->iter);
+    run_fail(r, "stopped", msg);
+    fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, r->state_path);
+    fflush(stderr);
+    return 128 + sig;
+}
 
 void format_eta(char *buf, size_t n, double s) {
     if (!isfinite(s) || s < 0) s = 0;

@@ -610,7 +610,9 @@ def test_resume(ws):
     rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)
     R.check(seen and rc == 128 + signal.SIGTERM, f"SIGTERM stops the run with status 143 (rc {rc}) {rest[-500:]}")
     mc = metrics(os.path.join(c, "training_metrics_stepV0.json"))
-    R.check(mc["status"] == "interrupted", "an interrupted run says so in its metrics")
+    R.check(mc["status"] == "stopped" and mc["error"] == "stopped by SIGTERM at iteration 10"
+            and "stopped by SIGTERM at iteration 10; state saved to" in rest,
+            f"a stopped run says so in its metrics and in one line: {mc['status']} {mc.get('error')} {rest[-300:]}")
     r = run_binary(binary, c, "V0")
     R.check(r.returncode == 0 and "resuming" in r.stdout, f"continued after SIGTERM: {r.stderr}")
     ma = metrics(os.path.join(a, "training_metrics_stepV0.json"))
