@@ -8,6 +8,12 @@ captured to train_step<STEP>.log, and carries on with the next step when one
 fails. Afterwards it writes ablation_summary.json and ablation_summary.md,
 prints the comparison table and plots every step's curves overlaid.
 
+SIGINT, SIGTERM and SIGHUP (to the whole process group, as Ctrl-C sends
+them, or to this process alone) stop the run: the trainer gets the signal,
+saves its state at its current iteration and exits; this runner keeps
+relaying its output until then, starts nothing more, prints one line and
+exits with 128 + the signal (docs/build.md, "Signals").
+
 Called by `make`; see `make help`.
 """
 import argparse
@@ -16,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -69,7 +76,37 @@ PAPER_SYNTH = {
 
 
 def say(msg):
-    print(msg, flush=True)
+    try:
+        print(msg, flush=True)
+    except OSError:  # the terminal is gone (SIGHUP) or make stopped reading: the logs still get everything
+        pass
+
+
+class Stop:
+    """The first of SIGINT, SIGTERM, SIGHUP received, and the trainer running now."""
+    signal = 0
+    child = None
+
+
+def on_stop_signal(sig, _frame):
+    Stop.signal = Stop.signal or sig
+    child = Stop.child
+    if child is not None and child.returncode is None:
+        try:  # the trainer may have the signal already (the whole group got it); a second one changes nothing
+            os.kill(child.pid, sig)
+        except OSError:
+            pass
+
+
+def stopped_message(sid, files):
+    m = load_json(files["metrics"]) or {}
+    if m.get("status") == "stopped":
+        what = f"step {sid} saved its state at iteration {m.get('final_iteration')}"
+    elif m.get("status") == "complete":
+        what = f"step {sid} is complete"
+    else:
+        what = f"step {sid} had not started training"
+    return f"kvlab: stopped by {signal.Signals(Stop.signal).name}: {what}; run make again to continue from there"
 
 
 def load_json(path):
@@ -166,6 +203,8 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     if not fetch_data(cfg, family, build_dir):
         say(f"step {sid}: FAILED: data preparation failed (see the error above)")
         return "failed"
+    if Stop.signal:
+        return "stopped"
     write_atomic(files["config"], cfg_text)
     binary = os.path.join(build_dir, family["binary"])
     shutil.copy2(binary, files["binary"] + ".tmp")
@@ -176,12 +215,15 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
         log.flush()
         proc = subprocess.Popen([files["binary"], "train", "--out", out, "--step", sid], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        Stop.child = proc  # a stop signal is passed on to it; we relay its output until it has saved and exited
         for line in proc.stdout:
-            sys.stdout.write(f"[{sid}] {line}")
-            sys.stdout.flush()
             log.write(line)
             log.flush()
+            say(f"[{sid}] {line.rstrip(chr(10))}")
         rc = proc.wait()
+        Stop.child = None
+    if Stop.signal:
+        return "stopped"
     if rc != 0:
         say(f"step {sid}: FAILED with exit status {rc}; see {os.path.relpath(files['log'], REPO)} "
             "(the other steps' results are kept)")
@@ -391,6 +433,8 @@ def plot(out, rows):
 
 
 def main():
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_stop_signal)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True, help="build/<run name>")
     ap.add_argument("--out", required=True, help="<output folder>/<run name>")
@@ -422,7 +466,10 @@ def main():
     rows, failed = [], 0
     t0 = time.time()
     for step, sid, fam, build_dir, cfg, cfg_text in plan:
-        status = run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        status = "stopped" if Stop.signal else run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        if Stop.signal:
+            say(stopped_message(sid, step_files(out, sid, fam["name"])))
+            return 128 + Stop.signal
         failed += status == "failed"
         rows.append((sid, status, cfg))
     summarise(out, rows)

@@ -628,6 +628,112 @@ def test_resume(ws):
     R.check(ta == tb, "the resumed run ends with bit-identical parameters")
 
 
+# Long enough that a signal lands mid-run, with no periodic checkpoint before the end.
+SIGNAL_RUN = (TINY.replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=20000")
+              .replace("CONFIG_GPT2_EVAL_INTERVAL=10", "CONFIG_GPT2_EVAL_INTERVAL=10000")
+              .replace("CONFIG_GPT2_LOG_INTERVAL=1", "CONFIG_GPT2_LOG_INTERVAL=50")
+              .replace("CONFIG_GPT2_CHECKPOINT_INTERVAL=10", "CONFIG_GPT2_CHECKPOINT_INTERVAL=15000")
+              .replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0")
+              .replace('"V0,V1"', '"V0"').replace('"tiny"', '"sig"'))
+
+
+def proc_children(pid):
+    """The processes whose parent is pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def proc_find(root, word):
+    """The first process below root whose command line contains word, or None."""
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    return pid
+        except OSError:
+            continue
+        todo += proc_children(pid)
+    return None
+
+
+def wait_gone(pid, seconds=120):
+    end = time.time() + seconds
+    while os.path.exists(f"/proc/{pid}") and time.time() < end:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_signals(tmp, sanitize):
+    section("Ctrl-C, SIGTERM and a lost runner: the trainer saves where it is, make continues from there")
+    ws = Workspace(tmp, "signals", SIGNAL_RUN, sanitize)
+    r = ws.make("build")
+    if not R.check(r.returncode == 0, f"signals: build: {r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    out = ws.run_dir("sig")
+    cases = [("SIGINT to the make process group", "group", signal.SIGINT),
+             ("SIGTERM to the make process group", "group", signal.SIGTERM),
+             ("SIGHUP to the make process group (the terminal closed)", "group", signal.SIGHUP),
+             ("SIGTERM to the step runner alone", "runner", signal.SIGTERM),
+             ("SIGKILL to the step runner alone (the trainer loses its output)", "runner", signal.SIGKILL)]
+    for what, target, sig in cases:
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = ["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else [])
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+        lines, trainer, sent = [], None, False
+        for line in p.stdout:  # read to the end: a full pipe would stall make
+            lines.append(line)
+            m = re.match(r"\[V0\] step +(\d+)/", line)
+            if not sent and m and int(m.group(1)) >= 200:
+                runner = proc_find(p.pid, "run_steps.py")
+                trainer = proc_find(p.pid, "train_gpt2_stepV0")
+                if target == "group":
+                    os.killpg(p.pid, sig)
+                elif runner:
+                    os.kill(runner, sig)
+                sent = True
+        rc = p.wait()
+        text = "".join(lines)
+        if not R.check(sent and trainer, f"{what}: the signal was sent while V0 trained:\n{text[-2000:]}"):
+            continue
+        R.check(wait_gone(trainer), f"{what}: the trainer exits")
+        path = os.path.join(out, "training_metrics_stepV0.json")
+        m = metrics(path) if os.path.exists(path) else {}
+        stop_iter = m.get("final_iteration", 0)
+        name = signal.Signals(sig).name
+        why = "its output was closed" if sig == signal.SIGKILL else f"stopped by {name} at iteration {stop_iter}"
+        R.check(rc != 0 and m.get("status") == "stopped" and why in m.get("error", "") and
+                200 <= stop_iter < 15000, f"{what}: make fails, the metrics say stopped at the current iteration "
+                f"(no checkpoint was due): rc={rc} {m.get('status')} {m.get('error')} {stop_iter}")
+        state = os.path.join(out, "state_stepV0.safetensors")
+        _, meta = safetensors_tensors(state) if os.path.exists(state) else ({}, {})
+        R.check(meta.get("step") == str(stop_iter), f"{what}: the state file holds iteration {stop_iter}: "
+                f"{meta.get('step')}")
+        if sig != signal.SIGKILL:
+            stop_lines = [x for x in lines if x.startswith("kvlab: stopped by")]
+            R.check(len(stop_lines) == 1 and f"stopped by {name}: step V0 saved its state at iteration {stop_iter}"
+                    in stop_lines[0] and "Traceback" not in text,
+                    f"{what}: the runner ends with one line saying where the step stopped:\n{text[-1500:]}")
+            log = open(os.path.join(out, "train_stepV0.log")).read()
+            R.check(f"stopped by {name} at iteration {stop_iter}; state saved" in log,
+                    f"{what}: the trainer's last words reach the log: {log[-500:]}")
+        r = ws.make()
+        m = metrics(path)
+        R.check(r.returncode == 0 and f"resuming step V0 from iteration {stop_iter} " in r.stdout and
+                m["status"] == "complete" and m["final_iteration"] == 20000,
+                f"{what}: the next make resumes from iteration {stop_iter} and completes:\n{r.stdout[-1500:]}")
+
+
 def test_sampling_and_bad_checkpoints(ws, tmp):
     section("sampling with the KV cache; bad checkpoints")
     out = ws.run_dir()
@@ -1069,6 +1175,8 @@ def main():
                 guarded(test_skip_and_redo, ws)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
+        if want("signals"):
+            guarded(test_signals, tmp, args.sanitize)
         if want("vit"):
             guarded(test_vit_end_to_end, tmp, args.sanitize)
         if want("seq2seq"):
