@@ -131,6 +131,79 @@ def test_kconfig(tmp):
     R.check(r.returncode != 0 and "defconfig" in r.stderr, f"make without .config says how to start: {r.stderr}")
 
 
+# Every string symbol is reachable from one of these (test_string_symbols checks that).
+ALL_STRINGS = ["CONFIG_GPT2=y\nCONFIG_GPT2_DATA_BPE=y\nCONFIG_VIT=y\nCONFIG_SEQ2SEQ=y\nCONFIG_WANDB=y\n"
+               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
+# Free text: any characters, only ever passed as data. Every other string symbol refuses shell and make syntax.
+FREE_TEXT = {"GPT2_SAMPLE_PROMPT", "WANDB_PROJECT", "WANDB_RUN_NAME", "WANDB_TAGS"}
+PWNED = "kvlab-pwned"  # the marker files the payloads would create
+PAYLOADS = {"$(...)": f"$(touch {PWNED}-dollar)", "backticks": f"`touch {PWNED}-backtick`", "..": "..", ".": ".",
+            "empty": "", "absolute path": "/tmp/kvlab-absolute"}
+# (symbol, payload) -> accepted?, where the answer is part of the contract (docs/build.md, "String symbols")
+STRING_CONTRACT = {
+    ("RUN_NAME", ".."): False, ("RUN_NAME", "."): False, ("RUN_NAME", "empty"): False,
+    ("RUN_NAME", "absolute path"): False,
+    ("ABLATION_STEPS", ".."): False, ("ABLATION_STEPS", "."): False, ("ABLATION_STEPS", "empty"): False,
+    ("ABLATION_STEPS", "absolute path"): False,
+    ("OUTPUT_DIR", "."): False, ("OUTPUT_DIR", "empty"): False, ("OUTPUT_DIR", ".."): True,
+    ("OUTPUT_DIR", "absolute path"): True,
+    ("DATA_DIR", "."): False, ("DATA_DIR", "empty"): False, ("DATA_DIR", "absolute path"): True,
+    ("ABLATION_STEPS_DIR", "empty"): False, ("ABLATION_STEPS_DIR", "absolute path"): True,
+    ("DATA_MIRROR", "empty"): True, ("DATA_MIRROR", "absolute path"): True,
+    ("WANDB_ENTITY", ".."): False, ("WANDB_ENTITY", "empty"): True,
+}
+
+
+def string_symbols(config):
+    """{name: visible in config} for every string symbol of the Kconfig tree."""
+    code = ("import json, sys, kconfiglib\nk = kconfiglib.Kconfig('Kconfig', warn_to_stderr=False)\n"
+            "k.load_config(sys.argv[1])\nprint(json.dumps({s.name: bool(s.config_string) for s in "
+            "k.unique_defined_syms if s.orig_type == kconfiglib.STRING}))")
+    return json.loads(run([PY, "-c", code, config]).stdout)
+
+
+def test_string_symbols(tmp):
+    section("string symbols: shell and make syntax, '..', '.', empty and absolute values in every one")
+    bases = []
+    for i, text in enumerate(ALL_STRINGS):
+        path = os.path.join(tmp, f"strings-{i}.defconfig")
+        with open(path, "w") as f:
+            f.write(text)
+        cfg = os.path.join(tmp, f"strings-{i}.config")
+        r = run(KCONFIG + ["defconfig", path, cfg])
+        R.check(r.returncode == 0, f"string symbols: base configuration {i}: {r.stderr}")
+        bases.append((cfg, string_symbols(cfg)))
+    names = sorted(bases[0][1])
+    R.check(len(names) >= 30, f"string symbols found: {names}")
+    accepted = {}
+    for name in names:
+        cfg = next((c for c, visible in bases if visible.get(name)), None)
+        if not R.check(cfg is not None, f"CONFIG_{name} is visible in one of the test configurations (add what it "
+                                        "depends on to ALL_STRINGS)"):
+            continue
+        for what, value in PAYLOADS.items():
+            work = os.path.join(tmp, "strings-work.config")
+            shutil.copy(cfg, work)
+            before = open(work).read()
+            r = run(KCONFIG + ["set", work, f"{name}={value}"])
+            ok = r.returncode == 0
+            accepted[(name, what)] = ok
+            if not ok:
+                R.check(len(r.stderr.strip().splitlines()) == 1 and f"CONFIG_{name}" in r.stderr and
+                        "hint" in r.stderr and open(work).read() == before,
+                        f"CONFIG_{name}={value!r} is refused in one line naming it, with a hint: {r.stderr.strip()}")
+            want = STRING_CONTRACT.get((name, what))
+            if what in ("$(...)", "backticks"):
+                want = name in FREE_TEXT
+            if want is not None:
+                R.check(ok == want, f"CONFIG_{name}={value!r} is {'accepted' if want else 'refused'}: "
+                                    f"rc={r.returncode} {r.stderr.strip()}")
+    print(f"  {len(names)} string symbols x {len(PAYLOADS)} values: "
+          f"{sum(accepted.values())} accepted, {len(accepted) - sum(accepted.values())} refused", flush=True)
+    pwned = glob.glob(os.path.join(REPO, PWNED + "*")) + glob.glob(os.path.join(tmp, PWNED + "*"))
+    R.check(not pwned, f"setting the values executed nothing: {pwned}")
+
+
 def test_menuconfig(tmp):
     """Drives kconfiglib's menuconfig through a pseudo-terminal: jump to SEED, edit, save, quit."""
     import pty
@@ -1161,6 +1234,8 @@ def main():
         R.check(r.returncode == 0, f"data for the tests: {r.stdout}{r.stderr}")
         if want("kconfig"):
             guarded(test_kconfig, tmp)
+        if want("strings"):
+            guarded(test_string_symbols, tmp)
         if want("menuconfig"):
             guarded(test_menuconfig, tmp)
         if want("unit"):
