@@ -288,7 +288,18 @@ def write_if_changed(path, text):
 
 
 def c_string(text):
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A C string literal of text; '?' as \\? so that no ??x trigraph (gcc -std=c11 converts them) can end it."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("?", "\\?") + '"'
+
+
+def autoconf_text(kconf, header):
+    """kconfiglib's autoconf.h, with '?' in string values written \\? (see c_string): free-text values
+    such as the sample prompt reach the compiler as data whatever they hold."""
+    out = []
+    for line in kconf._autoconf_contents(header).splitlines(True):
+        m = re.match(r'^(#define CONFIG_\w+ )(".*")$', line.rstrip("\n"))
+        out.append(m.group(1) + m.group(2).replace("?", "\\?") + "\n" if m else line)
+    return "".join(out)
 
 
 # ---------------------------------------------------------------- commands
@@ -368,8 +379,8 @@ def cmd_genconfig(config, outdir):
     gen = os.path.join(outdir, "include", "generated")
     deps = os.path.join(outdir, "include", "config")
     os.makedirs(gen, exist_ok=True)
-    kconf.write_autoconf(os.path.join(gen, "autoconf.h"),
-                         header="/* Generated from " + config + " by scripts/kconfig.py: do not edit. */\n")
+    write_if_changed(os.path.join(gen, "autoconf.h"),
+                     autoconf_text(kconf, "/* Generated from " + config + " by scripts/kconfig.py: do not edit. */\n"))
     resolved = resolved_json(kconf)
     text = json.dumps(resolved, indent=1, sort_keys=True) + "\n"
     write_if_changed(os.path.join(gen, "config.json"), text)

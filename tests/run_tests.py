@@ -204,6 +204,72 @@ def test_string_symbols(tmp):
     R.check(not pwned, f"setting the values executed nothing: {pwned}")
 
 
+def test_string_data_through_make(tmp, sanitize):
+    section("string symbols through make: free text arrives as data, a refused value stops make")
+    # every character a shell, make or a C string literal could take for syntax, trigraphs included
+    nasty = f"$(touch {PWNED}-m1) `touch {PWNED}-m2` $$(touch {PWNED}-m3) ${{HOME}} '\"\\ ??/ ??= ; # % & |"
+    values = {"GPT2_SAMPLE_PROMPT": nasty, "WANDB_PROJECT": f"$(touch {PWNED}-p) `touch {PWNED}-q` '\" ${{HOME}}",
+              "WANDB_RUN_NAME": "{run}-{step} " + nasty, "WANDB_TAGS": f"e2e,$(touch {PWNED}-t),`touch {PWNED}-u`"}
+    ws = Workspace(tmp, "strings-make", TINY.replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0")
+                   .replace('"V0,V1"', '"V1"').replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=10") +
+                   "CONFIG_WANDB=y\nCONFIG_WANDB_OFFLINE=y\n", sanitize)
+    ws.set(*(f"{k}={v}" for k, v in values.items()))
+
+    def pwned():
+        return [p for d in (REPO, ws.dir, tmp) for p in glob.glob(os.path.join(d, PWNED + "*"))]
+
+    r = ws.make()
+    if not R.check(r.returncode == 0, f"make builds and runs with shell and make syntax in the free-text symbols:\n"
+                                      f"{r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    info = run([ws.binary("V1"), "info"], env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    m = re.search(r"^config: (.*)$", info.stdout, re.M)
+    cfg = json.loads(m.group(1)) if m else {}
+    R.check(all(cfg.get(k) == v for k, v in values.items()),
+            f"the binary holds the values verbatim: {[(k, cfg.get(k)) for k in values]}")
+    spools = glob.glob(os.path.join(ws.run_dir(), "wandb", "V1", "wandb-c", "*", "spool.jsonl"))
+    rec = [json.loads(x) for x in open(spools[0])] if spools else []
+    runrec = next((x for x in rec if x.get("t") == "run"), {})
+    R.check(runrec.get("project") == values["WANDB_PROJECT"] and runrec.get("name") == "tiny-V1 " + nasty and
+            f"$(touch {PWNED}-t)" in runrec.get("tags", []),
+            f"the W&B run record holds the project and the display name verbatim: {str(runrec)[:600]}")
+    ws.set(*MECHINT_SMALL)
+    r = ws.make("mechint")
+    R.check(r.returncode == 0, f"make mechint rebuilds from such a checkpoint's configuration:\n"
+                               f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    R.check(not pwned(), f"nothing in the values was executed: {pwned()}")
+    # a value written into .config by hand, past scripts/config: make stops before using anything
+    cfg_path = os.path.join(ws.dir, ".config")
+    good = open(cfg_path).read()
+    for name, value in (("OUTPUT_DIR", f"$(touch {PWNED}-o)"), ("RUN_NAME", f"`touch {PWNED}-r`"),
+                        ("ABLATION_STEPS", f"V1,$(shell touch {PWNED}-s)")):
+        with open(cfg_path, "w") as f:
+            f.write(re.sub(rf"^CONFIG_{name}=.*$", f'CONFIG_{name}="{value}"', good, flags=re.M))
+        for goal in ("run", "mechint", "wandb-sync"):
+            r = ws.make(goal)
+            errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+            R.check(r.returncode != 0 and len(errs) == 1 and f"CONFIG_{name}" in errs[0] and
+                    "already complete" not in r.stdout and "mechint:" not in r.stdout,
+                    f"make {goal} with CONFIG_{name}={value!r} in .config stops naming it, using nothing:\n"
+                    f"{r.stdout[-800:]}{r.stderr[-800:]}")
+    with open(cfg_path, "w") as f:
+        f.write(good)
+    # past scripts/kconfig.py altogether (auto.conf written by hand): make still treats the values as data
+    auto = os.path.join(ws.dir, "include", "config", "auto.conf")
+    ws.make("build")
+    odd = os.path.join(tmp, f"$(shell touch {PWNED}-a)`touch {PWNED}-b`$$(touch {PWNED}-c)")
+    text = re.sub(r"^CONFIG_OUTPUT_DIR=.*$", lambda _: f'CONFIG_OUTPUT_DIR="{odd}"', open(auto).read(), flags=re.M)
+    with open(auto, "w") as f:
+        f.write(text)
+    r = ws.make("run")
+    R.check(r.returncode == 0 and os.path.isfile(os.path.join(odd, "tiny", "final_model_stepV1.safetensors")),
+            f"make passes a configuration string to the runner as it is:\n{r.stdout[-1000:]}{r.stderr[-1000:]}")
+    os.utime(cfg_path)  # auto.conf is generated again from .config next time
+    R.check(not pwned(), f"nothing in the hand-written values was executed: {pwned()}")
+    for p in pwned():
+        os.remove(p)
+
+
 def test_menuconfig(tmp):
     """Drives kconfiglib's menuconfig through a pseudo-terminal: jump to SEED, edit, save, quit."""
     import pty
@@ -1236,6 +1302,7 @@ def main():
             guarded(test_kconfig, tmp)
         if want("strings"):
             guarded(test_string_symbols, tmp)
+            guarded(test_string_data_through_make, tmp, args.sanitize)
         if want("menuconfig"):
             guarded(test_menuconfig, tmp)
         if want("unit"):
