@@ -630,6 +630,49 @@ def test_mechint_end_to_end(ws, tmp):
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
 
 
+def test_mechint_malformed(ws, tmp):
+    section("make mechint: malformed checkpoints each get one error line, the files after them are analysed")
+    good = os.path.join(ws.run_dir(), "final_model_stepV1.safetensors")
+    data = open(good, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+
+    def with_header(h):  # the tensors of the good file behind another header
+        text = (h if isinstance(h, bytes) else json.dumps(h).encode())
+        text += b" " * ((8 - len(text) % 8) % 8)
+        return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+    def meta(**kw):
+        return dict(header, __metadata__=dict(header["__metadata__"], **kw))
+
+    cases = {  # named to sort before the good file
+        "a1-array": with_header([1, 2]),
+        "a2-string": with_header('"kvlab"'.encode()),
+        "a3-metadata-list": with_header(dict(header, __metadata__=["framework", "kvlab"])),
+        "a4-tensor-not-object": with_header(dict(header, **{next(k for k in header if k != "__metadata__"): 7})),
+        "a5-config-not-json": with_header(meta(config="{not json")),
+        "a6-config-not-object": with_header(meta(config="[1, 2]")),
+        "a7-config-wrong-values": with_header(meta(config=json.dumps({"GPT2_N_LAYER": "many"}))),
+    }
+    folder = os.path.join(tmp, "mechint-malformed")
+    os.makedirs(folder, exist_ok=True)
+    for name, blob in cases.items():
+        with open(os.path.join(folder, name + ".safetensors"), "wb") as f:
+            f.write(blob)
+    shutil.copy(good, folder)
+    r = ws.make("mechint", f"MODELS={folder}")
+    both = r.stdout + r.stderr
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    for name in cases:
+        mine = [x for x in errs if f"{name}.safetensors" in x]
+        R.check(len(mine) == 1, f"mechint: {name} gets one error line naming it: {mine}")
+    R.check(r.returncode != 0 and "Traceback" not in both and
+            any(f"{len(cases)} of {len(cases) + 1} checkpoint(s) could not be analysed" in x for x in errs),
+            f"mechint: no traceback, the exit status and the last line say some failed:\n{both[-2500:]}")
+    R.check(os.path.isfile(os.path.join(folder, "mechint", "final_model_stepV1", "report.json")),
+            "mechint: the good checkpoint after the malformed ones is analysed")
+
+
 def test_skip_and_redo(ws):
     section("completed steps are skipped; changed configurations and FORCE=1 redo them")
     out = ws.run_dir()
@@ -1311,6 +1354,7 @@ def main():
             ws = Workspace(tmp, "e2e", TINY, args.sanitize)
             if guarded(test_ablation_end_to_end, ws):
                 guarded(test_mechint_end_to_end, ws, tmp)
+                guarded(test_mechint_malformed, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_rebuild_tracking, ws)
