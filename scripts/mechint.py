@@ -195,8 +195,7 @@ def main():
             continue
         os.makedirs(out, exist_ok=True)
         print(f"== {name}: {meta.get('family')} {meta.get('variant')} (step {meta.get('ablation_step', '-')})", flush=True)
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", ""))
-        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO, env=env)
+        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO)
         if r.returncode != 0:
             err(f"{path}: analysis failed (exit {r.returncode}); see the messages above")
             failed += 1

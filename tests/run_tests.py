@@ -673,6 +673,22 @@ def test_mechint_malformed(ws, tmp):
             "mechint: the good checkpoint after the malformed ones is analysed")
 
 
+def test_mechint_environment(ws, tmp):
+    section("make mechint leaves OMP_NUM_THREADS alone")
+    folder = os.path.join(tmp, "mechint-env")
+    os.makedirs(folder, exist_ok=True)
+    shutil.copy(os.path.join(ws.run_dir(), "final_model_stepV1.safetensors"), folder)
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        r = ws.make("mechint", f"MODELS={folder}")
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+    both = r.stdout + r.stderr
+    R.check(r.returncode == 0 and "OMP_NUM_THREADS" not in both,
+            f"mechint without OMP_NUM_THREADS set: no libgomp warning about it:\n{both[-1500:]}")
+
+
 def test_skip_and_redo(ws):
     section("completed steps are skipped; changed configurations and FORCE=1 redo them")
     out = ws.run_dir()
@@ -1355,6 +1371,7 @@ def main():
             if guarded(test_ablation_end_to_end, ws):
                 guarded(test_mechint_end_to_end, ws, tmp)
                 guarded(test_mechint_malformed, ws, tmp)
+                guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_rebuild_tracking, ws)
