@@ -209,7 +209,7 @@ static int train(Run *r) {
         }
         if (!isfinite(loss)) {
             char msg[512];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP; %s)\n", msg,
                     file_exists(t->state_path) ? "the last good state is in the state_step file and is kept"

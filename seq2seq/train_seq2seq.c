@@ -411,7 +411,7 @@ static int train(Run *r) {
         int correct = s2s_correct(m), counted = m->counted;
         if (!isfinite(loss)) {
             char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP)\n", msg);
             return 1;

@@ -998,6 +998,19 @@ def test_bad_runs(tmp, sanitize):
     R.check(os.path.exists(path) and metrics(path)["status"] == "failed", "the metrics file records the failure")
 
 
+def test_nonfinite_iteration(tmp):
+    section("the non-finite loss message names the iteration that produced it")
+    out = os.path.join(tmp, "diverge", "output", "tiny")  # test_bad_runs' diverging run, a progress line per step
+    log = open(os.path.join(out, "train_stepV0.log")).read().split("\n==== ")[-1] if os.path.isdir(out) else ""
+    done = [int(x) for x in re.findall(r"^step +(\d+)/", log, re.M)]
+    bad = re.search(r"training loss is \S+ at iteration (\d+)", log)
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json")) if log else {}
+    R.check(done and bad and int(bad.group(1)) == done[-1] + 1 and
+            m.get("error", "").endswith(f"at iteration {done[-1] + 1}"),
+            f"the loss of iteration {done[-1] + 1 if done else '?'} (the one after the last step logged) is named: "
+            f"{bad.group(0) if bad else log[-500:]} / {m.get('error')}")
+
+
 def test_vit_end_to_end(tmp, sanitize):
     section("ViT: two steps on Fashion-MNIST end to end, resume, bad checkpoints")
     ws = Workspace(tmp, "vit", TINY_VIT, sanitize)
@@ -1378,6 +1391,7 @@ def main():
                 guarded(test_skip_and_redo, ws)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
+            guarded(test_nonfinite_iteration, tmp)
         if want("signals"):
             guarded(test_signals, tmp, args.sanitize)
         if want("vit"):

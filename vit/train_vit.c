@@ -212,7 +212,7 @@ static int train(Run *r) {
         int correct = vit_correct(m, NULL);
         if (!isfinite(loss)) {
             char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP)\n", msg);
             return 1;
