@@ -12,9 +12,20 @@
 #include "kernels.h"
 #include "tracking.h"
 
+/* The run whose metrics still say "running": a fatal error marks them failed. */
+static TrainRun *g_running;
+
 void run_die(const Err *e) {
     fflush(stdout);
     fprintf(stderr, "error: %s\n", e->msg);
+    TrainRun *r = g_running;
+    g_running = NULL; /* once: writing the metrics may be what failed */
+    if (r) {
+        Err ignored;
+        metrics_set_string(r->metrics, "status", "failed");
+        metrics_set_string(r->metrics, "error", e->msg);
+        metrics_write(r->metrics, &ignored); /* best effort, e.g. on a full disk */
+    }
     _exit(1);
 }
 
@@ -171,6 +182,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());
     metrics_set_string(m, "status", "running");
+    g_running = r;
     if (!resumed) metrics_set_number(m, "started_unix", unix_seconds());
     tracking_start(r);
 }
@@ -202,6 +214,7 @@ void run_finish(TrainRun *r, const char *stopped_by) {
     metrics_set_string(r->metrics, "status", "complete");
     metrics_set_number(r->metrics, "finished_unix", unix_seconds());
     run_write_metrics(r);
+    g_running = NULL; /* its final status is written */
     unlink(r->state_path); /* the final model and the metrics hold everything now */
     tracking_finish(r, 0);
 }
@@ -210,6 +223,7 @@ void run_fail(TrainRun *r, const char *status, const char *msg) {
     metrics_set_string(r->metrics, "status", status);
     metrics_set_string(r->metrics, "error", msg);
     run_write_metrics(r);
+    g_running = NULL;
     tracking_finish(r, run_stop_signal() ? 128 + run_stop_signal() : 1);
 }
 

@@ -53,7 +53,8 @@ void run_track(TrainRun *r, const char *name, double *value);
 
 /* Sets the file names in out (created if needed) and the initial progress. */
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed);
-/* Stops the program with the error (one line, exit status 1). */
+/* Stops the program with the error (one line, exit status 1); metrics still
+ * "running" are marked "failed" with the error first. */
 void run_die(const Err *e) KV_NORETURN;
 
 void run_save_model(TrainRun *r, const char *path, double val_loss);

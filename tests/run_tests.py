@@ -932,6 +932,27 @@ def test_signals(tmp, sanitize):
                 f"{what}: the next make resumes from iteration {stop_iter} and completes:\n{r.stdout[-1500:]}")
 
 
+def test_fatal_error_status(ws):
+    section("a fatal error (a full disk) marks the metrics failed")
+    import resource
+    out = os.path.join(ws.dir, "fulldisk")
+
+    def small_files():  # writes past 12 kB fail as on a full disk (EFBIG instead of ENOSPC): the metrics
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fit, the first checkpoint (about 20 kB) does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+
+    r = subprocess.run([ws.binary("V0"), "train", "--out", out, "--step", "V0"], cwd=REPO, capture_output=True,
+                       text=True, preexec_fn=small_files, env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    lines = r.stderr.strip().splitlines()
+    path = os.path.join(out, "training_metrics_stepV0.json")
+    m = metrics(path) if os.path.exists(path) else {}
+    R.check(r.returncode == 1 and len(lines) == 1 and "write failed" in lines[0] and "hint" in lines[0],
+            f"the failed write is one line with a hint: rc={r.returncode} {r.stderr.strip()}")
+    R.check(m.get("status") == "failed" and "write failed" in m.get("error", ""),
+            f"the metrics say failed, with the error: {m.get('status')} {m.get('error')}")
+    R.check(not glob.glob(os.path.join(out, "*.tmp.*")), "the failed write leaves no temporary file")
+
+
 def test_sampling_and_bad_checkpoints(ws, tmp):
     section("sampling with the KV cache; bad checkpoints")
     out = ws.run_dir()
@@ -1387,6 +1408,7 @@ def main():
                 guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_resume, ws)
+                guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)
                 guarded(test_skip_and_redo, ws)
             guarded(test_failing_step, tmp, args.sanitize)
