@@ -193,7 +193,13 @@ def main():
             err(f"{path}: {e}")
             failed += 1
             continue
-        os.makedirs(out, exist_ok=True)
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            err(f"{path}: cannot create the report folder {out}: {e.strerror} (hint: the run folder must be writable; "
+                "copy the checkpoints elsewhere and pass MODELS=<that folder>)")
+            failed += 1
+            continue
         print(f"== {name}: {meta.get('family')} {meta.get('variant')} (step {meta.get('ablation_step', '-')})", flush=True)
         r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO)
         if r.returncode != 0:

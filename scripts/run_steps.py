@@ -483,4 +483,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except OSError as e:  # e.g. a read-only or full output folder: one line, not a traceback
+        print(f"error: {e.filename or 'output'}: {e.strerror} (hint: CONFIG_OUTPUT_DIR must be a folder you can "
+              "write to, with space left)", file=sys.stderr)
+        sys.exit(1)

@@ -1032,6 +1032,47 @@ def test_nonfinite_iteration(tmp):
             f"{bad.group(0) if bad else log[-500:]} / {m.get('error')}")
 
 
+def read_only(path):
+    """Makes path read-only and returns the command prefix under which that holds: root ignores permission
+    bits, so as root the command runs without CAP_DAC_OVERRIDE (setpriv)."""
+    os.chmod(path, 0o555)
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+
+
+def test_read_only_output(tmp, sanitize):
+    section("a read-only output folder is one error line, not a traceback")
+    ws = Workspace(tmp, "readonly", TINY.replace('"V0,V1"', '"V1"'), sanitize)
+    R.check(ws.make("build").returncode == 0, "read-only: build")
+    os.makedirs(ws.out)
+    cmd = ["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else [])
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    try:
+        r = run(read_only(ws.out) + cmd, env=env)
+    finally:
+        os.chmod(ws.out, 0o755)
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    R.check(r.returncode != 0 and "Traceback" not in r.stdout + r.stderr and len(errs) == 1 and
+            ws.out in errs[0] and "hint" in errs[0],
+            f"make into a read-only output folder: one error line naming it:\n{r.stdout[-800:]}{r.stderr[-1500:]}")
+    r = ws.make()
+    R.check(r.returncode == 0, f"read-only: the run once the folder is writable: {r.stderr[-500:]}")
+    ws.set(*MECHINT_SMALL)
+    try:
+        prefix = read_only(ws.run_dir())
+        r = run(prefix + cmd, env=env)
+        r2 = run(prefix + cmd + ["mechint"], env=env)
+    finally:
+        os.chmod(ws.run_dir(), 0o755)
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    R.check(r.returncode != 0 and "Traceback" not in r.stdout + r.stderr and len(errs) == 1 and
+            ws.run_dir() in errs[0], f"make with a read-only run folder: one error line naming it:\n"
+                                     f"{r.stdout[-800:]}{r.stderr[-1500:]}")
+    errs = [x for x in r2.stderr.splitlines() if x.startswith("error:")]
+    R.check(r2.returncode != 0 and "Traceback" not in r2.stdout + r2.stderr and len(errs) == 3 and
+            all("report folder" in x for x in errs[:2]),
+            f"make mechint on a read-only run folder: a line per checkpoint and the count:\n{r2.stderr[-1500:]}")
+
+
 def test_vit_end_to_end(tmp, sanitize):
     section("ViT: two steps on Fashion-MNIST end to end, resume, bad checkpoints")
     ws = Workspace(tmp, "vit", TINY_VIT, sanitize)
@@ -1414,6 +1455,7 @@ def main():
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
+            guarded(test_read_only_output, tmp, args.sanitize)
         if want("signals"):
             guarded(test_signals, tmp, args.sanitize)
         if want("vit"):
