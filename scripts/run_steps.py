@@ -134,6 +134,30 @@ def training_identity(text):
     return [x for x in text.splitlines() if not analysis.match(x)]
 
 
+TEMP_RE = re.compile(r"\.tmp\.(\d+)$")  # NAME.tmp.<pid>: how the trainers, mechint and this script write files
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temp_files(out):
+    """Removes the temporary files that writes killed midway left in the run folder (those of processes that no
+    longer exist; a live one may still be writing)."""
+    for folder, _dirs, names in os.walk(out):
+        for name in names:
+            m = TEMP_RE.search(name)
+            if m and not pid_alive(int(m.group(1))):
+                os.remove(os.path.join(folder, name))
+                say(f"removed {os.path.relpath(os.path.join(folder, name), REPO)}: left by a write that was killed")
+
+
 def write_atomic(path, text):
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -207,8 +231,9 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
         return "stopped"
     write_atomic(files["config"], cfg_text)
     binary = os.path.join(build_dir, family["binary"])
-    shutil.copy2(binary, files["binary"] + ".tmp")
-    os.replace(files["binary"] + ".tmp", files["binary"])
+    tmp = f"{files['binary']}.tmp.{os.getpid()}"
+    shutil.copy2(binary, tmp)
+    os.replace(tmp, files["binary"])
     say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)")
     with open(files["log"], "a", encoding="utf-8") as log:
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {binary} train --out {out} --step {sid}\n")
@@ -426,8 +451,9 @@ def plot(out, rows):
     fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: training (thin) and validation (dots) loss")
     fig.tight_layout()
     path = os.path.join(out, "ablation_curves.png")
-    fig.savefig(path + ".tmp.png", dpi=110)
-    os.replace(path + ".tmp.png", path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fig.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)
     plt.close(fig)
     say(f"Plots: {os.path.relpath(path, REPO)}")
 
@@ -443,6 +469,7 @@ def main():
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    remove_stale_temp_files(out)
     steps = args.steps.split()
     plan = []
     for step in steps:

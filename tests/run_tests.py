@@ -689,6 +689,25 @@ def test_mechint_environment(ws, tmp):
             f"mechint without OMP_NUM_THREADS set: no libgomp warning about it:\n{both[-1500:]}")
 
 
+def test_stale_temp_files(ws):
+    section("temporary files of killed writes are removed by the next run, those of live processes kept")
+    out = ws.run_dir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [os.path.join(out, f"final_model_stepV0.safetensors.tmp.{dead.pid}"),
+             os.path.join(out, "mechint", "final_model_stepV0", f"report.json.tmp.{dead.pid}")]
+    live = os.path.join(out, f"training_metrics_stepV1.json.tmp.{os.getpid()}")  # this process is alive
+    for p in stale + [live]:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write("half a file")
+    r = ws.make()
+    R.check(r.returncode == 0 and not any(os.path.exists(p) for p in stale) and os.path.exists(live) and
+            r.stdout.count("left by a write that was killed") == 2,
+            f"the stale temporary files are removed and reported, the live one is kept:\n{r.stdout[-1500:]}")
+    os.remove(live)
+
+
 def test_skip_and_redo(ws):
     section("completed steps are skipped; changed configurations and FORCE=1 redo them")
     out = ws.run_dir()
@@ -1451,6 +1470,7 @@ def main():
                 guarded(test_resume, ws)
                 guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)
+                guarded(test_stale_temp_files, ws)
                 guarded(test_skip_and_redo, ws)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
