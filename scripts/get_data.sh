@@ -8,9 +8,9 @@
 # (mnist-test: its test set only), multi30k, cifar10, cifar100. (Fashion-MNIST
 # is Debian's dataset-fashion-mnist.)
 # Each file is taken from the mirror folder (--mirror, else $KVLAB_DATA_MIRROR,
-# else ../shared/data when it exists) or downloaded from its canonical public
-# URL; its size (and md5 where copies are byte-identical) is checked either
-# way, and it is moved into place only when it matches.
+# else ../shared/data when it exists; --mirror "" downloads) or downloaded from
+# its canonical public URL; its size (and md5 where copies are byte-identical)
+# is checked either way, and it is moved into place only when it matches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,10 @@ while [ $# -gt 0 ]; do
         *) names+=("$1"); shift ;;
     esac
 done
+if [ -n "$MIRROR" ] && [ ! -d "$MIRROR" ]; then
+    echo "error: the data mirror $MIRROR is not a folder (hint: pass --mirror with an existing folder, or --mirror \"\" to download)" >&2
+    exit 2
+fi
 
 # path | size | md5 | canonical URL
 FILES_tinyshakespeare=(

@@ -202,9 +202,14 @@ def fetch_data(cfg, family, build_dir):
     if not names:
         return True
     cmd = [os.path.join(REPO, "scripts", "get_data.sh"), "--data", cfg.get("DATA_DIR", "data")]
-    mirror = cfg.get("DATA_MIRROR")
-    if mirror and os.path.isdir(os.path.join(REPO, mirror)):
-        cmd += ["--mirror", mirror]  # otherwise get_data.sh tries $KVLAB_DATA_MIRROR, then downloads
+    # CONFIG_DATA_MIRROR when the folder exists, else $KVLAB_DATA_MIRROR when set, else download; empty: download
+    mirror = cfg.get("DATA_MIRROR", "")
+    if mirror and not os.path.isdir(os.path.join(REPO, mirror)):
+        other = os.environ.get("KVLAB_DATA_MIRROR", "")
+        say(f"data: the mirror {mirror} (CONFIG_DATA_MIRROR) does not exist; " +
+            (f"using $KVLAB_DATA_MIRROR ({other})" if other else "downloading"))
+        mirror = other
+    cmd += ["--mirror", mirror]
     if family["tokenizer"]:
         cmd += ["--tokenizer", os.path.join(build_dir, family["tokenizer"])]
     return subprocess.call(cmd + names, cwd=REPO) == 0

@@ -1252,6 +1252,57 @@ def test_data_script(tmp):
     R.check(r.returncode == 2 and "nonsense" in r.stderr, "unknown data set names are errors")
 
 
+FAKE_CURL = """#!/usr/bin/python3
+# curl as scripts/get_data.sh calls it: logs the URL, "downloads" the file from FAKE_CURL_SRC
+import os, shutil, sys
+url, out = sys.argv[-1], sys.argv[sys.argv.index("-o") + 1]
+with open(os.environ["FAKE_CURL_LOG"], "a") as f:
+    f.write(url + "\\n")
+shutil.copy(os.path.join(os.environ["FAKE_CURL_SRC"], url.rsplit("/", 1)[1]), out)
+"""
+
+
+def test_data_mirror(tmp, sanitize):
+    section("CONFIG_DATA_MIRROR: empty downloads; a missing one says so and falls back as its help says")
+    src = os.path.join(REPO, "data", "tinyshakespeare")
+    fake = os.path.join(tmp, "fakebin")
+    os.makedirs(fake, exist_ok=True)
+    with open(os.path.join(fake, "curl"), "w") as f:
+        f.write(FAKE_CURL)
+    os.chmod(os.path.join(fake, "curl"), 0o755)
+    mirrors = {}
+    for name in ("config-mirror", "env-mirror"):
+        mirrors[name] = os.path.join(tmp, name)
+        os.makedirs(os.path.join(mirrors[name], "tinyshakespeare"), exist_ok=True)
+        shutil.copy(os.path.join(src, "input.txt"), os.path.join(mirrors[name], "tinyshakespeare"))
+    missing = os.path.join(tmp, "no-such-mirror")
+    ws = Workspace(tmp, "mirror", TINY.replace("CONFIG_GPT2_DATA_NUMBERS=y\n", "").replace('"V0,V1"', '"V1"')
+                   .replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=2"), sanitize)
+    log = os.path.join(tmp, "curl.log")
+    base = {k: v for k, v in os.environ.items() if k != "KVLAB_DATA_MIRROR"}
+    base.update(PATH=fake + os.pathsep + os.environ["PATH"], FAKE_CURL_LOG=log, FAKE_CURL_SRC=src)
+    cases = [("empty", "", None, "download"),
+             ("missing, no $KVLAB_DATA_MIRROR", missing, None, "download"),
+             ("missing, $KVLAB_DATA_MIRROR set", missing, mirrors["env-mirror"], "env-mirror"),
+             ("existing", mirrors["config-mirror"], mirrors["env-mirror"], "config-mirror")]
+    for i, (what, mirror, env_mirror, want) in enumerate(cases):
+        ws.set(f"DATA_MIRROR={mirror}", f"DATA_DIR={os.path.join(tmp, f'mirror-data-{i}')}")
+        open(log, "w").close()
+        env = dict(base, **({"KVLAB_DATA_MIRROR": env_mirror} if env_mirror else {}))
+        r = run(["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else []), env=env)
+        urls = open(log).read().split()
+        copied = re.findall(r"^data: tinyshakespeare/input.txt from mirror (.*)$", r.stdout, re.M)
+        said = mirror == missing and f"the mirror {missing} (CONFIG_DATA_MIRROR) does not exist" in r.stdout
+        R.check(r.returncode == 0 and (said or mirror != missing) and
+                (urls == ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]
+                 and not copied if want == "download" else not urls and copied == [mirrors[want]]),
+                f"DATA_MIRROR {what}: {want}: downloads {urls}, copies {copied}:\n{r.stdout[-1200:]}{r.stderr[-800:]}")
+    r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--mirror", missing, "--data", os.path.join(tmp, "md"),
+             "tinyshakespeare"], env=base)
+    R.check(r.returncode == 2 and missing in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
+            f"get_data.sh --mirror with a folder that does not exist stops, naming it: {r.stderr}")
+
+
 # ---------------------------------------------------------------- 4. Weights & Biases
 
 WANDB_KEY = "e2e-key-5b1d"
@@ -1485,6 +1536,7 @@ def main():
             guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
+            guarded(test_data_mirror, tmp, args.sanitize)
         if want("wandb"):
             guarded(test_wandb, tmp, build_root, args.sanitize)
     finally:
