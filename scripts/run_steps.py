@@ -197,6 +197,31 @@ def archive(out, sid, files):
     return dest
 
 
+def unarchive(moved, files):
+    """Puts the outputs archive() moved back in place of those of a run that failed before it trained anything;
+    the log keeps the failed attempt at its end."""
+    attempt = read_text(files["log"]) or ""
+    for p in files.values():
+        kept = os.path.join(moved, os.path.basename(p))
+        if os.path.exists(kept):
+            os.replace(kept, p)
+        elif os.path.exists(p):
+            os.remove(p)  # the failed attempt's own file (its metrics, say), where the earlier run had none
+    if attempt:
+        with open(files["log"], "a", encoding="utf-8") as log:
+            log.write(attempt)
+    os.rmdir(moved)
+    try:
+        os.rmdir(os.path.dirname(moved))  # previous/, when it holds nothing else
+    except OSError:
+        pass
+
+
+def trained_anything(files):
+    m = load_json(files["metrics"]) or {}
+    return os.path.exists(files["state"]) or os.path.exists(files["final"]) or (m.get("final_iteration") or 0) > 0
+
+
 def fetch_data(cfg, family, build_dir):
     names = family["data"](cfg)
     if not names:
@@ -222,18 +247,19 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     if same_config and not force and metrics.get("status") == "complete" and os.path.exists(files["final"]):
         say(f"step {sid}: already complete for this configuration, skipped (make FORCE=1 redoes it)")
         return "skipped"
-    if force or not same_config:
-        moved = archive(out, sid, files)
-        if moved:
-            why = "forced" if force else "configuration changed"
-            say(f"step {sid}: {why}; earlier outputs moved to {os.path.relpath(moved, REPO)}")
-    elif os.path.exists(files["state"]):
+    if not (force or not same_config) and os.path.exists(files["state"]):
         say(f"step {sid}: continuing from {os.path.relpath(files['state'], REPO)}")
     if not fetch_data(cfg, family, build_dir):
         say(f"step {sid}: FAILED: data preparation failed (see the error above)")
         return "failed"
     if Stop.signal:
         return "stopped"
+    moved = None
+    if force or not same_config:  # moved back below if the new run fails before it trains anything
+        moved = archive(out, sid, files)
+        if moved:
+            why = "forced" if force else "configuration changed"
+            say(f"step {sid}: {why}; earlier outputs moved to {os.path.relpath(moved, REPO)}")
     write_atomic(files["config"], cfg_text)
     binary = os.path.join(build_dir, family["binary"])
     tmp = f"{files['binary']}.tmp.{os.getpid()}"
@@ -252,6 +278,9 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
             say(f"[{sid}] {line.rstrip(chr(10))}")
         rc = proc.wait()
         Stop.child = None
+    if rc != 0 and moved and not trained_anything(files):
+        unarchive(moved, files)
+        say(f"step {sid}: the new run failed before it trained anything; the earlier outputs are back in place")
     if Stop.signal:
         return "stopped"
     if rc != 0:

@@ -735,6 +735,30 @@ def test_skip_and_redo(ws):
     ws.set("SEED=1337")
 
 
+def test_failed_start_keeps_outputs(ws):
+    section("a new configuration that fails before training leaves the previous outputs in place")
+    out = ws.run_dir()
+    r = ws.make()
+    R.check(r.returncode == 0, f"the run is complete for the current configuration: {r.stdout[-800:]}")
+    final = os.path.join(out, "final_model_stepV0.safetensors")
+    before = {f: open(os.path.join(out, f), "rb").read() for f in ("final_model_stepV0.safetensors",
+                                                                   "training_metrics_stepV0.json", "config_stepV0")}
+    previous = sorted(glob.glob(os.path.join(out, "previous", "*")))
+    ws.set("GPT2_MIN_LR=1")  # valid for Kconfig, refused by the trainer at start (above CONFIG_GPT2_LR)
+    r = ws.make()
+    R.check(r.returncode != 0 and "MIN_LR" in r.stdout and r.stdout.count("earlier outputs are back in place") == 2,
+            f"the steps fail at start and say the earlier outputs are back:\n{r.stdout[-1500:]}")
+    R.check(all(open(os.path.join(out, f), "rb").read() == b for f, b in before.items()) and
+            sorted(glob.glob(os.path.join(out, "previous", "*"))) == previous,
+            "the complete step's model, metrics and configuration are where they were, previous/ is unchanged")
+    R.check("MIN_LR" in open(os.path.join(out, "train_stepV0.log")).read().split("\n==== ")[-1],
+            "the log keeps the failed attempt at its end")
+    ws.set("GPT2_MIN_LR=6e-5")
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("already complete") == 2 and os.path.exists(final),
+            f"back to the old configuration, the steps are complete as before:\n{r.stdout[-1000:]}")
+
+
 def rebuild_after(ws, *assignments):
     """Changes values, rebuilds, returns the sources that were compiled."""
     ws.set(*assignments)
@@ -1523,6 +1547,7 @@ def main():
                 guarded(test_rebuild_tracking, ws)
                 guarded(test_stale_temp_files, ws)
                 guarded(test_skip_and_redo, ws)
+                guarded(test_failed_start_keeps_outputs, ws)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
