@@ -833,6 +833,22 @@ def kill_after(binary, out, step, line_prefix, sig):
     return p.wait(), seen, rest
 
 
+def test_sample_options(ws):
+    section("sample: option values that are not numbers, or not finite, are refused")
+    ck = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    for opt, value in (("--length", "abc"), ("--length", "5x"), ("--length", "-1"), ("--top-k", "many"),
+                       ("--top-k", "2.5"), ("--temperature", "inf"), ("--temperature", "nan"),
+                       ("--temperature", "-0.5"), ("--temperature", "hot"), ("--seed", "x")):
+        r = run([ws.binary("V0"), "sample", "--ckpt", ck, opt, value], env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode != 0 and len(lines) == 1 and f"{opt} '{value}'" in lines[0] and "hint" in lines[0] and
+                not r.stdout, f"sample {opt} {value} is refused in one line: rc={r.returncode} {r.stderr.strip()}")
+    r = run([ws.binary("V0"), "sample", "--ckpt", ck, "--length", "4", "--top-k", "3", "--temperature", "1e2",
+             "--seed", "7"], env=env)
+    R.check(r.returncode == 0 and len(r.stdout.split()) >= 4, f"valid options still sample: {r.stderr}")
+
+
 def test_resume(ws):
     section("resume after SIGKILL and SIGTERM matches an uninterrupted run step for step")
     binary = ws.binary("V0")
@@ -1542,6 +1558,7 @@ def main():
                 guarded(test_mechint_malformed, ws, tmp)
                 guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
+                guarded(test_sample_options, ws)
                 guarded(test_resume, ws)
                 guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)
