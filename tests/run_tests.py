@@ -1341,6 +1341,34 @@ def test_data_mirror(tmp, sanitize):
              "tinyshakespeare"], env=base)
     R.check(r.returncode == 2 and missing in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
             f"get_data.sh --mirror with a folder that does not exist stops, naming it: {r.stderr}")
+    return ws, os.path.join(tmp, f"mirror-data-{len(cases) - 1}"), mirrors["config-mirror"]
+
+
+def test_verified_data(tmp, ws, data, mirror):
+    section("the trainer run by hand refuses a data file of the right size with other content")
+    text = os.path.join(data, "tinyshakespeare", "input.txt")
+
+    def train(n):
+        return run_binary(ws.binary("V1"), os.path.join(tmp, f"verified-out-{n}"), "V1")
+
+    r = train(1)
+    R.check(r.returncode == 0 and os.path.exists(text + ".verified"),
+            f"the data script's verified file trains: {r.stderr.strip()}")
+    blob = open(text, "rb").read()
+    with open(text, "wb") as f:
+        f.write(blob[:1000] + (b"X" if blob[1000:1001] != b"X" else b"Y") + blob[1001:])
+    r = train(2)
+    lines = r.stderr.strip().splitlines()
+    R.check(r.returncode == 1 and len(lines) == 1 and text in lines[0] and "get_data.sh tinyshakespeare" in lines[0],
+            f"one changed byte: refused in one line naming the file, with the data script as the hint: {r.stderr}")
+    with open(text, "wb") as f:
+        f.write(blob)
+    os.remove(text + ".verified")
+    r = train(3)
+    R.check(r.returncode == 1 and "not verified" in r.stderr, f"a file the data script never verified: {r.stderr}")
+    r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--data", data, "--mirror", mirror, "tinyshakespeare"])
+    r2 = train(4)
+    R.check(r.returncode == 0 and r2.returncode == 0, f"after the data script, it trains: {r.stderr}{r2.stderr}")
 
 
 # ---------------------------------------------------------------- 4. Weights & Biases
@@ -1578,7 +1606,9 @@ def main():
             guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
-            guarded(test_data_mirror, tmp, args.sanitize)
+            mirrored = guarded(test_data_mirror, tmp, args.sanitize)
+            if mirrored:
+                guarded(test_verified_data, tmp, *mirrored)
         if want("wandb"):
             guarded(test_wandb, tmp, build_root, args.sanitize)
     finally:
