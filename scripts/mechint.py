@@ -97,8 +97,10 @@ def config_lines(cfg_json):
             out.append(f"CONFIG_{k}=y" if v else f"# CONFIG_{k} is not set")
         elif isinstance(v, (int, float)):
             out.append(f"CONFIG_{k}={v}")
+        elif isinstance(v, str):  # .config's escaping (kconfiglib's), not JSON's: free text arrives as it was
+            out.append(f"CONFIG_{k}=\"" + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
         else:
-            out.append(f"CONFIG_{k}=" + json.dumps(v))
+            out.append(f"CONFIG_{k}=" + json.dumps(v))  # not a configuration value: kconfig.py refuses it
     return out
 
 

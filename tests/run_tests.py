@@ -207,7 +207,7 @@ def test_string_symbols(tmp):
 def test_string_data_through_make(tmp, sanitize):
     section("string symbols through make: free text arrives as data, a refused value stops make")
     # every character a shell, make or a C string literal could take for syntax, trigraphs included
-    nasty = f"$(touch {PWNED}-m1) `touch {PWNED}-m2` $$(touch {PWNED}-m3) ${{HOME}} '\"\\ ??/ ??= ; # % & |"
+    nasty = f"$(touch {PWNED}-m1) `touch {PWNED}-m2` $$(touch {PWNED}-m3) ${{HOME}} '\"\\ ??/ ??= ; # % & | \u00e9\t"
     values = {"GPT2_SAMPLE_PROMPT": nasty, "WANDB_PROJECT": f"$(touch {PWNED}-p) `touch {PWNED}-q` '\" ${{HOME}}",
               "WANDB_RUN_NAME": "{run}-{step} " + nasty, "WANDB_TAGS": f"e2e,$(touch {PWNED}-t),`touch {PWNED}-u`"}
     ws = Workspace(tmp, "strings-make", TINY.replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0")
@@ -234,9 +234,22 @@ def test_string_data_through_make(tmp, sanitize):
             f"$(touch {PWNED}-t)" in runrec.get("tags", []),
             f"the W&B run record holds the project and the display name verbatim: {str(runrec)[:600]}")
     ws.set(*MECHINT_SMALL)
+
+    def mechint_builds():  # mechint's builds of this test's checkpoints: their configurations
+        for p in glob.glob(os.path.join(REPO, "build", "mechint", "*", "include", "generated", "config.json")):
+            c = json.load(open(p))
+            if PWNED in c.get("WANDB_TAGS", ""):
+                yield os.path.dirname(os.path.dirname(os.path.dirname(p))), c
+
+    for d, _ in list(mechint_builds()):  # from earlier test runs
+        shutil.rmtree(d)
     r = ws.make("mechint")
     R.check(r.returncode == 0, f"make mechint rebuilds from such a checkpoint's configuration:\n"
                                f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    built = [c for _, c in mechint_builds()]
+    R.check(built and all(c.get(k) == v for c in built for k, v in values.items()),
+            f"mechint's build of the checkpoint's configuration holds the free text verbatim: "
+            f"{[c.get('GPT2_SAMPLE_PROMPT') for c in built]}")
     R.check(not pwned(), f"nothing in the values was executed: {pwned()}")
     # a value written into .config by hand, past scripts/config: make stops before using anything
     cfg_path = os.path.join(ws.dir, ".config")
