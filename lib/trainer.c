@@ -31,6 +31,13 @@ void run_die(const Err *e) {
 
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed) {
     Err e;
+    /* the step is part of file names in out (scripts/kconfig.py holds steps to the same characters) */
+    if (!*step || strspn(step, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") != strlen(step) ||
+        *step == '-') {
+        err_set(&e, "--step '%s': a step name is letters, digits, '-', '_' and '.', not starting with '-' (hint: "
+                    "the name make gives it, e.g. V0)", step);
+        run_die(&e);
+    }
     r->family = family;
     r->out = out;
     r->step = step;

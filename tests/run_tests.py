@@ -846,6 +846,16 @@ def kill_after(binary, out, step, line_prefix, sig):
     return p.wait(), seen, rest
 
 
+def test_step_names_by_hand(ws, tmp):
+    section("the trainer run by hand keeps its files in --out")
+    for step in ("../escaped", "a/b", "", "-x"):
+        r = run_binary(ws.binary("V0"), os.path.join(tmp, "by-hand"), step)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 1 and len(lines) == 1 and f"--step '{step}'" in lines[0] and "hint" in lines[0] and
+                not glob.glob(os.path.join(tmp, "escaped*")) and not os.path.exists(os.path.join(tmp, "by-hand")),
+                f"--step {step!r} is refused in one line, nothing written: {r.stderr.strip()}")
+
+
 def test_sample_options(ws):
     section("sample: option values that are not numbers, or not finite, are refused")
     ck = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")
@@ -1600,6 +1610,7 @@ def main():
                 guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_sample_options, ws)
+                guarded(test_step_names_by_hand, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)
