@@ -3,13 +3,17 @@
 with AddressSanitizer and UndefinedBehaviorSanitizer).
 
 1. Kconfig: consistency of symbols, every defconfig and step fragment,
-   rejection of bad defconfigs and overrides, the make front end.
+   rejection of bad defconfigs and overrides, the make front end; every
+   string symbol against shell and make syntax, '..', '.', empty and
+   absolute values, and free text through make, C and mechint (strings).
 2. C unit tests, built once per attention-variant configuration
    (tests/configs/), each printing "# name: N passed, M failed".
 3. Integration: an ablation end to end through make, skipping of completed
    steps, a failing step, resume after SIGKILL and SIGTERM, sampling with
    and without the KV cache, bad checkpoints and data, menuconfig driven
-   through a pseudo-terminal, incremental rebuilds, the data script.
+   through a pseudo-terminal, incremental rebuilds, the data script and
+   its mirror; SIGINT, SIGTERM and SIGHUP to a real make process group and
+   to the step runner alone (signals).
 4. Weights & Biases: the client against tests/fake_wandb.py (faults, spool,
    sync), tiny training runs reporting online, offline, then make wandb-sync.
 
