@@ -98,9 +98,11 @@ def on_stop_signal(sig, _frame):
             pass
 
 
-def stopped_message(sid, files):
+def stopped_message(sid, files, status):
     m = load_json(files["metrics"]) or {}
-    if m.get("status") == "stopped":
+    if status == "not started":
+        what = f"step {sid} had not started"
+    elif m.get("status") == "stopped":
         what = f"step {sid} saved its state at iteration {m.get('final_iteration')}"
     elif m.get("status") == "complete":
         what = f"step {sid} is complete"
@@ -247,15 +249,16 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     if same_config and not force and metrics.get("status") == "complete" and os.path.exists(files["final"]):
         say(f"step {sid}: already complete for this configuration, skipped (make FORCE=1 redoes it)")
         return "skipped"
-    if not (force or not same_config) and os.path.exists(files["state"]):
+    fresh = force or not same_config
+    if not fresh and os.path.exists(files["state"]):
         say(f"step {sid}: continuing from {os.path.relpath(files['state'], REPO)}")
     if not fetch_data(cfg, family, build_dir):
         say(f"step {sid}: FAILED: data preparation failed (see the error above)")
         return "failed"
     if Stop.signal:
-        return "stopped"
+        return "not started"
     moved = None
-    if force or not same_config:  # moved back below if the new run fails before it trains anything
+    if fresh:  # moved back below if the new run fails before it trains anything
         moved = archive(out, sid, files)
         if moved:
             why = "forced" if force else "configuration changed"
@@ -275,7 +278,7 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
         for line in proc.stdout:
             log.write(line)
             log.flush()
-            say(f"[{sid}] {line.rstrip(chr(10))}")
+            say(f"[{sid}] " + line.rstrip("\n"))
         rc = proc.wait()
         Stop.child = None
     if rc != 0 and moved and not trained_anything(files):
@@ -527,9 +530,9 @@ def main():
     rows, failed = [], 0
     t0 = time.time()
     for step, sid, fam, build_dir, cfg, cfg_text in plan:
-        status = "stopped" if Stop.signal else run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        status = "not started" if Stop.signal else run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
         if Stop.signal:
-            say(stopped_message(sid, step_files(out, sid, fam["name"])))
+            say(stopped_message(sid, step_files(out, sid, fam["name"]), status))
             return 128 + Stop.signal
         failed += status == "failed"
         rows.append((sid, status, cfg))
