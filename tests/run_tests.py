@@ -824,8 +824,9 @@ def test_failing_step(tmp, sanitize):
     R.check(r.returncode != 0, "make fails when a step fails")
     R.check("step DIVERGE: FAILED" in r.stdout and "training loss is" in r.stdout,
             f"the failure is reported with the step's error:\n{r.stdout[-2000:]}")
-    R.check(metrics(os.path.join(out, "training_metrics_stepV0.json"))["status"] == "complete",
-            "the next step still ran and completed")
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    R.check(m["status"] == "complete", f"the next step still ran and completed: {m['status']} {m.get('error')}\n"
+                                       f"{r.stdout[-2000:]}{r.stderr[-1000:]}")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([s["status"] for s in summ["steps"]] == ["failed", "complete"], "the summary marks the failed step")
 
