@@ -30,17 +30,31 @@ need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOA
 
 # ---------------------------------------------------------------- configuration
 
-unquote = $(patsubst "%",%,$(1))
 comma := ,
 
+# A configuration that scripts/kconfig.py refuses stops make here (a failed
+# remake of an -include'd file would be ignored, and make would go on with
+# the previous values); -include only while there is none yet.
 ifneq ($(need-config),)
+ifneq ($(wildcard $(O)/include/config/auto.conf),)
+include $(O)/include/config/auto.conf
+else
 -include $(O)/include/config/auto.conf
 endif
+endif
 
-RUN := $(call unquote,$(CONFIG_RUN_NAME))
-OUTDIR := $(call unquote,$(CONFIG_OUTPUT_DIR))
-STEPS_DIR := $(call unquote,$(CONFIG_ABLATION_STEPS_DIR))
-STEPS := $(if $(CONFIG_ABLATION),$(strip $(subst $(comma), ,$(call unquote,$(CONFIG_ABLATION_STEPS)))),base)
+# Configuration strings are data. scripts/kconfig.py lets only a
+# conservative set of characters into those make uses (docs/build.md,
+# "String symbols"); on top of that make reads them without expanding them
+# ($(value): a '$' stays a '$') and recipes hand them to the shell in single
+# quotes (shq), so nothing in a value is ever evaluated.
+cfg-string = $(patsubst %",%,$(patsubst "%,%,$(value CONFIG_$(1))))
+shq = '$(subst ','\'',$(1))'
+
+RUN := $(call cfg-string,RUN_NAME)
+OUTDIR := $(call cfg-string,OUTPUT_DIR)
+STEPS_DIR := $(call cfg-string,ABLATION_STEPS_DIR)
+STEPS := $(if $(CONFIG_ABLATION),$(strip $(subst $(comma), ,$(call cfg-string,ABLATION_STEPS))),base)
 STEP_BUILD = $(BUILD)/$(RUN)/$(1)
 
 $(KCONFIG_CONFIG):
@@ -61,8 +75,8 @@ FORCE:
 deps:
 	@scripts/deps.sh
 
-RUN_STEPS = $(PYTHON) scripts/run_steps.py --build $(BUILD)/$(RUN) --out $(OUTDIR)/$(RUN) --steps "$(STEPS)" \
-            $(if $(filter 1,$(FORCE)),--force)
+RUN_STEPS = $(PYTHON) scripts/run_steps.py --build $(call shq,$(BUILD)/$(RUN)) --out $(call shq,$(OUTDIR)/$(RUN)) \
+            --steps $(call shq,$(STEPS)) $(if $(filter 1,$(FORCE)),--force)
 
 all: build
 	@$(RUN_STEPS)
@@ -75,9 +89,9 @@ build: $(addprefix build-step-,$(STEPS))
 # One specialised build per step: its configuration is the base .config with
 # the step's fragment merged over it, its headers and objects its own.
 build-step-%: deps FORCE
-	@$(KCONFIG) step $(call STEP_BUILD,$*) $(KCONFIG_CONFIG) $(if $(filter base,$*),,$(STEPS_DIR)/$*)
-	@echo "  BUILD   step $* -> $(call STEP_BUILD,$*)"
-	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(call STEP_BUILD,$*) SANITIZE=$(SANITIZE)
+	@$(KCONFIG) step $(call shq,$(call STEP_BUILD,$*)) $(KCONFIG_CONFIG) $(if $(filter base,$*),,$(call shq,$(STEPS_DIR)/$*))
+	@printf '  BUILD   step %s -> %s\n' $(call shq,$*) $(call shq,$(call STEP_BUILD,$*))
+	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(call shq,$(call STEP_BUILD,$*)) SANITIZE=$(SANITIZE)
 
 # ---------------------------------------------------------------- configuration targets
 
@@ -121,7 +135,7 @@ bench: deps
 # folder), each with a mechint built from the checkpoint's own configuration
 # plus the MECHINT_* options here; reports under <run>/mechint/ (docs/mechint.md).
 mechint: deps
-	@SANITIZE=$(SANITIZE) $(PYTHON) scripts/mechint.py --config $(KCONFIG_CONFIG) --models "$(or $(MODELS),$(OUTDIR)/$(RUN))"
+	@SANITIZE=$(SANITIZE) $(PYTHON) scripts/mechint.py --config $(KCONFIG_CONFIG) --models $(call shq,$(or $(MODELS),$(OUTDIR)/$(RUN)))
 
 # ---------------------------------------------------------------- experiment tracking
 
@@ -135,8 +149,8 @@ wandb-sync: deps
 	@$(KCONFIG) step $(WANDB_SYNC_BUILD) $(KCONFIG_CONFIG)
 	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(WANDB_SYNC_BUILD) WANDB_SYNC=y SANITIZE=$(SANITIZE) \
 	    $(WANDB_SYNC_BUILD)/wandb/wandb_sync
-	@WANDB_BASE_URL="$${WANDB_BASE_URL:-$(call unquote,$(CONFIG_WANDB_BASE_URL))}" \
-	    $(WANDB_SYNC_BUILD)/wandb/wandb_sync "$(or $(MODELS),$(OUTDIR)/$(RUN))"
+	@url=$(call shq,$(call cfg-string,WANDB_BASE_URL)); WANDB_BASE_URL="$${WANDB_BASE_URL:-$$url}" \
+	    $(WANDB_SYNC_BUILD)/wandb/wandb_sync $(call shq,$(or $(MODELS),$(OUTDIR)/$(RUN)))
 
 # ---------------------------------------------------------------- cleaning
 

@@ -4,9 +4,35 @@
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 /* tiny Shakespeare as mirrored and verified by scripts/get_data.sh */
 #define SHAKESPEARE_BYTES 1115394
+
+/* ------------------------------------------------------------------ verified files */
+
+int data_file_verified(const char *path, const void *data, size_t n, const char *set, Err *e) {
+    char stamp_path[4200];
+    snprintf(stamp_path, sizeof stamp_path, "%s.verified", path);
+    char *stamp = read_file(stamp_path, NULL, NULL);
+    size_t size;
+    unsigned long want;
+    int ok = stamp && sscanf(stamp, "size %zu crc32 %lx", &size, &want) == 2;
+    free(stamp);
+    if (!ok)
+        return err_set(e, "%s: not verified by the data script (no valid %s) (hint: run scripts/get_data.sh %s, "
+                          "which checks the file's md5 sum and records it)", path, stamp_path, set);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t off = 0; off < n; off += 1u << 30) {
+        size_t len = n - off < (1u << 30) ? n - off : (1u << 30);
+        crc = crc32(crc, (const Bytef *)data + off, (uInt)len);
+    }
+    if (size != n || crc != want)
+        return err_set(e, "%s: not the file the data script verified (%zu bytes, CRC-32 %08lx; it recorded %zu "
+                          "bytes, %08lx) (hint: delete it and run scripts/get_data.sh %s)",
+                       path, n, (unsigned long)crc, size, want, set);
+    return 0;
+}
 
 /* ------------------------------------------------------------------ numbers */
 
@@ -96,6 +122,10 @@ static int load_chars(Dataset *d, const char *data_dir, Err *e) {
         return err_set(e, "%s: %zu bytes, the tiny Shakespeare file has %d (hint: the file is wrong or cut short; "
                           "delete it and run scripts/get_data.sh tinyshakespeare)", path, n, SHAKESPEARE_BYTES);
     }
+    if (data_file_verified(path, text, n, "tinyshakespeare", e) != 0) {
+        free(text);
+        return -1;
+    }
     int seen[256] = {0}, id[256];
     for (size_t i = 0; i < n; i++) seen[(unsigned char)text[i]] = 1;
     d->V = 0;
@@ -151,6 +181,14 @@ static int load_bpe(Dataset *d, const char *data_dir, Err *e) {
     char enc[4096], voc[4096];
     snprintf(enc, sizeof enc, "%s/gpt2-bpe/encoder.json", data_dir);
     snprintf(voc, sizeof voc, "%s/gpt2-bpe/vocab.bpe", data_dir);
+    for (int i = 0; i < 2; i++) {
+        const char *path = i ? voc : enc;
+        size_t n;
+        char *bytes = read_file(path, &n, e);
+        int bad = !bytes || data_file_verified(path, bytes, n, "gpt2-bpe", e) != 0;
+        free(bytes);
+        if (bad) return -1;
+    }
     d->bpe = bpe_load(enc, voc, e);
     if (!d->bpe) return -1;
     d->V = bpe_vocab_size(d->bpe);

@@ -35,6 +35,12 @@ typedef struct {
     uint16_t *buf;
 } Dataset;
 
+/* Checks that the n bytes read from path are the file scripts/get_data.sh
+ * verified (md5) as part of data set `set`: their size and CRC-32 must match
+ * what it recorded in <path>.verified. Returns 0, or -1 with a hint to run
+ * the data script. */
+int data_file_verified(const char *path, const void *data, size_t n, const char *set, Err *e);
+
 /* Loads the configured data set for windows of T tokens (T+1 with targets). */
 int dataset_load(Dataset *d, const char *data_dir, int T, Err *e);
 /* Loads a given kind (tests use every kind whatever the configuration). */

@@ -73,11 +73,14 @@ static int sample_token(float *logits, int V, const SampleOptions *opt, Rng *rng
     double sum = 0.0;
     for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - mx) / opt->temperature);
     double u = rng_uniform(rng) * sum, acc = 0.0;
+    int last = 0;
     for (int i = 0; i < V; i++) {
+        if (logits[i] == -INFINITY) continue; /* masked by top-k */
+        last = i;
         acc += exp((double)(logits[i] - mx) / opt->temperature);
-        if (acc >= u && logits[i] != -INFINITY) return i;
+        if (acc >= u) return i;
     }
-    return V - 1;
+    return last; /* rounding, or a NaN sum: the last token top-k kept, never a masked one */
 }
 
 int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const SampleOptions *opt, FILE *out,

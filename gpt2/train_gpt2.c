@@ -10,6 +10,7 @@
  * best_model_step<NAME>.safetensors, state_step<NAME>.safetensors (resume
  * point, removed when the step completes) and training_metrics_step<NAME>.json. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +210,7 @@ static int train(Run *r) {
         }
         if (!isfinite(loss)) {
             char msg[512];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP; %s)\n", msg,
                     file_exists(t->state_path) ? "the last good state is in the state_step file and is kept"
@@ -241,13 +242,8 @@ static int train(Run *r) {
             fflush(stdout);
         }
         if (run_stop_signal()) {
-            run_save_state(t);
-            char msg[256];
-            snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
-            run_fail(t, "interrupted", msg);
-            fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
             free(x), free(y);
-            return 128 + run_stop_signal();
+            return run_stop(t);
         }
     }
     free(x);
@@ -344,6 +340,17 @@ static int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+/* A sample option's value: the whole argument, a finite number in [lo, hi], integral if integer. */
+static double option_number(const char *opt, const char *s, double lo, double hi, int integer) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
+        FATAL("sample: %s '%s' is not %s from %g to %g (hint: e.g. --length 200 --temperature 0.8 --top-k 40)", opt,
+              s, integer ? "a whole number" : "a finite number", lo, hi);
+    return v;
+}
+
 static int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt_text = CONFIG_GPT2_SAMPLE_PROMPT;
     SampleOptions opt = sample_defaults();
@@ -353,21 +360,19 @@ static int cmd_sample(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             prompt_text = argv[++i];
         else if (!strcmp(argv[i], "--length") && i + 1 < argc)
-            opt.length = atoi(argv[++i]);
+            opt.length = (int)option_number("--length", argv[++i], 0, 100000, 1);
         else if (!strcmp(argv[i], "--temperature") && i + 1 < argc)
-            opt.temperature = (float)atof(argv[++i]);
+            opt.temperature = (float)option_number("--temperature", argv[++i], 0, 100, 0);
         else if (!strcmp(argv[i], "--top-k") && i + 1 < argc)
-            opt.top_k = atoi(argv[++i]);
+            opt.top_k = (int)option_number("--top-k", argv[++i], 0, 1e9, 1);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            opt.seed = strtoull(argv[++i], NULL, 10);
+            opt.seed = (uint64_t)option_number("--seed", argv[++i], 0, 2147483647, 1);
         else if (!strcmp(argv[i], "--no-cache"))
             opt.use_cache = 0;
         else
             usage();
     }
     if (!ckpt) usage();
-    if (opt.length < 0 || opt.top_k < 0 || !(opt.temperature >= 0.0f))
-        FATAL("sample: --length and --top-k must be >= 0 and --temperature >= 0");
     Run r;
     memset(&r, 0, sizeof r);
     setup(&r);

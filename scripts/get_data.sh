@@ -8,9 +8,9 @@
 # (mnist-test: its test set only), multi30k, cifar10, cifar100. (Fashion-MNIST
 # is Debian's dataset-fashion-mnist.)
 # Each file is taken from the mirror folder (--mirror, else $KVLAB_DATA_MIRROR,
-# else ../shared/data when it exists) or downloaded from its canonical public
-# URL; its size (and md5 where copies are byte-identical) is checked either
-# way, and it is moved into place only when it matches.
+# else ../shared/data when it exists; --mirror "" downloads) or downloaded from
+# its canonical public URL; its size (and md5 where copies are byte-identical)
+# is checked either way, and it is moved into place only when it matches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,10 @@ while [ $# -gt 0 ]; do
         *) names+=("$1"); shift ;;
     esac
 done
+if [ -n "$MIRROR" ] && [ ! -d "$MIRROR" ]; then
+    echo "error: the data mirror $MIRROR is not a folder (hint: pass --mirror with an existing folder, or --mirror \"\" to download)" >&2
+    exit 2
+fi
 
 # path | size | md5 | canonical URL
 FILES_tinyshakespeare=(
@@ -72,10 +76,19 @@ verify() { # file size md5 -> 0 when both match; size "gz:N" = N bytes after gun
     [ "$3" = "-" ] || [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$3" ]
 }
 
+stamp() { # file md5: records the size and CRC-32 of a file whose md5 matched, in <file>.verified, where the
+    # binaries check it (gpt2/data.c, data_file_verified), so a file changed later is not taken for the real one
+    [ "$2" = "-" ] && return 0
+    local crc
+    crc=$(/usr/bin/python3 -c 'import sys, zlib; print("%08x" % zlib.crc32(open(sys.argv[1], "rb").read()))' "$1")
+    printf 'size %s crc32 %s md5 %s\n' "$(stat -c %s "$1")" "$crc" "$2" > "$1.verified.$$"
+    mv "$1.verified.$$" "$1.verified"
+}
+
 fetch() { # "path|size|md5|url"
     IFS='|' read -r path size md5 url <<< "$1"
     local dest="$DATA/$path"
-    if verify "$dest" "$size" "$md5"; then return 0; fi
+    if verify "$dest" "$size" "$md5"; then stamp "$dest" "$md5"; return 0; fi
     if [ -e "$dest" ]; then
         echo "error: $dest exists but is not the expected file (size $(stat -c %s "$dest"), expected $size bytes, md5 $md5; gz:N means N bytes after gunzip) (hint: delete it and run this script again)" >&2
         exit 1
@@ -99,6 +112,7 @@ fetch() { # "path|size|md5|url"
     fi
     mv "$tmp" "$dest"
     trap - EXIT
+    stamp "$dest" "$md5"
 }
 
 cifar() { # cifar10 | cifar100: the binary version from its author's page, checked by the extracted sizes

@@ -33,8 +33,44 @@ except ImportError:
 
 KCONFIG = "Kconfig"
 HEADER = "# kvlab configuration: edit with `make menuconfig` or `scripts/config NAME=VALUE`\n"
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+# What every string symbol may hold (docs/build.md, "String symbols"). The values become file names,
+# folders, command-line arguments and make variables, so each kind allows a conservative set of
+# characters and nothing a shell or make would interpret; free text ("text") only ever travels as data
+# (C string literals, JSON, argv). A string symbol whose default is a number holds a number. A new string
+# symbol must be listed here (check-symbols fails otherwise). Written as a block of text so that the names
+# do not count as uses of the symbols in check-symbols.
+STRING_KINDS = dict(line.split() for line in """
+    RUN_NAME                name
+    ABLATION_STEPS          names
+    OUTPUT_DIR              folder
+    DATA_DIR                folder
+    ABLATION_STEPS_DIR      path
+    DATA_MIRROR             path-or-empty
+    GPT2_DATA_TRAIN_SHARDS  glob
+    GPT2_DATA_VAL_SHARDS    glob
+    SEQ2SEQ_TASKS           list
+    SEQ2SEQ_SEEDS           list
+    MECHINT_MASK_TARGETS    list
+    WANDB_BASE_URL          url
+    WANDB_PROJECT           project
+    WANDB_ENTITY            name-or-empty
+    WANDB_RUN_NAME          text
+    WANDB_TAGS              text
+    GPT2_SAMPLE_PROMPT      text
+""".strip().splitlines())
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
+PATH_RE = re.compile(r"^[A-Za-z0-9_./+,@:][A-Za-z0-9_./+,@:-]*$")
+GLOB_RE = re.compile(r"^[A-Za-z0-9_.+,@:*?\[\]][A-Za-z0-9_./+,@:*?\[\]-]*$")
+LIST_RE = re.compile(r"^[A-Za-z0-9_.,+ -]*$")
+URL_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9_./~%+-]*)?$")
+PATH_MAX = 1024
+NAME_CHARS = "letters, digits, '-', '_' and '.', not starting with '-', and not '.' or '..'"
+PATH_CHARS = "letters, digits and / . _ - + , @ :, not starting with '-'"
+KINDS_HINT = "docs/build.md, \"String symbols\", says what each string symbol may hold"
 
 
 class ConfigError(Exception):
@@ -129,25 +165,81 @@ def is_numeric_string_symbol(sym):
     return False
 
 
+def check_name(value):
+    if not NAME_RE.match(value) or value in (".", ".."):
+        return f"must be a name of {NAME_CHARS} (hint: e.g. run1; {KINDS_HINT})"
+    return None
+
+
+def check_path(value):
+    if not value:
+        return "must not be empty (hint: a folder relative to the repository root, or an absolute path)"
+    if len(value) > PATH_MAX or not PATH_RE.match(value):
+        return f"must be a path of at most {PATH_MAX} characters: {PATH_CHARS} (hint: {KINDS_HINT})"
+    return None
+
+
+def check_folder(value):
+    """A folder kvlab writes into (outputs, data): a path, and none of the repository's own folders."""
+    problem = check_path(value)
+    if problem:
+        return problem
+    where = os.path.normpath(os.path.join(REPO, value))
+    if where == REPO:
+        return "is the repository root (hint: give the files a folder of their own, e.g. 'output', or an absolute path)"
+    for tree in ("build", "build-san", "include"):
+        if where == os.path.join(REPO, tree) or where.startswith(os.path.join(REPO, tree) + os.sep):
+            return f"lies in the repository's {tree}/ folder, which make clean and mrproper remove (hint: 'output', " \
+                   "or an absolute path)"
+    return None
+
+
+def check_glob(value):
+    if not value or len(value) > PATH_MAX or not GLOB_RE.match(value):
+        return (f"must be a file pattern relative to the data folder: {PATH_CHARS} and * ? [ ], not starting with '/' "
+                f"(hint: e.g. tinyshakespeare/tiny_shakespeare_train_*.bin; {KINDS_HINT})")
+    return None
+
+
+STRING_CHECKS = {
+    "name": check_name,
+    "names": lambda v: None,  # each step name is checked by check_values (with the step's own message)
+    "name-or-empty": lambda v: check_name(v) if v else None,
+    "folder": check_folder,
+    "path": check_path,
+    "path-or-empty": lambda v: check_path(v) if v else None,
+    "glob": check_glob,
+    "list": lambda v: None if LIST_RE.match(v) else f"must be a comma-separated list of letters, digits, '.', '_', "
+                                                    f"'+' and '-' (hint: e.g. 1,2; {KINDS_HINT})",
+    "url": lambda v: None if URL_RE.match(v) else "must be an http:// or https:// address: host, optional port, path of "
+                                                  f"letters, digits and . _ ~ % + - / (hint: e.g. https://api.wandb.ai; "
+                                                  f"{KINDS_HINT})",
+    "project": lambda v: f"must be at most 128 characters, none of / \\ # ? % : (hint: {KINDS_HINT})" if len(v) > 128
+                         or any(c in v for c in "/\\#?%:") else None,
+    "text": lambda v: None,  # free text, only ever passed as data
+}
+
+
 def check_values(kconf, origin):
     """Checks the values that Kconfig itself cannot type-check."""
     for sym in kconf.unique_defined_syms:
-        if not sym.config_string:
+        if not sym.config_string or sym.orig_type != kconfiglib.STRING:
             continue
-        if is_numeric_string_symbol(sym) and not NUMBER_RE.match(sym.str_value):
-            raise ConfigError(f"{origin}: CONFIG_{sym.name}={sym.str_value!r} is not a number "
-                              "(hint: write it like 0.1, 6e-4 or 1)")
-    for name in ("RUN_NAME",):
-        sym = kconf.syms.get(name)
-        if sym is not None and sym.config_string and not NAME_RE.match(sym.str_value):
-            raise ConfigError(f"{origin}: CONFIG_{name}={sym.str_value!r} must be non-empty and use only "
-                              "letters, digits, '-', '_' and '.'")
+        if is_numeric_string_symbol(sym):
+            if not NUMBER_RE.match(sym.str_value):
+                raise ConfigError(f"{origin}: CONFIG_{sym.name}={sym.str_value!r} is not a number "
+                                  "(hint: write it like 0.1, 6e-4 or 1)")
+            continue
+        # an unlisted string symbol gets the strictest useful kind until check-symbols has it classified
+        problem = STRING_CHECKS[STRING_KINDS.get(sym.name, "path")](sym.str_value)
+        if problem:
+            raise ConfigError(f"{origin}: CONFIG_{sym.name}={sym.str_value!r} {problem}")
     sym = kconf.syms.get("ABLATION_STEPS")
     if sym is not None and sym.config_string:
         for step in step_names(kconf):
-            if not NAME_RE.match(step) or step == "base":
-                raise ConfigError(f"{origin}: CONFIG_ABLATION_STEPS: step name {step!r} must use only letters, "
-                                  "digits, '-', '_' and '.' (and 'base' is reserved)")
+            if check_name(step) or step == "base":
+                raise ConfigError(f"{origin}: CONFIG_ABLATION_STEPS: step name {step!r} must use only {NAME_CHARS}, "
+                                  f"and 'base' is reserved (hint: e.g. \"V0,V1\"; {KINDS_HINT})")
 
 
 def step_names(kconf):
@@ -196,7 +288,18 @@ def write_if_changed(path, text):
 
 
 def c_string(text):
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A C string literal of text; '?' as \\? so that no ??x trigraph (gcc -std=c11 converts them) can end it."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("?", "\\?") + '"'
+
+
+def autoconf_text(kconf, header):
+    """kconfiglib's autoconf.h, with '?' in string values written \\? (see c_string): free-text values
+    such as the sample prompt reach the compiler as data whatever they hold."""
+    out = []
+    for line in kconf._autoconf_contents(header).splitlines(True):
+        m = re.match(r'^(#define CONFIG_\w+ )(".*")$', line.rstrip("\n"))
+        out.append(m.group(1) + m.group(2).replace("?", "\\?") + "\n" if m else line)
+    return "".join(out)
 
 
 # ---------------------------------------------------------------- commands
@@ -276,8 +379,8 @@ def cmd_genconfig(config, outdir):
     gen = os.path.join(outdir, "include", "generated")
     deps = os.path.join(outdir, "include", "config")
     os.makedirs(gen, exist_ok=True)
-    kconf.write_autoconf(os.path.join(gen, "autoconf.h"),
-                         header="/* Generated from " + config + " by scripts/kconfig.py: do not edit. */\n")
+    write_if_changed(os.path.join(gen, "autoconf.h"),
+                     autoconf_text(kconf, "/* Generated from " + config + " by scripts/kconfig.py: do not edit. */\n"))
     resolved = resolved_json(kconf)
     text = json.dumps(resolved, indent=1, sort_keys=True) + "\n"
     write_if_changed(os.path.join(gen, "config.json"), text)
@@ -384,6 +487,13 @@ def cmd_check_symbols():
     for sym in kconf.unique_defined_syms:
         if not any(node.help for node in sym.nodes):
             problems.append(f"CONFIG_{sym.name} has no help text")
+    for sym in kconf.unique_defined_syms:
+        if sym.orig_type == kconfiglib.STRING and not is_numeric_string_symbol(sym) and sym.name not in STRING_KINDS:
+            problems.append(f"CONFIG_{sym.name} is a string symbol without a kind in STRING_KINDS of scripts/kconfig.py "
+                            "(what its value may hold)")
+    for name, kind in sorted(STRING_KINDS.items()):
+        if name not in defined or kconf.syms[name].orig_type != kconfiglib.STRING or kind not in STRING_CHECKS:
+            problems.append(f"STRING_KINDS in scripts/kconfig.py: {name} {kind}: not a string symbol or not a kind")
     for choice in kconf.unique_choices:
         if not any(node.help for node in choice.nodes):
             problems.append(f"choice '{choice.nodes[0].prompt[0]}' has no help text")

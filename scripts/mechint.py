@@ -50,7 +50,7 @@ def read_config(path):
 
 
 def st_metadata(path):
-    """The safetensors header's __metadata__, or raise ValueError naming the problem."""
+    """The safetensors header's __metadata__ and its parsed "config", or raise ValueError naming the problem."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -63,13 +63,31 @@ def st_metadata(path):
             header = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError):
             raise ValueError("header is not JSON: not safetensors or corrupt")
+    if not isinstance(header, dict):
+        raise ValueError(f"header is a JSON {type(header).__name__}, not an object: not safetensors or corrupt")
     meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("__metadata__ is not an object of strings: not safetensors or corrupt")
     if meta.get("framework") != "kvlab":
         raise ValueError("not a kvlab checkpoint (no kvlab metadata)")
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = t.get("data_offsets") if isinstance(t, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(x) is int for x in offsets)):
+            raise ValueError(f"tensor {name!r} has no valid data_offsets: corrupt")
+        end = max(end, offsets[1])
     if 8 + n + end > size:
         raise ValueError(f"truncated: tensors end at byte {8 + n + end}, the file has {size}")
-    return meta
+    try:
+        cfg = json.loads(meta.get("config", ""))
+    except ValueError:
+        raise ValueError("metadata 'config' is not valid JSON: the file is damaged (hint: use another checkpoint "
+                         "of the step)")
+    if not isinstance(cfg, dict):
+        raise ValueError("metadata 'config' is not a JSON object: corrupt")
+    return meta, cfg
 
 
 def config_lines(cfg_json):
@@ -79,8 +97,10 @@ def config_lines(cfg_json):
             out.append(f"CONFIG_{k}=y" if v else f"# CONFIG_{k} is not set")
         elif isinstance(v, (int, float)):
             out.append(f"CONFIG_{k}={v}")
+        elif isinstance(v, str):  # .config's escaping (kconfiglib's), not JSON's: free text arrives as it was
+            out.append(f"CONFIG_{k}=\"" + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
         else:
-            out.append(f"CONFIG_{k}=" + json.dumps(v))
+            out.append(f"CONFIG_{k}=" + json.dumps(v))  # not a configuration value: kconfig.py refuses it
     return out
 
 
@@ -109,12 +129,9 @@ def latest_run(outdir):
     return best
 
 
-def build(meta, cur, sanitize):
+def build(cfg, cur, sanitize):
     """Builds mechint for a checkpoint's configuration; returns the binary path."""
-    cfg = json.loads(meta["config"])
-    for k in list(cfg):
-        if k.startswith("MECHINT_"):
-            del cfg[k]
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("MECHINT_")}
     base = "\n".join(config_lines(cfg)) + "\n"
     # switched-off analyses must reach the build too, or they fall back to their default (on)
     frag = "".join(f"# CONFIG_{k} is not set\n" if v == "n" else f"CONFIG_{k}={v}\n"
@@ -166,27 +183,38 @@ def main():
         path = os.path.join(run, name)
         stem = name[:-len(".safetensors")]
         try:
-            meta = st_metadata(path)
+            meta, cfg = st_metadata(path)
         except (ValueError, OSError) as e:
             err(f"{path}: {e}")
             failed += 1
             continue
         out = os.path.join(run, "mechint", stem)
         try:
-            binary = build(meta, cur, args.sanitize)
-        except RuntimeError as e:
+            binary = build(cfg, cur, args.sanitize)
+        except (RuntimeError, OSError) as e:
             err(f"{path}: {e}")
             failed += 1
             continue
-        os.makedirs(out, exist_ok=True)
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            err(f"{path}: cannot create the report folder {out}: {e.strerror} (hint: the run folder must be writable; "
+                "copy the checkpoints elsewhere and pass MODELS=<that folder>)")
+            failed += 1
+            continue
         print(f"== {name}: {meta.get('family')} {meta.get('variant')} (step {meta.get('ablation_step', '-')})", flush=True)
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", ""))
-        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO, env=env)
+        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO)
         if r.returncode != 0:
             err(f"{path}: analysis failed (exit {r.returncode}); see the messages above")
             failed += 1
             continue
-        rep = json.load(open(os.path.join(out, "report.json")))
+        try:
+            with open(os.path.join(out, "report.json")) as f:
+                rep = json.load(f)
+        except (OSError, ValueError) as e:
+            err(f"{path}: the analysis wrote no readable report.json ({e})")
+            failed += 1
+            continue
         reports.append((stem, rep))
         if not args.no_plots:
             subprocess.run([PY, os.path.join(REPO, "scripts", "mechint_plots.py"), "report", out], cwd=REPO)

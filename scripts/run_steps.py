@@ -8,6 +8,12 @@ captured to train_step<STEP>.log, and carries on with the next step when one
 fails. Afterwards it writes ablation_summary.json and ablation_summary.md,
 prints the comparison table and plots every step's curves overlaid.
 
+SIGINT, SIGTERM and SIGHUP (to the whole process group, as Ctrl-C sends
+them, or to this process alone) stop the run: the trainer gets the signal,
+saves its state at its current iteration and exits; this runner keeps
+relaying its output until then, starts nothing more, prints one line and
+exits with 128 + the signal (docs/build.md, "Signals").
+
 Called by `make`; see `make help`.
 """
 import argparse
@@ -16,6 +22,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +78,39 @@ PAPER_SYNTH = {
 
 
 def say(msg):
-    print(msg, flush=True)
+    try:
+        print(msg, flush=True)
+    except OSError:  # the terminal is gone (SIGHUP) or make stopped reading: the logs still get everything
+        pass
+
+
+class Stop:
+    """The first of SIGINT, SIGTERM, SIGHUP received, and the trainer running now."""
+    signal = 0
+    child = None
+
+
+def on_stop_signal(sig, _frame):
+    Stop.signal = Stop.signal or sig
+    child = Stop.child
+    if child is not None and child.returncode is None:
+        try:  # the trainer may have the signal already (the whole group got it); a second one changes nothing
+            os.kill(child.pid, sig)
+        except OSError:
+            pass
+
+
+def stopped_message(sid, files, status):
+    m = load_json(files["metrics"]) or {}
+    if status == "not started":
+        what = f"step {sid} had not started"
+    elif m.get("status") == "stopped":
+        what = f"step {sid} saved its state at iteration {m.get('final_iteration')}"
+    elif m.get("status") == "complete":
+        what = f"step {sid} is complete"
+    else:
+        what = f"step {sid} had not started training"
+    return f"kvlab: stopped by {signal.Signals(Stop.signal).name}: {what}; run make again to continue from there"
 
 
 def load_json(path):
@@ -97,6 +136,30 @@ def training_identity(text):
         return None
     analysis = re.compile(r"^(# )?CONFIG_" + "MECHINT_")  # a prefix, not one symbol (check-symbols reads this file)
     return [x for x in text.splitlines() if not analysis.match(x)]
+
+
+TEMP_RE = re.compile(r"\.tmp\.(\d+)$")  # NAME.tmp.<pid>: how the trainers, mechint and this script write files
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temp_files(out):
+    """Removes the temporary files that writes killed midway left in the run folder (those of processes that no
+    longer exist; a live one may still be writing)."""
+    for folder, _dirs, names in os.walk(out):
+        for name in names:
+            m = TEMP_RE.search(name)
+            if m and not pid_alive(int(m.group(1))):
+                os.remove(os.path.join(folder, name))
+                say(f"removed {os.path.relpath(os.path.join(folder, name), REPO)}: left by a write that was killed")
 
 
 def write_atomic(path, text):
@@ -136,14 +199,44 @@ def archive(out, sid, files):
     return dest
 
 
+def unarchive(moved, files):
+    """Puts the outputs archive() moved back in place of those of a run that failed before it trained anything;
+    the log keeps the failed attempt at its end."""
+    attempt = read_text(files["log"]) or ""
+    for p in files.values():
+        kept = os.path.join(moved, os.path.basename(p))
+        if os.path.exists(kept):
+            os.replace(kept, p)
+        elif os.path.exists(p):
+            os.remove(p)  # the failed attempt's own file (its metrics, say), where the earlier run had none
+    if attempt:
+        with open(files["log"], "a", encoding="utf-8") as log:
+            log.write(attempt)
+    os.rmdir(moved)
+    try:
+        os.rmdir(os.path.dirname(moved))  # previous/, when it holds nothing else
+    except OSError:
+        pass
+
+
+def trained_anything(files):
+    m = load_json(files["metrics"]) or {}
+    return os.path.exists(files["state"]) or os.path.exists(files["final"]) or (m.get("final_iteration") or 0) > 0
+
+
 def fetch_data(cfg, family, build_dir):
     names = family["data"](cfg)
     if not names:
         return True
     cmd = [os.path.join(REPO, "scripts", "get_data.sh"), "--data", cfg.get("DATA_DIR", "data")]
-    mirror = cfg.get("DATA_MIRROR")
-    if mirror and os.path.isdir(os.path.join(REPO, mirror)):
-        cmd += ["--mirror", mirror]  # otherwise get_data.sh tries $KVLAB_DATA_MIRROR, then downloads
+    # CONFIG_DATA_MIRROR when the folder exists, else $KVLAB_DATA_MIRROR when set, else download; empty: download
+    mirror = cfg.get("DATA_MIRROR", "")
+    if mirror and not os.path.isdir(os.path.join(REPO, mirror)):
+        other = os.environ.get("KVLAB_DATA_MIRROR", "")
+        say(f"data: the mirror {mirror} (CONFIG_DATA_MIRROR) does not exist; " +
+            (f"using $KVLAB_DATA_MIRROR ({other})" if other else "downloading"))
+        mirror = other
+    cmd += ["--mirror", mirror]
     if family["tokenizer"]:
         cmd += ["--tokenizer", os.path.join(build_dir, family["tokenizer"])]
     return subprocess.call(cmd + names, cwd=REPO) == 0
@@ -156,32 +249,43 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     if same_config and not force and metrics.get("status") == "complete" and os.path.exists(files["final"]):
         say(f"step {sid}: already complete for this configuration, skipped (make FORCE=1 redoes it)")
         return "skipped"
-    if force or not same_config:
-        moved = archive(out, sid, files)
-        if moved:
-            why = "forced" if force else "configuration changed"
-            say(f"step {sid}: {why}; earlier outputs moved to {os.path.relpath(moved, REPO)}")
-    elif os.path.exists(files["state"]):
+    fresh = force or not same_config
+    if not fresh and os.path.exists(files["state"]):
         say(f"step {sid}: continuing from {os.path.relpath(files['state'], REPO)}")
     if not fetch_data(cfg, family, build_dir):
         say(f"step {sid}: FAILED: data preparation failed (see the error above)")
         return "failed"
+    if Stop.signal:
+        return "not started"
+    moved = None
+    if fresh:  # moved back below if the new run fails before it trains anything
+        moved = archive(out, sid, files)
+        if moved:
+            why = "forced" if force else "configuration changed"
+            say(f"step {sid}: {why}; earlier outputs moved to {os.path.relpath(moved, REPO)}")
     write_atomic(files["config"], cfg_text)
     binary = os.path.join(build_dir, family["binary"])
-    shutil.copy2(binary, files["binary"] + ".tmp")
-    os.replace(files["binary"] + ".tmp", files["binary"])
+    tmp = f"{files['binary']}.tmp.{os.getpid()}"
+    shutil.copy2(binary, tmp)
+    os.replace(tmp, files["binary"])
     say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)")
     with open(files["log"], "a", encoding="utf-8") as log:
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {binary} train --out {out} --step {sid}\n")
         log.flush()
         proc = subprocess.Popen([files["binary"], "train", "--out", out, "--step", sid], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        Stop.child = proc  # a stop signal is passed on to it; we relay its output until it has saved and exited
         for line in proc.stdout:
-            sys.stdout.write(f"[{sid}] {line}")
-            sys.stdout.flush()
             log.write(line)
             log.flush()
+            say(f"[{sid}] " + line.rstrip("\n"))
         rc = proc.wait()
+        Stop.child = None
+    if rc != 0 and moved and not trained_anything(files):
+        unarchive(moved, files)
+        say(f"step {sid}: the new run failed before it trained anything; the earlier outputs are back in place")
+    if Stop.signal:
+        return "stopped"
     if rc != 0:
         say(f"step {sid}: FAILED with exit status {rc}; see {os.path.relpath(files['log'], REPO)} "
             "(the other steps' results are kept)")
@@ -384,13 +488,16 @@ def plot(out, rows):
     fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: training (thin) and validation (dots) loss")
     fig.tight_layout()
     path = os.path.join(out, "ablation_curves.png")
-    fig.savefig(path + ".tmp.png", dpi=110)
-    os.replace(path + ".tmp.png", path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fig.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)
     plt.close(fig)
     say(f"Plots: {os.path.relpath(path, REPO)}")
 
 
 def main():
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_stop_signal)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True, help="build/<run name>")
     ap.add_argument("--out", required=True, help="<output folder>/<run name>")
@@ -399,6 +506,7 @@ def main():
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    remove_stale_temp_files(out)
     steps = args.steps.split()
     plan = []
     for step in steps:
@@ -422,7 +530,10 @@ def main():
     rows, failed = [], 0
     t0 = time.time()
     for step, sid, fam, build_dir, cfg, cfg_text in plan:
-        status = run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        status = "not started" if Stop.signal else run_step(step, sid, fam, build_dir, cfg, cfg_text, out, args.force)
+        if Stop.signal:
+            say(stopped_message(sid, step_files(out, sid, fam["name"]), status))
+            return 128 + Stop.signal
         failed += status == "failed"
         rows.append((sid, status, cfg))
     summarise(out, rows)
@@ -436,4 +547,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except OSError as e:  # e.g. a read-only or full output folder: one line, not a traceback
+        print(f"error: {e.filename or 'output'}: {e.strerror} (hint: CONFIG_OUTPUT_DIR must be a folder you can "
+              "write to, with space left)", file=sys.stderr)
+        sys.exit(1)

@@ -411,7 +411,7 @@ static int train(Run *r) {
         int correct = s2s_correct(m), counted = m->counted;
         if (!isfinite(loss)) {
             char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP)\n", msg);
             return 1;
@@ -462,12 +462,7 @@ static int train(Run *r) {
             fflush(stdout);
         }
         if (run_stop_signal()) {
-            run_save_state(t);
-            char msg[256];
-            snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
-            run_fail(t, "interrupted", msg);
-            fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
-            return 128 + run_stop_signal();
+            return run_stop(t);
         }
     }
     run_save_model(t, t->final_path, t->last_val);

@@ -3,13 +3,17 @@
 with AddressSanitizer and UndefinedBehaviorSanitizer).
 
 1. Kconfig: consistency of symbols, every defconfig and step fragment,
-   rejection of bad defconfigs and overrides, the make front end.
+   rejection of bad defconfigs and overrides, the make front end; every
+   string symbol against shell and make syntax, '..', '.', empty and
+   absolute values, and free text through make, C and mechint (strings).
 2. C unit tests, built once per attention-variant configuration
    (tests/configs/), each printing "# name: N passed, M failed".
 3. Integration: an ablation end to end through make, skipping of completed
    steps, a failing step, resume after SIGKILL and SIGTERM, sampling with
    and without the KV cache, bad checkpoints and data, menuconfig driven
-   through a pseudo-terminal, incremental rebuilds, the data script.
+   through a pseudo-terminal, incremental rebuilds, the data script and
+   its mirror; SIGINT, SIGTERM and SIGHUP to a real make process group and
+   to the step runner alone (signals).
 4. Weights & Biases: the client against tests/fake_wandb.py (faults, spool,
    sync), tiny training runs reporting online, offline, then make wandb-sync.
 
@@ -173,6 +177,158 @@ def test_variant_table(tmp):
         R.check(False, "a table row whose key block is not one of its blocks is refused")
     except attention_tbl.TableError as e:
         R.check(f"{bad}:1" in str(e) and "key block" in str(e), f"a bad table row is named with its line: {e}")
+
+
+# Every string symbol is reachable from one of these (test_string_symbols checks that).
+ALL_STRINGS = ["CONFIG_GPT2=y\nCONFIG_GPT2_DATA_BPE=y\nCONFIG_VIT=y\nCONFIG_SEQ2SEQ=y\nCONFIG_WANDB=y\n"
+               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
+# Free text: any characters, only ever passed as data. Every other string symbol refuses shell and make syntax.
+FREE_TEXT = {"GPT2_SAMPLE_PROMPT", "WANDB_PROJECT", "WANDB_RUN_NAME", "WANDB_TAGS"}
+PWNED = "kvlab-pwned"  # the marker files the payloads would create
+PAYLOADS = {"$(...)": f"$(touch {PWNED}-dollar)", "backticks": f"`touch {PWNED}-backtick`", "..": "..", ".": ".",
+            "empty": "", "absolute path": "/tmp/kvlab-absolute"}
+# (symbol, payload) -> accepted?, where the answer is part of the contract (docs/build.md, "String symbols")
+STRING_CONTRACT = {
+    ("RUN_NAME", ".."): False, ("RUN_NAME", "."): False, ("RUN_NAME", "empty"): False,
+    ("RUN_NAME", "absolute path"): False,
+    ("ABLATION_STEPS", ".."): False, ("ABLATION_STEPS", "."): False, ("ABLATION_STEPS", "empty"): False,
+    ("ABLATION_STEPS", "absolute path"): False,
+    ("OUTPUT_DIR", "."): False, ("OUTPUT_DIR", "empty"): False, ("OUTPUT_DIR", ".."): True,
+    ("OUTPUT_DIR", "absolute path"): True,
+    ("DATA_DIR", "."): False, ("DATA_DIR", "empty"): False, ("DATA_DIR", "absolute path"): True,
+    ("ABLATION_STEPS_DIR", "empty"): False, ("ABLATION_STEPS_DIR", "absolute path"): True,
+    ("DATA_MIRROR", "empty"): True, ("DATA_MIRROR", "absolute path"): True,
+    ("WANDB_ENTITY", ".."): False, ("WANDB_ENTITY", "empty"): True,
+}
+
+
+def string_symbols(config):
+    """{name: visible in config} for every string symbol of the Kconfig tree."""
+    code = ("import json, sys, kconfiglib\nk = kconfiglib.Kconfig('Kconfig', warn_to_stderr=False)\n"
+            "k.load_config(sys.argv[1])\nprint(json.dumps({s.name: bool(s.config_string) for s in "
+            "k.unique_defined_syms if s.orig_type == kconfiglib.STRING}))")
+    return json.loads(run([PY, "-c", code, config]).stdout)
+
+
+def test_string_symbols(tmp):
+    section("string symbols: shell and make syntax, '..', '.', empty and absolute values in every one")
+    bases = []
+    for i, text in enumerate(ALL_STRINGS):
+        path = os.path.join(tmp, f"strings-{i}.defconfig")
+        with open(path, "w") as f:
+            f.write(text)
+        cfg = os.path.join(tmp, f"strings-{i}.config")
+        r = run(KCONFIG + ["defconfig", path, cfg])
+        R.check(r.returncode == 0, f"string symbols: base configuration {i}: {r.stderr}")
+        bases.append((cfg, string_symbols(cfg)))
+    names = sorted(bases[0][1])
+    R.check(len(names) >= 30, f"string symbols found: {names}")
+    accepted = {}
+    for name in names:
+        cfg = next((c for c, visible in bases if visible.get(name)), None)
+        if not R.check(cfg is not None, f"CONFIG_{name} is visible in one of the test configurations (add what it "
+                                        "depends on to ALL_STRINGS)"):
+            continue
+        for what, value in PAYLOADS.items():
+            work = os.path.join(tmp, "strings-work.config")
+            shutil.copy(cfg, work)
+            before = open(work).read()
+            r = run(KCONFIG + ["set", work, f"{name}={value}"])
+            ok = r.returncode == 0
+            accepted[(name, what)] = ok
+            if not ok:
+                R.check(len(r.stderr.strip().splitlines()) == 1 and f"CONFIG_{name}" in r.stderr and
+                        "hint" in r.stderr and open(work).read() == before,
+                        f"CONFIG_{name}={value!r} is refused in one line naming it, with a hint: {r.stderr.strip()}")
+            want = STRING_CONTRACT.get((name, what))
+            if what in ("$(...)", "backticks"):
+                want = name in FREE_TEXT
+            if want is not None:
+                R.check(ok == want, f"CONFIG_{name}={value!r} is {'accepted' if want else 'refused'}: "
+                                    f"rc={r.returncode} {r.stderr.strip()}")
+    print(f"  {len(names)} string symbols x {len(PAYLOADS)} values: "
+          f"{sum(accepted.values())} accepted, {len(accepted) - sum(accepted.values())} refused", flush=True)
+    pwned = glob.glob(os.path.join(REPO, PWNED + "*")) + glob.glob(os.path.join(tmp, PWNED + "*"))
+    R.check(not pwned, f"setting the values executed nothing: {pwned}")
+
+
+def test_string_data_through_make(tmp, sanitize):
+    section("string symbols through make: free text arrives as data, a refused value stops make")
+    # every character a shell, make or a C string literal could take for syntax, trigraphs included
+    nasty = f"$(touch {PWNED}-m1) `touch {PWNED}-m2` $$(touch {PWNED}-m3) ${{HOME}} '\"\\ ??/ ??= ; # % & | \u00e9\t"
+    values = {"GPT2_SAMPLE_PROMPT": nasty, "WANDB_PROJECT": f"$(touch {PWNED}-p) `touch {PWNED}-q` '\" ${{HOME}}",
+              "WANDB_RUN_NAME": "{run}-{step} " + nasty, "WANDB_TAGS": f"e2e,$(touch {PWNED}-t),`touch {PWNED}-u`"}
+    ws = Workspace(tmp, "strings-make", TINY.replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0")
+                   .replace('"V0,V1"', '"V1"').replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=10") +
+                   "CONFIG_WANDB=y\nCONFIG_WANDB_OFFLINE=y\n", sanitize)
+    ws.set(*(f"{k}={v}" for k, v in values.items()))
+
+    def pwned():
+        return [p for d in (REPO, ws.dir, tmp) for p in glob.glob(os.path.join(d, PWNED + "*"))]
+
+    r = ws.make()
+    if not R.check(r.returncode == 0, f"make builds and runs with shell and make syntax in the free-text symbols:\n"
+                                      f"{r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    info = run([ws.binary("V1"), "info"], env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    m = re.search(r"^config: (.*)$", info.stdout, re.M)
+    cfg = json.loads(m.group(1)) if m else {}
+    R.check(all(cfg.get(k) == v for k, v in values.items()),
+            f"the binary holds the values verbatim: {[(k, cfg.get(k)) for k in values]}")
+    spools = glob.glob(os.path.join(ws.run_dir(), "wandb", "V1", "wandb-c", "*", "spool.jsonl"))
+    rec = [json.loads(x) for x in open(spools[0])] if spools else []
+    runrec = next((x for x in rec if x.get("t") == "run"), {})
+    R.check(runrec.get("project") == values["WANDB_PROJECT"] and runrec.get("name") == "tiny-V1 " + nasty and
+            f"$(touch {PWNED}-t)" in runrec.get("tags", []),
+            f"the W&B run record holds the project and the display name verbatim: {str(runrec)[:600]}")
+    ws.set(*MECHINT_SMALL)
+
+    def mechint_builds():  # mechint's builds of this test's checkpoints: their configurations
+        for p in glob.glob(os.path.join(REPO, "build", "mechint", "*", "include", "generated", "config.json")):
+            c = json.load(open(p))
+            if PWNED in c.get("WANDB_TAGS", ""):
+                yield os.path.dirname(os.path.dirname(os.path.dirname(p))), c
+
+    for d, _ in list(mechint_builds()):  # from earlier test runs
+        shutil.rmtree(d)
+    r = ws.make("mechint")
+    R.check(r.returncode == 0, f"make mechint rebuilds from such a checkpoint's configuration:\n"
+                               f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    built = [c for _, c in mechint_builds()]
+    R.check(built and all(c.get(k) == v for c in built for k, v in values.items()),
+            f"mechint's build of the checkpoint's configuration holds the free text verbatim: "
+            f"{[c.get('GPT2_SAMPLE_PROMPT') for c in built]}")
+    R.check(not pwned(), f"nothing in the values was executed: {pwned()}")
+    # a value written into .config by hand, past scripts/config: make stops before using anything
+    cfg_path = os.path.join(ws.dir, ".config")
+    good = open(cfg_path).read()
+    for name, value in (("OUTPUT_DIR", f"$(touch {PWNED}-o)"), ("RUN_NAME", f"`touch {PWNED}-r`"),
+                        ("ABLATION_STEPS", f"V1,$(shell touch {PWNED}-s)")):
+        with open(cfg_path, "w") as f:
+            f.write(re.sub(rf"^CONFIG_{name}=.*$", f'CONFIG_{name}="{value}"', good, flags=re.M))
+        for goal in ("run", "mechint", "wandb-sync"):
+            r = ws.make(goal)
+            errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+            R.check(r.returncode != 0 and len(errs) == 1 and f"CONFIG_{name}" in errs[0] and
+                    "already complete" not in r.stdout and "mechint:" not in r.stdout,
+                    f"make {goal} with CONFIG_{name}={value!r} in .config stops naming it, using nothing:\n"
+                    f"{r.stdout[-800:]}{r.stderr[-800:]}")
+    with open(cfg_path, "w") as f:
+        f.write(good)
+    # past scripts/kconfig.py altogether (auto.conf written by hand): make still treats the values as data
+    auto = os.path.join(ws.dir, "include", "config", "auto.conf")
+    ws.make("build")
+    odd = os.path.join(tmp, f"$(shell touch {PWNED}-a)`touch {PWNED}-b`$$(touch {PWNED}-c)")
+    text = re.sub(r"^CONFIG_OUTPUT_DIR=.*$", lambda _: f'CONFIG_OUTPUT_DIR="{odd}"', open(auto).read(), flags=re.M)
+    with open(auto, "w") as f:
+        f.write(text)
+    r = ws.make("run")
+    R.check(r.returncode == 0 and os.path.isfile(os.path.join(odd, "tiny", "final_model_stepV1.safetensors")),
+            f"make passes a configuration string to the runner as it is:\n{r.stdout[-1000:]}{r.stderr[-1000:]}")
+    os.utime(cfg_path)  # auto.conf is generated again from .config next time
+    R.check(not pwned(), f"nothing in the hand-written values was executed: {pwned()}")
+    for p in pwned():
+        os.remove(p)
 
 
 def test_menuconfig(tmp):
@@ -550,6 +706,84 @@ def test_mechint_end_to_end(ws, tmp):
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
 
 
+def test_mechint_malformed(ws, tmp):
+    section("make mechint: malformed checkpoints each get one error line, the files after them are analysed")
+    good = os.path.join(ws.run_dir(), "final_model_stepV1.safetensors")
+    data = open(good, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+
+    def with_header(h):  # the tensors of the good file behind another header
+        text = (h if isinstance(h, bytes) else json.dumps(h).encode())
+        text += b" " * ((8 - len(text) % 8) % 8)
+        return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+    def meta(**kw):
+        return dict(header, __metadata__=dict(header["__metadata__"], **kw))
+
+    cases = {  # named to sort before the good file
+        "a1-array": with_header([1, 2]),
+        "a2-string": with_header('"kvlab"'.encode()),
+        "a3-metadata-list": with_header(dict(header, __metadata__=["framework", "kvlab"])),
+        "a4-tensor-not-object": with_header(dict(header, **{next(k for k in header if k != "__metadata__"): 7})),
+        "a5-config-not-json": with_header(meta(config="{not json")),
+        "a6-config-not-object": with_header(meta(config="[1, 2]")),
+        "a7-config-wrong-values": with_header(meta(config=json.dumps({"GPT2_N_LAYER": "many"}))),
+    }
+    folder = os.path.join(tmp, "mechint-malformed")
+    os.makedirs(folder, exist_ok=True)
+    for name, blob in cases.items():
+        with open(os.path.join(folder, name + ".safetensors"), "wb") as f:
+            f.write(blob)
+    shutil.copy(good, folder)
+    r = ws.make("mechint", f"MODELS={folder}")
+    both = r.stdout + r.stderr
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    for name in cases:
+        mine = [x for x in errs if f"{name}.safetensors" in x]
+        R.check(len(mine) == 1, f"mechint: {name} gets one error line naming it: {mine}")
+    R.check(r.returncode != 0 and "Traceback" not in both and
+            any(f"{len(cases)} of {len(cases) + 1} checkpoint(s) could not be analysed" in x for x in errs),
+            f"mechint: no traceback, the exit status and the last line say some failed:\n{both[-2500:]}")
+    R.check(os.path.isfile(os.path.join(folder, "mechint", "final_model_stepV1", "report.json")),
+            "mechint: the good checkpoint after the malformed ones is analysed")
+
+
+def test_mechint_environment(ws, tmp):
+    section("make mechint leaves OMP_NUM_THREADS alone")
+    folder = os.path.join(tmp, "mechint-env")
+    os.makedirs(folder, exist_ok=True)
+    shutil.copy(os.path.join(ws.run_dir(), "final_model_stepV1.safetensors"), folder)
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        r = ws.make("mechint", f"MODELS={folder}")
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+    both = r.stdout + r.stderr
+    R.check(r.returncode == 0 and "OMP_NUM_THREADS" not in both,
+            f"mechint without OMP_NUM_THREADS set: no libgomp warning about it:\n{both[-1500:]}")
+
+
+def test_stale_temp_files(ws):
+    section("temporary files of killed writes are removed by the next run, those of live processes kept")
+    out = ws.run_dir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [os.path.join(out, f"final_model_stepV0.safetensors.tmp.{dead.pid}"),
+             os.path.join(out, "mechint", "final_model_stepV0", f"report.json.tmp.{dead.pid}")]
+    live = os.path.join(out, f"training_metrics_stepV1.json.tmp.{os.getpid()}")  # this process is alive
+    for p in stale + [live]:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write("half a file")
+    r = ws.make()
+    R.check(r.returncode == 0 and not any(os.path.exists(p) for p in stale) and os.path.exists(live) and
+            r.stdout.count("left by a write that was killed") == 2,
+            f"the stale temporary files are removed and reported, the live one is kept:\n{r.stdout[-1500:]}")
+    os.remove(live)
+
+
 def test_skip_and_redo(ws):
     section("completed steps are skipped; changed configurations and FORCE=1 redo them")
     out = ws.run_dir()
@@ -575,6 +809,30 @@ def test_skip_and_redo(ws):
     m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
     R.check(m["seed"] == 7, "the rerun used the new configuration")
     ws.set("SEED=1337")
+
+
+def test_failed_start_keeps_outputs(ws):
+    section("a new configuration that fails before training leaves the previous outputs in place")
+    out = ws.run_dir()
+    r = ws.make()
+    R.check(r.returncode == 0, f"the run is complete for the current configuration: {r.stdout[-800:]}")
+    final = os.path.join(out, "final_model_stepV0.safetensors")
+    before = {f: open(os.path.join(out, f), "rb").read() for f in ("final_model_stepV0.safetensors",
+                                                                   "training_metrics_stepV0.json", "config_stepV0")}
+    previous = sorted(glob.glob(os.path.join(out, "previous", "*")))
+    ws.set("GPT2_MIN_LR=1")  # valid for Kconfig, refused by the trainer at start (above CONFIG_GPT2_LR)
+    r = ws.make()
+    R.check(r.returncode != 0 and "MIN_LR" in r.stdout and r.stdout.count("earlier outputs are back in place") == 2,
+            f"the steps fail at start and say the earlier outputs are back:\n{r.stdout[-1500:]}")
+    R.check(all(open(os.path.join(out, f), "rb").read() == b for f, b in before.items()) and
+            sorted(glob.glob(os.path.join(out, "previous", "*"))) == previous,
+            "the complete step's model, metrics and configuration are where they were, previous/ is unchanged")
+    R.check("MIN_LR" in open(os.path.join(out, "train_stepV0.log")).read().split("\n==== ")[-1],
+            "the log keeps the failed attempt at its end")
+    ws.set("GPT2_MIN_LR=6e-5")
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("already complete") == 2 and os.path.exists(final),
+            f"back to the old configuration, the steps are complete as before:\n{r.stdout[-1000:]}")
 
 
 def rebuild_after(ws, *assignments):
@@ -625,8 +883,9 @@ def test_failing_step(tmp, sanitize):
     R.check(r.returncode != 0, "make fails when a step fails")
     R.check("step DIVERGE: FAILED" in r.stdout and "training loss is" in r.stdout,
             f"the failure is reported with the step's error:\n{r.stdout[-2000:]}")
-    R.check(metrics(os.path.join(out, "training_metrics_stepV0.json"))["status"] == "complete",
-            "the next step still ran and completed")
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    R.check(m["status"] == "complete", f"the next step still ran and completed: {m['status']} {m.get('error')}\n"
+                                       f"{r.stdout[-2000:]}{r.stderr[-1000:]}")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([s["status"] for s in summ["steps"]] == ["failed", "complete"], "the summary marks the failed step")
 
@@ -651,6 +910,32 @@ def kill_after(binary, out, step, line_prefix, sig):
     return p.wait(), seen, rest
 
 
+def test_step_names_by_hand(ws, tmp):
+    section("the trainer run by hand keeps its files in --out")
+    for step in ("../escaped", "a/b", "", "-x"):
+        r = run_binary(ws.binary("V0"), os.path.join(tmp, "by-hand"), step)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 1 and len(lines) == 1 and f"--step '{step}'" in lines[0] and "hint" in lines[0] and
+                not glob.glob(os.path.join(tmp, "escaped*")) and not os.path.exists(os.path.join(tmp, "by-hand")),
+                f"--step {step!r} is refused in one line, nothing written: {r.stderr.strip()}")
+
+
+def test_sample_options(ws):
+    section("sample: option values that are not numbers, or not finite, are refused")
+    ck = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    for opt, value in (("--length", "abc"), ("--length", "5x"), ("--length", "-1"), ("--top-k", "many"),
+                       ("--top-k", "2.5"), ("--temperature", "inf"), ("--temperature", "nan"),
+                       ("--temperature", "-0.5"), ("--temperature", "hot"), ("--seed", "x")):
+        r = run([ws.binary("V0"), "sample", "--ckpt", ck, opt, value], env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode != 0 and len(lines) == 1 and f"{opt} '{value}'" in lines[0] and "hint" in lines[0] and
+                not r.stdout, f"sample {opt} {value} is refused in one line: rc={r.returncode} {r.stderr.strip()}")
+    r = run([ws.binary("V0"), "sample", "--ckpt", ck, "--length", "4", "--top-k", "3", "--temperature", "1e2",
+             "--seed", "7"], env=env)
+    R.check(r.returncode == 0 and len(r.stdout.split()) >= 4, f"valid options still sample: {r.stderr}")
+
+
 def test_resume(ws):
     section("resume after SIGKILL and SIGTERM matches an uninterrupted run step for step")
     binary = ws.binary("V0")
@@ -669,7 +954,9 @@ def test_resume(ws):
     rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)
     R.check(seen and rc == 128 + signal.SIGTERM, f"SIGTERM stops the run with status 143 (rc {rc}) {rest[-500:]}")
     mc = metrics(os.path.join(c, "training_metrics_stepV0.json"))
-    R.check(mc["status"] == "interrupted", "an interrupted run says so in its metrics")
+    R.check(mc["status"] == "stopped" and mc["error"] == "stopped by SIGTERM at iteration 10"
+            and "stopped by SIGTERM at iteration 10; state saved to" in rest,
+            f"a stopped run says so in its metrics and in one line: {mc['status']} {mc.get('error')} {rest[-300:]}")
     r = run_binary(binary, c, "V0")
     R.check(r.returncode == 0 and "resuming" in r.stdout, f"continued after SIGTERM: {r.stderr}")
     ma = metrics(os.path.join(a, "training_metrics_stepV0.json"))
@@ -683,6 +970,133 @@ def test_resume(ws):
     ta, _ = safetensors_tensors(os.path.join(a, "final_model_stepV0.safetensors"))
     tb, _ = safetensors_tensors(os.path.join(b, "final_model_stepV0.safetensors"))
     R.check(ta == tb, "the resumed run ends with bit-identical parameters")
+
+
+# Long enough that a signal lands mid-run, with no periodic checkpoint before the end.
+SIGNAL_RUN = (TINY.replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=20000")
+              .replace("CONFIG_GPT2_EVAL_INTERVAL=10", "CONFIG_GPT2_EVAL_INTERVAL=10000")
+              .replace("CONFIG_GPT2_LOG_INTERVAL=1", "CONFIG_GPT2_LOG_INTERVAL=50")
+              .replace("CONFIG_GPT2_CHECKPOINT_INTERVAL=10", "CONFIG_GPT2_CHECKPOINT_INTERVAL=15000")
+              .replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0")
+              .replace('"V0,V1"', '"V0"').replace('"tiny"', '"sig"'))
+
+
+def proc_children(pid):
+    """The processes whose parent is pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def proc_find(root, word):
+    """The first process below root whose command line contains word, or None."""
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    return pid
+        except OSError:
+            continue
+        todo += proc_children(pid)
+    return None
+
+
+def wait_gone(pid, seconds=120):
+    end = time.time() + seconds
+    while os.path.exists(f"/proc/{pid}") and time.time() < end:
+        time.sleep(0.05)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_signals(tmp, sanitize):
+    section("Ctrl-C, SIGTERM and a lost runner: the trainer saves where it is, make continues from there")
+    ws = Workspace(tmp, "signals", SIGNAL_RUN, sanitize)
+    r = ws.make("build")
+    if not R.check(r.returncode == 0, f"signals: build: {r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    out = ws.run_dir("sig")
+    cases = [("SIGINT to the make process group", "group", signal.SIGINT),
+             ("SIGTERM to the make process group", "group", signal.SIGTERM),
+             ("SIGHUP to the make process group (the terminal closed)", "group", signal.SIGHUP),
+             ("SIGTERM to the step runner alone", "runner", signal.SIGTERM),
+             ("SIGKILL to the step runner alone (the trainer loses its output)", "runner", signal.SIGKILL)]
+    for what, target, sig in cases:
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = ["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else [])
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+        lines, trainer, sent = [], None, False
+        for line in p.stdout:  # read to the end: a full pipe would stall make
+            lines.append(line)
+            m = re.match(r"\[V0\] step +(\d+)/", line)
+            if not sent and m and int(m.group(1)) >= 200:
+                runner = proc_find(p.pid, "run_steps.py")
+                trainer = proc_find(p.pid, "train_gpt2_stepV0")
+                if target == "group":
+                    os.killpg(p.pid, sig)
+                elif runner:
+                    os.kill(runner, sig)
+                sent = True
+        rc = p.wait()
+        text = "".join(lines)
+        if not R.check(sent and trainer, f"{what}: the signal was sent while V0 trained:\n{text[-2000:]}"):
+            continue
+        R.check(wait_gone(trainer), f"{what}: the trainer exits")
+        path = os.path.join(out, "training_metrics_stepV0.json")
+        m = metrics(path) if os.path.exists(path) else {}
+        stop_iter = m.get("final_iteration", 0)
+        name = signal.Signals(sig).name
+        why = "its output was closed" if sig == signal.SIGKILL else f"stopped by {name} at iteration {stop_iter}"
+        R.check(rc != 0 and m.get("status") == "stopped" and why in m.get("error", "") and
+                200 <= stop_iter < 15000, f"{what}: make fails, the metrics say stopped at the current iteration "
+                f"(no checkpoint was due): rc={rc} {m.get('status')} {m.get('error')} {stop_iter}")
+        state = os.path.join(out, "state_stepV0.safetensors")
+        _, meta = safetensors_tensors(state) if os.path.exists(state) else ({}, {})
+        R.check(meta.get("step") == str(stop_iter), f"{what}: the state file holds iteration {stop_iter}: "
+                f"{meta.get('step')}")
+        if sig != signal.SIGKILL:
+            stop_lines = [x for x in lines if x.startswith("kvlab: stopped by")]
+            R.check(len(stop_lines) == 1 and f"stopped by {name}: step V0 saved its state at iteration {stop_iter}"
+                    in stop_lines[0] and "Traceback" not in text,
+                    f"{what}: the runner ends with one line saying where the step stopped:\n{text[-1500:]}")
+            log = open(os.path.join(out, "train_stepV0.log")).read()
+            R.check(f"stopped by {name} at iteration {stop_iter}; state saved" in log,
+                    f"{what}: the trainer's last words reach the log: {log[-500:]}")
+        r = ws.make()
+        m = metrics(path)
+        R.check(r.returncode == 0 and f"resuming step V0 from iteration {stop_iter} " in r.stdout and
+                m["status"] == "complete" and m["final_iteration"] == 20000,
+                f"{what}: the next make resumes from iteration {stop_iter} and completes:\n{r.stdout[-1500:]}")
+
+
+def test_fatal_error_status(ws):
+    section("a fatal error (a full disk) marks the metrics failed")
+    import resource
+    out = os.path.join(ws.dir, "fulldisk")
+
+    def small_files():  # writes past 12 kB fail as on a full disk (EFBIG instead of ENOSPC): the metrics
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fit, the first checkpoint (about 20 kB) does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (12000, 12000))
+
+    r = subprocess.run([ws.binary("V0"), "train", "--out", out, "--step", "V0"], cwd=REPO, capture_output=True,
+                       text=True, preexec_fn=small_files, env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    lines = r.stderr.strip().splitlines()
+    path = os.path.join(out, "training_metrics_stepV0.json")
+    m = metrics(path) if os.path.exists(path) else {}
+    R.check(r.returncode == 1 and len(lines) == 1 and "write failed" in lines[0] and "hint" in lines[0],
+            f"the failed write is one line with a hint: rc={r.returncode} {r.stderr.strip()}")
+    R.check(m.get("status") == "failed" and "write failed" in m.get("error", ""),
+            f"the metrics say failed, with the error: {m.get('status')} {m.get('error')}")
+    R.check(not glob.glob(os.path.join(out, "*.tmp.*")), "the failed write leaves no temporary file")
 
 
 def test_sampling_and_bad_checkpoints(ws, tmp):
@@ -831,6 +1245,60 @@ def test_guard_end_to_end(tmp, sanitize):
     r = ws.make()
     R.check(r.returncode == 0 and no_guard_fault(r), f"guard: the encoder-decoder trains and tests (beam search "
             f"under the guard: test_seq2seq in the guarded unit build):\n{(r.stdout + r.stderr)[-2000:]}")
+
+
+def test_nonfinite_iteration(tmp):
+    section("the non-finite loss message names the iteration that produced it")
+    out = os.path.join(tmp, "diverge", "output", "tiny")  # test_bad_runs' diverging run, a progress line per step
+    log = open(os.path.join(out, "train_stepV0.log")).read().split("\n==== ")[-1] if os.path.isdir(out) else ""
+    done = [int(x) for x in re.findall(r"^step +(\d+)/", log, re.M)]
+    bad = re.search(r"training loss is \S+ at iteration (\d+)", log)
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json")) if log else {}
+    R.check(done and bad and int(bad.group(1)) == done[-1] + 1 and
+            m.get("error", "").endswith(f"at iteration {done[-1] + 1}"),
+            f"the loss of iteration {done[-1] + 1 if done else '?'} (the one after the last step logged) is named: "
+            f"{bad.group(0) if bad else log[-500:]} / {m.get('error')}")
+
+
+def read_only(path):
+    """Makes path read-only and returns the command prefix under which that holds: root ignores permission
+    bits, so as root the command runs without CAP_DAC_OVERRIDE (setpriv)."""
+    os.chmod(path, 0o555)
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+
+
+def test_read_only_output(tmp, sanitize):
+    section("a read-only output folder is one error line, not a traceback")
+    ws = Workspace(tmp, "readonly", TINY.replace('"V0,V1"', '"V1"'), sanitize)
+    R.check(ws.make("build").returncode == 0, "read-only: build")
+    os.makedirs(ws.out)
+    cmd = ["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else [])
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    try:
+        r = run(read_only(ws.out) + cmd, env=env)
+    finally:
+        os.chmod(ws.out, 0o755)
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    R.check(r.returncode != 0 and "Traceback" not in r.stdout + r.stderr and len(errs) == 1 and
+            ws.out in errs[0] and "hint" in errs[0],
+            f"make into a read-only output folder: one error line naming it:\n{r.stdout[-800:]}{r.stderr[-1500:]}")
+    r = ws.make()
+    R.check(r.returncode == 0, f"read-only: the run once the folder is writable: {r.stderr[-500:]}")
+    ws.set(*MECHINT_SMALL)
+    try:
+        prefix = read_only(ws.run_dir())
+        r = run(prefix + cmd, env=env)
+        r2 = run(prefix + cmd + ["mechint"], env=env)
+    finally:
+        os.chmod(ws.run_dir(), 0o755)
+    errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    R.check(r.returncode != 0 and "Traceback" not in r.stdout + r.stderr and len(errs) == 1 and
+            ws.run_dir() in errs[0], f"make with a read-only run folder: one error line naming it:\n"
+                                     f"{r.stdout[-800:]}{r.stderr[-1500:]}")
+    errs = [x for x in r2.stderr.splitlines() if x.startswith("error:")]
+    R.check(r2.returncode != 0 and "Traceback" not in r2.stdout + r2.stderr and len(errs) == 3 and
+            all("report folder" in x for x in errs[:2]),
+            f"make mechint on a read-only run folder: a line per checkpoint and the count:\n{r2.stderr[-1500:]}")
 
 
 def test_vit_end_to_end(tmp, sanitize):
@@ -991,6 +1459,85 @@ def test_data_script(tmp):
         f"a mirror file with the wrong checksum is refused and not installed: {r.stderr}")
     r = run([script, "nonsense"])
     R.check(r.returncode == 2 and "nonsense" in r.stderr, "unknown data set names are errors")
+
+
+FAKE_CURL = """#!/usr/bin/python3
+# curl as scripts/get_data.sh calls it: logs the URL, "downloads" the file from FAKE_CURL_SRC
+import os, shutil, sys
+url, out = sys.argv[-1], sys.argv[sys.argv.index("-o") + 1]
+with open(os.environ["FAKE_CURL_LOG"], "a") as f:
+    f.write(url + "\\n")
+shutil.copy(os.path.join(os.environ["FAKE_CURL_SRC"], url.rsplit("/", 1)[1]), out)
+"""
+
+
+def test_data_mirror(tmp, sanitize):
+    section("CONFIG_DATA_MIRROR: empty downloads; a missing one says so and falls back as its help says")
+    src = os.path.join(REPO, "data", "tinyshakespeare")
+    fake = os.path.join(tmp, "fakebin")
+    os.makedirs(fake, exist_ok=True)
+    with open(os.path.join(fake, "curl"), "w") as f:
+        f.write(FAKE_CURL)
+    os.chmod(os.path.join(fake, "curl"), 0o755)
+    mirrors = {}
+    for name in ("config-mirror", "env-mirror"):
+        mirrors[name] = os.path.join(tmp, name)
+        os.makedirs(os.path.join(mirrors[name], "tinyshakespeare"), exist_ok=True)
+        shutil.copy(os.path.join(src, "input.txt"), os.path.join(mirrors[name], "tinyshakespeare"))
+    missing = os.path.join(tmp, "no-such-mirror")
+    ws = Workspace(tmp, "mirror", TINY.replace("CONFIG_GPT2_DATA_NUMBERS=y\n", "").replace('"V0,V1"', '"V1"')
+                   .replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=2"), sanitize)
+    log = os.path.join(tmp, "curl.log")
+    base = {k: v for k, v in os.environ.items() if k != "KVLAB_DATA_MIRROR"}
+    base.update(PATH=fake + os.pathsep + os.environ["PATH"], FAKE_CURL_LOG=log, FAKE_CURL_SRC=src)
+    cases = [("empty", "", None, "download"),
+             ("missing, no $KVLAB_DATA_MIRROR", missing, None, "download"),
+             ("missing, $KVLAB_DATA_MIRROR set", missing, mirrors["env-mirror"], "env-mirror"),
+             ("existing", mirrors["config-mirror"], mirrors["env-mirror"], "config-mirror")]
+    for i, (what, mirror, env_mirror, want) in enumerate(cases):
+        ws.set(f"DATA_MIRROR={mirror}", f"DATA_DIR={os.path.join(tmp, f'mirror-data-{i}')}")
+        open(log, "w").close()
+        env = dict(base, **({"KVLAB_DATA_MIRROR": env_mirror} if env_mirror else {}))
+        r = run(["make", f"O={ws.dir}"] + (["SANITIZE=1"] if sanitize else []), env=env)
+        urls = open(log).read().split()
+        copied = re.findall(r"^data: tinyshakespeare/input.txt from mirror (.*)$", r.stdout, re.M)
+        said = mirror == missing and f"the mirror {missing} (CONFIG_DATA_MIRROR) does not exist" in r.stdout
+        R.check(r.returncode == 0 and (said or mirror != missing) and
+                (urls == ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]
+                 and not copied if want == "download" else not urls and copied == [mirrors[want]]),
+                f"DATA_MIRROR {what}: {want}: downloads {urls}, copies {copied}:\n{r.stdout[-1200:]}{r.stderr[-800:]}")
+    r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--mirror", missing, "--data", os.path.join(tmp, "md"),
+             "tinyshakespeare"], env=base)
+    R.check(r.returncode == 2 and missing in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
+            f"get_data.sh --mirror with a folder that does not exist stops, naming it: {r.stderr}")
+    return ws, os.path.join(tmp, f"mirror-data-{len(cases) - 1}"), mirrors["config-mirror"]
+
+
+def test_verified_data(tmp, ws, data, mirror):
+    section("the trainer run by hand refuses a data file of the right size with other content")
+    text = os.path.join(data, "tinyshakespeare", "input.txt")
+
+    def train(n):
+        return run_binary(ws.binary("V1"), os.path.join(tmp, f"verified-out-{n}"), "V1")
+
+    r = train(1)
+    R.check(r.returncode == 0 and os.path.exists(text + ".verified"),
+            f"the data script's verified file trains: {r.stderr.strip()}")
+    blob = open(text, "rb").read()
+    with open(text, "wb") as f:
+        f.write(blob[:1000] + (b"X" if blob[1000:1001] != b"X" else b"Y") + blob[1001:])
+    r = train(2)
+    lines = r.stderr.strip().splitlines()
+    R.check(r.returncode == 1 and len(lines) == 1 and text in lines[0] and "get_data.sh tinyshakespeare" in lines[0],
+            f"one changed byte: refused in one line naming the file, with the data script as the hint: {r.stderr}")
+    with open(text, "wb") as f:
+        f.write(blob)
+    os.remove(text + ".verified")
+    r = train(3)
+    R.check(r.returncode == 1 and "not verified" in r.stderr, f"a file the data script never verified: {r.stderr}")
+    r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--data", data, "--mirror", mirror, "tinyshakespeare"])
+    r2 = train(4)
+    R.check(r.returncode == 0 and r2.returncode == 0, f"after the data script, it trains: {r.stderr}{r2.stderr}")
 
 
 # ---------------------------------------------------------------- 4. Weights & Biases
@@ -1195,6 +1742,9 @@ def main():
         if want("kconfig"):
             guarded(test_kconfig, tmp)
             guarded(test_variant_table, tmp)
+        if want("strings"):
+            guarded(test_string_symbols, tmp)
+            guarded(test_string_data_through_make, tmp, args.sanitize)
         if want("menuconfig"):
             guarded(test_menuconfig, tmp)
         if want("unit"):
@@ -1203,13 +1753,24 @@ def main():
             ws = Workspace(tmp, "e2e", TINY, args.sanitize)
             if guarded(test_ablation_end_to_end, ws):
                 guarded(test_mechint_end_to_end, ws, tmp)
+                guarded(test_mechint_malformed, ws, tmp)
+                guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_checkpoint_checksums, ws, tmp)
+                guarded(test_sample_options, ws)
+                guarded(test_step_names_by_hand, ws, tmp)
                 guarded(test_resume, ws)
+                guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)
+                guarded(test_stale_temp_files, ws)
                 guarded(test_skip_and_redo, ws)
+                guarded(test_failed_start_keeps_outputs, ws)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
+            guarded(test_nonfinite_iteration, tmp)
+            guarded(test_read_only_output, tmp, args.sanitize)
+        if want("signals"):
+            guarded(test_signals, tmp, args.sanitize)
         if want("vit"):
             guarded(test_vit_end_to_end, tmp, args.sanitize)
         if want("guard"):
@@ -1219,6 +1780,9 @@ def main():
             guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
+            mirrored = guarded(test_data_mirror, tmp, args.sanitize)
+            if mirrored:
+                guarded(test_verified_data, tmp, *mirrored)
         if want("wandb"):
             guarded(test_wandb, tmp, build_root, args.sanitize)
     finally:

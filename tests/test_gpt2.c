@@ -312,6 +312,34 @@ static void test_checkpoint_round_trip(void) {
     gpt2_free(&a), gpt2_free(&b), gpt2_free(&small), gpt2_free(&big), gpt2_free(&wide);
 }
 
+/* Top-k keeps its tokens at any temperature: with top-k 1 every sample is the greedy one, even at an
+ * infinite temperature, where the weights of the masked tokens are NaN. */
+static void test_sample_top_k(void) {
+    Dataset d;
+    Err e;
+    if (dataset_load_kind(&d, DATA_NUMBERS, "", 16, &e) != 0) FATAL("%s", e.msg);
+    GPT2Config c = {.V = d.V, .T = 16, .L = 1, .H = 2, .C = 8, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                    .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
+    GPT2 m;
+    gpt2_init(&m, &c, 5);
+    int prompt[1] = {1};
+    char *text[2] = {NULL, NULL};
+    size_t len[2];
+    SampleOptions opt[2] = {{.length = 12, .top_k = 0, .use_cache = 1, .temperature = 0.0f, .seed = 3},
+                            {.length = 12, .top_k = 1, .use_cache = 1, .temperature = INFINITY, .seed = 3}};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = open_memstream(&text[i], &len[i]);
+        CHECK(gpt2_generate(&m, &d, prompt, 1, &opt[i], f, &e) == 0, "generate: %s", e.msg);
+        fclose(f);
+    }
+    CHECK(len[0] == len[1] && !memcmp(text[0], text[1], len[0]),
+          "top-k 1 at an infinite temperature samples the greedy tokens: '%s' vs '%s'", text[0], text[1]);
+    free(text[0]), free(text[1]);
+    gpt2_free(&m);
+    dataset_free(&d);
+}
+
 int main(void) {
     backend_init(0);
     printf("gpt2 model test: attention %s\n", attn_variant_label(ATTN_VARIANT, ATTN_POS));
@@ -329,5 +357,6 @@ int main(void) {
     test_dropout_changes_training_only();
     test_cache_equivalence();
     test_checkpoint_round_trip();
+    test_sample_top_k();
     return TEST_SUMMARY("test_gpt2");
 }

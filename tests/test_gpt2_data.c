@@ -103,6 +103,29 @@ static void write_bytes(const char *path, const char *data, size_t n) {
     fclose(f);
 }
 
+/* A file counts as verified when its size and CRC-32 are those scripts/get_data.sh recorded beside it
+ * (path's folder exists; the record is removed again). */
+static void test_verified_record(const char *path) {
+    char stamp[600];
+    snprintf(stamp, sizeof stamp, "%s.verified", path);
+    char data[] = "123456789"; /* CRC-32 check value cbf43926 */
+    Err e;
+    CHECK(data_file_verified(path, data, 9, "set", &e) != 0 && strstr(e.msg, path) && strstr(e.msg, "not verified") &&
+              strstr(e.msg, "get_data.sh set"),
+          "a file without a record is refused, naming it and the data script: %s", e.msg);
+    write_bytes(stamp, "size 9 crc32 cbf43926 md5 25f9e794323b453885f5181f1b624d0b\n", 59);
+    CHECK(data_file_verified(path, data, 9, "set", &e) == 0, "the verified bytes pass: %s", e.msg);
+    data[4] = 'x';
+    CHECK(data_file_verified(path, data, 9, "set", &e) != 0 && strstr(e.msg, path) &&
+              strstr(e.msg, "not the file the data script verified") && strstr(e.msg, "hint"),
+          "the same size with other bytes is refused: %s", e.msg);
+    CHECK(data_file_verified(path, data, 8, "set", &e) != 0, "another size is refused: %s", e.msg);
+    write_bytes(stamp, "checked\n", 8);
+    CHECK(data_file_verified(path, "123456789", 9, "set", &e) != 0 && strstr(e.msg, "no valid"),
+          "a malformed record is refused: %s", e.msg);
+    unlink(stamp);
+}
+
 static void test_shakespeare(void) {
     /* a wrong or missing file gets an error naming it */
     char dir[] = "/tmp/kvlab_test_data_XXXXXX";
@@ -118,6 +141,7 @@ static void test_shakespeare(void) {
     write_bytes(path, "First Citizen:\nBefore we proceed any further, hear me speak.\n", 62);
     CHECK(dataset_load_kind(&d, DATA_CHAR, dir, 64, &e) != 0 && strstr(e.msg, path) && strstr(e.msg, "1115394"),
           "a cut-short text file is rejected: %s", e.msg);
+    test_verified_record(path);
     unlink(path);
     rmdir(sub);
     rmdir(dir);

@@ -12,14 +12,32 @@
 #include "kernels.h"
 #include "tracking.h"
 
+/* The run whose metrics still say "running": a fatal error marks them failed. */
+static TrainRun *g_running;
+
 void run_die(const Err *e) {
     fflush(stdout);
     fprintf(stderr, "error: %s\n", e->msg);
+    TrainRun *r = g_running;
+    g_running = NULL; /* once: writing the metrics may be what failed */
+    if (r) {
+        Err ignored;
+        metrics_set_string(r->metrics, "status", "failed");
+        metrics_set_string(r->metrics, "error", e->msg);
+        metrics_write(r->metrics, &ignored); /* best effort, e.g. on a full disk */
+    }
     _exit(1);
 }
 
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed) {
     Err e;
+    /* the step is part of file names in out (scripts/kconfig.py holds steps to the same characters) */
+    if (!*step || strspn(step, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") != strlen(step) ||
+        *step == '-') {
+        err_set(&e, "--step '%s': a step name is letters, digits, '-', '_' and '.', not starting with '-' (hint: "
+                    "the name make gives it, e.g. V0)", step);
+        run_die(&e);
+    }
     r->family = family;
     r->out = out;
     r->step = step;
@@ -171,6 +189,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());
     metrics_set_string(m, "status", "running");
+    g_running = r;
     if (!resumed) metrics_set_number(m, "started_unix", unix_seconds());
     tracking_start(r);
 }
@@ -202,6 +221,7 @@ void run_finish(TrainRun *r, const char *stopped_by) {
     metrics_set_string(r->metrics, "status", "complete");
     metrics_set_number(r->metrics, "finished_unix", unix_seconds());
     run_write_metrics(r);
+    g_running = NULL; /* its final status is written */
     unlink(r->state_path); /* the final model and the metrics hold everything now */
     tracking_finish(r, 0);
 }
@@ -210,6 +230,7 @@ void run_fail(TrainRun *r, const char *status, const char *msg) {
     metrics_set_string(r->metrics, "status", status);
     metrics_set_string(r->metrics, "error", msg);
     run_write_metrics(r);
+    g_running = NULL;
     tracking_finish(r, run_stop_signal() ? 128 + run_stop_signal() : 1);
 }
 
@@ -217,14 +238,41 @@ void run_fail(TrainRun *r, const char *status, const char *msg) {
 
 static volatile sig_atomic_t g_stop_signal;
 
-static void on_signal(int sig) { g_stop_signal = sig; }
+static void on_signal(int sig) {
+    if (!g_stop_signal) g_stop_signal = sig; /* the first reason is the one reported */
+}
 
 void run_catch_signals(void) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    /* Output to a runner that is gone must not kill the trainer before it
+     * saves: the write fails instead, and run_stop_signal() reports it. */
+    signal(SIGPIPE, SIG_IGN);
 }
 
-int run_stop_signal(void) { return (int)g_stop_signal; }
+int run_stop_signal(void) {
+    if (!g_stop_signal && (ferror(stdout) || ferror(stderr))) g_stop_signal = SIGPIPE;
+    return (int)g_stop_signal;
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+int run_stop(TrainRun *r) {
+    int sig = run_stop_signal();
+    run_save_state(r);
+    char msg[256];
+    if (sig == SIGPIPE)
+        snprintf(msg, sizeof msg, "stopped at iteration %d: its output was closed (the step runner is gone)", r->iter);
+    else
+        snprintf(msg, sizeof msg, "stopped by %s at iteration %d", signal_name(sig), r->iter);
+    run_fail(r, "stopped", msg);
+    fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, r->state_path);
+    fflush(stderr);
+    return 128 + sig;
+}
 
 void format_eta(char *buf, size_t n, double s) {
     if (!isfinite(s) || s < 0) s = 0;

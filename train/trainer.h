@@ -52,7 +52,8 @@ void run_track(TrainRun *r, const char *name, double *value);
 
 /* Sets the file names in out (created if needed) and the initial progress. */
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed);
-/* Stops the program with the error (one line, exit status 1). */
+/* Stops the program with the error (one line, exit status 1); metrics still
+ * "running" are marked "failed" with the error first. */
 void run_die(const Err *e) KV_NORETURN;
 
 void run_save_model(TrainRun *r, const char *path, double val_loss);
@@ -71,9 +72,15 @@ void run_write_metrics(TrainRun *r);
 void run_finish(TrainRun *r, const char *stopped_by);
 void run_fail(TrainRun *r, const char *status, const char *msg);
 
-/* SIGINT/SIGTERM set a flag the loop checks after each step (save, then stop). */
+/* SIGINT, SIGTERM and SIGHUP set a flag the loop checks after each step
+ * (save, then stop); SIGPIPE is ignored, and a failed write to stdout or
+ * stderr (the step runner is gone) counts as a stop request too. */
 void run_catch_signals(void);
+/* The stop request: the signal number (SIGPIPE for lost output), or 0. */
 int run_stop_signal(void);
+/* Saves the state at the current iteration, marks the metrics "stopped",
+ * prints one line and returns the exit status (128 + signal). */
+int run_stop(TrainRun *r);
 
 void format_eta(char *buf, size_t n, double seconds);
 /* exp(min(loss, 20)) */

@@ -212,7 +212,7 @@ static int train(Run *r) {
         int correct = vit_correct(m, NULL);
         if (!isfinite(loss)) {
             char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter);
+            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
             run_fail(t, "failed", msg);
             fprintf(stderr, "error: %s (hint: lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP)\n", msg);
             return 1;
@@ -262,12 +262,7 @@ static int train(Run *r) {
             fflush(stdout);
         }
         if (run_stop_signal()) {
-            run_save_state(t);
-            char msg[256];
-            snprintf(msg, sizeof msg, "interrupted by signal %d at iteration %d", run_stop_signal(), t->iter);
-            run_fail(t, "interrupted", msg);
-            fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, t->state_path);
-            return 128 + run_stop_signal();
+            return run_stop(t);
         }
     }
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
