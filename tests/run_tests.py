@@ -1027,6 +1027,7 @@ def test_signals(tmp, sanitize):
     cases = [("SIGINT to the make process group", "group", signal.SIGINT),
              ("SIGTERM to the make process group", "group", signal.SIGTERM),
              ("SIGHUP to the make process group (the terminal closed)", "group", signal.SIGHUP),
+             ("SIGTERM to make alone (make passes it on)", "make", signal.SIGTERM),
              ("SIGTERM to the step runner alone", "runner", signal.SIGTERM),
              ("SIGKILL to the step runner alone (the trainer loses its output)", "runner", signal.SIGKILL)]
     for what, target, sig in cases:
@@ -1043,6 +1044,8 @@ def test_signals(tmp, sanitize):
                 trainer = proc_find(p.pid, "train_gpt2_stepV0")
                 if target == "group":
                     os.killpg(p.pid, sig)
+                elif target == "make":
+                    p.send_signal(sig)
                 elif runner:
                     os.kill(runner, sig)
                 sent = True
