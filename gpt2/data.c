@@ -143,15 +143,6 @@ static int load_chars(Dataset *d, const char *data_dir, Err *e) {
 
 /* ------------------------------------------------------------------ BPE shards */
 
-/* The shard patterns exist only when the BPE data set is configured. */
-#ifdef CONFIG_GPT2_DATA_TRAIN_SHARDS
-#define TRAIN_SHARDS CONFIG_GPT2_DATA_TRAIN_SHARDS
-#define VAL_SHARDS CONFIG_GPT2_DATA_VAL_SHARDS
-#else /* the defaults of gpt2/Kconfig, for tests that load every kind */
-#define TRAIN_SHARDS "tinyshakespeare/tiny_shakespeare_train_*.bin"
-#define VAL_SHARDS "tinyshakespeare/tiny_shakespeare_val_*.bin"
-#endif
-
 static int open_shards(const char *data_dir, const char *pattern, const char *what, Shard **out, int *count,
                        size_t *total, Err *e) {
     char pat[4096];
@@ -192,10 +183,10 @@ static int load_bpe(Dataset *d, const char *data_dir, Err *e) {
     d->bpe = bpe_load(enc, voc, e);
     if (!d->bpe) return -1;
     d->V = bpe_vocab_size(d->bpe);
-    if (open_shards(data_dir, TRAIN_SHARDS, "training", &d->train_shards, &d->n_train_shards,
+    if (open_shards(data_dir, CONFIG_GPT2_DATA_TRAIN_SHARDS, "training", &d->train_shards, &d->n_train_shards,
                     &d->train_tokens, e) != 0)
         return -1;
-    if (open_shards(data_dir, VAL_SHARDS, "validation", &d->val_shards, &d->n_val_shards,
+    if (open_shards(data_dir, CONFIG_GPT2_DATA_VAL_SHARDS, "validation", &d->val_shards, &d->n_val_shards,
                     &d->val_tokens, e) != 0)
         return -1;
     for (int i = 0; i < d->n_train_shards; i++)

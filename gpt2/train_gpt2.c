@@ -34,7 +34,8 @@
 
 typedef struct {
     int B, T, accum, max_iters, max_time, warmup, eval_interval, eval_iters, log_interval, ckpt_interval;
-    double lr, min_lr, wd, beta1, beta2, eps, clip;
+    double lr, min_lr;
+    Optim optim;
     uint64_t seed;
 } Hyper;
 
@@ -52,11 +53,7 @@ static Hyper hyper_from_kconfig(void) {
         .ckpt_interval = CONFIG_GPT2_CHECKPOINT_INTERVAL,
         .lr = KCONFIG_NUMBER(CONFIG_GPT2_LR, 0.0, 10.0),
         .min_lr = KCONFIG_NUMBER(CONFIG_GPT2_MIN_LR, 0.0, 10.0),
-        .wd = KCONFIG_NUMBER(CONFIG_GPT2_WEIGHT_DECAY, 0.0, 10.0),
-        .beta1 = KCONFIG_NUMBER(CONFIG_GPT2_BETA1, 0.0, 0.999999),
-        .beta2 = KCONFIG_NUMBER(CONFIG_GPT2_BETA2, 0.0, 0.999999),
-        .eps = KCONFIG_NUMBER(CONFIG_GPT2_ADAM_EPS, 1e-30, 1.0),
-        .clip = KCONFIG_NUMBER(CONFIG_GPT2_GRAD_CLIP, 0.0, 1e9),
+        .optim = OPTIM_FROM_KCONFIG(GPT2),
         .seed = CONFIG_SEED,
     };
     if (h.min_lr > h.lr)
@@ -157,7 +154,7 @@ static void banner(const Run *r) {
            attn_cache_tensors(c->variant) == 1 ? "" : "s");
     printf("train: %d iters%s, batch %d x %d x %d accum, lr %.3g -> %.3g (warmup %d), wd %g, clip %g, seed %llu, "
            "%d threads\n", h->max_iters, h->max_time ? " or time budget" : "", h->B, h->T, h->accum, h->lr, h->min_lr,
-           h->warmup, h->wd, h->clip, (unsigned long long)h->seed, backend_threads());
+           h->warmup, h->optim.weight_decay, h->optim.clip, (unsigned long long)h->seed, backend_threads());
     fflush(stdout);
 }
 
@@ -208,24 +205,12 @@ static int train(Run *r) {
             loss += gpt2_forward(m, x, y, h->B, h->T, 1, dseed) / h->accum;
             gpt2_backward(m, 1.0f / h->accum);
         }
-        if (!isfinite(loss)) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
-            run_fail(t, "failed", msg);
-            fprintf(stderr, "error: %s (hint: lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP; %s)\n", msg,
-                    file_exists(t->state_path) ? "the last good state is in the state_step file and is kept"
-                                               : "no checkpoint was written yet");
+        if (run_check_loss(t, loss, "lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP")) {
             free(x), free(y);
             return 1;
         }
-        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
-                                  : grad_norm(m->w.grads, m->w.table.total);
-        params_adamw(&m->w, (float)lr, (float)h->beta1, (float)h->beta2, (float)h->eps, (float)h->wd, t->iter + 1);
-        t->iter++;
-        double dt = wall_seconds() - t0;
-        t->train_seconds += dt;
-        t->elapsed += dt;
-        t->examples += (double)h->B * h->T * h->accum;
+        double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+        double dt = run_step_done(t, t0, (double)h->B * h->T * h->accum);
         interval_t += dt;
         interval_tokens += (double)h->B * h->T * h->accum;
         interval_n++;
@@ -236,14 +221,10 @@ static int train(Run *r) {
             interval_n = 0;
         }
         if (t->iter % h->eval_interval == 0 && t->iter < h->max_iters) eval_and_record(r);
-        if (t->iter % h->ckpt_interval == 0 && t->iter < h->max_iters) {
-            run_save_state(t);
-            printf("checkpoint step %d -> %s\n", t->iter, t->state_path);
-            fflush(stdout);
-        }
-        if (run_stop_signal()) {
+        int stop = run_checkpoint_or_stop(t, t->iter % h->ckpt_interval == 0 && t->iter < h->max_iters);
+        if (stop) {
             free(x), free(y);
-            return run_stop(t);
+            return stop;
         }
     }
     free(x);

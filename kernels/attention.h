@@ -50,11 +50,7 @@ static const AttnVariantInfo attn_variants[ATTN_NUM_VARIANTS] = {ATTN_VARIANT_RO
 #error "no attention variant in the configuration (run make olddefconfig)"
 #endif
 #define ATTN_POS IS_ENABLED(CONFIG_ATTN_POS)
-#ifdef CONFIG_ATTN_POS_DIM
-#define ATTN_POS_DIM CONFIG_ATTN_POS_DIM
-#else
-#define ATTN_POS_DIM 0
-#endif
+#define ATTN_POS_DIM (ATTN_POS ? CONFIG_ATTN_POS_DIM : 0)
 #if IS_ENABLED(CONFIG_ATTN_POS_PER_HEAD)
 #define ATTN_POS_PER_HEAD 1
 #elif IS_ENABLED(CONFIG_ATTN_POS_PER_LAYER) || !ATTN_POS

@@ -15,7 +15,6 @@
 #include "seq2seq/data.h"
 #include "seq2seq/model.h"
 
-#include "seq2seq/kconfig.h"
 
 typedef struct {
     S2S model;
@@ -64,7 +63,7 @@ static int job_from_path(const char *ckpt, int *task, uint64_t *seed) {
 
 /* The last (task, seed) of CONFIG_SEQ2SEQ_TASKS x CONFIG_SEQ2SEQ_SEEDS, as parse_jobs orders them. */
 static int last_job(int *task, uint64_t *seed, Err *e) {
-    char *tasks = xstrdup(IF_SYNTH_TASKS), *seeds = xstrdup(IF_SYNTH_SEEDS), *save = NULL;
+    char *tasks = xstrdup(CONFIG_SEQ2SEQ_TASKS), *seeds = xstrdup(CONFIG_SEQ2SEQ_SEEDS), *save = NULL;
     int found_task = 0, found_seed = 0, rc = 0;
     for (char *t = strtok_r(tasks, ", ", &save); t && rc == 0; t = strtok_r(NULL, ", ", &save)) {
         int k = task_from_name(t);
@@ -145,7 +144,7 @@ static void sr_close(Runner *r) {
 int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_batches, uint64_t seed, Err *e) {
     SR *g = xcalloc(1, sizeof *g);
     if (TRANSLATION) {
-        if (trans_load(&g->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, IF_SHARED_EMB, e) != 0) {
+        if (trans_load(&g->td, CONFIG_DATA_DIR, IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN), CONFIG_SEQ2SEQ_MIN_FREQ, CONFIG_SEQ2SEQ_MAX_LEN, IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB), e) != 0) {
             trans_free(&g->td);
             free(g);
             return -1;
@@ -156,7 +155,7 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
             free(g);
             return -1;
         }
-        synth_load(&g->sd, (SynthTask)g->task, IF_SYNTH_LEN, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, g->job_seed);
+        synth_load(&g->sd, (SynthTask)g->task, CONFIG_SEQ2SEQ_SEQ_LEN, CONFIG_SEQ2SEQ_TRAIN_SEQS, CONFIG_SEQ2SEQ_VAL_SEQS, CONFIG_SEQ2SEQ_TEST_SEQS, g->job_seed);
         g->nval = g->sd.nval;
     }
     S2SConfig c = s2s_config_from_kconfig(TRANSLATION ? &g->td : NULL); /* as train_seq2seq builds it */

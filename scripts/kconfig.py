@@ -299,7 +299,30 @@ def autoconf_text(kconf, header):
     for line in kconf._autoconf_contents(header).splitlines(True):
         m = re.match(r'^(#define CONFIG_\w+ )(".*")$', line.rstrip("\n"))
         out.append(m.group(1) + m.group(2).replace("?", "\\?") + "\n" if m else line)
+    out.append(inactive_defaults(kconf))
     return "".join(out)
+
+
+def inactive_defaults(kconf):
+    """#defines for the value symbols (int, hex, string) that are off in this configuration because a menu or
+    choice they depend on is: their Kconfig default. Code can then name them in a branch on that menu's
+    IS_ENABLED() that folds away, without a copy of the default or an #ifdef; their value never matters."""
+    lines = []
+    for sym in kconf.unique_defined_syms:
+        if sym.orig_type not in (kconfiglib.INT, kconfiglib.HEX, kconfiglib.STRING) or sym.config_string:
+            continue
+        active = [d for d, cond in sym.defaults if kconfiglib.expr_value(cond)]
+        chosen = (active or [d for d, _ in sym.defaults] or [None])[0]
+        value = chosen.str_value if isinstance(chosen, kconfiglib.Symbol) else ""
+        if sym.orig_type == kconfiglib.STRING:
+            value = c_string(value)
+        elif not value:
+            value = "0"
+        lines.append(f"#define CONFIG_{sym.name} {value}\n")
+    if not lines:
+        return ""
+    return ("/* Off in this configuration (a menu or choice they depend on is off): their Kconfig defaults, for\n"
+            " * branches that fold away. */\n" + "".join(lines))
 
 
 # ---------------------------------------------------------------- commands

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "buildinfo.h"
-#include "kconfig.h"
 #include "rng.h"
 
 /* ------------------------------------------------------------------ synthetic */
@@ -203,12 +202,12 @@ S2SConfig s2s_config_from_kconfig(const TransData *td) {
         .H = CONFIG_SEQ2SEQ_HEADS,
         .mlp = CONFIG_SEQ2SEQ_MLP,
         .L_enc = CONFIG_SEQ2SEQ_ENC_LAYERS,
-        .L_dec = IF_DEC_LAYERS,
-        .post_ln = IF_POST_LN,
+        .L_dec = (IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER) ? CONFIG_SEQ2SEQ_DEC_LAYERS : 0),
+        .post_ln = IS_ENABLED(CONFIG_SEQ2SEQ_POST_LN),
         .gelu = IS_ENABLED(CONFIG_SEQ2SEQ_GELU),
         .mlp_dropout = 1,
-        .onehot = IF_ONEHOT,
-        .shared_emb = IF_SHARED_EMB,
+        .onehot = IS_ENABLED(CONFIG_SEQ2SEQ_ONEHOT_INPUT),
+        .shared_emb = IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB),
         .head_mlp = !TRANSLATION,
         .dropout = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_DROPOUT, 0.0, 0.999),
         .variant = ATTN_VARIANT,
@@ -224,9 +223,9 @@ S2SConfig s2s_config_from_kconfig(const TransData *td) {
         c.Vt = td->tgt_vocab.words.n;
         c.scale_emb = 1;
         c.pad = TOK_PAD;
-        c.label_smoothing = (float)KCONFIG_NUMBER(IF_LABEL_SMOOTHING, 0.0, 0.999);
+        c.label_smoothing = (float)KCONFIG_NUMBER(CONFIG_SEQ2SEQ_LABEL_SMOOTHING, 0.0, 0.999);
         /* positions for the longest training pair and any validation or test sentence */
-        c.Tmax = IF_MAX_LEN + 1;
+        c.Tmax = CONFIG_SEQ2SEQ_MAX_LEN + 1;
         const Corpus *all[3] = {&td->train, &td->val, &td->test};
         for (int k = 0; k < 3; k++)
             for (int i = 0; i < all[k]->n; i++) {
@@ -236,7 +235,7 @@ S2SConfig s2s_config_from_kconfig(const TransData *td) {
     } else {
         c.Vs = c.Vt = c.decoder ? SYNTH_BOS + 1 : 10; /* digits, and <bos> for a decoder */
         c.pad = -1;
-        c.Tmax = IF_SYNTH_LEN;
+        c.Tmax = CONFIG_SEQ2SEQ_SEQ_LEN;
     }
     return c;
 }

@@ -55,4 +55,9 @@ void ids_to_words(const Vocab *v, const int *ids, int n, Strs *out);
  * synthetic tasks. */
 S2SConfig s2s_config_from_kconfig(const TransData *td);
 
+/* The task the binary is built for: translation, or the synthetic tasks. Code
+ * names the other task's symbols only in branches on this, which fold away. */
+#define TRANSLATION IS_ENABLED(CONFIG_SEQ2SEQ_TASK_TRANSLATION)
+#define SYNTH_BOS 10 /* the synthetic decoder's <bos>: the digit after 0..9 */
+
 #endif

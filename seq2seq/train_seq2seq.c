@@ -29,11 +29,10 @@
 #include "schedule.h"
 #include "trainer.h"
 
-#include "kconfig.h"
-
 typedef struct {
     int B, epochs, max_time, warmup, log_interval, ckpt_interval;
-    double lr, beta2, eps, clip;
+    double lr;
+    Optim optim;
     uint64_t seed;
 } Hyper;
 
@@ -46,9 +45,7 @@ static Hyper hyper_from_kconfig(void) {
         .log_interval = CONFIG_SEQ2SEQ_LOG_INTERVAL,
         .ckpt_interval = CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL,
         .lr = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_LR, 0.0, 100.0),
-        .beta2 = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_BETA2, 0.0, 0.999999),
-        .eps = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_ADAM_EPS, 1e-30, 1.0),
-        .clip = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_GRAD_CLIP, 0.0, 1e9),
+        .optim = OPTIM_FROM_KCONFIG(SEQ2SEQ),
         .seed = CONFIG_SEED,
     };
     return h;
@@ -93,7 +90,7 @@ static const char *const VAL_SERIES[] = {"val_losses", "val_accuracies", "val_ti
 /* ------------------------------------------------------------------ configuration */
 
 static int parse_jobs(Run *r) {
-    char *tasks = xstrdup(TRANSLATION ? "translation" : IF_SYNTH_TASKS), *save = NULL;
+    char *tasks = xstrdup(TRANSLATION ? "translation" : CONFIG_SEQ2SEQ_TASKS), *save = NULL;
     r->njobs = 0;
     if (TRANSLATION) {
         r->jobs[r->njobs++] = (Job){-1, r->h.seed};
@@ -104,7 +101,7 @@ static int parse_jobs(Run *r) {
         int task = task_from_name(t);
         if (task < 0)
             FATAL("CONFIG_SEQ2SEQ_TASKS: unknown task '%s' (hint: reverse, sort, swap, sub and copy)", t);
-        char *seeds = xstrdup(IF_SYNTH_SEEDS), *save2 = NULL;
+        char *seeds = xstrdup(CONFIG_SEQ2SEQ_SEEDS), *save2 = NULL;
         for (char *s = strtok_r(seeds, ", ", &save2); s; s = strtok_r(NULL, ", ", &save2)) {
             char *end;
             unsigned long long v = strtoull(s, &end, 10);
@@ -124,7 +121,7 @@ static int parse_jobs(Run *r) {
 static void job_data(Run *r, int job) {
     if (r->sd_job == job) return;
     synth_free(&r->sd);
-    synth_load(&r->sd, (SynthTask)r->jobs[job].task, IF_SYNTH_LEN, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST,
+    synth_load(&r->sd, (SynthTask)r->jobs[job].task, CONFIG_SEQ2SEQ_SEQ_LEN, CONFIG_SEQ2SEQ_TRAIN_SEQS, CONFIG_SEQ2SEQ_VAL_SEQS, CONFIG_SEQ2SEQ_TEST_SEQS,
                r->jobs[job].seed);
     r->sd_job = job;
 }
@@ -167,8 +164,8 @@ static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc)
  * Prints the first `show` translations. */
 static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int n, int beam, int show) {
     const Vocab *tv = &r->td.tgt_vocab, *sv = &r->td.src_vocab;
-    int B = 50, maxl = IF_MAX_LEN;
-    double alpha = KCONFIG_NUMBER(IF_BEAM_ALPHA, 0.0, 10.0);
+    int B = 50, maxl = CONFIG_SEQ2SEQ_MAX_LEN;
+    double alpha = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_BEAM_ALPHA, 0.0, 10.0);
     BleuStats st = {0};
     int *idx = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) idx[i] = i;
@@ -231,11 +228,11 @@ static void banner(const Run *r) {
            attn_variant_label(ATTN_VARIANT, ATTN_POS), backend_name());
     if (TRANSLATION)
         printf("data: multi30k %s->%s: %d training pairs (%d longer than %d tokens dropped), vocab %d / %d\n",
-               r->td.src_lang, r->td.tgt_lang, r->td.train.n, r->td.dropped, IF_MAX_LEN,
+               r->td.src_lang, r->td.tgt_lang, r->td.train.n, r->td.dropped, CONFIG_SEQ2SEQ_MAX_LEN,
                r->td.src_vocab.words.n, r->td.tgt_vocab.words.n);
     else
         printf("data: %d synthetic jobs (tasks x seeds), %d train / %d val / %d test sequences of %d digits each\n",
-               r->njobs, IF_SYNTH_TRAIN, IF_SYNTH_VAL, IF_SYNTH_TEST, IF_SYNTH_LEN);
+               r->njobs, CONFIG_SEQ2SEQ_TRAIN_SEQS, CONFIG_SEQ2SEQ_VAL_SEQS, CONFIG_SEQ2SEQ_TEST_SEQS, CONFIG_SEQ2SEQ_SEQ_LEN);
     printf("model: %s, %d channels, %d heads, %d+%d layers, mlp %d, %s-LN | %zu parameters\n",
            c->decoder ? "encoder-decoder" : "encoder only", c->C, c->H, c->L_enc, c->decoder ? c->L_dec : 0, c->mlp,
            c->post_ln ? "post" : "pre", r->model.w.table.total);
@@ -409,22 +406,10 @@ static int train(Run *r) {
         double loss = s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, B, 1,
                                   dropout_seed(h->seed, (uint64_t)t->iter, 0));
         int correct = s2s_correct(m), counted = m->counted;
-        if (!isfinite(loss)) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
-            run_fail(t, "failed", msg);
-            fprintf(stderr, "error: %s (hint: lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP)\n", msg);
-            return 1;
-        }
+        if (run_check_loss(t, loss, "lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP")) return 1;
         s2s_backward(m, 1.0f);
-        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
-                                  : grad_norm(m->w.grads, m->w.table.total);
-        params_adamw(&m->w, (float)lr, 0.9f, (float)h->beta2, (float)h->eps, 0.0f, local + 1);
-        t->iter++;
-        double dt = wall_seconds() - t0;
-        t->train_seconds += dt;
-        t->elapsed += dt;
-        t->examples += counted;
+        double norm = optim_step(&h->optim, &m->w, lr, local + 1); /* each job starts its optimiser afresh */
+        double dt = run_step_done(t, t0, counted);
         r->epoch_loss += loss * counted;
         r->epoch_correct += correct;
         r->epoch_count += counted;
@@ -456,18 +441,12 @@ static int train(Run *r) {
         int epoch_end = (local + 1) % r->steps_per_epoch == 0, job_end = local + 1 == r->iters_per_job;
         if (epoch_end) end_of_epoch(r, job);
         if (job_end && !TRANSLATION) end_of_job(r, job);
-        if ((epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < total) {
-            run_save_state(t);
-            printf("checkpoint step %d -> %s\n", t->iter, t->state_path);
-            fflush(stdout);
-        }
-        if (run_stop_signal()) {
-            return run_stop(t);
-        }
+        int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < total);
+        if (stop) return stop;
     }
     run_save_model(t, t->final_path, t->last_val);
     if (TRANSLATION) {
-        int beam = IF_BEAM;
+        int beam = CONFIG_SEQ2SEQ_BEAM;
         printf("test translations (beam %d):\n", beam);
         double bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, beam, 5);
         double greedy = beam == 1 ? bleu : translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, 0);
@@ -508,7 +487,7 @@ static void setup(Run *r) {
     r->sd_job = -1;
     r->order_epoch = -1;
     r->perm_key = -1;
-    if (TRANSLATION && trans_load(&r->td, CONFIG_DATA_DIR, IF_DE_EN, IF_MIN_FREQ, IF_MAX_LEN, IF_SHARED_EMB, &e) != 0)
+    if (TRANSLATION && trans_load(&r->td, CONFIG_DATA_DIR, IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN), CONFIG_SEQ2SEQ_MIN_FREQ, CONFIG_SEQ2SEQ_MAX_LEN, IS_ENABLED(CONFIG_SEQ2SEQ_SHARED_EMB), &e) != 0)
         run_die(&e);
     S2SConfig c = s2s_config_from_kconfig(TRANSLATION ? &r->td : NULL);
     int longest = c.Tmax;
@@ -517,10 +496,10 @@ static void setup(Run *r) {
         r->order = xmalloc((size_t)r->td.train.n * sizeof(int));
         r->starts = xmalloc((size_t)(r->steps_per_epoch + 1) * sizeof(int));
     } else {
-        r->steps_per_epoch = IF_SYNTH_TRAIN / r->h.B;
-        r->perm = xmalloc((size_t)IF_SYNTH_TRAIN * sizeof(int));
+        r->steps_per_epoch = CONFIG_SEQ2SEQ_TRAIN_SEQS / r->h.B;
+        r->perm = xmalloc((size_t)CONFIG_SEQ2SEQ_TRAIN_SEQS * sizeof(int));
         if (r->steps_per_epoch < 1)
-            FATAL("CONFIG_SEQ2SEQ_BATCH_SIZE=%d is larger than CONFIG_SEQ2SEQ_TRAIN_SEQS=%d", r->h.B, IF_SYNTH_TRAIN);
+            FATAL("CONFIG_SEQ2SEQ_BATCH_SIZE=%d is larger than CONFIG_SEQ2SEQ_TRAIN_SEQS=%d", r->h.B, CONFIG_SEQ2SEQ_TRAIN_SEQS);
     }
     r->cfg = c;
     r->iters_per_job = r->h.epochs * r->steps_per_epoch;
@@ -528,7 +507,7 @@ static void setup(Run *r) {
     size_t buf = (size_t)r->h.B * (longest + 2);
     r->src = xmalloc(buf * sizeof(int)), r->tgt_in = xmalloc(buf * sizeof(int)), r->tgt_out = xmalloc(buf * sizeof(int));
     TrainRun *t = &r->run;
-    t->dataset = TRANSLATION ? (IF_DE_EN ? "multi30k-de-en" : "multi30k-en-de") : "synthetic";
+    t->dataset = TRANSLATION ? (IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) ? "multi30k-de-en" : "multi30k-en-de") : "synthetic";
     t->variant = attn_variant_id(ATTN_VARIANT, ATTN_POS);
     t->unit = "tokens";
     t->model_json = s2s_config_json(&c);
@@ -585,7 +564,7 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_translate(int argc, char **argv) {
     const char *ckpt = NULL;
-    int beam = IF_BEAM, n = 10;
+    int beam = TRANSLATION ? CONFIG_SEQ2SEQ_BEAM : 1, n = 10;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
             ckpt = argv[++i];

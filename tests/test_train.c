@@ -1,8 +1,12 @@
 /* Training plumbing: the learning-rate schedule, the metrics file (written
- * as training goes, continued and truncated on resume), seeded streams. */
+ * as training goes, continued and truncated on resume), seeded streams, and
+ * the training-loop tail every family calls (optimiser step, non-finite loss,
+ * step counting, checkpoint cadence and stop signals). */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,8 +14,10 @@
 #include "common.h"
 #include "metrics.h"
 #include "rng.h"
+#include "params.h"
 #include "schedule.h"
 #include "test.h"
+#include "trainer.h"
 
 static void test_schedule(void) {
     /* warmup 10 to lr 1e-3, then cosine over steps 10..110 to 1e-4 at the last of 111 steps */
@@ -130,9 +136,140 @@ static void test_rng(void) {
     CHECK(below, "rng_below stays below its bound");
 }
 
+/* Two optimiser steps against a float64 AdamW written out here: clipping to the global norm, bias correction,
+ * betas, epsilon, and decoupled weight decay on the decay tensor only. */
+static void test_optim_step(void) {
+    Params w = {0};
+    param_add(&w.table, "w", 1, 2, 2, 3);
+    param_add(&w.table, "b", 0, 1, 3);
+    params_alloc(&w);
+    enum { N = 9 };
+    float p0[N], g[2][N]; /* different gradients in the two steps, or bias correction hides the betas */
+    for (int i = 0; i < N; i++) {
+        p0[i] = 0.5f + 0.1f * (float)i;
+        g[0][i] = 0.3f * (float)(i - 4) + 0.05f;
+        g[1][i] = -0.2f * g[0][i] + 0.03f * (float)i;
+    }
+    const Optim o = {.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-3, .weight_decay = 0.1, .clip = 1.0};
+    const double lr[2] = {0.01, 0.02};
+    double p[N], m[N] = {0}, v[N] = {0}, norm0 = 0.0;
+    for (int i = 0; i < N; i++) p[i] = p0[i];
+    params_from_host(&w, w.params, p0);
+    for (int step = 1; step <= 2; step++) {
+        const float *gs = g[step - 1];
+        double want = 0.0;
+        for (int i = 0; i < N; i++) want += (double)gs[i] * gs[i];
+        want = sqrt(want);
+        if (step == 1) norm0 = want;
+        params_from_host(&w, w.grads, gs);
+        double norm = optim_step(&o, &w, lr[step - 1], step);
+        CHECK_CLOSE(norm, want, 0, 1e-6, "optim_step returns the norm before clipping (step %d)", step);
+        double scale = want > o.clip ? o.clip / want : 1.0;
+        for (int i = 0; i < N; i++) {
+            double gi = gs[i] * scale, decay = i < 6 ? o.weight_decay : 0.0;
+            m[i] = o.beta1 * m[i] + (1 - o.beta1) * gi;
+            v[i] = o.beta2 * v[i] + (1 - o.beta2) * gi * gi;
+            double mh = m[i] / (1 - pow(o.beta1, step)), vh = v[i] / (1 - pow(o.beta2, step));
+            p[i] -= lr[step - 1] * (mh / (sqrt(vh) + o.eps) + decay * p[i]);
+        }
+    }
+    CHECK(norm0 > o.clip, "the first step is clipped (norm %.3f)", norm0);
+    float *got = params_to_host(&w, w.params), *gg = params_to_host(&w, w.grads);
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(got[i] - p[i]) / fabs(p[i]));
+    CHECK(worst < 2e-6, "two AdamW steps with clipping and decay match float64 (worst relative error %.2e)", worst);
+    double norm1 = 0.0;
+    for (int i = 0; i < N; i++) norm1 += (double)g[1][i] * g[1][i];
+    norm1 = sqrt(norm1);
+    CHECK_CLOSE(gg[0], norm1 > o.clip ? g[1][0] * o.clip / norm1 : g[1][0], 0, 1e-6,
+                "the gradients are clipped in place to the max norm");
+    free(got), free(gg);
+    const Optim noclip = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip = 0.0};
+    params_from_host(&w, w.grads, g[0]);
+    double norm = optim_step(&noclip, &w, 0.0, 3);
+    gg = params_to_host(&w, w.grads);
+    CHECK(fabs(norm - norm0) <= 1e-6 * norm0 && gg[0] == g[0][0], "clip 0: the norm is measured, the gradients kept");
+    free(gg);
+    params_free(&w);
+}
+
+static const char *status_of(const char *path, const char **error) {
+    static char status[64], err[256];
+    cJSON *j = load(path);
+    cJSON *s = j ? cJSON_GetObjectItem(j, "status") : NULL, *e = j ? cJSON_GetObjectItem(j, "error") : NULL;
+    snprintf(status, sizeof status, "%s", cJSON_IsString(s) ? s->valuestring : "?");
+    snprintf(err, sizeof err, "%s", cJSON_IsString(e) ? e->valuestring : "");
+    cJSON_Delete(j);
+    if (error) *error = err;
+    return status;
+}
+
+/* A run of a made-up family over w, its files in dir. */
+static void new_run(TrainRun *r, Params *w, const char *dir, const char *step) {
+    memset(r, 0, sizeof *r);
+    r->w = w;
+    r->variant = "test";
+    r->dataset = "none";
+    r->unit = "examples";
+    r->model_json = "{\"test\":1}";
+    run_init(r, "test", dir, step, 7);
+}
+
+static void open_run(TrainRun *r, Params *w, const char *dir, const char *step) {
+    new_run(r, w, dir, step);
+    static const char *const series[] = {"iterations", "train_losses"};
+    static const char *const val[] = {"val_iterations", "val_losses"};
+    run_open_metrics(r, 0, series, 2, val, 2);
+    run_write_metrics(r);
+}
+
+static void test_loop_tail(void) {
+    char dir[] = "/tmp/kvlab_test_train_XXXXXX";
+    if (!mkdtemp(dir)) FATAL("mkdtemp failed");
+    Params w = {0};
+    param_add(&w.table, "w", 1, 1, 4);
+    params_alloc(&w);
+    TrainRun r;
+    const char *error;
+    open_run(&r, &w, dir, "A");
+    r.iter = 3;
+    CHECK(run_check_loss(&r, 2.5, "hint") == 0 && !strcmp(status_of(r.metrics_path, NULL), "running"),
+          "a finite loss goes on");
+    CHECK(run_check_loss(&r, NAN, "lower the learning rate") == 1, "a NaN loss stops the step");
+    CHECK(!strcmp(status_of(r.metrics_path, &error), "failed") && !strcmp(error, "training loss is nan at iteration 4"),
+          "the metrics say failed and name the iteration that produced the loss: %s", error);
+    CHECK(!file_exists(r.state_path), "a failed step writes no state over the last good one");
+    metrics_free(r.metrics);
+
+    open_run(&r, &w, dir, "B");
+    double t0 = wall_seconds();
+    double dt = run_step_done(&r, t0, 48);
+    CHECK(r.iter == 1 && dt >= 0 && r.train_seconds == dt && r.elapsed == dt && r.examples == 48,
+          "a finished step counts one iteration, its time and its examples");
+    CHECK(run_checkpoint_or_stop(&r, 0) == 0 && !file_exists(r.state_path), "no checkpoint when none is due");
+    CHECK(run_checkpoint_or_stop(&r, 1) == 0 && file_exists(r.state_path), "a due checkpoint writes the state");
+    run_step_done(&r, wall_seconds(), 48);
+    run_catch_signals();
+    raise(SIGTERM);
+    CHECK(run_checkpoint_or_stop(&r, 0) == 128 + SIGTERM, "SIGTERM stops the step with status 128 + SIGTERM");
+    CHECK(!strcmp(status_of(r.metrics_path, &error), "stopped") && strstr(error, "SIGTERM at iteration 2"),
+          "the metrics say stopped, by what and where: %s", error);
+    metrics_free(r.metrics);
+    TrainRun again;
+    new_run(&again, &w, dir, "B");
+    CHECK(run_try_resume(&again) == 1 && again.iter == 2 && again.examples == 96,
+          "the stop saved the state at the current iteration (resumed at %d)", again.iter);
+    params_free(&w);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "clean up %s", dir);
+}
+
 int main(void) {
     test_schedule();
     test_metrics();
     test_rng();
+    test_optim_step();
+    test_loop_tail(); /* last: it leaves a stop request set */
     return TEST_SUMMARY("test_train");
 }

@@ -274,6 +274,44 @@ int run_stop(TrainRun *r) {
     return 128 + sig;
 }
 
+/* ------------------------------------------------------------------ the training-loop tail */
+
+double optim_step(const Optim *o, Params *w, double lr, int step) {
+    double norm = o->clip > 0 ? clip_grad_norm(w->grads, w->table.total, o->clip) : grad_norm(w->grads, w->table.total);
+    params_adamw(w, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay, step);
+    return norm;
+}
+
+int run_check_loss(TrainRun *r, double loss, const char *hint) {
+    if (isfinite(loss)) return 0;
+    char msg[256];
+    snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, r->iter + 1);
+    run_fail(r, "failed", msg);
+    fflush(stdout);
+    fprintf(stderr, "error: %s (hint: %s; %s)\n", msg, hint,
+            file_exists(r->state_path) ? "the last good state is in the state_step file and is kept"
+                                       : "no checkpoint was written yet");
+    return 1;
+}
+
+double run_step_done(TrainRun *r, double t0, double examples) {
+    double dt = wall_seconds() - t0;
+    r->iter++;
+    r->train_seconds += dt;
+    r->elapsed += dt;
+    r->examples += examples;
+    return dt;
+}
+
+int run_checkpoint_or_stop(TrainRun *r, int checkpoint_due) {
+    if (checkpoint_due) {
+        run_save_state(r);
+        printf("checkpoint step %d -> %s\n", r->iter, r->state_path);
+        fflush(stdout);
+    }
+    return run_stop_signal() ? run_stop(r) : 0;
+}
+
 void format_eta(char *buf, size_t n, double s) {
     if (!isfinite(s) || s < 0) s = 0;
     int hrs = (int)(s / 3600), min = (int)(fmod(s, 3600) / 60), sec = (int)fmod(s, 60);

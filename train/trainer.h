@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
 #include "metrics.h"
@@ -81,6 +82,45 @@ int run_stop_signal(void);
 /* Saves the state at the current iteration, marks the metrics "stopped",
  * prints one line and returns the exit status (128 + signal). */
 int run_stop(TrainRun *r);
+
+/* ------------------------------------------------------------------ the training-loop tail
+ *
+ * What every family does after computing a step's loss, in this order:
+ *
+ *     if (run_check_loss(t, loss, "lower CONFIG_X_LR or set CONFIG_X_GRAD_CLIP")) return 1;
+ *     backward ...
+ *     double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+ *     double dt = run_step_done(t, t0, examples);
+ *     log, evaluate ...
+ *     int stop = run_checkpoint_or_stop(t, checkpoint_due);
+ *     if (stop) return stop;
+ */
+
+/* AdamW and gradient clipping; a family fills it from its Kconfig symbols with OPTIM_FROM_KCONFIG. */
+typedef struct {
+    double beta1, beta2, eps, weight_decay, clip; /* clip: max global gradient norm, 0 = off */
+} Optim;
+
+/* PREFIX_BETA1, _BETA2, _ADAM_EPS, _WEIGHT_DECAY and _GRAD_CLIP of a family's Kconfig, checked for range. */
+#define OPTIM_FROM_KCONFIG(PREFIX)                                                                                 \
+    ((Optim){.beta1 = KCONFIG_NUMBER(CONFIG_##PREFIX##_BETA1, 0.0, 0.999999),                                      \
+             .beta2 = KCONFIG_NUMBER(CONFIG_##PREFIX##_BETA2, 0.0, 0.999999),                                      \
+             .eps = KCONFIG_NUMBER(CONFIG_##PREFIX##_ADAM_EPS, 1e-30, 1.0),                                        \
+             .weight_decay = KCONFIG_NUMBER(CONFIG_##PREFIX##_WEIGHT_DECAY, 0.0, 10.0),                            \
+             .clip = KCONFIG_NUMBER(CONFIG_##PREFIX##_GRAD_CLIP, 0.0, 1e9)})
+
+/* Clips the gradients of w to o->clip (when on), then one AdamW update at learning rate lr as update number
+ * step (1-based, for the bias correction). Returns the global gradient norm before clipping. */
+double optim_step(const Optim *o, Params *w, double lr, int step);
+
+/* A non-finite training loss at iteration r->iter + 1: marks the metrics failed, prints one error line with
+ * the hint and where the last good state is, and returns 1. Returns 0 for a finite loss. */
+int run_check_loss(TrainRun *r, double loss, const char *hint);
+/* Counts a finished optimiser step that began at wall time t0 and saw the given examples; returns its seconds. */
+double run_step_done(TrainRun *r, double t0, double examples);
+/* Saves the state when due (a checkpoint line on stdout), then honours a stop request: returns run_stop()'s
+ * exit status when the run must stop now, 0 to go on. */
+int run_checkpoint_or_stop(TrainRun *r, int checkpoint_due);
 
 void format_eta(char *buf, size_t n, double seconds);
 /* exp(min(loss, 20)) */

@@ -29,7 +29,8 @@
 
 typedef struct {
     int B, epochs, max_time, warmup, log_interval, ckpt_interval, val_images;
-    double lr, min_lr, wd, beta2, clip;
+    double lr, min_lr;
+    Optim optim;
     uint64_t seed;
 } Hyper;
 
@@ -44,9 +45,7 @@ static Hyper hyper_from_kconfig(void) {
         .val_images = CONFIG_VIT_VAL_IMAGES,
         .lr = KCONFIG_NUMBER(CONFIG_VIT_LR, 0.0, 10.0),
         .min_lr = KCONFIG_NUMBER(CONFIG_VIT_MIN_LR, 0.0, 10.0),
-        .wd = KCONFIG_NUMBER(CONFIG_VIT_WEIGHT_DECAY, 0.0, 10.0),
-        .beta2 = KCONFIG_NUMBER(CONFIG_VIT_BETA2, 0.0, 0.999999),
-        .clip = KCONFIG_NUMBER(CONFIG_VIT_GRAD_CLIP, 0.0, 1e9),
+        .optim = OPTIM_FROM_KCONFIG(VIT),
         .seed = CONFIG_SEED,
     };
     if (h.min_lr > h.lr)
@@ -184,7 +183,7 @@ static void banner(const Run *r) {
            c->P, c->T, c->cls ? "CLS" : "mean", c->L, c->H, c->C, c->mlp, r->model.w.table.total);
     printf("cost: %.2f MFLOP/image (training) | train: %d epochs x %d steps of %d images, lr %.3g -> %.3g, wd %g, "
            "seed %llu, %d threads\n", vit_flops_per_image(c) / 1e6, h->epochs, r->steps_per_epoch, h->B, h->lr,
-           h->min_lr, h->wd, (unsigned long long)h->seed, backend_threads());
+           h->min_lr, h->optim.weight_decay, (unsigned long long)h->seed, backend_threads());
     fflush(stdout);
 }
 
@@ -210,22 +209,10 @@ static int train(Run *r) {
         params_zero_grad(&m->w);
         double loss = vit_forward(m, r->patches, r->labels, h->B, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
         int correct = vit_correct(m, NULL);
-        if (!isfinite(loss)) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, t->iter + 1);
-            run_fail(t, "failed", msg);
-            fprintf(stderr, "error: %s (hint: lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP)\n", msg);
-            return 1;
-        }
+        if (run_check_loss(t, loss, "lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP")) return 1;
         vit_backward(m, 1.0f);
-        double norm = h->clip > 0 ? clip_grad_norm(m->w.grads, m->w.table.total, h->clip)
-                                  : grad_norm(m->w.grads, m->w.table.total);
-        params_adamw(&m->w, (float)lr, 0.9f, (float)h->beta2, 1e-8f, (float)h->wd, t->iter + 1);
-        t->iter++;
-        double dt = wall_seconds() - t0;
-        t->train_seconds += dt;
-        t->elapsed += dt;
-        t->examples += h->B;
+        double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+        double dt = run_step_done(t, t0, h->B);
         r->epoch_loss += loss * h->B;
         r->epoch_correct += correct;
         r->epoch_seen += h->B;
@@ -256,14 +243,8 @@ static int train(Run *r) {
         }
         int epoch_end = t->iter % r->steps_per_epoch == 0;
         if (epoch_end && t->iter < r->max_iters) eval_and_record(r);
-        if ((epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < r->max_iters) {
-            run_save_state(t);
-            printf("checkpoint step %d -> %s\n", t->iter, t->state_path);
-            fflush(stdout);
-        }
-        if (run_stop_signal()) {
-            return run_stop(t);
-        }
+        int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < r->max_iters);
+        if (stop) return stop;
     }
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
