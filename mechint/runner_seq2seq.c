@@ -5,6 +5,7 @@
  * trainer builds from the training set. The self-attention layers are the
  * encoder's (bidirectional), then the decoder's (causal), numbered as the
  * model's hooks see them (decoder layer l is L_enc + l). */
+#define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include <stdlib.h>
 #include <string.h>
 

@@ -130,7 +130,6 @@ void vit_data_free(VitData *d) {
 void vit_batch(const VitData *d, const ImageSet *set, const int *idx, int count, int P, int augment,
                uint64_t aug_seed, float *patches, int *labels) {
     size_t per = (size_t)(set->h / P) * (set->w / P) * P * P * set->c;
-#pragma omp parallel for schedule(static)
     for (int k = 0; k < count; k++) {
         int flip = 0, dy = 0, dx = 0;
         if (augment) { /* pad-4 random crop and a coin flip, from (seed, image) */
