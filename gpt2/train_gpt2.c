@@ -53,7 +53,8 @@ static Hyper hyper_from_kconfig(void) {
         .ckpt_interval = CONFIG_GPT2_CHECKPOINT_INTERVAL,
         .lr = KCONFIG_NUMBER(CONFIG_GPT2_LR, 0.0, 10.0),
         .min_lr = KCONFIG_NUMBER(CONFIG_GPT2_MIN_LR, 0.0, 10.0),
-        .optim = OPTIM_FROM_KCONFIG(GPT2),
+        .optim = OPTIM_FROM_KCONFIG(CONFIG_GPT2_BETA1, CONFIG_GPT2_BETA2, CONFIG_GPT2_ADAM_EPS, CONFIG_GPT2_WEIGHT_DECAY,
+                                   CONFIG_GPT2_GRAD_CLIP),
         .seed = CONFIG_SEED,
     };
     if (h.min_lr > h.lr)

@@ -195,6 +195,9 @@ void ids_to_words(const Vocab *v, const int *ids, int n, Strs *out) {
         if (ids[i] >= NUM_SPECIALS || ids[i] == TOK_UNK) strs_push(out, v->words.s[ids[i]], strlen(v->words.s[ids[i]]));
 }
 
+_Static_assert(!TRANSLATION || IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) + IS_ENABLED(CONFIG_SEQ2SEQ_EN_DE) == 1,
+               "the translation direction is a Kconfig choice");
+
 S2SConfig s2s_config_from_kconfig(const TransData *td) {
     S2SConfig c = {
         .decoder = IS_ENABLED(CONFIG_SEQ2SEQ_ENCODER_DECODER),

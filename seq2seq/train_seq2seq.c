@@ -45,7 +45,8 @@ static Hyper hyper_from_kconfig(void) {
         .log_interval = CONFIG_SEQ2SEQ_LOG_INTERVAL,
         .ckpt_interval = CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL,
         .lr = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_LR, 0.0, 100.0),
-        .optim = OPTIM_FROM_KCONFIG(SEQ2SEQ),
+        .optim = OPTIM_FROM_KCONFIG(CONFIG_SEQ2SEQ_BETA1, CONFIG_SEQ2SEQ_BETA2, CONFIG_SEQ2SEQ_ADAM_EPS, CONFIG_SEQ2SEQ_WEIGHT_DECAY,
+                                   CONFIG_SEQ2SEQ_GRAD_CLIP),
         .seed = CONFIG_SEED,
     };
     return h;

@@ -87,7 +87,7 @@ int run_stop(TrainRun *r);
  *
  * What every family does after computing a step's loss, in this order:
  *
- *     if (run_check_loss(t, loss, "lower CONFIG_X_LR or set CONFIG_X_GRAD_CLIP")) return 1;
+ *     if (run_check_loss(t, loss, "lower the family's learning rate or set its gradient clipping")) return 1;
  *     backward ...
  *     double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
  *     double dt = run_step_done(t, t0, examples);
@@ -101,13 +101,13 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, clip; /* clip: max global gradient norm, 0 = off */
 } Optim;
 
-/* PREFIX_BETA1, _BETA2, _ADAM_EPS, _WEIGHT_DECAY and _GRAD_CLIP of a family's Kconfig, checked for range. */
-#define OPTIM_FROM_KCONFIG(PREFIX)                                                                                 \
-    ((Optim){.beta1 = KCONFIG_NUMBER(CONFIG_##PREFIX##_BETA1, 0.0, 0.999999),                                      \
-             .beta2 = KCONFIG_NUMBER(CONFIG_##PREFIX##_BETA2, 0.0, 0.999999),                                      \
-             .eps = KCONFIG_NUMBER(CONFIG_##PREFIX##_ADAM_EPS, 1e-30, 1.0),                                        \
-             .weight_decay = KCONFIG_NUMBER(CONFIG_##PREFIX##_WEIGHT_DECAY, 0.0, 10.0),                            \
-             .clip = KCONFIG_NUMBER(CONFIG_##PREFIX##_GRAD_CLIP, 0.0, 1e9)})
+/* A family's AdamW symbols (beta1, beta2, epsilon, weight decay, clip), checked for range (an error names the
+ * symbol). The symbols are named in full at the call, so that check-symbols and fixdep see them. */
+#define OPTIM_FROM_KCONFIG(BETA1, BETA2, EPS, WEIGHT_DECAY, CLIP)                                                  \
+    ((Optim){.beta1 = config_number(#BETA1, BETA1, 0.0, 0.999999), .beta2 = config_number(#BETA2, BETA2, 0.0, 0.999999), \
+             .eps = config_number(#EPS, EPS, 1e-30, 1.0),                                                             \
+             .weight_decay = config_number(#WEIGHT_DECAY, WEIGHT_DECAY, 0.0, 10.0),                                   \
+             .clip = config_number(#CLIP, CLIP, 0.0, 1e9)})
 
 /* Clips the gradients of w to o->clip (when on), then one AdamW update at learning rate lr as update number
  * step (1-based, for the bias correction). Returns the global gradient norm before clipping. */

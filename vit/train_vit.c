@@ -45,7 +45,8 @@ static Hyper hyper_from_kconfig(void) {
         .val_images = CONFIG_VIT_VAL_IMAGES,
         .lr = KCONFIG_NUMBER(CONFIG_VIT_LR, 0.0, 10.0),
         .min_lr = KCONFIG_NUMBER(CONFIG_VIT_MIN_LR, 0.0, 10.0),
-        .optim = OPTIM_FROM_KCONFIG(VIT),
+        .optim = OPTIM_FROM_KCONFIG(CONFIG_VIT_BETA1, CONFIG_VIT_BETA2, CONFIG_VIT_ADAM_EPS, CONFIG_VIT_WEIGHT_DECAY,
+                                   CONFIG_VIT_GRAD_CLIP),
         .seed = CONFIG_SEED,
     };
     if (h.min_lr > h.lr)
