@@ -206,6 +206,13 @@ static void summary_json(Buf *b, const KV *kv) {
     buf_printf(b, "%s\"_wandb\":{\"runtime\":%ld}}", kv->n ? "," : "", (long)kv_get(kv, "\"_runtime\"", 0));
 }
 
+/* The spool record of a summary, newline included. */
+static void summary_record(Buf *b, const KV *kv) {
+    buf_puts(b, SUMMARY_PREFIX);
+    summary_json(b, kv);
+    buf_puts(b, "}\n");
+}
+
 /* Reads a flat object written by kv_json/summary_json back (NaN and Infinity
  * through strtod); nested objects (_wandb) are skipped. */
 static int kv_parse(KV *kv, const char *s) {
@@ -857,6 +864,23 @@ static int state_load(Uplink *u) {
     return ok;
 }
 
+/* A run completed on the server gets a new session (summary, files,
+ * completion again): the cursor of the spool in dir forgets "complete". */
+static void state_reopen(const char *dir) {
+    char *state = join(dir, "sync_state.json"), *text = read_file(state, NULL, NULL);
+    cJSON *st = cJSON_Parse(text ? text : "");
+    if (cJSON_IsTrue(cJSON_GetObjectItem(st, "complete"))) {
+        cJSON_ReplaceItemInObject(st, "complete", cJSON_CreateFalse());
+        char *out = cJSON_Print(st);
+        Err se;
+        if (write_file_atomic(state, out, strlen(out), &se) != 0) say("%s", se.msg);
+        free(out);
+    }
+    cJSON_Delete(st);
+    free(text);
+    free(state);
+}
+
 static int in_array(const cJSON *a, const char *s) {
     const cJSON *it;
     cJSON_ArrayForEach(it, a) if (cJSON_IsString(it) && !strcmp(it->valuestring, s)) return 1;
@@ -939,12 +963,17 @@ typedef struct Line {
     char text[];
 } Line;
 
+/* The spool of a run being written (spool.jsonl opened for appending). */
+typedef struct {
+    char *dir; /* <root>/wandb-c/<run_id>[-k], NULL without a spool */
+    int fd, failed;
+} SpoolWriter;
+
 struct WandbRun {
     Uplink up;
     pthread_t worker;
     int has_worker;
-    char *spool_dir;
-    int spool_fd, spool_failed;
+    SpoolWriter spool;
     double t0, flush_s, heartbeat_s, finish_timeout_s, connect_grace_s;
     cJSON *run_rec, *config; /* kept until the worker has created the run (wandb_init found nothing listening) */
     atomic_int connected;    /* the run exists on the server; up.url and the names are set */
@@ -964,38 +993,36 @@ struct WandbRun {
 };
 
 /* One write(2) per record, straight to the kernel: a crash loses at most the open row. */
-static void spool_write(WandbRun *r, const char *rec, size_t n) {
-    if (r->spool_fd < 0) return;
-    if (write(r->spool_fd, rec, n) != (ssize_t)n && !r->spool_failed) {
-        r->spool_failed = 1;
+static void spool_write(SpoolWriter *w, const char *rec, size_t n) {
+    if (w->fd < 0) return;
+    if (write(w->fd, rec, n) != (ssize_t)n && !w->failed) {
+        w->failed = 1;
         say("%s/spool.jsonl: write failed: %s (hint: is the disk full? the spool misses records from here on)",
-            r->spool_dir, strerror(errno));
+            w->dir, strerror(errno));
     }
 }
 
-static void spool_json(WandbRun *r, cJSON *rec) {
+static void spool_json(SpoolWriter *w, cJSON *rec) {
     char *text = cJSON_PrintUnformatted(rec);
     Buf b = {0};
     buf_puts(&b, text);
     buf_puts(&b, "\n");
-    spool_write(r, b.p, b.n);
+    spool_write(w, b.p, b.n);
     free(b.p);
     free(text);
 }
 
 static void spool_summary(WandbRun *r) {
     Buf b = {0};
-    buf_puts(&b, SUMMARY_PREFIX);
     pthread_mutex_lock(&r->up.mu);
-    summary_json(&b, &r->summary);
+    summary_record(&b, &r->summary);
     pthread_mutex_unlock(&r->up.mu);
-    buf_puts(&b, "}\n");
-    spool_write(r, b.p, b.n);
+    spool_write(&r->spool, b.p, b.n);
     free(b.p);
 }
 
 /* <root>/wandb-c/<run_id>, or <run_id>-2, -3, ... when an earlier process left a spool there. */
-static void spool_open(WandbRun *r, const char *root, const char *run_id) {
+static void spool_open(SpoolWriter *w, const char *root, const char *run_id) {
     char *dir = join(root, "wandb-c"), *base = join(dir, run_id), *path = NULL, *file = NULL;
     for (int k = 1;; k++) {
         free(path);
@@ -1012,18 +1039,38 @@ static void spool_open(WandbRun *r, const char *root, const char *run_id) {
     if (make_dirs(files, &e) != 0) {
         say("%s; running without a spool (nothing to sync later)", e.msg);
         free(path);
-    } else if ((r->spool_fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) < 0) {
+    } else if ((w->fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) < 0) {
         say("%s: cannot create: %s; running without a spool (nothing to sync later)", file, strerror(errno));
         free(path);
     } else {
-        r->spool_dir = path;
+        w->dir = path;
         const char header[] = "{\"t\":\"spool\",\"version\":1}\n";
-        spool_write(r, header, sizeof header - 1);
+        spool_write(w, header, sizeof header - 1);
     }
     free(files);
     free(file);
     free(base);
     free(dir);
+}
+
+/* Makes the spool's records durable and closes it; w->dir stays. */
+static void spool_close(SpoolWriter *w) {
+    if (w->fd >= 0) {
+        fsync(w->fd);
+        close(w->fd);
+        w->fd = -1;
+    }
+}
+
+/* Appends records to the spool in dir with one write: they go in whole or not at all. */
+static int spool_append(const char *dir, const char *rec, size_t n, Err *e) {
+    char *path = join(dir, "spool.jsonl");
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    int ok = fd >= 0 && write(fd, rec, n) == (ssize_t)n && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) err_set(e, "%s: cannot append: %s", path, strerror(errno));
+    free(path);
+    return ok ? 0 : -1;
 }
 
 static int valid_run_id(const char *id) {
@@ -1159,7 +1206,7 @@ static int create_run(WandbRun *r, Err *e) {
             "(hint: log steps above the last one stored there, or use a new WANDB_RUN_ID)",
             u->run_id, u->entity, u->project, lines);
     u->hist_offset = lines;
-    u->state_path = r->spool_dir ? join(r->spool_dir, "sync_state.json") : NULL;
+    u->state_path = r->spool.dir ? join(r->spool.dir, "sync_state.json") : NULL;
     state_save(u);
     atomic_store(&r->connected, 1);
     return 0;
@@ -1218,8 +1265,8 @@ static void *worker_main(void *arg) {
             cJSON *paths = r->files_pending, *done = cJSON_CreateArray(), *it;
             r->files_pending = cJSON_CreateArray();
             pthread_mutex_unlock(&u->mu);
-            if (upload_files(u, r->spool_dir, paths, done, &e) != 0)
-                say("file upload failed: %s; the file stays in %s/files", e.msg, r->spool_dir);
+            if (upload_files(u, r->spool.dir, paths, done, &e) != 0)
+                say("file upload failed: %s; the file stays in %s/files", e.msg, r->spool.dir);
             pthread_mutex_lock(&u->mu);
             cJSON_ArrayForEach(it, done) cJSON_AddItemToArray(r->uploaded_pending, cJSON_CreateString(it->valuestring));
             cJSON_Delete(paths);
@@ -1284,7 +1331,7 @@ static void close_row(WandbRun *r) {
         say("the row of step %ld is %zu bytes, over W&B's limit of %ld; dropped", r->row_step, len, MAX_LINE);
     } else {
         buf_puts(&rec, "}\n");
-        spool_write(r, rec.p, rec.n);
+        spool_write(&r->spool, rec.p, rec.n);
         pthread_mutex_lock(&r->up.mu);
         for (int i = 0; i < r->row.n; i++) kv_set(&r->summary, r->row.it[i].key, strlen(r->row.it[i].key), r->row.it[i].v);
         r->summary_dirty = 1;
@@ -1331,7 +1378,7 @@ WandbRun *wandb_init(const WandbSettings *s) {
     r->finish_timeout_s = setting(s->finish_timeout_s, NULL, 120);
     r->connect_grace_s = setting(s->connect_grace_s, "WANDB_CONNECT_GRACE", CONNECT_GRACE_S);
     r->last_step = -1;
-    r->spool_fd = -1;
+    r->spool.fd = -1;
     r->files_pending = cJSON_CreateArray();
     r->uploaded_pending = cJSON_CreateArray();
 
@@ -1363,13 +1410,13 @@ WandbRun *wandb_init(const WandbSettings *s) {
     if (s->config_json && !cJSON_IsObject(config))
         say("the run config is not a JSON object; the run goes without one");
 
-    spool_open(r, first(s->dir, first(env("WANDB_DIR"), "wandb")), run_id);
-    spool_json(r, run);
+    spool_open(&r->spool, first(s->dir, first(env("WANDB_DIR"), "wandb")), run_id);
+    spool_json(&r->spool, run);
     if (cJSON_IsObject(config)) {
         cJSON *rec = cJSON_CreateObject();
         cJSON_AddStringToObject(rec, "t", "config");
         cJSON_AddItemReferenceToObject(rec, "config", config);
-        spool_json(r, rec);
+        spool_json(&r->spool, rec);
         cJSON_Delete(rec);
     }
 
@@ -1469,19 +1516,19 @@ int wandb_upload_file(WandbRun *r, const char *local_path, const char *run_path)
         say("\"%s\" is not a path inside the run (hint: relative, '/'-separated, no . or .. parts)", run_path);
         return -1;
     }
-    if (!r->spool_dir) {
+    if (!r->spool.dir) {
         say("%s not uploaded: the run has no spool folder", local_path);
         return -1;
     }
     Err e;
-    int rc = copy_into_spool(r->spool_dir, local_path, run_path, &e);
+    int rc = copy_into_spool(r->spool.dir, local_path, run_path, &e);
     if (rc != 0) {
         say("%s; not uploaded", e.msg);
     } else {
         cJSON *rec = cJSON_CreateObject();
         cJSON_AddStringToObject(rec, "t", "file");
         cJSON_AddStringToObject(rec, "path", run_path);
-        spool_json(r, rec);
+        spool_json(&r->spool, rec);
         cJSON_Delete(rec);
         pthread_mutex_lock(&r->up.mu);
         if (r->has_worker && !r->gave_up && !in_array(r->files_pending, run_path)) {
@@ -1499,7 +1546,7 @@ const char *wandb_run_url(const WandbRun *r) {
     return r && r->has_worker && atomic_load(&r->connected) ? r->up.url : NULL;
 }
 
-const char *wandb_spool_dir(const WandbRun *r) { return r ? r->spool_dir : NULL; }
+const char *wandb_spool_dir(const WandbRun *r) { return r ? r->spool.dir : NULL; }
 
 void wandb_finish(WandbRun *r, int exit_code) {
     if (!r) return;
@@ -1507,11 +1554,8 @@ void wandb_finish(WandbRun *r, int exit_code) {
     spool_summary(r);
     char rec[64];
     snprintf(rec, sizeof rec, "{\"t\":\"exit\",\"code\":%d}\n", exit_code);
-    spool_write(r, rec, strlen(rec));
-    if (r->spool_fd >= 0) {
-        fsync(r->spool_fd);
-        close(r->spool_fd);
-    }
+    spool_write(&r->spool, rec, strlen(rec));
+    spool_close(&r->spool);
     if (r->has_worker) {
         pthread_mutex_lock(&r->up.mu);
         r->finishing = 1;
@@ -1523,7 +1567,7 @@ void wandb_finish(WandbRun *r, int exit_code) {
         if (r->completed) say("run uploaded: %s", r->up.url);
     }
     if (r->dropped > 1) say("%ld values were dropped in all (earlier steps or keys starting with '_')", r->dropped);
-    if (!r->completed && r->spool_dir) say("run saved in %s (hint: upload it with make wandb-sync)", r->spool_dir);
+    if (!r->completed && r->spool.dir) say("run saved in %s (hint: upload it with make wandb-sync)", r->spool.dir);
     kv_free(&r->row);
     kv_free(&r->summary);
     queue_free(r);
@@ -1532,7 +1576,7 @@ void wandb_finish(WandbRun *r, int exit_code) {
     cJSON_Delete(r->run_rec);
     cJSON_Delete(r->config);
     uplink_free(&r->up);
-    free(r->spool_dir);
+    free(r->spool.dir);
     free(r);
 }
 
@@ -1773,11 +1817,7 @@ int wandb_attach_spool(const char *spool_root, const char *summary, const char *
         free(k.p);
         changed = 1;
     }
-    if (changed) {
-        buf_puts(&rec, SUMMARY_PREFIX);
-        summary_json(&rec, &sp.summary);
-        buf_puts(&rec, "}\n");
-    }
+    if (changed) summary_record(&rec, &sp.summary);
     for (int i = 0; i < nfiles; i++) {
         const char *name = strrchr(files[i], '/');
         name = name ? name + 1 : files[i];
@@ -1801,27 +1841,9 @@ int wandb_attach_spool(const char *spool_root, const char *summary, const char *
         }
         free(path.p);
     }
-    if (rec.n) { /* one write: the records go in whole or not at all */
-        char *path = join(dir, "spool.jsonl");
-        int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
-        int ok = fd >= 0 && write(fd, rec.p, rec.n) == (ssize_t)rec.n && fsync(fd) == 0;
-        if (fd >= 0) close(fd);
-        if (!ok) err_set(e, "%s: cannot append: %s", path, strerror(errno));
-        free(path);
-        if (!ok) goto out;
-        /* a run completed on the server gets a new session: summary, files, completion again */
-        char *state = join(dir, "sync_state.json"), *text = read_file(state, NULL, NULL);
-        cJSON *st = cJSON_Parse(text ? text : "");
-        if (cJSON_IsTrue(cJSON_GetObjectItem(st, "complete"))) {
-            cJSON_ReplaceItemInObject(st, "complete", cJSON_CreateFalse());
-            char *out = cJSON_Print(st);
-            Err se;
-            if (write_file_atomic(state, out, strlen(out), &se) != 0) say("%s", se.msg);
-            free(out);
-        }
-        cJSON_Delete(st);
-        free(text);
-        free(state);
+    if (rec.n) {
+        if (spool_append(dir, rec.p, rec.n, e) != 0) goto out;
+        state_reopen(dir);
     }
     rc = 0;
     if (rec.n && !strcmp(mode, "online")) {
