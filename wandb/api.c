@@ -1,0 +1,322 @@
+/* The W&B run API over an Uplink (docs/wandb.md): UpsertBucket over GraphQL
+ * creates or updates the run, the FileStream endpoint receives history rows,
+ * the summary, "uploaded" notices and completion, CreateRunFiles + signed
+ * PUTs upload files. What the server acknowledged is the cursor in the
+ * spool's sync_state.json, so that a later sync neither resends nor skips. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* POSTs a GraphQL document; returns data.<field> (owned by *root) or NULL with e set. Consumes vars. */
+static cJSON *graphql(Uplink *u, Kind kind, const char *op, const char *query, cJSON *vars, const char *field,
+                      cJSON **root, Err *e) {
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "operationName", op);
+    cJSON_AddStringToObject(req, "query", query);
+    cJSON_AddItemToObject(req, "variables", vars);
+    char *body = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
+    char *url = join(u->base, "graphql");
+    Resp r = {0};
+    cJSON *ans = NULL;
+    *root = NULL;
+    if (request(u, kind, url, u->json_headers, body, strlen(body), NULL, 0, &r, e) == 0) {
+        Buf m = {0};
+        *root = cJSON_Parse(r.body.p ? r.body.p : "");
+        server_message(*root, &m);
+        ans = cJSON_GetObjectItem(cJSON_GetObjectItem(*root, "data"), field);
+        if (m.n) { /* errors at 200 are final */
+            err_set(e, "%s", m.p);
+            ans = NULL;
+        } else if (!cJSON_IsObject(ans)) {
+            err_set(e, "%s: the answer has no %s (hint: is %s a W&B server?)", op, field, u->base);
+            ans = NULL;
+        }
+        free(m.p);
+    }
+    free(r.body.p);
+    free(url);
+    free(body);
+    return ans;
+}
+
+static void set_str(char **dst, const char *v) {
+    free(*dst);
+    *dst = xstrdup(v);
+}
+
+/* ---------------------------------------------------------------- run creation */
+
+static const char UPSERT_QUERY[] =
+    "mutation UpsertBucket($name: String, $project: String, $entity: String, $displayName: String, "
+    "$groupName: String, $jobType: String, $notes: String, $config: JSONString, $host: String, $program: String, "
+    "$commit: String, $repo: String, $tags: [String!]) { upsertBucket(input: {name: $name, modelName: $project, "
+    "entityName: $entity, displayName: $displayName, groupName: $groupName, jobType: $jobType, notes: $notes, "
+    "config: $config, host: $host, jobProgram: $program, commit: $commit, jobRepo: $repo, tags: $tags}) { bucket { "
+    "id name displayName project { name entity { name } } historyLineCount } inserted } }";
+
+/* Creates or updates the run of a spool "run" record. The answer names the
+ * entity, project and run ID used from then on, and how many history lines
+ * the server already holds. */
+int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e) {
+    static const char *const vars_of_record[][2] = {
+        {"name", "run_id"}, {"project", "project"}, {"entity", "entity"}, {"displayName", "name"},
+        {"groupName", "group"}, {"jobType", "job_type"}, {"notes", "notes"}, {"host", "host"},
+        {"program", "program"}, {"commit", "commit"}};
+    cJSON *v = cJSON_CreateObject();
+    for (size_t i = 0; i < sizeof vars_of_record / sizeof *vars_of_record; i++)
+        add_str(v, vars_of_record[i][0], str_item(run, vars_of_record[i][1]));
+    cJSON_AddNullToObject(v, "repo");
+    const cJSON *tags = cJSON_GetObjectItem(run, "tags");
+    cJSON_AddItemToObject(v, "tags", cJSON_GetArraySize(tags) ? cJSON_Duplicate(tags, 1) : cJSON_CreateNull());
+    if (cJSON_IsObject(config)) { /* a JSON string of {"key": {"value": ...}} */
+        cJSON *enc = cJSON_CreateObject();
+        const cJSON *it;
+        cJSON_ArrayForEach(it, config) {
+            cJSON *wrap = cJSON_CreateObject();
+            cJSON_AddItemToObject(wrap, "value", cJSON_Duplicate(it, 1));
+            cJSON_AddItemToObject(enc, it->string, wrap);
+        }
+        char *text = cJSON_PrintUnformatted(enc);
+        cJSON_AddStringToObject(v, "config", text);
+        free(text);
+        cJSON_Delete(enc);
+    } else {
+        cJSON_AddNullToObject(v, "config");
+    }
+
+    cJSON *root;
+    cJSON *ans = graphql(u, UPSERT, "UpsertBucket", UPSERT_QUERY, v, "upsertBucket", &root, e);
+    const cJSON *b = cJSON_GetObjectItem(ans, "bucket"), *project = cJSON_GetObjectItem(b, "project");
+    const char *name = str_item(b, "name"), *pname = str_item(project, "name"),
+               *entity = str_item(cJSON_GetObjectItem(project, "entity"), "name");
+    int rc = -1;
+    if (ans && (!name || !pname || !entity)) {
+        err_set(e, "the UpsertBucket answer lacks the run's name, project or entity (hint: is %s a W&B server?)",
+                u->base);
+    } else if (ans) {
+        set_str(&u->run_id, name);
+        set_str(&u->project, pname);
+        set_str(&u->entity, entity);
+        const cJSON *count = cJSON_GetObjectItem(b, "historyLineCount");
+        *lines = cJSON_IsNumber(count) ? (long)count->valuedouble : 0;
+        *inserted = !cJSON_IsFalse(cJSON_GetObjectItem(ans, "inserted"));
+        /* web page: api.wandb.ai -> wandb.ai, api.X -> app.X, else the base URL */
+        Buf url = {0};
+        if (!strcmp(u->base, DEFAULT_BASE))
+            buf_puts(&url, "https://wandb.ai");
+        else if (!strncmp(u->base, "https://api.", 12)) {
+            buf_puts(&url, "https://app.");
+            buf_puts(&url, u->base + 12);
+        } else
+            buf_puts(&url, u->base);
+        const char *path[] = {"/", entity, "/", pname, "/runs/", name};
+        for (int i = 0; i < 6; i++) buf_puts(&url, path[i]);
+        free(u->url);
+        u->url = url.p;
+        Buf fs = {0};
+        buf_puts(&fs, u->base);
+        buf_puts(&fs, "/files");
+        const char *parts[] = {entity, pname, name};
+        for (int i = 0; i < 3; i++) {
+            char *esc = curl_easy_escape(u->curl, parts[i], 0);
+            buf_puts(&fs, "/");
+            buf_puts(&fs, esc);
+            curl_free(esc);
+        }
+        buf_puts(&fs, "/file_stream");
+        free(u->fs_url);
+        u->fs_url = fs.p;
+        rc = 0;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- FileStream */
+
+/* {"files": {history from offset, summary}, "uploaded": [...], "complete": true, "exitcode": N};
+ * empty parts are left out, so nothing at all is the heartbeat {}. */
+char *filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
+                      int complete, int exit_code, size_t *len) {
+    Buf b = {0};
+    const char *sep = "";
+    buf_puts(&b, "{");
+    if (n || summary) {
+        buf_puts(&b, "\"files\":{");
+        if (n) {
+            buf_printf(&b, "\"wandb-history.jsonl\":{\"offset\":%ld,\"content\":[", offset);
+            for (long i = 0; i < n; i++) {
+                if (i) buf_puts(&b, ",");
+                buf_json_str(&b, lines[i]);
+            }
+            buf_puts(&b, "]}");
+        }
+        if (summary) {
+            if (n) buf_puts(&b, ",");
+            buf_puts(&b, "\"wandb-summary.json\":{\"offset\":0,\"content\":[");
+            buf_json_str(&b, summary);
+            buf_puts(&b, "]}");
+        }
+        buf_puts(&b, "}");
+        sep = ",";
+    }
+    if (cJSON_GetArraySize(uploaded)) {
+        char *names = cJSON_PrintUnformatted(uploaded);
+        buf_printf(&b, "%s\"uploaded\":", sep);
+        buf_puts(&b, names);
+        free(names);
+        sep = ",";
+    }
+    if (complete) buf_printf(&b, "%s\"complete\":true,\"exitcode\":%d", sep, exit_code);
+    buf_puts(&b, "}");
+    *len = b.n;
+    return b.p;
+}
+
+int filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e) {
+    Resp r = {0};
+    int rc = request(u, FILESTREAM, u->fs_url, u->json_headers, body, len, NULL, 0, &r, e);
+    if (rc == 0) { /* the body may be empty or not JSON: only "stopped" matters */
+        cJSON *j = cJSON_Parse(r.body.p ? r.body.p : "");
+        *stopped = cJSON_IsTrue(cJSON_GetObjectItem(j, "stopped"));
+        cJSON_Delete(j);
+    }
+    free(r.body.p);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the cursor (sync_state.json) */
+
+/* Writes the cursor so that a later sync neither resends acknowledged rows at new offsets nor skips any. */
+void state_save(Uplink *u) {
+    if (!u->state_path) return;
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "base_url", u->base);
+    cJSON_AddStringToObject(s, "url", u->url);
+    cJSON_AddNumberToObject(s, "history_sent", (double)u->hist_sent);
+    cJSON_AddNumberToObject(s, "history_offset", (double)u->hist_offset);
+    cJSON_AddItemToObject(s, "uploaded", cJSON_Duplicate(u->uploaded, 1));
+    cJSON_AddBoolToObject(s, "complete", u->complete);
+    char *text = cJSON_Print(s);
+    Err e;
+    if (write_file_atomic(u->state_path, text, strlen(text), &e) != 0 && !u->state_failed) {
+        u->state_failed = 1;
+        say("%s (a later sync may resend rows)", e.msg);
+    }
+    free(text);
+    cJSON_Delete(s);
+}
+
+/* Reads the cursor; 1 when it exists and belongs to the same server. */
+int state_load(Uplink *u) {
+    char *text = read_file(u->state_path, NULL, NULL);
+    cJSON *s = cJSON_Parse(text ? text : "");
+    free(text);
+    const char *base = str_item(s, "base_url"), *url = str_item(s, "url");
+    const cJSON *sent = cJSON_GetObjectItem(s, "history_sent"), *off = cJSON_GetObjectItem(s, "history_offset"),
+                *up = cJSON_GetObjectItem(s, "uploaded");
+    int ok = base && url && !strcmp(base, u->base) && cJSON_IsNumber(sent) && cJSON_IsNumber(off) && cJSON_IsArray(up);
+    if (ok) {
+        u->hist_sent = (long)sent->valuedouble;
+        u->hist_offset = (long)off->valuedouble;
+        cJSON_Delete(u->uploaded);
+        u->uploaded = cJSON_Duplicate(up, 1);
+        u->complete = cJSON_IsTrue(cJSON_GetObjectItem(s, "complete"));
+        set_str(&u->url, url);
+    }
+    cJSON_Delete(s);
+    return ok;
+}
+
+/* A run completed on the server gets a new session (summary, files,
+ * completion again): the cursor of the spool in dir forgets "complete". */
+void state_reopen(const char *dir) {
+    char *state = join(dir, "sync_state.json"), *text = read_file(state, NULL, NULL);
+    cJSON *st = cJSON_Parse(text ? text : "");
+    if (cJSON_IsTrue(cJSON_GetObjectItem(st, "complete"))) {
+        cJSON_ReplaceItemInObject(st, "complete", cJSON_CreateFalse());
+        char *out = cJSON_Print(st);
+        Err se;
+        if (write_file_atomic(state, out, strlen(out), &se) != 0) say("%s", se.msg);
+        free(out);
+    }
+    cJSON_Delete(st);
+    free(text);
+    free(state);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static const char CREATE_FILES_QUERY[] =
+    "mutation CreateRunFiles($entity: String!, $project: String!, $run: String!, $files: [String!]!) { "
+    "createRunFiles(input: {entityName: $entity, projectName: $project, runName: $run, files: $files}) { runID "
+    "uploadHeaders files { name uploadUrl } } }";
+
+/* CreateRunFiles for paths, then one PUT per file from <spool>/files/ (with
+ * the answer's uploadHeaders, without credentials). Paths uploaded are
+ * appended to done; returns -1 with e at the first failure. */
+int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e) {
+    cJSON *v = cJSON_CreateObject(), *root;
+    cJSON_AddStringToObject(v, "entity", u->entity);
+    cJSON_AddStringToObject(v, "project", u->project);
+    cJSON_AddStringToObject(v, "run", u->run_id);
+    cJSON_AddItemToObject(v, "files", cJSON_Duplicate(paths, 1));
+    cJSON *ans = graphql(u, GRAPHQL, "CreateRunFiles", CREATE_FILES_QUERY, v, "createRunFiles", &root, e);
+    const cJSON *files = cJSON_GetObjectItem(ans, "files"), *h, *f;
+    const char *run_id = str_item(ans, "runID");
+    int rc = -1;
+    if (!ans) goto out;
+    if (!run_id || !*run_id) {
+        err_set(e, "CreateRunFiles: the server does not know run %s/%s/%s", u->entity, u->project, u->run_id);
+        goto out;
+    }
+    if (cJSON_GetArraySize(files) != cJSON_GetArraySize(paths)) {
+        err_set(e, "CreateRunFiles: the answer lists %d files for %d asked; none uploaded", cJSON_GetArraySize(files),
+                cJSON_GetArraySize(paths));
+        goto out;
+    }
+    struct curl_slist *headers = curl_slist_append(NULL, "Expect:");
+    cJSON_ArrayForEach(h, cJSON_GetObjectItem(ans, "uploadHeaders")) { /* "Key: Value" */
+        const char *text = cJSON_IsString(h) ? h->valuestring : "";
+        size_t name = strcspn(text, ":");
+        if (name == 0 || !text[name]) continue;
+        const char *value = text + name + 1 + strspn(text + name + 1, " \t");
+        size_t n = strlen(text) + 3;
+        char *line = xmalloc(n);
+        snprintf(line, n, "%.*s: %s", (int)name, text, value);
+        headers = curl_slist_append(headers, line);
+        free(line);
+    }
+    rc = 0;
+    cJSON_ArrayForEach(f, files) {
+        const char *name = str_item(f, "name"), *url = str_item(f, "uploadUrl");
+        if (!name || !url || !in_array(paths, name)) continue; /* null uploadUrl: the server skips it */
+        char *dir = join(spool_dir, "files"), *local = join(dir, name);
+        FILE *fp = fopen(local, "rb");
+        struct stat st;
+        Resp r = {0};
+        Err pe;
+        if (!fp || fstat(fileno(fp), &st) != 0)
+            err_set(&pe, "%s: cannot open: %s", local, strerror(errno));
+        else if (request(u, STORAGE, url, headers, NULL, 0, fp, (curl_off_t)st.st_size, &r, &pe) == 0)
+            cJSON_AddItemToArray(done, cJSON_CreateString(name));
+        if (!in_array(done, name) && rc == 0) {
+            err_set(e, "upload of %s: %s", name, pe.msg);
+            rc = -1;
+        }
+        if (fp) fclose(fp);
+        free(r.body.p);
+        free(local);
+        free(dir);
+    }
+    curl_slist_free_all(headers);
+out:
+    cJSON_Delete(root);
+    return rc;
+}

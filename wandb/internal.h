@@ -1,0 +1,159 @@
+/* Declarations shared by the files of the W&B client and by nothing else;
+ * the interface for the rest of kvlab is wandb.h. The files, each using only
+ * those above it (docs/wandb.md, "Source"):
+ *   util.c   "wandb: ..." lines, settings, strings, JSON text, cJSON items
+ *   http.c   the Uplink: requests with retries and backoff, deadlines, the
+ *            grace of refused connections, the API key
+ *   api.c    the run API: UpsertBucket, FileStream, file uploads, and the
+ *            cursor in sync_state.json
+ *   spool.c  the spool: key/value rows, writing and reading spool.jsonl,
+ *            files in the spool
+ *   sync.c   wandb_sync_dir and wandb_attach_spool (make wandb-sync)
+ *   run.c    WandbRun: the in-process client and its upload thread
+ */
+#ifndef KVLAB_WANDB_INTERNAL_H
+#define KVLAB_WANDB_INTERNAL_H
+
+#include "wandb.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DEFAULT_BASE "https://api.wandb.ai"
+#define HIST_PREFIX "{\"t\":\"history\",\"row\":"
+
+/* ---------------------------------------------------------------- util.c */
+
+void say(const char *fmt, ...) KV_PRINTF(1, 2);
+const char *env(const char *name); /* NULL when unset or empty */
+const char *first(const char *a, const char *b); /* the first non-empty one, or NULL */
+char *xstrndup(const char *s, size_t n);
+char *join(const char *a, const char *b); /* a/b, allocated */
+double setting(double v, const char *var, double dflt);
+uint64_t rng_next(uint64_t *s);
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Buf;
+
+void buf_add(Buf *b, const char *s, size_t n);
+void buf_puts(Buf *b, const char *s);
+void buf_printf(Buf *b, const char *fmt, ...) KV_PRINTF(2, 3);
+void buf_json_str(Buf *b, const char *s);
+
+const char *str_item(const cJSON *o, const char *key);
+void add_str(cJSON *o, const char *key, const char *v);
+int in_array(const cJSON *a, const char *s);
+
+/* ---------------------------------------------------------------- http.c */
+
+typedef enum { GRAPHQL, UPSERT, FILESTREAM, STORAGE } Kind;
+
+/* Everything needed to talk to the server about one run, shared by the
+ * online worker and wandb_sync_dir. */
+typedef struct {
+    CURL *curl;
+    struct curl_slist *json_headers;
+    char *base, *key;
+    double http_timeout, fs_timeout, retry_min, retry_max, min_gap;
+    long request_bytes;
+    uint64_t rng;
+    double last_fs;    /* start of the last FileStream request (pacing, heartbeats) */
+    double not_before; /* no request before this time (Retry-After, RateLimit-Reset) */
+    pthread_mutex_t mu; /* also guards the run's queue (WandbRun) */
+    pthread_cond_t cv;
+    double deadline;    /* guarded by mu: give up once passed (init and finish bounds) */
+    double bound_start; /* guarded by mu: when the deadline was set */
+    double refused_grace; /* guarded by mu: stop retrying once connections were refused this long (INFINITY: never) */
+    int refused;        /* the last request failed on a refused connection (nothing listening) */
+    /* the run as the server names it, from the UpsertBucket answer */
+    char *entity, *project, *run_id, *url, *fs_url;
+    /* the cursor, persisted in sync_state.json */
+    char *state_path;
+    long hist_offset; /* server line number of the next history line */
+    long hist_sent;   /* spool history records acknowledged */
+    cJSON *uploaded;  /* run paths acknowledged in "uploaded" */
+    int complete, state_failed;
+} Uplink;
+
+typedef struct {
+    long status; /* 0: no HTTP answer (connection error, timeout, reset) */
+    CURLcode cc;
+    Buf body;
+    double retry_after;            /* seconds, < 0: no header */
+    double rl_remaining, rl_reset; /* RateLimit-* headers, rl_remaining < 0: none */
+} Resp;
+
+void uplink_setup(Uplink *u, const WandbSettings *s);
+void uplink_free(Uplink *u);
+void set_bounds_locked(Uplink *u, double d, double grace);
+void set_bounds(Uplink *u, double d, double grace);
+void wait_until(Uplink *u, double t);
+int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
+            FILE *upload, curl_off_t upload_size, Resp *r, Err *e);
+void server_message(const cJSON *j, Buf *m);
+char *find_key(const WandbSettings *s, const char *base, Err *e);
+
+/* ---------------------------------------------------------------- api.c */
+
+int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e);
+char *filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
+                      int complete, int exit_code, size_t *len);
+int filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e);
+void state_save(Uplink *u);
+int state_load(Uplink *u);
+void state_reopen(const char *dir);
+int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e);
+
+/* ---------------------------------------------------------------- spool.c */
+
+/* A history row or the summary: keys are kept as JSON string literals
+ * (quotes included), so rows are written and compared without re-escaping. */
+typedef struct {
+    char *key;
+    double v;
+} Item;
+typedef struct {
+    Item *it;
+    int n, cap;
+} KV;
+
+void kv_set(KV *kv, const char *key, size_t klen, double v);
+void kv_clear(KV *kv);
+void kv_free(KV *kv);
+void kv_json(Buf *b, const KV *kv);
+void summary_json(Buf *b, const KV *kv);
+void summary_record(Buf *b, const KV *kv);
+
+/* The spool of a run being written (spool.jsonl opened for appending). */
+typedef struct {
+    char *dir; /* <root>/wandb-c/<run_id>[-k], NULL without a spool */
+    int fd, failed;
+} SpoolWriter;
+
+void spool_open(SpoolWriter *w, const char *root, const char *run_id);
+void spool_write(SpoolWriter *w, const char *rec, size_t n);
+void spool_json(SpoolWriter *w, cJSON *rec);
+void spool_close(SpoolWriter *w);
+int spool_append(const char *dir, const char *rec, size_t n, Err *e);
+int valid_run_path(const char *p);
+int copy_into_spool(const char *spool_dir, const char *local_path, const char *run_path, Err *e);
+
+/* A spool read back (spool_read). */
+typedef struct {
+    cJSON *run, *config, *files; /* run record, latest config, run paths in first-seen order */
+    char **rows;                 /* history lines, exactly as spooled */
+    long nrows;
+    KV summary;                  /* replayed: rows fold in, summary records replace */
+    int has_exit, exit_code;
+} Spool;
+
+int spool_read(const char *dir, Spool *sp, Err *e);
+void spool_free(Spool *sp);
+char *newest_spool(const char *root);
+
+#endif

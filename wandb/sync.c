@@ -1,0 +1,190 @@
+/* Uploading a spool after the run (make wandb-sync): wandb_sync_dir replays
+ * a spool from the cursor in its sync_state.json with the same request code
+ * as the online upload; wandb_attach_spool adds results computed after the
+ * run ended (mechint) to its newest spool and syncs it. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* History from the cursor in chunks, the summary with the last chunk, the
+ * files and their "uploaded" notice, then "complete" when the run ended. */
+static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
+    Buf summary = {0};
+    int stopped, rc = 0, summary_sent = sp->summary.n == 0;
+    summary_json(&summary, &sp->summary);
+    while (rc == 0 && (u->hist_sent < sp->nrows || !summary_sent)) {
+        long i = u->hist_sent, n = 0;
+        size_t bytes = 0;
+        while (i + n < sp->nrows && (n == 0 || bytes + strlen(sp->rows[i + n]) <= (size_t)u->request_bytes))
+            bytes += strlen(sp->rows[i + n++]);
+        int last = i + n >= sp->nrows;
+        size_t len;
+        char *body = filestream_body(u->hist_offset, sp->rows + i, n, last ? summary.p : NULL, NULL, 0, 0, &len);
+        rc = filestream(u, body, len, &stopped, e);
+        free(body);
+        if (rc == 0) {
+            u->hist_sent += n;
+            u->hist_offset += n;
+            summary_sent |= last;
+            state_save(u);
+        }
+    }
+    free(summary.p);
+    if (rc != 0) return -1;
+
+    cJSON *todo = cJSON_CreateArray(), *done = cJSON_CreateArray(), *it;
+    cJSON_ArrayForEach(it, sp->files) if (!in_array(u->uploaded, it->valuestring))
+        cJSON_AddItemToArray(todo, cJSON_CreateString(it->valuestring));
+    Err fe;
+    int files_rc = cJSON_GetArraySize(todo) ? upload_files(u, dir, todo, done, &fe) : 0;
+    if (cJSON_GetArraySize(done)) {
+        size_t len;
+        char *body = filestream_body(0, NULL, 0, NULL, done, 0, 0, &len);
+        rc = filestream(u, body, len, &stopped, e);
+        free(body);
+        if (rc == 0) {
+            cJSON_ArrayForEach(it, done) cJSON_AddItemToArray(u->uploaded, cJSON_CreateString(it->valuestring));
+            state_save(u);
+        }
+    }
+    cJSON_Delete(todo);
+    cJSON_Delete(done);
+    if (rc != 0) return -1;
+    if (files_rc != 0) {
+        *e = fe;
+        return -1;
+    }
+    if (sp->has_exit) {
+        size_t len;
+        char *body = filestream_body(0, NULL, 0, NULL, NULL, 1, sp->exit_code, &len);
+        rc = filestream(u, body, len, &stopped, e);
+        free(body);
+        if (rc == 0) {
+            u->complete = 1;
+            state_save(u);
+        }
+    }
+    return rc;
+}
+
+int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
+    Spool sp = {0};
+    Uplink u;
+    Err ie;
+    int rc = -1;
+    uplink_setup(&u, s);
+    if (spool_read(spool_dir, &sp, e) != 0) goto out;
+    if (!(u.key = find_key(s, u.base, &ie))) {
+        err_set(e, "%s: %s", spool_dir, ie.msg);
+        goto out;
+    }
+    u.state_path = join(spool_dir, "sync_state.json");
+    int have_cursor = state_load(&u);
+    if (u.complete) { /* nothing may follow "complete" */
+        say("%s was already synced to %s", spool_dir, u.url);
+        rc = 0;
+        goto out;
+    }
+    long lines;
+    int inserted;
+    if (upsert(&u, sp.run, sp.config, &lines, &inserted, &ie) != 0) {
+        err_set(e, "%s: cannot create the run on %s: %s", spool_dir, u.base, ie.msg);
+        goto out;
+    }
+    if (!have_cursor) { /* never uploaded: the run's lines follow whatever the server holds */
+        u.hist_sent = 0;
+        u.hist_offset = lines;
+    } else if (lines > u.hist_offset && lines - u.hist_offset <= sp.nrows - u.hist_sent) {
+        /* a request whose answer was lost (a killed upload) was stored: those lines are ours, go on after them */
+        u.hist_sent += lines - u.hist_offset;
+        u.hist_offset = lines;
+    }
+    state_save(&u);
+    u.last_fs = wall_seconds(); /* pacing also keeps a rerun's first request apart from an interrupted sync's last */
+    if (sync_send(&u, &sp, spool_dir, &ie) != 0) {
+        err_set(e, "%s: %s (hint: run the sync again; it resumes where it stopped)", spool_dir, ie.msg);
+        goto out;
+    }
+    say("synced %s to %s%s", spool_dir, u.url, sp.has_exit ? "" : " (no exit record: the run is left unfinished)");
+    rc = 0;
+out:
+    uplink_free(&u);
+    spool_free(&sp);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- results attached later */
+
+int wandb_attach_spool(const char *spool_root, const char *summary, const char *const *files, int nfiles,
+                       const char *folder, const WandbSettings *s, Err *e) {
+    const char *mode = first(env("WANDB_MODE"), first(s->mode, "online"));
+    if (!strcmp(mode, "disabled")) return 1;
+    char *dir = newest_spool(spool_root);
+    if (!dir) return 1;
+    Spool sp = {0};
+    Buf rec = {0};
+    int rc = -1;
+    cJSON *add = summary ? cJSON_Parse(summary) : NULL;
+    if (spool_read(dir, &sp, e) != 0) goto out;
+    if (summary && !cJSON_IsObject(add)) {
+        err_set(e, "results for %s: the summary is not a JSON object", dir);
+        goto out;
+    }
+    int changed = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, add) {
+        if (!cJSON_IsNumber(it) || !it->string[0] || it->string[0] == '_') {
+            say("results for %s: summary value \"%s\" is not a number or starts with '_'; left out", dir, it->string);
+            continue;
+        }
+        Buf k = {0};
+        buf_json_str(&k, it->string);
+        kv_set(&sp.summary, k.p, k.n, it->valuedouble);
+        free(k.p);
+        changed = 1;
+    }
+    if (changed) summary_record(&rec, &sp.summary);
+    for (int i = 0; i < nfiles; i++) {
+        const char *name = strrchr(files[i], '/');
+        name = name ? name + 1 : files[i];
+        Buf path = {0};
+        buf_printf(&path, "%s/", folder);
+        buf_puts(&path, name);
+        Err fe;
+        if (!valid_run_path(path.p))
+            say("results for %s: \"%s\" is not a path inside the run; left out", dir, path.p);
+        else if (copy_into_spool(dir, files[i], path.p, &fe) != 0)
+            say("%s; not attached", fe.msg);
+        else {
+            cJSON *f = cJSON_CreateObject();
+            cJSON_AddStringToObject(f, "t", "file");
+            cJSON_AddStringToObject(f, "path", path.p);
+            char *text = cJSON_PrintUnformatted(f);
+            buf_puts(&rec, text);
+            buf_puts(&rec, "\n");
+            free(text);
+            cJSON_Delete(f);
+        }
+        free(path.p);
+    }
+    if (rec.n) {
+        if (spool_append(dir, rec.p, rec.n, e) != 0) goto out;
+        state_reopen(dir);
+    }
+    rc = 0;
+    if (rec.n && !strcmp(mode, "online")) {
+        Err se;
+        if (wandb_sync_dir(dir, s, &se) != 0)
+            say("%s; the results stay in the spool (hint: upload them later with make wandb-sync)", se.msg);
+    } else if (rec.n) {
+        say("results attached to %s (hint: upload them with make wandb-sync)", dir);
+    }
+out:
+    cJSON_Delete(add);
+    spool_free(&sp);
+    free(rec.p);
+    free(dir);
+    return rc;
+}
