@@ -86,10 +86,9 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void relu_forward(float *out, const float *inp, size_t n);
 void relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
-/* ---- residual add: out = a + b; backward adds dout to both --------------- */
-
+/* ---- residual add: out = a + b. No backward op: the block passes dout on to
+ * both inputs, whose backward ops accumulate into the same gradient buffer. */
 void residual_forward(float *out, const float *a, const float *b, size_t n);
-void residual_backward(float *da, float *db, const float *dout, size_t n);
 
 /* ---- dropout --------------------------------------------------------------
  * Inverted dropout with probability p. The keep/drop decision of element i

@@ -33,10 +33,6 @@ static const size_t dtype_sizes[ST_NDTYPES] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 
 /* Valid in the safetensors spec but without a kvlab enum value: named in the error. */
 static const char *unsupported_dtypes[] = {"F8_E8M0", "C64", "F4", "F6_E2M3", "F6_E3M2"};
 
-const char *st_dtype_name(StDtype d) {
-    return (unsigned)d < ST_NDTYPES ? dtype_names[d] : "?";
-}
-
 size_t st_dtype_size(StDtype d) {
     return (unsigned)d < ST_NDTYPES ? dtype_sizes[d] : 0;
 }

@@ -24,7 +24,6 @@ typedef enum {
     ST_I32, ST_U32, ST_F32, ST_F64, ST_I64, ST_U64, ST_NDTYPES
 } StDtype;
 
-const char *st_dtype_name(StDtype d); /* "F32" ...; "?" if out of range */
 size_t st_dtype_size(StDtype d);      /* bytes per element; 0 if out of range */
 /* Parses a dtype name ("F32"); returns 0 and sets *d, or -1 if unknown. */
 int st_dtype_parse(const char *name, StDtype *d);

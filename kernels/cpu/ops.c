@@ -293,14 +293,6 @@ void residual_forward(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-void residual_backward(float *da, float *db, const float *dout, size_t n) {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        da[i] += dout[i];
-        db[i] += dout[i];
-    }
-}
-
 /* ------------------------------------------------------------------ dropout */
 
 uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site) {
