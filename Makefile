@@ -115,6 +115,7 @@ savedefconfig: deps
 
 check-config: deps
 	@$(KCONFIG) check-symbols
+	@$(PYTHON) scripts/check_layers.py
 
 # ---------------------------------------------------------------- tests, benchmarks
 

@@ -81,6 +81,21 @@ def test_kconfig(tmp):
     section("Kconfig and configuration front end")
     r = run(KCONFIG + ["check-symbols"])
     R.check(r.returncode == 0, f"check-symbols: every Kconfig symbol defined and used\n{r.stdout}{r.stderr}")
+    r = run([PY, os.path.join(REPO, "scripts", "check_layers.py")])
+    R.check(r.returncode == 0, f"check_layers: every folder imports only downward\n{r.stdout}{r.stderr}")
+    # ... and a kernel that includes a model family's header is caught (in a copy of the sources)
+    copy = os.path.join(tmp, "layers")
+    for folder in ("lib", "kernels", "kernels/cpu", "nn", "wandb", "train", "gpt2", "vit", "seq2seq", "mechint",
+                   "bench", "scripts"):
+        os.makedirs(os.path.join(copy, folder), exist_ok=True)
+        for name in os.listdir(os.path.join(REPO, folder)):
+            if name.endswith((".c", ".h", ".py")):
+                shutil.copy(os.path.join(REPO, folder, name), os.path.join(copy, folder, name))
+    with open(os.path.join(copy, "kernels", "attention.c"), "a") as f:
+        f.write('#include "model.h"\n')
+    r = run([PY, os.path.join(copy, "scripts", "check_layers.py")])
+    R.check(r.returncode == 1 and "kernels/attention.c" in r.stderr and "may import only" in r.stderr,
+            f"check_layers names a kernel that includes a family header: {r.stderr}")
     defconfigs = sorted(p for p in glob.glob(os.path.join(REPO, "defconfigs", "*")) if os.path.isfile(p))
     R.check(len(defconfigs) >= 3, "defconfigs exist")
     for path in defconfigs:
