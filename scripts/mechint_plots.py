@@ -10,6 +10,15 @@ import os
 import sys
 
 
+
+def relative_note(a, b):
+    """', +12%' for a change from a to b; a factor when the change is over 10x, nothing when a is about 0 (a
+    percentage of a baseline near zero, e.g. 1e-12, says nothing)."""
+    if abs(a) <= 1e-9 * max(1.0, abs(b)):
+        return ", from about 0"
+    rel = (b - a) / abs(a)
+    return f", {100 * rel:+.0f}%" if abs(rel) <= 10 else f", {b / a:.3g}x"
+
 def load(d):
     with open(os.path.join(d, "report.json")) as f:
         return json.load(f)
@@ -204,7 +213,7 @@ def compare(out, dirs, plots=True):
             rel = diff / abs(a) if a else float("inf")
             if abs(diff) > 1e-3 and (abs(rel) >= 0.1 or not a):
                 findings.append(f"{r['variant']} ({r['step']}) vs {rows[0]['variant']} ({rows[0]['step']}): {label} "
-                                f"{a:.4g} -> {b:.4g} ({diff:+.4g}{'' if not a else f', {100 * rel:+.0f}%'})")
+                                f"{a:.4g} -> {b:.4g} ({diff:+.4g}{relative_note(a, b)})")
         for t, f in r["mask_faithfulness"].items():
             f0 = rows[0]["mask_faithfulness"].get(t)
             if f0 is not None and f is not None and abs(f - f0) > 0.05:

@@ -688,6 +688,10 @@ def test_mechint_end_to_end(ws, tmp):
     text = open(cmp_md).read() if os.path.isfile(cmp_md) else ""
     R.check("V0" in text and "V1" in text and os.path.isfile(os.path.join(out, "mechint", "comparison.json")),
             f"mechint: the V0-vs-V1 comparison is written:\n{text[:800]}")
+    import mechint_plots
+    notes = [mechint_plots.relative_note(a, b) for a, b in ((1.0, 1.2), (1e-12, 0.15), (0.001, 5.0))]
+    R.check(notes == [", +20%", ", from about 0", ", 5e+03x"] and not re.search(r"[0-9]{5,}%", text),
+            f"mechint: changes are a percentage, a factor over 10x, or 'from about 0': {notes}")
     # a folder with a junk file and a truncated checkpoint beside a good one
     bad = os.path.join(tmp, "mechint-bad")
     os.makedirs(bad, exist_ok=True)
