@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 /* POSTs a GraphQL document; returns data.<field> (owned by *root) or NULL with e set. Consumes vars. */
-static cJSON *graphql(Uplink *u, Kind kind, const char *op, const char *query, cJSON *vars, const char *field,
+static cJSON *graphql(Uplink *u, WbKind kind, const char *op, const char *query, cJSON *vars, const char *field,
                       cJSON **root, Err *e) {
     cJSON *req = cJSON_CreateObject();
     cJSON_AddStringToObject(req, "operationName", op);
@@ -21,14 +21,14 @@ static cJSON *graphql(Uplink *u, Kind kind, const char *op, const char *query, c
     cJSON_AddItemToObject(req, "variables", vars);
     char *body = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
-    char *url = join(u->base, "graphql");
-    Resp r = {0};
+    char *url = wb_join(u->base, "graphql");
+    WbResp r = {0};
     cJSON *ans = NULL;
     *root = NULL;
-    if (request(u, kind, url, u->json_headers, body, strlen(body), NULL, 0, &r, e) == 0) {
-        Buf m = {0};
+    if (wb_request(u, kind, url, u->json_headers, body, strlen(body), NULL, 0, &r, e) == 0) {
+        WbBuf m = {0};
         *root = cJSON_Parse(r.body.p ? r.body.p : "");
-        server_message(*root, &m);
+        wb_server_message(*root, &m);
         ans = cJSON_GetObjectItem(cJSON_GetObjectItem(*root, "data"), field);
         if (m.n) { /* errors at 200 are final */
             err_set(e, "%s", m.p);
@@ -63,14 +63,14 @@ static const char UPSERT_QUERY[] =
 /* Creates or updates the run of a spool "run" record. The answer names the
  * entity, project and run ID used from then on, and how many history lines
  * the server already holds. */
-int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e) {
+int wb_upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e) {
     static const char *const vars_of_record[][2] = {
         {"name", "run_id"}, {"project", "project"}, {"entity", "entity"}, {"displayName", "name"},
         {"groupName", "group"}, {"jobType", "job_type"}, {"notes", "notes"}, {"host", "host"},
         {"program", "program"}, {"commit", "commit"}};
     cJSON *v = cJSON_CreateObject();
     for (size_t i = 0; i < sizeof vars_of_record / sizeof *vars_of_record; i++)
-        add_str(v, vars_of_record[i][0], str_item(run, vars_of_record[i][1]));
+        wb_add_str(v, vars_of_record[i][0], wb_str_item(run, vars_of_record[i][1]));
     cJSON_AddNullToObject(v, "repo");
     const cJSON *tags = cJSON_GetObjectItem(run, "tags");
     cJSON_AddItemToObject(v, "tags", cJSON_GetArraySize(tags) ? cJSON_Duplicate(tags, 1) : cJSON_CreateNull());
@@ -91,10 +91,10 @@ int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *i
     }
 
     cJSON *root;
-    cJSON *ans = graphql(u, UPSERT, "UpsertBucket", UPSERT_QUERY, v, "upsertBucket", &root, e);
+    cJSON *ans = graphql(u, WB_UPSERT, "UpsertBucket", UPSERT_QUERY, v, "upsertBucket", &root, e);
     const cJSON *b = cJSON_GetObjectItem(ans, "bucket"), *project = cJSON_GetObjectItem(b, "project");
-    const char *name = str_item(b, "name"), *pname = str_item(project, "name"),
-               *entity = str_item(cJSON_GetObjectItem(project, "entity"), "name");
+    const char *name = wb_str_item(b, "name"), *pname = wb_str_item(project, "name"),
+               *entity = wb_str_item(cJSON_GetObjectItem(project, "entity"), "name");
     int rc = -1;
     if (ans && (!name || !pname || !entity)) {
         err_set(e, "the UpsertBucket answer lacks the run's name, project or entity (hint: is %s a W&B server?)",
@@ -107,29 +107,29 @@ int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *i
         *lines = cJSON_IsNumber(count) ? (long)count->valuedouble : 0;
         *inserted = !cJSON_IsFalse(cJSON_GetObjectItem(ans, "inserted"));
         /* web page: api.wandb.ai -> wandb.ai, api.X -> app.X, else the base URL */
-        Buf url = {0};
-        if (!strcmp(u->base, DEFAULT_BASE))
-            buf_puts(&url, "https://wandb.ai");
+        WbBuf url = {0};
+        if (!strcmp(u->base, WB_DEFAULT_BASE))
+            wb_buf_puts(&url, "https://wandb.ai");
         else if (!strncmp(u->base, "https://api.", 12)) {
-            buf_puts(&url, "https://app.");
-            buf_puts(&url, u->base + 12);
+            wb_buf_puts(&url, "https://app.");
+            wb_buf_puts(&url, u->base + 12);
         } else
-            buf_puts(&url, u->base);
+            wb_buf_puts(&url, u->base);
         const char *path[] = {"/", entity, "/", pname, "/runs/", name};
-        for (int i = 0; i < 6; i++) buf_puts(&url, path[i]);
+        for (int i = 0; i < 6; i++) wb_buf_puts(&url, path[i]);
         free(u->url);
         u->url = url.p;
-        Buf fs = {0};
-        buf_puts(&fs, u->base);
-        buf_puts(&fs, "/files");
+        WbBuf fs = {0};
+        wb_buf_puts(&fs, u->base);
+        wb_buf_puts(&fs, "/files");
         const char *parts[] = {entity, pname, name};
         for (int i = 0; i < 3; i++) {
             char *esc = curl_easy_escape(u->curl, parts[i], 0);
-            buf_puts(&fs, "/");
-            buf_puts(&fs, esc);
+            wb_buf_puts(&fs, "/");
+            wb_buf_puts(&fs, esc);
             curl_free(esc);
         }
-        buf_puts(&fs, "/file_stream");
+        wb_buf_puts(&fs, "/file_stream");
         free(u->fs_url);
         u->fs_url = fs.p;
         rc = 0;
@@ -142,46 +142,46 @@ int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *i
 
 /* {"files": {history from offset, summary}, "uploaded": [...], "complete": true, "exitcode": N};
  * empty parts are left out, so nothing at all is the heartbeat {}. */
-char *filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
-                      int complete, int exit_code, size_t *len) {
-    Buf b = {0};
+char *wb_filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
+                         int complete, int exit_code, size_t *len) {
+    WbBuf b = {0};
     const char *sep = "";
-    buf_puts(&b, "{");
+    wb_buf_puts(&b, "{");
     if (n || summary) {
-        buf_puts(&b, "\"files\":{");
+        wb_buf_puts(&b, "\"files\":{");
         if (n) {
-            buf_printf(&b, "\"wandb-history.jsonl\":{\"offset\":%ld,\"content\":[", offset);
+            wb_buf_printf(&b, "\"wandb-history.jsonl\":{\"offset\":%ld,\"content\":[", offset);
             for (long i = 0; i < n; i++) {
-                if (i) buf_puts(&b, ",");
-                buf_json_str(&b, lines[i]);
+                if (i) wb_buf_puts(&b, ",");
+                wb_buf_json_str(&b, lines[i]);
             }
-            buf_puts(&b, "]}");
+            wb_buf_puts(&b, "]}");
         }
         if (summary) {
-            if (n) buf_puts(&b, ",");
-            buf_puts(&b, "\"wandb-summary.json\":{\"offset\":0,\"content\":[");
-            buf_json_str(&b, summary);
-            buf_puts(&b, "]}");
+            if (n) wb_buf_puts(&b, ",");
+            wb_buf_puts(&b, "\"wandb-summary.json\":{\"offset\":0,\"content\":[");
+            wb_buf_json_str(&b, summary);
+            wb_buf_puts(&b, "]}");
         }
-        buf_puts(&b, "}");
+        wb_buf_puts(&b, "}");
         sep = ",";
     }
     if (cJSON_GetArraySize(uploaded)) {
         char *names = cJSON_PrintUnformatted(uploaded);
-        buf_printf(&b, "%s\"uploaded\":", sep);
-        buf_puts(&b, names);
+        wb_buf_printf(&b, "%s\"uploaded\":", sep);
+        wb_buf_puts(&b, names);
         free(names);
         sep = ",";
     }
-    if (complete) buf_printf(&b, "%s\"complete\":true,\"exitcode\":%d", sep, exit_code);
-    buf_puts(&b, "}");
+    if (complete) wb_buf_printf(&b, "%s\"complete\":true,\"exitcode\":%d", sep, exit_code);
+    wb_buf_puts(&b, "}");
     *len = b.n;
     return b.p;
 }
 
-int filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e) {
-    Resp r = {0};
-    int rc = request(u, FILESTREAM, u->fs_url, u->json_headers, body, len, NULL, 0, &r, e);
+int wb_filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e) {
+    WbResp r = {0};
+    int rc = wb_request(u, WB_FILESTREAM, u->fs_url, u->json_headers, body, len, NULL, 0, &r, e);
     if (rc == 0) { /* the body may be empty or not JSON: only "stopped" matters */
         cJSON *j = cJSON_Parse(r.body.p ? r.body.p : "");
         *stopped = cJSON_IsTrue(cJSON_GetObjectItem(j, "stopped"));
@@ -194,7 +194,7 @@ int filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e) {
 /* ---------------------------------------------------------------- the cursor (sync_state.json) */
 
 /* Writes the cursor so that a later sync neither resends acknowledged rows at new offsets nor skips any. */
-void state_save(Uplink *u) {
+void wb_state_save(Uplink *u) {
     if (!u->state_path) return;
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "base_url", u->base);
@@ -207,18 +207,18 @@ void state_save(Uplink *u) {
     Err e;
     if (write_file_atomic(u->state_path, text, strlen(text), &e) != 0 && !u->state_failed) {
         u->state_failed = 1;
-        say("%s (a later sync may resend rows)", e.msg);
+        wb_say("%s (a later sync may resend rows)", e.msg);
     }
     free(text);
     cJSON_Delete(s);
 }
 
 /* Reads the cursor; 1 when it exists and belongs to the same server. */
-int state_load(Uplink *u) {
+int wb_state_load(Uplink *u) {
     char *text = read_file(u->state_path, NULL, NULL);
     cJSON *s = cJSON_Parse(text ? text : "");
     free(text);
-    const char *base = str_item(s, "base_url"), *url = str_item(s, "url");
+    const char *base = wb_str_item(s, "base_url"), *url = wb_str_item(s, "url");
     const cJSON *sent = cJSON_GetObjectItem(s, "history_sent"), *off = cJSON_GetObjectItem(s, "history_offset"),
                 *up = cJSON_GetObjectItem(s, "uploaded");
     int ok = base && url && !strcmp(base, u->base) && cJSON_IsNumber(sent) && cJSON_IsNumber(off) && cJSON_IsArray(up);
@@ -236,14 +236,14 @@ int state_load(Uplink *u) {
 
 /* A run completed on the server gets a new session (summary, files,
  * completion again): the cursor of the spool in dir forgets "complete". */
-void state_reopen(const char *dir) {
-    char *state = join(dir, "sync_state.json"), *text = read_file(state, NULL, NULL);
+void wb_state_reopen(const char *dir) {
+    char *state = wb_join(dir, "sync_state.json"), *text = read_file(state, NULL, NULL);
     cJSON *st = cJSON_Parse(text ? text : "");
     if (cJSON_IsTrue(cJSON_GetObjectItem(st, "complete"))) {
         cJSON_ReplaceItemInObject(st, "complete", cJSON_CreateFalse());
         char *out = cJSON_Print(st);
         Err se;
-        if (write_file_atomic(state, out, strlen(out), &se) != 0) say("%s", se.msg);
+        if (write_file_atomic(state, out, strlen(out), &se) != 0) wb_say("%s", se.msg);
         free(out);
     }
     cJSON_Delete(st);
@@ -261,15 +261,15 @@ static const char CREATE_FILES_QUERY[] =
 /* CreateRunFiles for paths, then one PUT per file from <spool>/files/ (with
  * the answer's uploadHeaders, without credentials). Paths uploaded are
  * appended to done; returns -1 with e at the first failure. */
-int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e) {
+int wb_upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e) {
     cJSON *v = cJSON_CreateObject(), *root;
     cJSON_AddStringToObject(v, "entity", u->entity);
     cJSON_AddStringToObject(v, "project", u->project);
     cJSON_AddStringToObject(v, "run", u->run_id);
     cJSON_AddItemToObject(v, "files", cJSON_Duplicate(paths, 1));
-    cJSON *ans = graphql(u, GRAPHQL, "CreateRunFiles", CREATE_FILES_QUERY, v, "createRunFiles", &root, e);
+    cJSON *ans = graphql(u, WB_GRAPHQL, "CreateRunFiles", CREATE_FILES_QUERY, v, "createRunFiles", &root, e);
     const cJSON *files = cJSON_GetObjectItem(ans, "files"), *h, *f;
-    const char *run_id = str_item(ans, "runID");
+    const char *run_id = wb_str_item(ans, "runID");
     int rc = -1;
     if (!ans) goto out;
     if (!run_id || !*run_id) {
@@ -295,18 +295,18 @@ int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *do
     }
     rc = 0;
     cJSON_ArrayForEach(f, files) {
-        const char *name = str_item(f, "name"), *url = str_item(f, "uploadUrl");
-        if (!name || !url || !in_array(paths, name)) continue; /* null uploadUrl: the server skips it */
-        char *dir = join(spool_dir, "files"), *local = join(dir, name);
+        const char *name = wb_str_item(f, "name"), *url = wb_str_item(f, "uploadUrl");
+        if (!name || !url || !wb_in_array(paths, name)) continue; /* null uploadUrl: the server skips it */
+        char *dir = wb_join(spool_dir, "files"), *local = wb_join(dir, name);
         FILE *fp = fopen(local, "rb");
         struct stat st;
-        Resp r = {0};
+        WbResp r = {0};
         Err pe;
         if (!fp || fstat(fileno(fp), &st) != 0)
             err_set(&pe, "%s: cannot open: %s", local, strerror(errno));
-        else if (request(u, STORAGE, url, headers, NULL, 0, fp, (curl_off_t)st.st_size, &r, &pe) == 0)
+        else if (wb_request(u, WB_STORAGE, url, headers, NULL, 0, fp, (curl_off_t)st.st_size, &r, &pe) == 0)
             cJSON_AddItemToArray(done, cJSON_CreateString(name));
-        if (!in_array(done, name) && rc == 0) {
+        if (!wb_in_array(done, name) && rc == 0) {
             err_set(e, "upload of %s: %s", name, pe.msg);
             rc = -1;
         }

@@ -24,21 +24,21 @@
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-void uplink_setup(Uplink *u, const WandbSettings *s) {
+void wb_uplink_setup(Uplink *u, const WandbSettings *s) {
     memset(u, 0, sizeof *u);
     pthread_once(&curl_once, curl_init_once);
     u->curl = curl_easy_init();
     if (!u->curl) FATAL("curl_easy_init failed");
     u->json_headers = curl_slist_append(NULL, "Content-Type: application/json");
     u->json_headers = curl_slist_append(u->json_headers, "Expect:"); /* no 100-continue round trip */
-    u->base = xstrdup(first(s->base_url, first(env("WANDB_BASE_URL"), DEFAULT_BASE)));
+    u->base = xstrdup(wb_first(s->base_url, wb_first(wb_env("WANDB_BASE_URL"), WB_DEFAULT_BASE)));
     for (size_t n = strlen(u->base); n > 0 && u->base[n - 1] == '/'; n--) u->base[n - 1] = 0;
-    u->http_timeout = setting(s->http_timeout_s, "WANDB_HTTP_TIMEOUT", 30);
-    u->fs_timeout = setting(s->filestream_timeout_s, NULL, 180);
-    u->retry_min = setting(s->retry_min_s, NULL, 2);
-    u->retry_max = setting(s->retry_max_s, NULL, 60);
+    u->http_timeout = wb_setting(s->http_timeout_s, "WANDB_HTTP_TIMEOUT", 30);
+    u->fs_timeout = wb_setting(s->filestream_timeout_s, NULL, 180);
+    u->retry_min = wb_setting(s->retry_min_s, NULL, 2);
+    u->retry_max = wb_setting(s->retry_max_s, NULL, 60);
     /* at most one FileStream request per second (W&B rate limits), or faster when tests flush faster */
-    u->min_gap = fmin(1.0, setting(s->flush_interval_s, NULL, 10));
+    u->min_gap = fmin(1.0, wb_setting(s->flush_interval_s, NULL, 10));
     u->request_bytes = s->request_bytes > 0 ? s->request_bytes : REQUEST_BYTES;
     u->rng = ((uint64_t)(unix_seconds() * 1e9) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)u) | 1;
     u->deadline = u->refused_grace = INFINITY;
@@ -51,7 +51,7 @@ void uplink_setup(Uplink *u, const WandbSettings *s) {
     pthread_mutex_init(&u->mu, NULL);
 }
 
-void uplink_free(Uplink *u) {
+void wb_uplink_free(Uplink *u) {
     curl_easy_cleanup(u->curl);
     curl_slist_free_all(u->json_headers);
     free(u->base);
@@ -83,21 +83,21 @@ static double refused_grace_of(Uplink *u) {
 
 /* Bounds the waits from now on (mu held): give up at deadline d, and after
  * `grace` seconds of refused connections. Wakes a waiting worker. */
-void set_bounds_locked(Uplink *u, double d, double grace) {
+void wb_set_bounds_locked(Uplink *u, double d, double grace) {
     u->deadline = d;
     u->bound_start = wall_seconds();
     u->refused_grace = grace;
     pthread_cond_broadcast(&u->cv);
 }
 
-void set_bounds(Uplink *u, double d, double grace) {
+void wb_set_bounds(Uplink *u, double d, double grace) {
     pthread_mutex_lock(&u->mu);
-    set_bounds_locked(u, d, grace);
+    wb_set_bounds_locked(u, d, grace);
     pthread_mutex_unlock(&u->mu);
 }
 
 /* Waits on the condition until monotonic time t (mu held); t may be INFINITY. */
-void wait_until(Uplink *u, double t) {
+void wb_wait_until(Uplink *u, double t) {
     if (!(t < 1e15)) {
         pthread_cond_wait(&u->cv, &u->mu);
         return;
@@ -143,14 +143,14 @@ static int attempt_wait(Uplink *u, double planned, double firm, double per_attem
             *final = now >= last;
             break;
         }
-        wait_until(u, t);
+        wb_wait_until(u, t);
     }
     pthread_mutex_unlock(&u->mu);
     return rc;
 }
 
 static size_t on_body(char *p, size_t size, size_t n, void *ud) {
-    buf_add(ud, p, size * n);
+    wb_buf_add(ud, p, size * n);
     return size * n;
 }
 
@@ -168,7 +168,7 @@ static double header_number(const char *v) {
 }
 
 static size_t on_header(char *p, size_t size, size_t n, void *ud) {
-    Resp *r = ud;
+    WbResp *r = ud;
     size_t len = size * n;
     char line[256];
     if (len >= sizeof line) return len;
@@ -198,7 +198,7 @@ static int on_progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c, curl_
  * pass only for URLs built from the base URL (GraphQL, FileStream); storage
  * PUTs go to signed URLs without it. Redirects are never followed. */
 static void http_once(Uplink *u, const char *url, int auth, struct curl_slist *headers, const char *body,
-                      size_t len, FILE *upload, curl_off_t upload_size, double timeout, Resp *r) {
+                      size_t len, FILE *upload, curl_off_t upload_size, double timeout, WbResp *r) {
     CURL *c = u->curl;
     free(r->body.p);
     memset(r, 0, sizeof *r);
@@ -241,7 +241,7 @@ static void http_once(Uplink *u, const char *url, int auth, struct curl_slist *h
 }
 
 /* Which failures deserve another attempt (the SDK's rules). */
-static int retryable(Kind kind, const Resp *r) {
+static int retryable(WbKind kind, const WbResp *r) {
     if (r->status == 0) {
         switch (r->cc) {
         case CURLE_UNSUPPORTED_PROTOCOL:
@@ -256,10 +256,10 @@ static int retryable(Kind kind, const Resp *r) {
             return 1;
         }
     }
-    if (kind == STORAGE) return r->status == 429 || (r->status >= 500 && r->status != 501);
+    if (kind == WB_STORAGE) return r->status == 429 || (r->status >= 500 && r->status != 501);
     switch (r->status) {
     case 409:
-        return kind == UPSERT;
+        return kind == WB_UPSERT;
     case 400: case 401: case 403: case 404: case 410: case 413: case 422: case 501:
         return 0;
     default:
@@ -268,21 +268,21 @@ static int retryable(Kind kind, const Resp *r) {
 }
 
 /* The error text of a JSON answer: "error" (string or {"message"}), else every errors[].message. */
-void server_message(const cJSON *j, Buf *m) {
+void wb_server_message(const cJSON *j, WbBuf *m) {
     const cJSON *err = cJSON_GetObjectItem(j, "error"), *msg = cJSON_GetObjectItem(err, "message"), *it;
     if (cJSON_IsString(err)) {
-        buf_puts(m, err->valuestring);
+        wb_buf_puts(m, err->valuestring);
         return;
     }
     if (cJSON_IsString(msg)) {
-        buf_puts(m, msg->valuestring);
+        wb_buf_puts(m, msg->valuestring);
         return;
     }
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(j, "errors")) {
         msg = cJSON_GetObjectItem(it, "message");
         if (!cJSON_IsString(msg)) continue;
-        if (m->n) buf_puts(m, "; ");
-        buf_puts(m, msg->valuestring);
+        if (m->n) wb_buf_puts(m, "; ");
+        wb_buf_puts(m, msg->valuestring);
     }
 }
 
@@ -293,17 +293,17 @@ static const char *netloc(const char *base, char out[256]) {
     return out;
 }
 
-static void describe(const Uplink *u, Kind kind, const Resp *r, Err *e) {
+static void describe(const Uplink *u, WbKind kind, const WbResp *r, Err *e) {
     char host[256];
     if (r->status == 0) {
-        err_set(e, "no answer from %s: %s", kind == STORAGE ? "the storage server" : u->base, curl_easy_strerror(r->cc));
-    } else if (r->status == 401 && kind != STORAGE) {
+        err_set(e, "no answer from %s: %s", kind == WB_STORAGE ? "the storage server" : u->base, curl_easy_strerror(r->cc));
+    } else if (r->status == 401 && kind != WB_STORAGE) {
         err_set(e, "invalid API key for %s (hint: check WANDB_API_KEY, or the password of 'machine %s' in ~/.netrc)",
                 u->base, netloc(u->base, host));
     } else {
-        Buf m = {0};
+        WbBuf m = {0};
         cJSON *j = cJSON_Parse(r->body.p ? r->body.p : "");
-        server_message(j, &m);
+        wb_server_message(j, &m);
         cJSON_Delete(j);
         err_set(e, "HTTP %ld%s%s", r->status, m.n ? ": " : "", m.n ? m.p : "");
         free(m.p);
@@ -318,20 +318,21 @@ static void describe(const Uplink *u, Kind kind, const Resp *r, Err *e) {
  * FileStream requests also keep min_gap apart. Returns 0 on 2xx (answer in
  * r), else -1 and e; u->refused tells whether the last failure was a
  * refused connection. */
-int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
-            FILE *upload, curl_off_t upload_size, Resp *r, Err *e) {
-    int attempts = kind == FILESTREAM ? FILESTREAM_ATTEMPTS : GRAPHQL_ATTEMPTS, final = 0;
-    double per_attempt = kind == FILESTREAM ? u->fs_timeout : kind == STORAGE ? INFINITY : u->http_timeout;
+int wb_request(Uplink *u, WbKind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
+               FILE *upload, curl_off_t upload_size, WbResp *r, Err *e) {
+    int attempts = kind == WB_FILESTREAM ? FILESTREAM_ATTEMPTS : GRAPHQL_ATTEMPTS, final = 0;
+    double per_attempt = kind == WB_FILESTREAM ? u->fs_timeout : kind == WB_STORAGE ? INFINITY : u->http_timeout;
     double planned = 0, refused_since = INFINITY;
     Err last = {""};
     u->refused = 0;
     for (int a = 0; a < attempts; a++) {
-        double firm = fmax(u->not_before, kind == FILESTREAM ? u->last_fs + u->min_gap : 0);
+        double firm = fmax(u->not_before, kind == WB_FILESTREAM ? u->last_fs + u->min_gap : 0);
         if (attempt_wait(u, planned, firm, per_attempt, refused_since, &final) != 0) break;
         double start = wall_seconds(), timeout = fmin(per_attempt, deadline_of(u) - start);
         if (upload) rewind(upload);
-        if (kind == FILESTREAM) u->last_fs = start;
-        http_once(u, url, kind != STORAGE, headers, body, len, upload, upload_size, isfinite(timeout) ? timeout : 0, r);
+        if (kind == WB_FILESTREAM) u->last_fs = start;
+        http_once(u, url, kind != WB_STORAGE, headers, body, len, upload, upload_size,
+                  isfinite(timeout) ? timeout : 0, r);
         if (r->rl_remaining >= 0 && r->rl_remaining < 1 && r->rl_reset > 0)
             u->not_before = wall_seconds() + r->rl_reset;
         if (r->status >= 200 && r->status < 300) return 0;
@@ -348,7 +349,7 @@ int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, c
         if (u->refused && now - refused_since >= refused_grace_of(u))
             return err_set(e, "%s (connections refused for %.1f s)", last.msg, now - refused_since);
         double wait = fmin(u->retry_max, u->retry_min * ldexp(1.0, a < 30 ? a : 30) *
-                                             (1.0 + 0.25 * (double)(rng_next(&u->rng) >> 11) / 9007199254740992.0));
+                                             (1.0 + 0.25 * (double)(wb_rng_next(&u->rng) >> 11) / 9007199254740992.0));
         if (r->retry_after >= 0) /* the server's wait is firm: never shortened to fit a deadline */
             u->not_before = fmax(u->not_before, now + r->retry_after);
         else
@@ -361,8 +362,9 @@ int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, c
 
 /* netrc: the password of "machine <host[:port]>" ($NETRC, else ~/.netrc, else ~/_netrc). */
 static char *netrc_key(const char *host) {
-    const char *home = first(env("HOME"), "/");
-    char *paths[3] = {env("NETRC") ? xstrdup(env("NETRC")) : NULL, join(home, ".netrc"), join(home, "_netrc")};
+    const char *home = wb_first(wb_env("HOME"), "/");
+    char *paths[3] = {wb_env("NETRC") ? xstrdup(wb_env("NETRC")) : NULL, wb_join(home, ".netrc"),
+                      wb_join(home, "_netrc")};
     char *key = NULL;
     for (int i = 0; i < 3 && !key; i++) {
         char *text = paths[i] && (i == 0 || !paths[0]) ? read_file(paths[i], NULL, NULL) : NULL;
@@ -381,9 +383,9 @@ static char *netrc_key(const char *host) {
 }
 
 /* Explicit key, else $WANDB_API_KEY, else netrc. Keys are never length-checked (formats vary). */
-char *find_key(const WandbSettings *s, const char *base, Err *e) {
+char *wb_find_key(const WandbSettings *s, const char *base, Err *e) {
     char host[256];
-    const char *k = first(s->api_key, env("WANDB_API_KEY"));
+    const char *k = wb_first(s->api_key, wb_env("WANDB_API_KEY"));
     char *key = k ? xstrdup(k) : netrc_key(netloc(base, host));
     if (!key) {
         err_set(e, "no API key for %s (hint: set WANDB_API_KEY, or add 'machine %s password <key>' to ~/.netrc)", base,

@@ -10,7 +10,11 @@
  *            files in the spool
  *   sync.c   wandb_sync_dir and wandb_attach_spool (make wandb-sync)
  *   run.c    WandbRun: the in-process client and its upload thread
- */
+ * wandb_sync_main.c (the wandb_sync program) uses util.c too.
+ * The functions below are link-visible in every program that links the
+ * client (the trainers), so they are all named wb_*; generic type, constant
+ * and macro names carry Wb / WB_ as well. What one file alone uses stays
+ * static there. */
 #ifndef KVLAB_WANDB_INTERNAL_H
 #define KVLAB_WANDB_INTERNAL_H
 
@@ -22,36 +26,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DEFAULT_BASE "https://api.wandb.ai"
-#define HIST_PREFIX "{\"t\":\"history\",\"row\":"
+#define WB_DEFAULT_BASE "https://api.wandb.ai"
+#define WB_HIST_PREFIX "{\"t\":\"history\",\"row\":"
 
 /* ---------------------------------------------------------------- util.c */
 
-void say(const char *fmt, ...) KV_PRINTF(1, 2);
-const char *env(const char *name); /* NULL when unset or empty */
-const char *first(const char *a, const char *b); /* the first non-empty one, or NULL */
-char *xstrndup(const char *s, size_t n);
-char *join(const char *a, const char *b); /* a/b, allocated */
-double setting(double v, const char *var, double dflt);
-uint64_t rng_next(uint64_t *s);
+void wb_say(const char *fmt, ...) KV_PRINTF(1, 2);
+const char *wb_env(const char *name); /* NULL when unset or empty */
+const char *wb_first(const char *a, const char *b); /* the first non-empty one, or NULL */
+char *wb_xstrndup(const char *s, size_t n);
+char *wb_join(const char *a, const char *b); /* a/b, allocated */
+double wb_setting(double v, const char *var, double dflt);
+uint64_t wb_rng_next(uint64_t *s);
 
 typedef struct {
     char *p;
     size_t n, cap;
-} Buf;
+} WbBuf;
 
-void buf_add(Buf *b, const char *s, size_t n);
-void buf_puts(Buf *b, const char *s);
-void buf_printf(Buf *b, const char *fmt, ...) KV_PRINTF(2, 3);
-void buf_json_str(Buf *b, const char *s);
+void wb_buf_add(WbBuf *b, const char *s, size_t n);
+void wb_buf_puts(WbBuf *b, const char *s);
+void wb_buf_printf(WbBuf *b, const char *fmt, ...) KV_PRINTF(2, 3);
+void wb_buf_json_str(WbBuf *b, const char *s);
 
-const char *str_item(const cJSON *o, const char *key);
-void add_str(cJSON *o, const char *key, const char *v);
-int in_array(const cJSON *a, const char *s);
+const char *wb_str_item(const cJSON *o, const char *key);
+void wb_add_str(cJSON *o, const char *key, const char *v);
+int wb_in_array(const cJSON *a, const char *s);
 
 /* ---------------------------------------------------------------- http.c */
 
-typedef enum { GRAPHQL, UPSERT, FILESTREAM, STORAGE } Kind;
+typedef enum { WB_GRAPHQL, WB_UPSERT, WB_FILESTREAM, WB_STORAGE } WbKind;
 
 /* Everything needed to talk to the server about one run, shared by the
  * online worker and wandb_sync_dir. */
@@ -83,31 +87,31 @@ typedef struct {
 typedef struct {
     long status; /* 0: no HTTP answer (connection error, timeout, reset) */
     CURLcode cc;
-    Buf body;
+    WbBuf body;
     double retry_after;            /* seconds, < 0: no header */
     double rl_remaining, rl_reset; /* RateLimit-* headers, rl_remaining < 0: none */
-} Resp;
+} WbResp;
 
-void uplink_setup(Uplink *u, const WandbSettings *s);
-void uplink_free(Uplink *u);
-void set_bounds_locked(Uplink *u, double d, double grace);
-void set_bounds(Uplink *u, double d, double grace);
-void wait_until(Uplink *u, double t);
-int request(Uplink *u, Kind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
-            FILE *upload, curl_off_t upload_size, Resp *r, Err *e);
-void server_message(const cJSON *j, Buf *m);
-char *find_key(const WandbSettings *s, const char *base, Err *e);
+void wb_uplink_setup(Uplink *u, const WandbSettings *s);
+void wb_uplink_free(Uplink *u);
+void wb_set_bounds_locked(Uplink *u, double d, double grace);
+void wb_set_bounds(Uplink *u, double d, double grace);
+void wb_wait_until(Uplink *u, double t);
+int wb_request(Uplink *u, WbKind kind, const char *url, struct curl_slist *headers, const char *body, size_t len,
+               FILE *upload, curl_off_t upload_size, WbResp *r, Err *e);
+void wb_server_message(const cJSON *j, WbBuf *m);
+char *wb_find_key(const WandbSettings *s, const char *base, Err *e);
 
 /* ---------------------------------------------------------------- api.c */
 
-int upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e);
-char *filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
-                      int complete, int exit_code, size_t *len);
-int filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e);
-void state_save(Uplink *u);
-int state_load(Uplink *u);
-void state_reopen(const char *dir);
-int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e);
+int wb_upsert(Uplink *u, const cJSON *run, const cJSON *config, long *lines, int *inserted, Err *e);
+char *wb_filestream_body(long offset, char *const *lines, long n, const char *summary, const cJSON *uploaded,
+                         int complete, int exit_code, size_t *len);
+int wb_filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e);
+void wb_state_save(Uplink *u);
+int wb_state_load(Uplink *u);
+void wb_state_reopen(const char *dir);
+int wb_upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e);
 
 /* ---------------------------------------------------------------- spool.c */
 
@@ -116,18 +120,18 @@ int upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *do
 typedef struct {
     char *key;
     double v;
-} Item;
+} WbItem;
 typedef struct {
-    Item *it;
+    WbItem *it;
     int n, cap;
-} KV;
+} WbKV;
 
-void kv_set(KV *kv, const char *key, size_t klen, double v);
-void kv_clear(KV *kv);
-void kv_free(KV *kv);
-void kv_json(Buf *b, const KV *kv);
-void summary_json(Buf *b, const KV *kv);
-void summary_record(Buf *b, const KV *kv);
+void wb_kv_set(WbKV *kv, const char *key, size_t klen, double v);
+void wb_kv_clear(WbKV *kv);
+void wb_kv_free(WbKV *kv);
+void wb_kv_json(WbBuf *b, const WbKV *kv);
+void wb_summary_json(WbBuf *b, const WbKV *kv);
+void wb_summary_record(WbBuf *b, const WbKV *kv);
 
 /* The spool of a run being written (spool.jsonl opened for appending). */
 typedef struct {
@@ -135,25 +139,25 @@ typedef struct {
     int fd, failed;
 } SpoolWriter;
 
-void spool_open(SpoolWriter *w, const char *root, const char *run_id);
-void spool_write(SpoolWriter *w, const char *rec, size_t n);
-void spool_json(SpoolWriter *w, cJSON *rec);
-void spool_close(SpoolWriter *w);
-int spool_append(const char *dir, const char *rec, size_t n, Err *e);
-int valid_run_path(const char *p);
-int copy_into_spool(const char *spool_dir, const char *local_path, const char *run_path, Err *e);
+void wb_spool_open(SpoolWriter *w, const char *root, const char *run_id);
+void wb_spool_write(SpoolWriter *w, const char *rec, size_t n);
+void wb_spool_json(SpoolWriter *w, cJSON *rec);
+void wb_spool_close(SpoolWriter *w);
+int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e);
+int wb_valid_run_path(const char *p);
+int wb_copy_into_spool(const char *spool_dir, const char *local_path, const char *run_path, Err *e);
 
-/* A spool read back (spool_read). */
+/* A spool read back (wb_spool_read). */
 typedef struct {
     cJSON *run, *config, *files; /* run record, latest config, run paths in first-seen order */
     char **rows;                 /* history lines, exactly as spooled */
     long nrows;
-    KV summary;                  /* replayed: rows fold in, summary records replace */
+    WbKV summary;                  /* replayed: rows fold in, summary records replace */
     int has_exit, exit_code;
 } Spool;
 
-int spool_read(const char *dir, Spool *sp, Err *e);
-void spool_free(Spool *sp);
-char *newest_spool(const char *root);
+int wb_spool_read(const char *dir, Spool *sp, Err *e);
+void wb_spool_free(Spool *sp);
+char *wb_newest_spool(const char *root);
 
 #endif

@@ -38,11 +38,11 @@ struct WandbRun {
     cJSON *run_rec, *config; /* kept until the worker has created the run (wandb_init found nothing listening) */
     atomic_int connected;    /* the run exists on the server; up.url and the names are set */
     /* training thread only */
-    KV row;
+    WbKV row;
     long row_step, last_step; /* last_step: the last closed row, -1 before the first */
     long dropped;
     /* shared with the worker, guarded by up.mu */
-    KV summary;
+    WbKV summary;
     int summary_dirty;
     Line *head, *tail;
     size_t queued_bytes;
@@ -53,11 +53,11 @@ struct WandbRun {
 };
 
 static void spool_summary(WandbRun *r) {
-    Buf b = {0};
+    WbBuf b = {0};
     pthread_mutex_lock(&r->up.mu);
-    summary_record(&b, &r->summary);
+    wb_summary_record(&b, &r->summary);
     pthread_mutex_unlock(&r->up.mu);
-    spool_write(&r->spool, b.p, b.n);
+    wb_spool_write(&r->spool, b.p, b.n);
     free(b.p);
 }
 
@@ -71,11 +71,11 @@ static cJSON *parse_tags(const char *tags) {
     cJSON *a = cJSON_CreateArray();
     for (const char *s = tags ? tags : ""; *s;) {
         size_t n = strcspn(s, ",");
-        char *t = xstrndup(s, n);
+        char *t = wb_xstrndup(s, n);
         char *b = t + strspn(t, " \t");
         for (size_t k = strlen(b); k > 0 && strchr(" \t", b[k - 1]); k--) b[k - 1] = 0;
         if (strlen(b) > 64)
-            say("tag \"%s\" is longer than 64 characters; left out", b);
+            wb_say("tag \"%s\" is longer than 64 characters; left out", b);
         else if (*b)
             cJSON_AddItemToArray(a, cJSON_CreateString(b));
         free(t);
@@ -123,8 +123,8 @@ static void take_batch(WandbRun *r, Batch *b) {
     long i = 0;
     for (Line *l = b->first; l; l = l->next) b->text[i++] = l->text;
     if (r->summary_dirty) {
-        Buf s = {0};
-        summary_json(&s, &r->summary);
+        WbBuf s = {0};
+        wb_summary_json(&s, &r->summary);
         b->summary = s.p;
         r->summary_dirty = 0;
     }
@@ -150,14 +150,14 @@ static int create_run(WandbRun *r, Err *e) {
     Uplink *u = &r->up;
     long lines = 0;
     int inserted = 1;
-    if (upsert(u, r->run_rec, cJSON_IsObject(r->config) ? r->config : NULL, &lines, &inserted, e) != 0) return -1;
+    if (wb_upsert(u, r->run_rec, cJSON_IsObject(r->config) ? r->config : NULL, &lines, &inserted, e) != 0) return -1;
     if (!inserted)
-        say("run %s already exists in %s/%s; its history continues after line %ld "
-            "(hint: log steps above the last one stored there, or use a new WANDB_RUN_ID)",
-            u->run_id, u->entity, u->project, lines);
+        wb_say("run %s already exists in %s/%s; its history continues after line %ld "
+               "(hint: log steps above the last one stored there, or use a new WANDB_RUN_ID)",
+               u->run_id, u->entity, u->project, lines);
     u->hist_offset = lines;
-    u->state_path = r->spool.dir ? join(r->spool.dir, "sync_state.json") : NULL;
-    state_save(u);
+    u->state_path = r->spool.dir ? wb_join(r->spool.dir, "sync_state.json") : NULL;
+    wb_state_save(u);
     atomic_store(&r->connected, 1);
     return 0;
 }
@@ -177,11 +177,12 @@ static int worker_connect(WandbRun *r) {
         int stop = r->finishing || r->gave_up;
         pthread_mutex_unlock(&u->mu);
         if (rc == 0) {
-            say("%s answers now; logging to %s", u->base, u->url);
+            wb_say("%s answers now; logging to %s", u->base, u->url);
             return 0;
         }
         if (stop || !u->refused) {
-            say("cannot create the run on %s: %s; %s", u->base, e.msg, stop ? "the run stays in the spool" : SYNC_HINT);
+            wb_say("cannot create the run on %s: %s; %s", u->base, e.msg,
+                   stop ? "the run stays in the spool" : SYNC_HINT);
             return -1;
         }
     }
@@ -208,15 +209,15 @@ static void *worker_main(void *arg) {
         int have_data = r->head || r->summary_dirty || cJSON_GetArraySize(r->uploaded_pending) > 0;
         double due = u->last_fs + (have_data ? r->flush_s : r->heartbeat_s);
         if (!have_files && !r->finishing && wall_seconds() < due) {
-            wait_until(u, due);
+            wb_wait_until(u, due);
             continue;
         }
         if (have_files) {
             cJSON *paths = r->files_pending, *done = cJSON_CreateArray(), *it;
             r->files_pending = cJSON_CreateArray();
             pthread_mutex_unlock(&u->mu);
-            if (upload_files(u, r->spool.dir, paths, done, &e) != 0)
-                say("file upload failed: %s; the file stays in %s/files", e.msg, r->spool.dir);
+            if (wb_upload_files(u, r->spool.dir, paths, done, &e) != 0)
+                wb_say("file upload failed: %s; the file stays in %s/files", e.msg, r->spool.dir);
             pthread_mutex_lock(&u->mu);
             cJSON_ArrayForEach(it, done) cJSON_AddItemToArray(r->uploaded_pending, cJSON_CreateString(it->valuestring));
             cJSON_Delete(paths);
@@ -230,8 +231,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&u->mu);
 
         size_t len;
-        char *body = filestream_body(u->hist_offset, b.text, b.n, b.summary, b.uploaded, final, code, &len);
-        int stopped = 0, rc = filestream(u, body, len, &stopped, &e);
+        char *body = wb_filestream_body(u->hist_offset, b.text, b.n, b.summary, b.uploaded, final, code, &len);
+        int stopped = 0, rc = wb_filestream(u, body, len, &stopped, &e);
         free(body);
         if (rc == 0) {
             const cJSON *it;
@@ -240,14 +241,15 @@ static void *worker_main(void *arg) {
             u->hist_sent += b.n;
             cJSON_ArrayForEach(it, b.uploaded) cJSON_AddItemToArray(u->uploaded, cJSON_CreateString(it->valuestring));
             u->complete = final;
-            state_save(u);
+            wb_state_save(u);
         }
         batch_free(&b);
 
         pthread_mutex_lock(&u->mu);
         if (rc != 0) {
             r->gave_up = 1;
-            say("upload to %s stopped: %s; %s", u->url, e.msg, r->finishing ? "the rest is in the spool" : SYNC_HINT);
+            wb_say("upload to %s stopped: %s; %s", u->url, e.msg,
+                   r->finishing ? "the rest is in the spool" : SYNC_HINT);
         } else if (final) {
             r->completed = 1;
             break;
@@ -260,36 +262,36 @@ static void *worker_main(void *arg) {
 
 static void drop(WandbRun *r, long step, const char *key) {
     if (r->dropped++ == 0)
-        say("\"%s\" at step %ld dropped: steps must increase and keys must not start with '_' "
-            "(further drops are only counted)", key, step);
+        wb_say("\"%s\" at step %ld dropped: steps must increase and keys must not start with '_' "
+               "(further drops are only counted)", key, step);
 }
 
 /* Closes the open row: adds _step, _runtime (monotonic) and _timestamp, spools
  * it, queues it for upload and folds it into the summary. */
 static void close_row(WandbRun *r) {
     if (!r->row.n) return;
-    kv_set(&r->row, "\"_step\"", 7, (double)r->row_step);
-    kv_set(&r->row, "\"_runtime\"", 10, round((wall_seconds() - r->t0) * 1e6) / 1e6); /* microseconds: short lines */
-    kv_set(&r->row, "\"_timestamp\"", 12, round(unix_seconds() * 1e6) / 1e6);
+    wb_kv_set(&r->row, "\"_step\"", 7, (double)r->row_step);
+    wb_kv_set(&r->row, "\"_runtime\"", 10, round((wall_seconds() - r->t0) * 1e6) / 1e6); /* microseconds: short lines */
+    wb_kv_set(&r->row, "\"_timestamp\"", 12, round(unix_seconds() * 1e6) / 1e6);
     r->last_step = r->row_step;
-    Buf rec = {0};
-    buf_puts(&rec, HIST_PREFIX);
+    WbBuf rec = {0};
+    wb_buf_puts(&rec, WB_HIST_PREFIX);
     size_t start = rec.n;
-    kv_json(&rec, &r->row);
+    wb_kv_json(&rec, &r->row);
     size_t len = rec.n - start;
     if (len > (size_t)MAX_LINE) {
-        say("the row of step %ld is %zu bytes, over W&B's limit of %ld; dropped", r->row_step, len, MAX_LINE);
+        wb_say("the row of step %ld is %zu bytes, over W&B's limit of %ld; dropped", r->row_step, len, MAX_LINE);
     } else {
-        buf_puts(&rec, "}\n");
-        spool_write(&r->spool, rec.p, rec.n);
+        wb_buf_puts(&rec, "}\n");
+        wb_spool_write(&r->spool, rec.p, rec.n);
         pthread_mutex_lock(&r->up.mu);
-        for (int i = 0; i < r->row.n; i++) kv_set(&r->summary, r->row.it[i].key, strlen(r->row.it[i].key), r->row.it[i].v);
+        for (int i = 0; i < r->row.n; i++) wb_kv_set(&r->summary, r->row.it[i].key, strlen(r->row.it[i].key), r->row.it[i].v);
         r->summary_dirty = 1;
         if (r->has_worker && !r->gave_up) {
             if (r->queued_bytes + len > QUEUE_BYTES) {
                 r->gave_up = 1;
                 pthread_cond_broadcast(&r->up.cv);
-                say("upload to %s fell %zu MiB behind; %s", r->up.base, QUEUE_BYTES >> 20, SYNC_HINT);
+                wb_say("upload to %s fell %zu MiB behind; %s", r->up.base, QUEUE_BYTES >> 20, SYNC_HINT);
             } else {
                 Line *l = xmalloc(sizeof *l + len + 1);
                 l->next = NULL;
@@ -308,89 +310,89 @@ static void close_row(WandbRun *r) {
         }
         pthread_mutex_unlock(&r->up.mu);
     }
-    kv_clear(&r->row);
+    wb_kv_clear(&r->row);
     free(rec.p);
 }
 
 WandbRun *wandb_init(const WandbSettings *s) {
-    const char *mode = first(env("WANDB_MODE"), first(s->mode, "online"));
+    const char *mode = wb_first(wb_env("WANDB_MODE"), wb_first(s->mode, "online"));
     if (!strcmp(mode, "disabled")) return NULL;
     int online = !strcmp(mode, "online");
     if (!online && strcmp(mode, "offline") && strcmp(mode, "dryrun"))
-        say("unknown mode \"%s\" (hint: online, offline or disabled); running offline", mode);
+        wb_say("unknown mode \"%s\" (hint: online, offline or disabled); running offline", mode);
 
     WandbRun *r = xcalloc(1, sizeof *r);
     Uplink *u = &r->up;
-    uplink_setup(u, s);
+    wb_uplink_setup(u, s);
     r->t0 = wall_seconds();
-    r->flush_s = setting(s->flush_interval_s, NULL, 10);
-    r->heartbeat_s = setting(s->heartbeat_s, NULL, 30);
-    r->finish_timeout_s = setting(s->finish_timeout_s, NULL, 120);
-    r->connect_grace_s = setting(s->connect_grace_s, "WANDB_CONNECT_GRACE", CONNECT_GRACE_S);
+    r->flush_s = wb_setting(s->flush_interval_s, NULL, 10);
+    r->heartbeat_s = wb_setting(s->heartbeat_s, NULL, 30);
+    r->finish_timeout_s = wb_setting(s->finish_timeout_s, NULL, 120);
+    r->connect_grace_s = wb_setting(s->connect_grace_s, "WANDB_CONNECT_GRACE", CONNECT_GRACE_S);
     r->last_step = -1;
     r->spool.fd = -1;
     r->files_pending = cJSON_CreateArray();
     r->uploaded_pending = cJSON_CreateArray();
 
     char generated[9];
-    for (int i = 0; i < 8; i++) generated[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[rng_next(&u->rng) % 36];
+    for (int i = 0; i < 8; i++) generated[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[wb_rng_next(&u->rng) % 36];
     generated[8] = 0;
-    const char *run_id = first(s->run_id, env("WANDB_RUN_ID"));
+    const char *run_id = wb_first(s->run_id, wb_env("WANDB_RUN_ID"));
     if (run_id && !valid_run_id(run_id))
-        say("invalid run ID \"%s\" (hint: no outer spaces and none of : ; , # ? / '); using %s", run_id, generated);
+        wb_say("invalid run ID \"%s\" (hint: no outer spaces and none of : ; , # ? / '); using %s", run_id, generated);
     if (!run_id || !valid_run_id(run_id)) run_id = generated;
 
     cJSON *run = cJSON_CreateObject();
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     cJSON_AddStringToObject(run, "t", "run");
-    add_str(run, "entity", first(env("WANDB_ENTITY"), s->entity));
-    add_str(run, "project", first(env("WANDB_PROJECT"), s->project));
-    add_str(run, "run_id", run_id);
-    add_str(run, "name", first(env("WANDB_NAME"), s->name));
-    add_str(run, "group", first(env("WANDB_RUN_GROUP"), s->group));
-    add_str(run, "job_type", first(env("WANDB_JOB_TYPE"), s->job_type));
-    cJSON_AddItemToObject(run, "tags", parse_tags(first(env("WANDB_TAGS"), s->tags)));
-    add_str(run, "notes", first(env("WANDB_NOTES"), s->notes));
-    add_str(run, "host", host);
-    add_str(run, "program", program_invocation_name);
-    add_str(run, "commit", s->commit);
+    wb_add_str(run, "entity", wb_first(wb_env("WANDB_ENTITY"), s->entity));
+    wb_add_str(run, "project", wb_first(wb_env("WANDB_PROJECT"), s->project));
+    wb_add_str(run, "run_id", run_id);
+    wb_add_str(run, "name", wb_first(wb_env("WANDB_NAME"), s->name));
+    wb_add_str(run, "group", wb_first(wb_env("WANDB_RUN_GROUP"), s->group));
+    wb_add_str(run, "job_type", wb_first(wb_env("WANDB_JOB_TYPE"), s->job_type));
+    cJSON_AddItemToObject(run, "tags", parse_tags(wb_first(wb_env("WANDB_TAGS"), s->tags)));
+    wb_add_str(run, "notes", wb_first(wb_env("WANDB_NOTES"), s->notes));
+    wb_add_str(run, "host", host);
+    wb_add_str(run, "program", program_invocation_name);
+    wb_add_str(run, "commit", s->commit);
     cJSON_AddNumberToObject(run, "start_time", unix_seconds());
     cJSON *config = s->config_json ? cJSON_Parse(s->config_json) : NULL;
     if (s->config_json && !cJSON_IsObject(config))
-        say("the run config is not a JSON object; the run goes without one");
+        wb_say("the run config is not a JSON object; the run goes without one");
 
-    spool_open(&r->spool, first(s->dir, first(env("WANDB_DIR"), "wandb")), run_id);
-    spool_json(&r->spool, run);
+    wb_spool_open(&r->spool, wb_first(s->dir, wb_first(wb_env("WANDB_DIR"), "wandb")), run_id);
+    wb_spool_json(&r->spool, run);
     if (cJSON_IsObject(config)) {
         cJSON *rec = cJSON_CreateObject();
         cJSON_AddStringToObject(rec, "t", "config");
         cJSON_AddItemReferenceToObject(rec, "config", config);
-        spool_json(&r->spool, rec);
+        wb_spool_json(&r->spool, rec);
         cJSON_Delete(rec);
     }
 
     Err e;
     r->run_rec = run;
     r->config = config;
-    if (online && !(u->key = find_key(s, u->base, &e))) {
-        say("%s; %s", e.msg, SYNC_HINT);
+    if (online && !(u->key = wb_find_key(s, u->base, &e))) {
+        wb_say("%s; %s", e.msg, SYNC_HINT);
     } else if (online) {
-        set_bounds(u, wall_seconds() + setting(s->init_timeout_s, "WANDB_INIT_TIMEOUT", 90), r->connect_grace_s);
+        wb_set_bounds(u, wall_seconds() + wb_setting(s->init_timeout_s, "WANDB_INIT_TIMEOUT", 90), r->connect_grace_s);
         int rc = create_run(r, &e);
         if (rc != 0 && !u->refused)
-            say("cannot create the run on %s: %s; %s", u->base, e.msg, SYNC_HINT);
+            wb_say("cannot create the run on %s: %s; %s", u->base, e.msg, SYNC_HINT);
         else if (rc != 0) /* nothing listens (yet): the worker keeps trying */
-            say("cannot create the run on %s: %s; continuing offline for now, retrying in the background "
-                "(the rows go up live once the server answers; else sync later with make wandb-sync)",
-                u->base, e.msg);
-        set_bounds(u, INFINITY, INFINITY);
+            wb_say("cannot create the run on %s: %s; continuing offline for now, retrying in the background "
+                   "(the rows go up live once the server answers; else sync later with make wandb-sync)",
+                   u->base, e.msg);
+        wb_set_bounds(u, INFINITY, INFINITY);
         u->last_fs = wall_seconds();
         if ((rc == 0 || u->refused) && pthread_create(&r->worker, NULL, worker_main, r) != 0)
-            say("cannot start the upload thread; %s", SYNC_HINT);
+            wb_say("cannot start the upload thread; %s", SYNC_HINT);
         else if (rc == 0 || u->refused) {
             r->has_worker = 1;
-            if (rc == 0) say("logging to %s", u->url);
+            if (rc == 0) wb_say("logging to %s", u->url);
         }
     }
     return r;
@@ -404,9 +406,9 @@ void wandb_log(WandbRun *r, long step, const char *key, double value) {
     }
     if (r->row.n && step > r->row_step) close_row(r);
     r->row_step = step;
-    Buf k = {0};
-    buf_json_str(&k, key);
-    kv_set(&r->row, k.p, k.n, value);
+    WbBuf k = {0};
+    wb_buf_json_str(&k, key);
+    wb_kv_set(&r->row, k.p, k.n, value);
     free(k.p);
 }
 
@@ -420,10 +422,10 @@ void wandb_summary_set(WandbRun *r, const char *key, double value) {
         drop(r, r->last_step, key);
         return;
     }
-    Buf k = {0};
-    buf_json_str(&k, key);
+    WbBuf k = {0};
+    wb_buf_json_str(&k, key);
     pthread_mutex_lock(&r->up.mu);
-    kv_set(&r->summary, k.p, k.n, value);
+    wb_kv_set(&r->summary, k.p, k.n, value);
     r->summary_dirty = 1;
     pthread_mutex_unlock(&r->up.mu);
     free(k.p);
@@ -432,26 +434,26 @@ void wandb_summary_set(WandbRun *r, const char *key, double value) {
 
 int wandb_upload_file(WandbRun *r, const char *local_path, const char *run_path) {
     if (!r) return 0;
-    if (!valid_run_path(run_path)) {
-        say("\"%s\" is not a path inside the run (hint: relative, '/'-separated, no . or .. parts)", run_path);
+    if (!wb_valid_run_path(run_path)) {
+        wb_say("\"%s\" is not a path inside the run (hint: relative, '/'-separated, no . or .. parts)", run_path);
         return -1;
     }
     if (!r->spool.dir) {
-        say("%s not uploaded: the run has no spool folder", local_path);
+        wb_say("%s not uploaded: the run has no spool folder", local_path);
         return -1;
     }
     Err e;
-    int rc = copy_into_spool(r->spool.dir, local_path, run_path, &e);
+    int rc = wb_copy_into_spool(r->spool.dir, local_path, run_path, &e);
     if (rc != 0) {
-        say("%s; not uploaded", e.msg);
+        wb_say("%s; not uploaded", e.msg);
     } else {
         cJSON *rec = cJSON_CreateObject();
         cJSON_AddStringToObject(rec, "t", "file");
         cJSON_AddStringToObject(rec, "path", run_path);
-        spool_json(&r->spool, rec);
+        wb_spool_json(&r->spool, rec);
         cJSON_Delete(rec);
         pthread_mutex_lock(&r->up.mu);
-        if (r->has_worker && !r->gave_up && !in_array(r->files_pending, run_path)) {
+        if (r->has_worker && !r->gave_up && !wb_in_array(r->files_pending, run_path)) {
             cJSON_AddItemToArray(r->files_pending, cJSON_CreateString(run_path));
             pthread_cond_signal(&r->up.cv);
         }
@@ -474,28 +476,28 @@ void wandb_finish(WandbRun *r, int exit_code) {
     spool_summary(r);
     char rec[64];
     snprintf(rec, sizeof rec, "{\"t\":\"exit\",\"code\":%d}\n", exit_code);
-    spool_write(&r->spool, rec, strlen(rec));
-    spool_close(&r->spool);
+    wb_spool_write(&r->spool, rec, strlen(rec));
+    wb_spool_close(&r->spool);
     if (r->has_worker) {
         pthread_mutex_lock(&r->up.mu);
         r->finishing = 1;
         r->exit_code = exit_code;
         r->summary_dirty = 1; /* the summary always goes right before completion */
-        set_bounds_locked(&r->up, wall_seconds() + r->finish_timeout_s, r->connect_grace_s);
+        wb_set_bounds_locked(&r->up, wall_seconds() + r->finish_timeout_s, r->connect_grace_s);
         pthread_mutex_unlock(&r->up.mu);
         pthread_join(r->worker, NULL);
-        if (r->completed) say("run uploaded: %s", r->up.url);
+        if (r->completed) wb_say("run uploaded: %s", r->up.url);
     }
-    if (r->dropped > 1) say("%ld values were dropped in all (earlier steps or keys starting with '_')", r->dropped);
-    if (!r->completed && r->spool.dir) say("run saved in %s (hint: upload it with make wandb-sync)", r->spool.dir);
-    kv_free(&r->row);
-    kv_free(&r->summary);
+    if (r->dropped > 1) wb_say("%ld values were dropped in all (earlier steps or keys starting with '_')", r->dropped);
+    if (!r->completed && r->spool.dir) wb_say("run saved in %s (hint: upload it with make wandb-sync)", r->spool.dir);
+    wb_kv_free(&r->row);
+    wb_kv_free(&r->summary);
     queue_free(r);
     cJSON_Delete(r->files_pending);
     cJSON_Delete(r->uploaded_pending);
     cJSON_Delete(r->run_rec);
     cJSON_Delete(r->config);
-    uplink_free(&r->up);
+    wb_uplink_free(&r->up);
     free(r->spool.dir);
     free(r);
 }

@@ -1,7 +1,7 @@
 /* The spool: every record of a run as one line of
  * <dir>/wandb-c/<run_id>/spool.jsonl (the run, its config, history rows,
  * summaries, files, the exit code), the files themselves under files/
- * beside it. History rows and the summary are key/value rows (KV), written
+ * beside it. History rows and the summary are key/value rows (WbKV), written
  * as JSON and read back exactly. WandbRun (run.c) writes a spool as the run
  * goes; sync.c reads one back to upload it or to attach results to it. */
 #define _GNU_SOURCE
@@ -23,7 +23,7 @@
 
 /* Shortest text that reads back as v; integral values print without a point
  * (so _step stays an integer); non-finite values as W&B's bare tokens. */
-static void buf_num(Buf *b, double v) {
+static void buf_num(WbBuf *b, double v) {
     char s[32];
     if (isnan(v))
         strcpy(s, "NaN");
@@ -34,10 +34,10 @@ static void buf_num(Buf *b, double v) {
             snprintf(s, sizeof s, "%.*g", digits, v);
             if (strtod(s, NULL) == v) break;
         }
-    buf_puts(b, s);
+    wb_buf_puts(b, s);
 }
 
-void kv_set(KV *kv, const char *key, size_t klen, double v) {
+void wb_kv_set(WbKV *kv, const char *key, size_t klen, double v) {
     for (int i = 0; i < kv->n; i++)
         if (strlen(kv->it[i].key) == klen && !memcmp(kv->it[i].key, key, klen)) {
             kv->it[i].v = v;
@@ -47,53 +47,53 @@ void kv_set(KV *kv, const char *key, size_t klen, double v) {
         kv->cap = kv->cap ? 2 * kv->cap : 16;
         kv->it = xrealloc(kv->it, (size_t)kv->cap * sizeof *kv->it);
     }
-    kv->it[kv->n++] = (Item){xstrndup(key, klen), v};
+    kv->it[kv->n++] = (WbItem){wb_xstrndup(key, klen), v};
 }
 
-void kv_clear(KV *kv) {
+void wb_kv_clear(WbKV *kv) {
     for (int i = 0; i < kv->n; i++) free(kv->it[i].key);
     kv->n = 0;
 }
 
-void kv_free(KV *kv) {
-    kv_clear(kv);
+void wb_kv_free(WbKV *kv) {
+    wb_kv_clear(kv);
     free(kv->it);
 }
 
-static double kv_get(const KV *kv, const char *key, double missing) {
+static double kv_get(const WbKV *kv, const char *key, double missing) {
     for (int i = 0; i < kv->n; i++)
         if (!strcmp(kv->it[i].key, key)) return kv->it[i].v;
     return missing;
 }
 
-void kv_json(Buf *b, const KV *kv) {
-    buf_puts(b, "{");
+void wb_kv_json(WbBuf *b, const WbKV *kv) {
+    wb_buf_puts(b, "{");
     for (int i = 0; i < kv->n; i++) {
-        if (i) buf_puts(b, ",");
-        buf_puts(b, kv->it[i].key);
-        buf_puts(b, ":");
+        if (i) wb_buf_puts(b, ",");
+        wb_buf_puts(b, kv->it[i].key);
+        wb_buf_puts(b, ":");
         buf_num(b, kv->it[i].v);
     }
-    buf_puts(b, "}");
+    wb_buf_puts(b, "}");
 }
 
 /* The summary line: last values plus "_wandb": {"runtime": whole seconds}. */
-void summary_json(Buf *b, const KV *kv) {
-    kv_json(b, kv);
+void wb_summary_json(WbBuf *b, const WbKV *kv) {
+    wb_kv_json(b, kv);
     b->p[--b->n] = 0; /* reopen the object */
-    buf_printf(b, "%s\"_wandb\":{\"runtime\":%ld}}", kv->n ? "," : "", (long)kv_get(kv, "\"_runtime\"", 0));
+    wb_buf_printf(b, "%s\"_wandb\":{\"runtime\":%ld}}", kv->n ? "," : "", (long)kv_get(kv, "\"_runtime\"", 0));
 }
 
 /* The spool record of a summary, newline included. */
-void summary_record(Buf *b, const KV *kv) {
-    buf_puts(b, SUMMARY_PREFIX);
-    summary_json(b, kv);
-    buf_puts(b, "}\n");
+void wb_summary_record(WbBuf *b, const WbKV *kv) {
+    wb_buf_puts(b, SUMMARY_PREFIX);
+    wb_summary_json(b, kv);
+    wb_buf_puts(b, "}\n");
 }
 
-/* Reads a flat object written by kv_json/summary_json back (NaN and Infinity
+/* Reads a flat object written by wb_kv_json/wb_summary_json back (NaN and Infinity
  * through strtod); nested objects (_wandb) are skipped. */
-static int kv_parse(KV *kv, const char *s) {
+static int kv_parse(WbKV *kv, const char *s) {
     if (*s++ != '{') return -1;
     if (*s == '}') return 0;
     for (;;) {
@@ -111,7 +111,7 @@ static int kv_parse(KV *kv, const char *s) {
             char *end;
             double v = strtod(s, &end);
             if (end == s) return -1;
-            kv_set(kv, key, klen, v);
+            wb_kv_set(kv, key, klen, v);
             s = end;
         }
         if (*s == '}') return 0;
@@ -122,50 +122,50 @@ static int kv_parse(KV *kv, const char *s) {
 /* ---------------------------------------------------------------- writing */
 
 /* One write(2) per record, straight to the kernel: a crash loses at most the open row. */
-void spool_write(SpoolWriter *w, const char *rec, size_t n) {
+void wb_spool_write(SpoolWriter *w, const char *rec, size_t n) {
     if (w->fd < 0) return;
     if (write(w->fd, rec, n) != (ssize_t)n && !w->failed) {
         w->failed = 1;
-        say("%s/spool.jsonl: write failed: %s (hint: is the disk full? the spool misses records from here on)",
-            w->dir, strerror(errno));
+        wb_say("%s/spool.jsonl: write failed: %s (hint: is the disk full? the spool misses records from here on)",
+               w->dir, strerror(errno));
     }
 }
 
-void spool_json(SpoolWriter *w, cJSON *rec) {
+void wb_spool_json(SpoolWriter *w, cJSON *rec) {
     char *text = cJSON_PrintUnformatted(rec);
-    Buf b = {0};
-    buf_puts(&b, text);
-    buf_puts(&b, "\n");
-    spool_write(w, b.p, b.n);
+    WbBuf b = {0};
+    wb_buf_puts(&b, text);
+    wb_buf_puts(&b, "\n");
+    wb_spool_write(w, b.p, b.n);
     free(b.p);
     free(text);
 }
 
 /* <root>/wandb-c/<run_id>, or <run_id>-2, -3, ... when an earlier process left a spool there. */
-void spool_open(SpoolWriter *w, const char *root, const char *run_id) {
-    char *dir = join(root, "wandb-c"), *base = join(dir, run_id), *path = NULL, *file = NULL;
+void wb_spool_open(SpoolWriter *w, const char *root, const char *run_id) {
+    char *dir = wb_join(root, "wandb-c"), *base = wb_join(dir, run_id), *path = NULL, *file = NULL;
     for (int k = 1;; k++) {
         free(path);
         free(file);
-        Buf b = {0};
-        buf_puts(&b, base);
-        if (k > 1) buf_printf(&b, "-%d", k);
+        WbBuf b = {0};
+        wb_buf_puts(&b, base);
+        if (k > 1) wb_buf_printf(&b, "-%d", k);
         path = b.p;
-        file = join(path, "spool.jsonl");
+        file = wb_join(path, "spool.jsonl");
         if (!file_exists(file)) break;
     }
-    char *files = join(path, "files");
+    char *files = wb_join(path, "files");
     Err e;
     if (make_dirs(files, &e) != 0) {
-        say("%s; running without a spool (nothing to sync later)", e.msg);
+        wb_say("%s; running without a spool (nothing to sync later)", e.msg);
         free(path);
     } else if ((w->fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) < 0) {
-        say("%s: cannot create: %s; running without a spool (nothing to sync later)", file, strerror(errno));
+        wb_say("%s: cannot create: %s; running without a spool (nothing to sync later)", file, strerror(errno));
         free(path);
     } else {
         w->dir = path;
         const char header[] = "{\"t\":\"spool\",\"version\":1}\n";
-        spool_write(w, header, sizeof header - 1);
+        wb_spool_write(w, header, sizeof header - 1);
     }
     free(files);
     free(file);
@@ -174,7 +174,7 @@ void spool_open(SpoolWriter *w, const char *root, const char *run_id) {
 }
 
 /* Makes the spool's records durable and closes it; w->dir stays. */
-void spool_close(SpoolWriter *w) {
+void wb_spool_close(SpoolWriter *w) {
     if (w->fd >= 0) {
         fsync(w->fd);
         close(w->fd);
@@ -183,8 +183,8 @@ void spool_close(SpoolWriter *w) {
 }
 
 /* Appends records to the spool in dir with one write: they go in whole or not at all. */
-int spool_append(const char *dir, const char *rec, size_t n, Err *e) {
-    char *path = join(dir, "spool.jsonl");
+int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e) {
+    char *path = wb_join(dir, "spool.jsonl");
     int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
     int ok = fd >= 0 && write(fd, rec, n) == (ssize_t)n && fsync(fd) == 0;
     if (fd >= 0) close(fd);
@@ -194,7 +194,7 @@ int spool_append(const char *dir, const char *rec, size_t n, Err *e) {
 }
 
 /* Relative, '/'-separated, no empty, "." or ".." parts, no control characters. */
-int valid_run_path(const char *p) {
+int wb_valid_run_path(const char *p) {
     for (const char *s = p; *s; s++)
         if ((unsigned char)*s < 0x20 || *s == '\\') return 0;
     for (const char *s = p;; s++) {
@@ -206,10 +206,10 @@ int valid_run_path(const char *p) {
 }
 
 /* Copies local_path to <spool_dir>/files/<run_path>. */
-int copy_into_spool(const char *spool_dir, const char *local_path, const char *run_path, Err *e) {
+int wb_copy_into_spool(const char *spool_dir, const char *local_path, const char *run_path, Err *e) {
     size_t n;
     char *data = read_file(local_path, &n, e);
-    char *files = join(spool_dir, "files"), *dst = join(files, run_path), *slash = strrchr(dst, '/');
+    char *files = wb_join(spool_dir, "files"), *dst = wb_join(files, run_path), *slash = strrchr(dst, '/');
     int rc = -1;
     if (data) {
         *slash = 0;
@@ -225,19 +225,19 @@ int copy_into_spool(const char *spool_dir, const char *local_path, const char *r
 
 /* ---------------------------------------------------------------- reading */
 
-void spool_free(Spool *sp) {
+void wb_spool_free(Spool *sp) {
     cJSON_Delete(sp->run);
     cJSON_Delete(sp->config);
     cJSON_Delete(sp->files);
     for (long i = 0; i < sp->nrows; i++) free(sp->rows[i]);
     free(sp->rows);
-    kv_free(&sp->summary);
+    wb_kv_free(&sp->summary);
 }
 
 /* Reads spool.jsonl; a last line without its newline (cut by a crash) is ignored. */
-int spool_read(const char *dir, Spool *sp, Err *e) {
-    char *path = join(dir, "spool.jsonl");
-    size_t n, hp = strlen(HIST_PREFIX), sp_len = strlen(SUMMARY_PREFIX);
+int wb_spool_read(const char *dir, Spool *sp, Err *e) {
+    char *path = wb_join(dir, "spool.jsonl");
+    size_t n, hp = strlen(WB_HIST_PREFIX), sp_len = strlen(SUMMARY_PREFIX);
     char *text = read_file(path, &n, e), *line = text, *nl;
     long lineno = 1, cap = 0;
     int rc = text ? 0 : -1;
@@ -248,25 +248,25 @@ int spool_read(const char *dir, Spool *sp, Err *e) {
         if (lineno == 1) {
             cJSON *h = cJSON_Parse(line);
             const cJSON *version = cJSON_GetObjectItem(h, "version");
-            if (!str_item(h, "t") || strcmp(str_item(h, "t"), "spool") || !cJSON_IsNumber(version) ||
+            if (!wb_str_item(h, "t") || strcmp(wb_str_item(h, "t"), "spool") || !cJSON_IsNumber(version) ||
                 version->valueint != 1)
                 rc = err_set(e, "%s: not a kvlab W&B spool (version 1)", path);
             cJSON_Delete(h);
-        } else if (len > hp && !strncmp(line, HIST_PREFIX, hp) && line[len - 1] == '}') {
+        } else if (len > hp && !strncmp(line, WB_HIST_PREFIX, hp) && line[len - 1] == '}') {
             if (sp->nrows == cap) {
                 cap = cap ? 2 * cap : 1024;
                 sp->rows = xrealloc(sp->rows, (size_t)cap * sizeof *sp->rows);
             }
-            sp->rows[sp->nrows] = xstrndup(line + hp, len - hp - 1);
+            sp->rows[sp->nrows] = wb_xstrndup(line + hp, len - hp - 1);
             if (kv_parse(&sp->summary, sp->rows[sp->nrows++]) != 0)
                 rc = err_set(e, "%s:%ld: damaged history record", path, lineno);
         } else if (len > sp_len && !strncmp(line, SUMMARY_PREFIX, sp_len)) {
-            kv_clear(&sp->summary);
+            wb_kv_clear(&sp->summary);
             if (kv_parse(&sp->summary, line + sp_len) != 0)
                 rc = err_set(e, "%s:%ld: damaged summary record", path, lineno);
         } else {
             cJSON *rec = cJSON_Parse(line);
-            const char *t = str_item(rec, "t"), *file = str_item(rec, "path");
+            const char *t = wb_str_item(rec, "t"), *file = wb_str_item(rec, "path");
             const cJSON *code = cJSON_GetObjectItem(rec, "code");
             if (!t) {
                 rc = err_set(e, "%s:%ld: damaged record", path, lineno);
@@ -275,7 +275,7 @@ int spool_read(const char *dir, Spool *sp, Err *e) {
             } else if (!strcmp(t, "config")) {
                 cJSON_Delete(sp->config);
                 sp->config = cJSON_DetachItemFromObject(rec, "config");
-            } else if (!strcmp(t, "file") && file && !in_array(sp->files, file)) {
+            } else if (!strcmp(t, "file") && file && !wb_in_array(sp->files, file)) {
                 cJSON_AddItemToArray(sp->files, cJSON_CreateString(file));
             } else if (!strcmp(t, "exit") && cJSON_IsNumber(code)) {
                 sp->has_exit = 1;
@@ -291,14 +291,14 @@ int spool_read(const char *dir, Spool *sp, Err *e) {
 }
 
 /* The spool folder under root/wandb-c whose spool.jsonl changed last, or NULL. */
-char *newest_spool(const char *root) {
-    char *dir = join(root, "wandb-c"), *best = NULL;
+char *wb_newest_spool(const char *root) {
+    char *dir = wb_join(root, "wandb-c"), *best = NULL;
     struct timespec best_t = {0, 0};
     DIR *d = opendir(dir);
     struct dirent *de;
     while (d && (de = readdir(d))) {
         if (de->d_name[0] == '.') continue;
-        char *path = join(dir, de->d_name), *file = join(path, "spool.jsonl");
+        char *path = wb_join(dir, de->d_name), *file = wb_join(path, "spool.jsonl");
         struct stat st;
         if (stat(file, &st) == 0 && (!best || st.st_mtim.tv_sec > best_t.tv_sec ||
                                      (st.st_mtim.tv_sec == best_t.tv_sec && st.st_mtim.tv_nsec >= best_t.tv_nsec))) {

@@ -11,9 +11,9 @@
 /* History from the cursor in chunks, the summary with the last chunk, the
  * files and their "uploaded" notice, then "complete" when the run ended. */
 static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
-    Buf summary = {0};
+    WbBuf summary = {0};
     int stopped, rc = 0, summary_sent = sp->summary.n == 0;
-    summary_json(&summary, &sp->summary);
+    wb_summary_json(&summary, &sp->summary);
     while (rc == 0 && (u->hist_sent < sp->nrows || !summary_sent)) {
         long i = u->hist_sent, n = 0;
         size_t bytes = 0;
@@ -21,32 +21,32 @@ static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
             bytes += strlen(sp->rows[i + n++]);
         int last = i + n >= sp->nrows;
         size_t len;
-        char *body = filestream_body(u->hist_offset, sp->rows + i, n, last ? summary.p : NULL, NULL, 0, 0, &len);
-        rc = filestream(u, body, len, &stopped, e);
+        char *body = wb_filestream_body(u->hist_offset, sp->rows + i, n, last ? summary.p : NULL, NULL, 0, 0, &len);
+        rc = wb_filestream(u, body, len, &stopped, e);
         free(body);
         if (rc == 0) {
             u->hist_sent += n;
             u->hist_offset += n;
             summary_sent |= last;
-            state_save(u);
+            wb_state_save(u);
         }
     }
     free(summary.p);
     if (rc != 0) return -1;
 
     cJSON *todo = cJSON_CreateArray(), *done = cJSON_CreateArray(), *it;
-    cJSON_ArrayForEach(it, sp->files) if (!in_array(u->uploaded, it->valuestring))
+    cJSON_ArrayForEach(it, sp->files) if (!wb_in_array(u->uploaded, it->valuestring))
         cJSON_AddItemToArray(todo, cJSON_CreateString(it->valuestring));
     Err fe;
-    int files_rc = cJSON_GetArraySize(todo) ? upload_files(u, dir, todo, done, &fe) : 0;
+    int files_rc = cJSON_GetArraySize(todo) ? wb_upload_files(u, dir, todo, done, &fe) : 0;
     if (cJSON_GetArraySize(done)) {
         size_t len;
-        char *body = filestream_body(0, NULL, 0, NULL, done, 0, 0, &len);
-        rc = filestream(u, body, len, &stopped, e);
+        char *body = wb_filestream_body(0, NULL, 0, NULL, done, 0, 0, &len);
+        rc = wb_filestream(u, body, len, &stopped, e);
         free(body);
         if (rc == 0) {
             cJSON_ArrayForEach(it, done) cJSON_AddItemToArray(u->uploaded, cJSON_CreateString(it->valuestring));
-            state_save(u);
+            wb_state_save(u);
         }
     }
     cJSON_Delete(todo);
@@ -58,12 +58,12 @@ static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
     }
     if (sp->has_exit) {
         size_t len;
-        char *body = filestream_body(0, NULL, 0, NULL, NULL, 1, sp->exit_code, &len);
-        rc = filestream(u, body, len, &stopped, e);
+        char *body = wb_filestream_body(0, NULL, 0, NULL, NULL, 1, sp->exit_code, &len);
+        rc = wb_filestream(u, body, len, &stopped, e);
         free(body);
         if (rc == 0) {
             u->complete = 1;
-            state_save(u);
+            wb_state_save(u);
         }
     }
     return rc;
@@ -74,22 +74,22 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
     Uplink u;
     Err ie;
     int rc = -1;
-    uplink_setup(&u, s);
-    if (spool_read(spool_dir, &sp, e) != 0) goto out;
-    if (!(u.key = find_key(s, u.base, &ie))) {
+    wb_uplink_setup(&u, s);
+    if (wb_spool_read(spool_dir, &sp, e) != 0) goto out;
+    if (!(u.key = wb_find_key(s, u.base, &ie))) {
         err_set(e, "%s: %s", spool_dir, ie.msg);
         goto out;
     }
-    u.state_path = join(spool_dir, "sync_state.json");
-    int have_cursor = state_load(&u);
+    u.state_path = wb_join(spool_dir, "sync_state.json");
+    int have_cursor = wb_state_load(&u);
     if (u.complete) { /* nothing may follow "complete" */
-        say("%s was already synced to %s", spool_dir, u.url);
+        wb_say("%s was already synced to %s", spool_dir, u.url);
         rc = 0;
         goto out;
     }
     long lines;
     int inserted;
-    if (upsert(&u, sp.run, sp.config, &lines, &inserted, &ie) != 0) {
+    if (wb_upsert(&u, sp.run, sp.config, &lines, &inserted, &ie) != 0) {
         err_set(e, "%s: cannot create the run on %s: %s", spool_dir, u.base, ie.msg);
         goto out;
     }
@@ -101,17 +101,17 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         u.hist_sent += lines - u.hist_offset;
         u.hist_offset = lines;
     }
-    state_save(&u);
+    wb_state_save(&u);
     u.last_fs = wall_seconds(); /* pacing also keeps a rerun's first request apart from an interrupted sync's last */
     if (sync_send(&u, &sp, spool_dir, &ie) != 0) {
         err_set(e, "%s: %s (hint: run the sync again; it resumes where it stopped)", spool_dir, ie.msg);
         goto out;
     }
-    say("synced %s to %s%s", spool_dir, u.url, sp.has_exit ? "" : " (no exit record: the run is left unfinished)");
+    wb_say("synced %s to %s%s", spool_dir, u.url, sp.has_exit ? "" : " (no exit record: the run is left unfinished)");
     rc = 0;
 out:
-    uplink_free(&u);
-    spool_free(&sp);
+    wb_uplink_free(&u);
+    wb_spool_free(&sp);
     return rc;
 }
 
@@ -119,15 +119,15 @@ out:
 
 int wandb_attach_spool(const char *spool_root, const char *summary, const char *const *files, int nfiles,
                        const char *folder, const WandbSettings *s, Err *e) {
-    const char *mode = first(env("WANDB_MODE"), first(s->mode, "online"));
+    const char *mode = wb_first(wb_env("WANDB_MODE"), wb_first(s->mode, "online"));
     if (!strcmp(mode, "disabled")) return 1;
-    char *dir = newest_spool(spool_root);
+    char *dir = wb_newest_spool(spool_root);
     if (!dir) return 1;
     Spool sp = {0};
-    Buf rec = {0};
+    WbBuf rec = {0};
     int rc = -1;
     cJSON *add = summary ? cJSON_Parse(summary) : NULL;
-    if (spool_read(dir, &sp, e) != 0) goto out;
+    if (wb_spool_read(dir, &sp, e) != 0) goto out;
     if (summary && !cJSON_IsObject(add)) {
         err_set(e, "results for %s: the summary is not a JSON object", dir);
         goto out;
@@ -136,54 +136,55 @@ int wandb_attach_spool(const char *spool_root, const char *summary, const char *
     const cJSON *it;
     cJSON_ArrayForEach(it, add) {
         if (!cJSON_IsNumber(it) || !it->string[0] || it->string[0] == '_') {
-            say("results for %s: summary value \"%s\" is not a number or starts with '_'; left out", dir, it->string);
+            wb_say("results for %s: summary value \"%s\" is not a number or starts with '_'; left out", dir,
+                   it->string);
             continue;
         }
-        Buf k = {0};
-        buf_json_str(&k, it->string);
-        kv_set(&sp.summary, k.p, k.n, it->valuedouble);
+        WbBuf k = {0};
+        wb_buf_json_str(&k, it->string);
+        wb_kv_set(&sp.summary, k.p, k.n, it->valuedouble);
         free(k.p);
         changed = 1;
     }
-    if (changed) summary_record(&rec, &sp.summary);
+    if (changed) wb_summary_record(&rec, &sp.summary);
     for (int i = 0; i < nfiles; i++) {
         const char *name = strrchr(files[i], '/');
         name = name ? name + 1 : files[i];
-        Buf path = {0};
-        buf_printf(&path, "%s/", folder);
-        buf_puts(&path, name);
+        WbBuf path = {0};
+        wb_buf_printf(&path, "%s/", folder);
+        wb_buf_puts(&path, name);
         Err fe;
-        if (!valid_run_path(path.p))
-            say("results for %s: \"%s\" is not a path inside the run; left out", dir, path.p);
-        else if (copy_into_spool(dir, files[i], path.p, &fe) != 0)
-            say("%s; not attached", fe.msg);
+        if (!wb_valid_run_path(path.p))
+            wb_say("results for %s: \"%s\" is not a path inside the run; left out", dir, path.p);
+        else if (wb_copy_into_spool(dir, files[i], path.p, &fe) != 0)
+            wb_say("%s; not attached", fe.msg);
         else {
             cJSON *f = cJSON_CreateObject();
             cJSON_AddStringToObject(f, "t", "file");
             cJSON_AddStringToObject(f, "path", path.p);
             char *text = cJSON_PrintUnformatted(f);
-            buf_puts(&rec, text);
-            buf_puts(&rec, "\n");
+            wb_buf_puts(&rec, text);
+            wb_buf_puts(&rec, "\n");
             free(text);
             cJSON_Delete(f);
         }
         free(path.p);
     }
     if (rec.n) {
-        if (spool_append(dir, rec.p, rec.n, e) != 0) goto out;
-        state_reopen(dir);
+        if (wb_spool_append(dir, rec.p, rec.n, e) != 0) goto out;
+        wb_state_reopen(dir);
     }
     rc = 0;
     if (rec.n && !strcmp(mode, "online")) {
         Err se;
         if (wandb_sync_dir(dir, s, &se) != 0)
-            say("%s; the results stay in the spool (hint: upload them later with make wandb-sync)", se.msg);
+            wb_say("%s; the results stay in the spool (hint: upload them later with make wandb-sync)", se.msg);
     } else if (rec.n) {
-        say("results attached to %s (hint: upload them with make wandb-sync)", dir);
+        wb_say("results attached to %s (hint: upload them with make wandb-sync)", dir);
     }
 out:
     cJSON_Delete(add);
-    spool_free(&sp);
+    wb_spool_free(&sp);
     free(rec.p);
     free(dir);
     return rc;

@@ -10,18 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
-#include "wandb.h"
-
-static char *join(const char *a, const char *b) {
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *p = xmalloc(n);
-    snprintf(p, n, "%s/%s", a, b);
-    return p;
-}
+#include "internal.h"
 
 static int has_spool(const char *dir) {
-    char *path = join(dir, "spool.jsonl");
+    char *path = wb_join(dir, "spool.jsonl");
     int yes = file_exists(path);
     free(path);
     return yes;
@@ -45,7 +37,7 @@ static int sync_tree(const char *dir, const WandbSettings *s, int depth, int *fo
     int n = depth < 8 ? scandir(dir, &names, NULL, alphasort) : -1, failed = 0;
     for (int i = 0; i < n; i++) {
         if (names[i]->d_name[0] != '.' && (names[i]->d_type == DT_DIR || names[i]->d_type == DT_UNKNOWN)) {
-            char *sub = join(dir, names[i]->d_name);
+            char *sub = wb_join(dir, names[i]->d_name);
             failed += sync_tree(sub, s, depth + 1, found);
             free(sub);
         }
