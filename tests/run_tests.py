@@ -168,6 +168,17 @@ def test_variant_table(tmp):
     for r in rows.values():
         R.check(os.path.isfile(os.path.join(REPO, "defconfigs", "steps", r["id"])),
                 f"table row {r['id']} has its step fragment defconfigs/steps/{r['id']}")
+    # a row's step fragment selects that row whatever variant the configuration had before (a refining symbol
+    # of another row, e.g. KV tying under QKV, must not leak into the QKV step)
+    base = os.path.join(REPO, "tests", "configs", "base")
+    for before in rows.values():
+        for r in rows.values():
+            out = os.path.join(tmp, f"leak-{before['id']}-{r['id']}.config")
+            res = run(KCONFIG + ["merge", out, base] + [os.path.join(REPO, "defconfigs", "steps", x)
+                                                      for x in (before["id"], r["id"])])
+            cfg = {x[1]: x[2] == "y" for x in kconfig_mod.parse_assignments(out)} if res.returncode == 0 else {}
+            got = attention_tbl.for_config(cfg)["id"] if cfg else res.stderr.strip()
+            R.check(got == r["id"], f"step {r['id']} over a {before['id']} configuration selects {r['id']}: {got}")
     # the KV tying ablation's steps are the QKV and KV tying steps under their ablation names
     steps = os.path.join(REPO, "defconfigs", "steps")
     assignments = {name: sorted(x[1:] for x in kconfig_mod.parse_assignments(os.path.join(steps, name)))
