@@ -210,7 +210,9 @@ static void test_cache_equivalence(void) {
             lmax = fmax(lmax, fabs(full[v]));
         }
     }
-    CHECK(worst <= 1e-5 * lmax + 1e-5, "%s: cached and uncached logits differ by %.3g (max |logit| %.3g)",
+    /* float32 rounding (sgemv against sgemm) is amplified by the sharp (x10) attention: up to ~2e-5 relative
+     * at one near-tied position for some seeds; a wrong role or position differs by O(max |logit|) */
+    CHECK(worst <= 1e-4 * lmax + 1e-5, "%s: cached and uncached logits differ by %.3g (max |logit| %.3g)",
           attn_variant_label(ATTN_VARIANT, ATTN_POS), worst, lmax);
     int tensors = ATTN_VARIANT == ATTN_K || ATTN_VARIANT == ATTN_KV_TYING ? 1 : 2;
     CHECK(d.cache.tensors == tensors && (d.cache.tensors == 2) == (d.cache.values != d.cache.keys),
