@@ -315,11 +315,11 @@ static void ref_pad(unsigned char *mask, const int *tok, size_t n, int pad) {
 /* x += proj(attention(qkv(in))) of block lp */
 static void ref_attn_branch(double *x, const double *in, const double *P, const BlockParams *lp, const S2SConfig *c,
                             int B, int T, int causal, const unsigned char *pad) {
-    int C = c->C, NP = attn_num_proj(c->variant);
+    int C = c->C, PW = ref_proj_width(c->variant, c->H, c->C / c->H, c->kv_heads);
     size_t n = (size_t)B * T * C;
-    double *proj = xmalloc(n * NP * sizeof(double)), *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
-    ref_linear(proj, in, P + lp->attnw, P + lp->attnb, B * T, C, NP * C);
-    ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, causal, pad, c->pos ? P + lp->posw : NULL,
+    double *proj = xmalloc(n / C * PW * sizeof(double)), *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
+    ref_linear(proj, in, P + lp->attnw, P + lp->attnb, B * T, C, PW);
+    ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, causal, pad, c->pos ? P + lp->posw : NULL,
                        c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
     ref_linear(br, att, P + lp->projw, P + lp->projb, B * T, C, C);
     for (size_t i = 0; i < n; i++) x[i] += br[i];

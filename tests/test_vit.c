@@ -71,10 +71,10 @@ static double ref_loss(void *vctx) {
     const ViT *m = r->m;
     const ViTConfig *c = &m->cfg;
     const double *P = r->P;
-    int B = r->B, C = c->C, T = c->T, N = c->N, NP = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
+    int B = r->B, C = c->C, T = c->T, N = c->N, PW = ref_proj_width(c->variant, c->H, c->C / c->H, c->kv_heads), pd = c->P * c->P * c->img_c;
     size_t n = (size_t)B * T * C;
     double *pemb = xmalloc((size_t)B * N * C * sizeof(double)), *x = xmalloc(n * sizeof(double));
-    double *ln = xmalloc(n * sizeof(double)), *proj = xmalloc(n * NP * sizeof(double));
+    double *ln = xmalloc(n * sizeof(double)), *proj = xmalloc(n / C * PW * sizeof(double));
     double *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
     double *fc = xmalloc((size_t)B * T * c->mlp * sizeof(double)), *act = xmalloc((size_t)B * T * c->mlp * sizeof(double));
     double *pooled = xcalloc((size_t)B * C, sizeof(double)), *hfc = xmalloc((size_t)B * c->mlp * sizeof(double));
@@ -89,8 +89,8 @@ static double ref_loss(void *vctx) {
     for (int l = 0; l < c->L; l++) {
         const BlockParams *lp = &m->layer[l];
         ref_layernorm(ln, x, P + lp->ln1w, P + lp->ln1b, B * T, C);
-        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, B * T, C, NP * C);
-        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 0, NULL, c->pos ? P + lp->posw : NULL,
+        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, B * T, C, PW);
+        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, 0, NULL, c->pos ? P + lp->posw : NULL,
                            c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
         ref_linear(br, att, P + lp->projw, P + lp->projb, B * T, C, C);
         for (size_t i = 0; i < n; i++) x[i] += br[i];
