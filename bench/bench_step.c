@@ -43,8 +43,8 @@ static double sgemm_gflops(int n, int reps, double *rates) {
 /* Median ms of one bidirectional self-attention forward + backward at
  * (B, T, H, C), as an encoder or ViT layer would run it. */
 static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
-    int P = attn_num_proj(ATTN_VARIANT), hd = C / H, m = ATTN_POS_DIM, groups = ATTN_POS_PER_HEAD ? H : 1;
-    size_t np = (size_t)B * T * P * C, no = (size_t)B * T * C;
+    int hd = C / H, m = ATTN_POS_DIM, groups = ATTN_POS_PER_HEAD ? H : 1, G = attn_kv_heads(H);
+    size_t np = (size_t)B * T * attn_proj_width(ATTN_VARIANT, C, G * hd), no = (size_t)B * T * C;
     float *proj = dev_alloc(np * sizeof(float)), *dproj = dev_alloc(np * sizeof(float));
     float *out = dev_alloc(no * sizeof(float)), *dout = dev_alloc(no * sizeof(float));
     float *lse = dev_alloc((size_t)B * H * T * sizeof(float));
@@ -61,7 +61,7 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
                         .b = dev_alloc((size_t)groups * 4)};
         dpos = (AttnPosGrad){.dw = dev_alloc((size_t)groups * m * 4), .db = dev_alloc((size_t)groups * 4)};
     }
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = 0};
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = 0};
     double *t = xmalloc((size_t)reps * sizeof(double));
     for (int r = -1; r < reps; r++) {
         double t0 = wall_seconds();
@@ -89,7 +89,8 @@ int main(int argc, char **argv) {
     backend_init(0);
     GPT2Config cfg = {.V = V, .T = T, .L = L, .H = H, .C = C, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
                       .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
-                      .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0};
+                      .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0, .kv_heads = attn_kv_heads(H)};
+    if (H % cfg.kv_heads != 0) FATAL("bench: CONFIG_ATTN_KV_HEADS=%d does not divide the %d heads", cfg.kv_heads, H);
     GPT2 m;
     gpt2_init(&m, &cfg, 1);
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
@@ -124,12 +125,13 @@ int main(int argc, char **argv) {
     }
     /* attention FLOPs counted over the causal triangle only, for reference */
     double fpt_causal = fpt - 6.0 * L * (double)T * C;
-    printf("{\"variant\": \"%s\", \"label\": \"%s\", \"parameters\": %zu, \"flops_per_token\": %.0f, "
+    printf("{\"variant\": \"%s\", \"label\": \"%s\", \"kv_heads\": %d, \"parameters\": %zu, \"flops_per_token\": %.0f, "
            "\"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
            "\"ratio\": %.4f, \"threads\": %d, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, "
            "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
            "\"bidir_attention_ms_general_path\": %.2f, \"step_ms\": [",
-           attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), m.w.table.total, fpt,
+           attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), cfg.kv_heads,
+           m.w.table.total, fpt,
            ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
            fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms);
     for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);

@@ -33,10 +33,14 @@ GPT2Config gpt2_config_from_kconfig(int vocab) {
         .pos = ATTN_POS,
         .pos_m = ATTN_POS_DIM,
         .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_GPT2_N_HEAD : 1) : 0,
+        .kv_heads = attn_kv_heads(CONFIG_GPT2_N_HEAD),
     };
     if (c.C % c.H != 0)
         FATAL("CONFIG_GPT2_N_EMBD=%d is not a multiple of CONFIG_GPT2_N_HEAD=%d (hint: the head dim is channels / "
               "heads)", c.C, c.H);
+    if (c.H % c.kv_heads != 0)
+        FATAL("CONFIG_ATTN_KV_HEADS=%d does not divide CONFIG_GPT2_N_HEAD=%d (hint: 0 or a divisor of the heads)",
+              c.kv_heads, c.H);
     return c;
 }
 
@@ -58,6 +62,7 @@ char *gpt2_config_json(const GPT2Config *c) {
     cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
     cJSON_AddStringToObject(o, "ln_placement", "pre");
     cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    attention_json_kv_heads(a, c->H, c->kv_heads);
     cJSON_AddTrueToObject(a, "causal");
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
@@ -65,15 +70,20 @@ char *gpt2_config_json(const GPT2Config *c) {
     return s;
 }
 
+/* K/V width: kv_heads * head_dim (C without grouped K/V heads). */
+static int kv_dim(const GPT2Config *c) { return (c->kv_heads ? c->kv_heads : c->H) * (c->C / c->H); }
+
 size_t gpt2_matmul_params(const GPT2Config *c) {
-    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant);
-    return (size_t)c->L * (P * C * C + C * C + 8 * C * C) + (size_t)c->V * C;
+    size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c));
+    return (size_t)c->L * (W * C + C * C + 8 * C * C) + (size_t)c->V * C;
 }
 
 double gpt2_flops_per_token(const GPT2Config *c, int T) {
     /* 6 per matmul parameter (2 forward, 4 backward) plus the attention
      * products: scores and values, 2*T*C each forward per layer, counted
-     * over the full T x T square (the PaLM/nanoGPT convention). */
+     * over the full T x T square (the PaLM/nanoGPT convention). Grouped K/V
+     * heads shrink the projection (fewer matmul parameters), not these
+     * products: every query head still scores and mixes T keys. */
     return 6.0 * (double)gpt2_matmul_params(c) + 12.0 * c->L * (double)T * c->C;
 }
 
@@ -82,7 +92,7 @@ double gpt2_flops_per_token(const GPT2Config *c, int T) {
 static void build_table(GPT2 *m) {
     const GPT2Config *c = &m->cfg;
     ParamTable *t = &m->w.table;
-    int C = c->C, P = attn_num_proj(c->variant);
+    int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
     char name[PARAM_NAME_MAX];
     m->wte = param_add(t, "wte.weight", 1, 2, c->V, C);
     m->wpe = param_add(t, "wpe.weight", 1, 2, c->T, C);
@@ -92,14 +102,17 @@ static void build_table(GPT2 *m) {
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         if (c->bias) lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-        /* the P projection matrices back to back form the fused (P*C, C) weight */
+        /* the P projection matrices back to back form the fused (W, C) weight; with grouped K/V heads the
+         * blocks other than the query are kv_heads*head_dim rows */
         for (int p = 0; p < P; p++) {
-            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, C, C);
+            int rows = attn_block_width(c->variant, p, C, kvC);
+            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
             if (p == 0) lp->attnw = off;
         }
         if (c->attn_bias)
             for (int p = 0; p < P; p++) {
-                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, C);
+                int rows = attn_block_width(c->variant, p, C, kvC);
+                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
                 if (p == 0) lp->attnb = off;
             }
         if (c->pos) {
@@ -180,7 +193,7 @@ void gpt2_free(GPT2 *m) {
 /* Shape of every block for a batch of B x T tokens. */
 BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l) {
     const GPT2Config *c = &m->cfg;
-    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
+    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
                     .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
                     .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->T,
                     .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};

@@ -24,6 +24,7 @@ typedef struct {
     float dropout;
     /* attention, fixed at compile time (kernels/attention.h) */
     int variant, pos, pos_m, pos_groups;
+    int kv_heads;   /* K/V heads G (attn_kv_heads(H)): H standard, 1 MQA, else GQA */
 } GPT2Config;
 
 /* The configuration this binary was built for, with the data set's vocabulary. */

@@ -7,12 +7,17 @@
 #include "attention.h"
 #include "kernels.h"
 
-size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg) { return kv_cache_bytes_per_token(cfg->L, cfg->C, cfg->variant); }
+/* one cached row: kv_heads * head_dim floats (C without grouped K/V heads) */
+static int kv_dim(const GPT2Config *g) { return (g->kv_heads ? g->kv_heads : g->H) * (g->C / g->H); }
+
+size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg) {
+    return kv_cache_bytes_per_token(cfg->L, kv_dim(cfg), cfg->variant);
+}
 
 void gpt2_decoder_init(GPT2Decoder *d, const GPT2 *m) {
     const GPT2Config *g = &m->cfg;
-    kv_cache_init(&d->cache, g->L, 1, g->T, g->C, g->variant);
-    decode_scratch_init(&d->scratch, 1, g->C, g->H, 4 * g->C, g->variant);
+    kv_cache_init(&d->cache, g->L, 1, g->T, kv_dim(g), g->variant);
+    decode_scratch_init(&d->scratch, 1, g->C, g->H, 4 * g->C, attn_proj_width(g->variant, g->C, kv_dim(g)));
     d->x = dev_alloc((size_t)g->C * sizeof(float));
     d->logits = dev_alloc((size_t)g->V * sizeof(float));
     d->token = dev_alloc(sizeof(int));

@@ -7,7 +7,9 @@
  * compiler. Self-attention takes the fused projection output of one layer,
  * (B, T, P*C) with the P blocks side by side and the heads contiguous inside
  * each block; the scores are s * (query role) (key role)^T with
- * s = 1/sqrt(head dim) and the output is A (value role).
+ * s = 1/sqrt(head dim) and the output is A (value role). With grouped K/V
+ * heads (attn_kv_heads) the blocks other than the query's are narrower and
+ * several query heads share one K/V head.
  *
  * +Pos (ATTN_POS) turns the scores into S' = alpha S + f(i) + g(j) + b, the
  * factored form of the paper's term sum_c w_c (S_ij + P_ijc) + b
@@ -96,6 +98,30 @@ static inline int attn_symmetric(int variant) { return attn_query_block(variant)
 static inline int attn_cache_tensors(int variant) {
     return attn_key_block(variant) == attn_value_block(variant) ? 1 : 2;
 }
+/* ---- grouped K/V heads (GQA / MQA) ------------------------------------------
+ * A layer of H query heads has G K/V heads (G divides H); query head h reads
+ * K/V head h / (H/G). G = H is standard attention, G = 1 multi-query. The
+ * count comes from Kconfig (CONFIG_ATTN_KV_HEADS, 0 = one per query head)
+ * and is read here only: every family resolves it once for its head count
+ * into its configuration (and model description), and every layer gets it
+ * from there (BlockShape.kv_heads -> AttnArgs.kv_heads). KV and K never
+ * group (their key is their query; Kconfig offers it for QKV only). */
+static inline int attn_kv_heads(int H) { return CONFIG_ATTN_KV_HEADS > 0 ? CONFIG_ATTN_KV_HEADS : H; }
+/* Projection layout with grouped K/V heads: the query block is C = H*hd
+ * wide, every other block kvC = G*hd (= C when G = H; in KV and K the key
+ * block is the query block and G = H). The blocks sit side by side in this
+ * order in the fused projection (B, T, W), W = attn_proj_width(). */
+static inline int attn_block_width(int variant, int block, int C, int kvC) {
+    return block == attn_query_block(variant) ? C : kvC;
+}
+static inline int attn_block_offset(int variant, int block, int C, int kvC) {
+    int off = 0;
+    for (int b = 0; b < block; b++) off += attn_block_width(variant, b, C, kvC);
+    return off;
+}
+static inline int attn_proj_width(int variant, int C, int kvC) {
+    return attn_block_offset(variant, attn_num_proj(variant), C, kvC);
+}
 /* Projection block names in order, e.g. "q","k","v"; used for tensor names. */
 const char *attn_block_name(int variant, int block);
 /* "QKV", "KV+Pos", "KV tying", ... */
@@ -136,6 +162,8 @@ typedef struct {
 
 typedef struct {
     int B, T, H, hd;            /* C = H * hd */
+    int kv_heads;               /* K/V heads G (0 = H): proj is (B, T, attn_proj_width(variant, C, G*hd)) and
+                                 * query head h reads K/V head h / (H/G); G must divide H, and be H in KV and K */
     int causal;                 /* mask keys j > i */
     const unsigned char *key_pad; /* (B, T) device memory: nonzero = padding key, masked; or NULL */
     float dropout;              /* on the attention probabilities (0 = off) */
@@ -143,12 +171,13 @@ typedef struct {
 } AttnArgs;
 
 /* Self-attention in the configured variant.
- * proj: (B, T, P*C); out: (B, T, C) heads concatenated; lse: (B, H, T) row
+ * proj: (B, T, W), the variant's blocks side by side (W = P*C without
+ * grouped K/V heads, attn_proj_width() with); out: (B, T, C) heads concatenated; lse: (B, H, T) row
  * log-sum-exp saved for the backward pass (the T x T probabilities are
  * recomputed there, never stored). pos is NULL unless ATTN_POS. */
 void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos,
                        const AttnArgs *a);
-/* dproj (B, T, P*C) and dpos are accumulated. */
+/* dproj (B, T, W) and dpos are accumulated. */
 void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
                         const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a);
 
@@ -168,11 +197,12 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 
 /* Decoding with a KV cache: N sequences, each with one new query at position
  * t against its cached key-role and value-role rows 0..t. q: (N, C) query-role
- * rows, row stride q_ld; keys and values: (N, T, C) each, position-major
- * per sequence (they may be the same buffer, as in K and KV tying, whose
- * caches hold one tensor); out: (N, C). C = H * hd. */
+ * rows, row stride q_ld; keys and values: (N, T, G*hd) each, position-major
+ * per sequence, G = kv_heads (0 = H) K/V heads (they may be the same buffer,
+ * as in K and KV tying, whose caches hold one tensor); out: (N, C). C = H * hd;
+ * query head h reads cached head h / (H/G). */
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
-                      int N, int H, int hd, const AttnPos *pos);
+                      int N, int H, int hd, int kv_heads, const AttnPos *pos);
 
 /* Bidirectional KV and K attention compute each score pair once (ssyrk).
  * Turning that off sends them through the general path: for benchmarks

@@ -11,6 +11,10 @@ void model_build(Model *m, const char *family, const ModelSource *src) {
     memset(m, 0, sizeof *m);
     int C = src->C, H = src->H, r = C / H, P = attn_num_proj(src->variant);
     int qb = attn_query_block(src->variant), kb = attn_key_block(src->variant), vb = attn_value_block(src->variant);
+    /* grouped K/V heads: query head h reads K/V head h / group; its Wk and Wv are copies of that head's */
+    int G = src->kv_heads ? src->kv_heads : H, group = H / G, kvC = G * r;
+    if (G < 1 || H % G != 0) FATAL("mechint: %d K/V heads for %d query heads", G, H);
+    m->kv_heads = G;
     m->family = family;
     m->variant = src->variant, m->pos = src->pos, m->pos_m = src->pos_m, m->pos_groups = src->pos_groups;
     m->L = src->L, m->H = H, m->d = C, m->r = r;
@@ -29,9 +33,11 @@ void model_build(Model *m, const char *family, const ModelSource *src) {
             double *base = ly->store + (size_t)h * (P * blk + (size_t)r * C);
             for (int p = 0; p < P; p++) {
                 double *Wp = base + p * blk;
+                /* first row of this head's slice of block p: the query block has H heads, the others G */
+                size_t r0 = (size_t)attn_block_offset(src->variant, p, C, kvC) + (size_t)(p == qb ? h : h / group) * r;
                 for (int c = 0; c < r; c++) {
-                    const float *row = W + bp->attnw + ((size_t)p * C + (size_t)h * r + c) * C; /* Linear (out, in) */
-                    double bias = src->attn_bias ? W[bp->attnb + (size_t)p * C + (size_t)h * r + c] : 0.0;
+                    const float *row = W + bp->attnw + (r0 + c) * C; /* Linear (out, in) */
+                    double bias = src->attn_bias ? W[bp->attnb + r0 + c] : 0.0;
                     for (int i = 0; i < C; i++) {
                         double w = row[i];
                         if (!src->post_ln) { /* x_ln = gamma * xhat + beta: fold both into the projection */

@@ -56,6 +56,8 @@ static void circuit_basis(const double *Wa, int na, const double *Wb, int nb, in
 
 void mask_plan(MaskPlan *p, const Model *m, const Runner *run) {
     const ModelSource *src = &run->src;
+    if (m->kv_heads != m->H) FATAL("mask_plan: grouped K/V heads (%d for %d query heads) have no per-head K/V masks",
+                                   m->kv_heads, m->H);
     memset(p, 0, sizeof *p);
     int v = m->variant, r = m->r, d = m->d, n = d + 1;
     p->L = m->L, p->H = m->H, p->r = r, p->C = src->C;
@@ -370,6 +372,13 @@ static double kept_fraction(const double *mk, size_t n) {
 
 cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targets, int ntargets, int steps,
                       double lr, uint64_t seed) {
+    if (m->kv_heads != m->H) { /* a mask per query head would edit K/V rows its group shares */
+        cJSON *no = cJSON_CreateObject();
+        cJSON_AddFalseToObject(no, "applies");
+        cJSON_AddStringToObject(no, "why", "grouped K/V heads: the query heads of a group share their key and value "
+                                           "directions, so per-head K/V masks are not defined (see docs/mechint.md)");
+        return no;
+    }
     MaskPlan p;
     mask_plan(&p, m, r);
     int nb = batches < r->nbatches ? batches : r->nbatches;

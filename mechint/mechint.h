@@ -39,6 +39,8 @@ typedef struct {
     const char *family;     /* "gpt2", "vit", "seq2seq" */
     int variant, pos, pos_m, pos_groups;
     int L, H, d, r;
+    int kv_heads;           /* K/V heads per layer (H unless grouped): head h's Wk, Wv are those of K/V head
+                             * h / (H / kv_heads), copied into every head of the group */
     Layer *layer;
     /* absolute positions entering layer 0 (learned tables, or the fixed
      * sinusoids of seq2seq), npos x d, centred per row like LayerNorm would;
@@ -56,6 +58,7 @@ typedef struct {
     const float *params;
     const BlockParams *bp;
     int L, H, C, variant, pos, pos_m, pos_groups;
+    int kv_heads;            /* K/V heads G (0 = H): the K/V blocks are G*r rows (kernels/attention.h) */
     int bias, attn_bias;     /* output projection bias, Q/K/V biases */
     int post_ln;             /* blocks read the raw residual stream */
     const int *causal;       /* per layer */

@@ -102,7 +102,8 @@ static void collect_after_proj(const BlockHook *hk, int layer, const float *in, 
     Collect *c = hk->ctx;
     const Runner *r = c->r;
     int T = s->T, H = s->H;
-    AttnArgs args = {.B = s->B, .T = T, .H = H, .hd = s->C / H, .causal = s->causal, .key_pad = s->key_pad};
+    AttnArgs args = {.B = s->B, .T = T, .H = H, .hd = s->C / H, .kv_heads = s->kv_heads, .causal = s->causal,
+                     .key_pad = s->key_pad};
     AttnPos pos = hook_pos(r, layer, s);
     size_t nn = (size_t)T * T;
     float *S = xmalloc(nn * sizeof(float)), *Af = xmalloc(nn * sizeof(float));

@@ -93,6 +93,7 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     for (int l = 0; l < L; l++) runner_layer(r, l, "h", l, 1);
     r->src = (ModelSource){.params = r->host_params, .bp = g->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
                            .variant = cfg.variant, .pos = cfg.pos, .pos_m = cfg.pos_m, .pos_groups = cfg.pos_groups,
+                           .kv_heads = cfg.kv_heads,
                            .bias = cfg.bias, .attn_bias = cfg.attn_bias, .post_ln = 0, .causal = r->layer_causal,
                            .names = r->layer_names};
     r->pos_feat = g->model.pos_feat, r->pos_T = cfg.T, r->max_T = cfg.T;

@@ -209,7 +209,7 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
     }
     /* every linear layer and LayerNorm has a bias, the projections too (seq2seq/model.c shape()) */
     r->src = (ModelSource){.params = r->host_params, .bp = g->bp, .L = L, .H = c.H, .C = c.C, .variant = c.variant,
-                           .pos = c.pos, .pos_m = c.pos_m, .pos_groups = c.pos_groups, .bias = 1, .attn_bias = 1,
+                           .pos = c.pos, .pos_m = c.pos_m, .pos_groups = c.pos_groups, .kv_heads = c.kv_heads, .bias = 1, .attn_bias = 1,
                            .post_ln = c.post_ln, .causal = r->layer_causal, .names = r->layer_names};
     r->pos_feat = g->model.pos_feat, r->pos_T = c.Tmax, r->max_T = c.Tmax;
     r->forward = sr_forward;

@@ -92,6 +92,7 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     for (int l = 0; l < L; l++) runner_layer(r, l, "blocks", l, 0);
     r->src = (ModelSource){.params = r->host_params, .bp = v->model.layer, .L = L, .H = cfg.H, .C = cfg.C,
                            .variant = cfg.variant, .pos = cfg.pos, .pos_m = cfg.pos_m, .pos_groups = cfg.pos_groups,
+                           .kv_heads = cfg.kv_heads,
                            .bias = 1, .attn_bias = cfg.attn_bias, .post_ln = 0, .causal = r->layer_causal,
                            .names = r->layer_names};
     r->pos_feat = v->model.pos_feat, r->pos_T = cfg.T, r->max_T = cfg.T;

@@ -14,22 +14,28 @@ enum { SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT, SITE_MLP_INNER };
 
 static size_t bt(const BlockShape *s) { return (size_t)s->B * s->T; }
 
+static int kv_heads(const BlockShape *s) { return s->kv_heads ? s->kv_heads : s->H; }
+
+int block_proj_width(const BlockShape *s) {
+    return attn_proj_width(ATTN_VARIANT, s->C, kv_heads(s) * (s->C / s->H));
+}
+
 size_t block_act_floats(const BlockShape *s) {
-    size_t n = bt(s) * s->C, P = (size_t)attn_num_proj(ATTN_VARIANT);
+    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
     /* ln1 atty res2 ln2 out | means and rstds | proj | lse | fch fch_act */
-    return ALIGN16(n) * 5 + ALIGN16(bt(s)) * 4 + ALIGN16(n * P) + ALIGN16((size_t)s->B * s->H * s->T) +
+    return ALIGN16(n) * 5 + ALIGN16(bt(s)) * 4 + ALIGN16(np) + ALIGN16((size_t)s->B * s->H * s->T) +
            ALIGN16(bt(s) * s->mlp) * 2;
 }
 
 BlockActs block_acts_at(float *mem, const BlockShape *s) {
-    size_t n = bt(s) * s->C, P = (size_t)attn_num_proj(ATTN_VARIANT);
+    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
     BlockActs a;
     float *p = mem;
 #define TAKE(field, count) (a.field = p, p += ALIGN16(count))
     TAKE(ln1, n);
     TAKE(ln1_mean, bt(s));
     TAKE(ln1_rstd, bt(s));
-    TAKE(proj, n * P);
+    TAKE(proj, np);
     TAKE(atty, n);
     TAKE(att_lse, (size_t)s->B * s->H * s->T);
     TAKE(res2, n);
@@ -44,12 +50,12 @@ BlockActs block_acts_at(float *mem, const BlockShape *s) {
 }
 
 size_t block_scratch_floats(const BlockShape *s) {
-    size_t n = bt(s) * s->C, P = (size_t)attn_num_proj(ATTN_VARIANT);
-    return ALIGN16(n) * 5 + ALIGN16(n * P) + ALIGN16(bt(s) * s->mlp) * 2;
+    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
+    return ALIGN16(n) * 5 + ALIGN16(np) + ALIGN16(bt(s) * s->mlp) * 2;
 }
 
 BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
-    size_t n = bt(s) * s->C, P = (size_t)attn_num_proj(ATTN_VARIANT);
+    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
     BlockScratch sc;
     float *p = mem;
 #define TAKE(field, count) (sc.field = p, p += ALIGN16(count))
@@ -58,7 +64,7 @@ BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
     TAKE(datty, n);
     TAKE(dsum, n);
     TAKE(branch, n);
-    TAKE(dproj, n * P);
+    TAKE(dproj, np);
     TAKE(dfch_act, bt(s) * s->mlp);
     TAKE(dfch, bt(s) * s->mlp);
 #undef TAKE
@@ -66,8 +72,8 @@ BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
 }
 
 static AttnArgs attn_args(const BlockShape *s) {
-    AttnArgs a = {.B = s->B, .T = s->T, .H = s->H, .hd = s->C / s->H, .causal = s->causal, .key_pad = s->key_pad,
-                  .dropout = s->dropout, .seed = dropout_seed(s->seed, 0, SITE_ATTN_PROBS)};
+    AttnArgs a = {.B = s->B, .T = s->T, .H = s->H, .hd = s->C / s->H, .kv_heads = s->kv_heads, .causal = s->causal,
+                  .key_pad = s->key_pad, .dropout = s->dropout, .seed = dropout_seed(s->seed, 0, SITE_ATTN_PROBS)};
     return a;
 }
 
@@ -83,8 +89,8 @@ static AttnPos attn_pos(const float *params, const BlockParams *p, const BlockSh
 /* The attention sublayer's output, before its residual add: branch. */
 static void attention_sublayer(BlockActs *a, const float *in, const float *params, const BlockParams *p,
                                const BlockShape *s, BlockScratch *sc) {
-    int N = (int)bt(s), C = s->C, P = attn_num_proj(ATTN_VARIANT);
-    linear_forward(a->proj, in, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, P * C);
+    int N = (int)bt(s), C = s->C, PW = block_proj_width(s);
+    linear_forward(a->proj, in, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, PW);
     if (s->hook && s->hook->after_proj) s->hook->after_proj(s->hook, s->layer, in, a->proj, s);
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
@@ -171,18 +177,18 @@ static void mlp_backward(float *din, const float *dout, float *grads, const Bloc
 static void attention_backward_sublayer(float *din, const float *dout, float *grads, const BlockActs *a,
                                         const float *in, const float *params, const BlockParams *p,
                                         const BlockShape *s, BlockScratch *sc) {
-    int N = (int)bt(s), C = s->C, P = attn_num_proj(ATTN_VARIANT);
+    int N = (int)bt(s), C = s->C, PW = block_proj_width(s);
     size_t n = bt(s) * C;
     const float *dbranch = through_dropout(s, sc, dout, n, SITE_ATTN_OUT);
     dev_zero(sc->datty, n * sizeof(float));
     linear_backward(sc->datty, G(p->projw), GB(s->bias, p->projb), dbranch, a->atty, W(p->projw), N, C, C);
-    dev_zero(sc->dproj, n * P * sizeof(float));
+    dev_zero(sc->dproj, bt(s) * (size_t)PW * sizeof(float));
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
     AttnPosGrad dpos = {.dw = G(p->posw), .db = G(p->posb)};
     attention_backward(sc->dproj, s->pos ? &dpos : NULL, sc->datty, a->proj, a->atty, a->att_lse,
                        s->pos ? &pos : NULL, &args);
-    linear_backward(din, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, in, W(p->attnw), N, C, P * C);
+    linear_backward(din, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, in, W(p->attnw), N, C, PW);
 }
 
 void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
@@ -334,6 +340,10 @@ cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups) {
     return a;
 }
 
+void attention_json_kv_heads(cJSON *attention, int heads, int kv_heads) {
+    if (kv_heads && kv_heads != heads) cJSON_AddNumberToObject(attention, "kv_heads", kv_heads);
+}
+
 double json_float(float x) {
     char s[32];
     snprintf(s, sizeof s, "%g", (double)x);
@@ -342,11 +352,12 @@ double json_float(float x) {
 
 /* ------------------------------------------------------------------ decoding */
 
-size_t kv_cache_bytes_per_token(int L, int C, int variant) {
-    return (size_t)L * (size_t)attn_cache_tensors(variant) * (size_t)C * sizeof(float);
+size_t kv_cache_bytes_per_token(int L, int kv_dim, int variant) {
+    return (size_t)L * (size_t)attn_cache_tensors(variant) * (size_t)kv_dim * sizeof(float);
 }
 
-void kv_cache_init(KVCache *c, int L, int N, int T, int C, int variant) {
+void kv_cache_init(KVCache *c, int L, int N, int T, int kv_dim, int variant) {
+    int C = kv_dim; /* the row width of the cache */
     c->L = L, c->N = N, c->T = T, c->C = C, c->len = 0;
     c->tensors = attn_cache_tensors(variant);
     size_t n = (size_t)L * N * T * C;
@@ -375,12 +386,12 @@ void kv_cache_reorder(KVCache *c, const int *parent) {
         }
 }
 
-void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int variant) {
+void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int proj_width) {
     size_t nc = (size_t)N * C * sizeof(float), nm = (size_t)N * mlp * sizeof(float);
     sc->ln = dev_alloc(nc), sc->att = dev_alloc(nc), sc->branch = dev_alloc(nc);
     sc->xq = dev_alloc(nc), sc->xatt = dev_alloc(nc);
     sc->mean = dev_alloc((size_t)N * sizeof(float)), sc->rstd = dev_alloc((size_t)N * sizeof(float));
-    sc->proj = dev_alloc(nc * attn_num_proj(variant));
+    sc->proj = dev_alloc((size_t)N * proj_width * sizeof(float));
     sc->fc = dev_alloc(nm), sc->fc_act = dev_alloc(nm);
     sc->xlse = dev_alloc((size_t)N * H * sizeof(float));
 }
@@ -394,23 +405,23 @@ void decode_scratch_free(DecodeScratch *sc) {
 
 void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
                   const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc) {
-    int N = s->B, C = s->C, H = s->H, P = attn_num_proj(ATTN_VARIANT);
-    if (N != cache->N || C != cache->C || t < 0 || t >= cache->T || layer < 0 || layer >= cache->L)
-        FATAL("block_decode: %d rows of width %d at position %d of layer %d, the cache holds %d x %d x %d of %d "
-              "layers", N, C, t, layer, cache->N, cache->T, cache->C, cache->L);
-    size_t nc = (size_t)N * C, row = (size_t)cache->T * C;
+    int N = s->B, C = s->C, H = s->H, PW = block_proj_width(s), kvC = kv_heads(s) * (C / H);
+    if (N != cache->N || kvC != cache->C || t < 0 || t >= cache->T || layer < 0 || layer >= cache->L)
+        FATAL("block_decode: %d rows with K/V width %d at position %d of layer %d, the cache holds %d x %d x %d of "
+              "%d layers", N, kvC, t, layer, cache->N, cache->T, cache->C, cache->L);
+    size_t nc = (size_t)N * C, row = (size_t)cache->T * kvC;
+    int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
+    int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
+    int vo = attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC);
     float *keys = cache->keys + (size_t)layer * N * row, *values = cache->values + (size_t)layer * N * row;
     /* self-attention over positions 0..t, this position's key-role and value-role rows cached first */
     layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
-    linear_forward(sc->proj, sc->ln, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, P * C);
-    dev_copy_rows(keys + (size_t)t * C, row, sc->proj + (size_t)attn_key_block(ATTN_VARIANT) * C, (size_t)P * C, N,
-                  (size_t)C);
-    if (cache->tensors == 2)
-        dev_copy_rows(values + (size_t)t * C, row, sc->proj + (size_t)attn_value_block(ATTN_VARIANT) * C,
-                      (size_t)P * C, N, (size_t)C);
+    linear_forward(sc->proj, sc->ln, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, PW);
+    dev_copy_rows(keys + (size_t)t * kvC, row, sc->proj + ko, (size_t)PW, N, (size_t)kvC);
+    if (cache->tensors == 2) dev_copy_rows(values + (size_t)t * kvC, row, sc->proj + vo, (size_t)PW, N, (size_t)kvC);
     AttnPos pos = attn_pos(params, p, s);
-    attention_decode(sc->att, sc->proj + (size_t)attn_query_block(ATTN_VARIANT) * C, P * C, keys, values, cache->T, t,
-                     N, H, C / H, s->pos ? &pos : NULL);
+    attention_decode(sc->att, sc->proj + qo, PW, keys, values, cache->T, t, N, H, C / H, kv_heads(s),
+                     s->pos ? &pos : NULL);
     linear_forward(sc->branch, sc->att, W(p->projw), WB(s->bias, p->projb), N, C, C);
     residual_forward(x, x, sc->branch, nc);
     if (cross) { /* cross-attention to the encoder output (QKV) */

@@ -30,7 +30,7 @@ typedef struct {
 
 /* Observation points for analysis (mechint): NULL in training. after_proj
  * sees a self-attention layer's projection input (B,T,C) and its
- * projections (B,T,P*C); after_attn sees the heads' outputs (B,T,C) before
+ * projections (B,T,W) (W = block_proj_width(): P*C unless K/V heads are grouped); after_attn sees the heads' outputs (B,T,C) before
  * the output projection and may change them (head ablation). */
 typedef struct BlockShape BlockShape;
 typedef struct BlockHook {
@@ -41,6 +41,8 @@ typedef struct BlockHook {
 
 struct BlockShape {
     int B, T, C, H, mlp;           /* mlp = hidden width of the MLP */
+    int kv_heads;                  /* K/V heads G of the self-attention, from the family's configuration
+                                    * (attn_kv_heads(H)); 0 = H. Cross-attention never groups. */
     int causal, gelu;
     int post_ln;                   /* LayerNorm after each residual add instead of before the sublayer */
     int mlp_dropout;               /* dropout inside the MLP too, after the activation */
@@ -65,10 +67,13 @@ typedef struct {
 
 /* Scratch shared by all blocks of a model during the backward pass. */
 typedef struct {
-    float *dbranch, *dln, *datty, *dsum, *dproj, *dfch_act, *dfch; /* (B,T,C) x4, (B,T,P*C), (B,T,mlp) x2 */
+    float *dbranch, *dln, *datty, *dsum, *dproj, *dfch_act, *dfch; /* (B,T,C) x4, (B,T,W), (B,T,mlp) x2 */
     float *branch;                                                 /* forward: (B,T,C) sublayer output */
 } BlockScratch;
 
+/* Width W of the fused self-attention projection of a block: the query block
+ * C, the other blocks kv_heads*head_dim (kernels/attention.h). */
+int block_proj_width(const BlockShape *s);
 /* Floats of each activation array per block, for allocation. */
 size_t block_act_floats(const BlockShape *s);
 /* Carves one block's activations out of mem (block_act_floats(s) floats). */
@@ -122,6 +127,10 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
  * reads as (0.1f is 0.1), since stored descriptions are compared field by
  * field with those of the build. */
 cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups);
+/* Adds "kv_heads" to an attention object when the K/V heads are grouped
+ * (kv_heads < heads): the descriptions of standard models stay as they
+ * were, and a checkpoint of another count is refused by name. */
+void attention_json_kv_heads(cJSON *attention, int heads, int kv_heads);
 double json_float(float x);
 
 /* ---- decoding one position with a KV cache ---------------------------------
@@ -132,16 +141,18 @@ double json_float(float x);
  * variant's key role is its value role) the value-role rows of positions
  * 0..t of every sequence; memory a variant does not need is not allocated. */
 typedef struct {
-    int L, N, T, C, tensors; /* layers, sequences, positions, channels, tensors per layer (1 or 2) */
+    int L, N, T, C, tensors; /* layers, sequences, positions, row width, tensors per layer (1 or 2); the row
+                              * width is kv_heads * head_dim: the channels unless K/V heads are grouped */
     float *keys, *values;    /* (L, N, T, C) each; values == keys with one tensor */
     float *tmp;              /* (N, T, C): room for reordering */
     int *idx;                /* (N) device ints for reordering */
     int len;                 /* positions filled */
 } KVCache;
 
-/* Cache bytes one generated token adds: layers x tensors x C floats. */
-size_t kv_cache_bytes_per_token(int L, int C, int variant);
-void kv_cache_init(KVCache *c, int L, int N, int T, int C, int variant);
+/* Cache bytes one generated token adds: layers x tensors x kv_dim floats,
+ * kv_dim = kv_heads * head_dim (C without grouped K/V heads). */
+size_t kv_cache_bytes_per_token(int L, int kv_dim, int variant);
+void kv_cache_init(KVCache *c, int L, int N, int T, int kv_dim, int variant);
 void kv_cache_free(KVCache *c);
 /* Row n continues sequence parent[n] (N host ints): reorders positions
  * 0..len-1 of every layer (beam search). */
@@ -159,7 +170,8 @@ typedef struct {
 typedef struct {
     float *ln, *mean, *rstd, *proj, *att, *branch, *fc, *fc_act, *xq, *xatt, *xlse;
 } DecodeScratch;
-void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int variant);
+/* proj_width: the self-attention projection width (block_proj_width()). */
+void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int proj_width);
 void decode_scratch_free(DecodeScratch *sc);
 
 /* x (N, C): the residual stream at position t, updated in place by block

@@ -234,12 +234,34 @@ def check_values(kconf, origin):
         problem = STRING_CHECKS[STRING_KINDS.get(sym.name, "path")](sym.str_value)
         if problem:
             raise ConfigError(f"{origin}: CONFIG_{sym.name}={sym.str_value!r} {problem}")
+    check_kv_heads(kconf, origin)
     sym = kconf.syms.get("ABLATION_STEPS")
     if sym is not None and sym.config_string:
         for step in step_names(kconf):
             if check_name(step) or step == "base":
                 raise ConfigError(f"{origin}: CONFIG_ABLATION_STEPS: step name {step!r} must use only {NAME_CHARS}, "
                                   f"and 'base' is reserved (hint: e.g. \"V0,V1\"; {KINDS_HINT})")
+
+
+# The head count of each model family, next to the symbol that enables it: ATTN_KV_HEADS must divide each.
+FAMILY_HEADS = {"GPT2": "GPT2_N_HEAD", "VIT": "VIT_HEADS", "SEQ2SEQ": "SEQ2SEQ_HEADS"}
+
+
+def check_kv_heads(kconf, origin):
+    """Grouped K/V heads (kernels/Kconfig, ATTN_KV_HEADS): G > 0 must divide the heads of every configured family,
+    a relation between two int symbols that Kconfig's ranges cannot express."""
+    sym = kconf.syms.get("ATTN_KV_HEADS")
+    if sym is None or not sym.config_string or int(sym.str_value or "0", 0) == 0:
+        return
+    g = int(sym.str_value, 0)
+    for family, heads in FAMILY_HEADS.items():
+        if kconf.syms[family].str_value != "y":
+            continue
+        h = int(kconf.syms[heads].str_value, 0)
+        if h % g:
+            raise ConfigError(f"{origin}: CONFIG_ATTN_KV_HEADS={g} does not divide CONFIG_{heads}={h} (hint: the "
+                              f"K/V heads must divide the query heads: 0 for one per query head, 1 for MQA, or a "
+                              f"divisor of {h})")
 
 
 def step_names(kconf):

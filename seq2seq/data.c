@@ -217,10 +217,14 @@ S2SConfig s2s_config_from_kconfig(const TransData *td) {
         .pos = ATTN_POS,
         .pos_m = ATTN_POS_DIM,
         .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_SEQ2SEQ_HEADS : 1) : 0,
+        .kv_heads = attn_kv_heads(CONFIG_SEQ2SEQ_HEADS),
     };
     if (c.C % c.H != 0)
         FATAL("CONFIG_SEQ2SEQ_DIM=%d is not a multiple of CONFIG_SEQ2SEQ_HEADS=%d (hint: the head dim is channels / "
               "heads)", c.C, c.H);
+    if (c.H % c.kv_heads != 0)
+        FATAL("CONFIG_ATTN_KV_HEADS=%d does not divide CONFIG_SEQ2SEQ_HEADS=%d (hint: 0 or a divisor of the heads)",
+              c.kv_heads, c.H);
     if (td) {
         c.Vs = td->src_vocab.words.n;
         c.Vt = td->tgt_vocab.words.n;

@@ -37,6 +37,7 @@ char *s2s_config_json(const S2SConfig *c) {
     cJSON_AddNumberToObject(o, "label_smoothing", json_float(c->label_smoothing));
     cJSON_AddStringToObject(o, "positions", "sinusoidal");
     cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    attention_json_kv_heads(a, c->H, c->kv_heads);
     cJSON_AddStringToObject(a, "cross_attention", "qkv");
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
@@ -44,10 +45,14 @@ char *s2s_config_json(const S2SConfig *c) {
     return s;
 }
 
+/* K/V width of self-attention: kv_heads * head_dim (C without grouped K/V heads). */
+static int kv_dim(const S2SConfig *c) { return (c->kv_heads ? c->kv_heads : c->H) * (c->C / c->H); }
+
 size_t s2s_matmul_params(const S2SConfig *c) {
-    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant);
-    size_t enc = (size_t)c->L_enc * (P * C * C + C * C + 2 * C * c->mlp);
-    size_t dec = c->decoder ? (size_t)c->L_dec * (P * C * C + C * C + 4 * C * C + 2 * C * c->mlp) : 0;
+    size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c));
+    size_t enc = (size_t)c->L_enc * (W * C + C * C + 2 * C * c->mlp);
+    /* the decoder's cross-attention (q, kv, proj: 4 C x C) never groups */
+    size_t dec = c->decoder ? (size_t)c->L_dec * (W * C + C * C + 4 * C * C + 2 * C * c->mlp) : 0;
     size_t head = c->decoder ? C * c->Vt : (c->head_mlp ? C * C : 0) + C * c->Vt;
     return enc + dec + head;
 }
@@ -56,16 +61,18 @@ size_t s2s_matmul_params(const S2SConfig *c) {
 
 static void add_block(ParamTable *t, BlockParams *lp, const char *prefix, int l, const S2SConfig *c) {
     char name[PARAM_NAME_MAX];
-    int C = c->C, P = attn_num_proj(c->variant);
+    int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "%s.blocks.%d." fmt, prefix, l, ##__VA_ARGS__), name)
     lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
     lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-    for (int p = 0; p < P; p++) {
-        size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, C, C);
+    for (int p = 0; p < P; p++) { /* K/V blocks kv_heads*head_dim rows (docs/kernels.md) */
+        int rows = attn_block_width(c->variant, p, C, kvC);
+        size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
         if (p == 0) lp->attnw = off;
     }
     for (int p = 0; p < P; p++) {
-        size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, C);
+        int rows = attn_block_width(c->variant, p, C, kvC);
+        size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
         if (p == 0) lp->attnb = off;
     }
     if (c->pos) {
@@ -209,7 +216,7 @@ void s2s_free(S2S *m) {
 static BlockShape shape(const S2S *m, int B, int T, int causal, int post_ln, const unsigned char *key_pad,
                         int training, uint64_t seed, int layer) {
     const S2SConfig *c = &m->cfg;
-    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .mlp = c->mlp, .causal = causal, .gelu = c->gelu,
+    BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = c->mlp, .causal = causal, .gelu = c->gelu,
                     .post_ln = post_ln, .mlp_dropout = c->mlp_dropout, .bias = 1, .attn_bias = 1, .pos = c->pos,
                     .pos_m = c->pos_m, .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->Tmax,
                     .key_pad = key_pad, .dropout = training ? c->dropout : 0.0f, .seed = seed, .hook = m->hook,
@@ -566,8 +573,8 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     dev_upload(m->src_pad, mask, BS);
     const float *mem = encode(m, B, S, 0);
     DecodeState d = {.N = N};
-    kv_cache_init(&d.cache, c->L_dec, N, max_len, C, c->variant);
-    decode_scratch_init(&d.scratch, N, C, c->H, c->mlp, c->variant);
+    kv_cache_init(&d.cache, c->L_dec, N, max_len, kv_dim(c), c->variant);
+    decode_scratch_init(&d.scratch, N, C, c->H, c->mlp, attn_proj_width(c->variant, C, kv_dim(c)));
     /* source keys and values, one copy per beam row (row n reads sentence n / K) */
     int *rowsrc = xmalloc((size_t)N * sizeof(int)), *rowsrc_dev = dev_alloc((size_t)N * sizeof(int));
     for (int n = 0; n < N; n++) rowsrc[n] = n / K;

@@ -36,6 +36,7 @@ typedef struct {
     int pad;            /* padding id (masked as key, ignored as target); -1 = none */
     float dropout, label_smoothing;
     int variant, pos, pos_m, pos_groups;
+    int kv_heads;   /* K/V heads G of self-attention (attn_kv_heads(H)); cross-attention keeps H */
 } S2SConfig;
 
 char *s2s_config_json(const S2SConfig *c);

@@ -70,18 +70,27 @@ static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const dou
     free(row);
 }
 
-void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int causal,
-                        const unsigned char *key_pad, const double *w, const double *bias, int m, int groups,
-                        double dropout, uint64_t seed) {
+int ref_proj_width(int variant, int H, int hd, int kv_heads) {
+    return H * hd + (attn_num_proj(variant) - 1) * (kv_heads ? kv_heads : H) * hd;
+}
+
+void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
+                        int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
+                        int groups, double dropout, uint64_t seed) {
     int P, qb, kb, vb;
     roles(variant, &P, &qb, &kb, &vb);
-    int C = H * hd, ld = P * C;
+    /* grouped K/V heads: the query block is C wide, every other block G*hd, in the table's block order;
+     * query head h reads K/V head h / (H/G) (docs/kernels.md) */
+    int G = kv_heads ? kv_heads : H, C = H * hd, kvC = G * hd;
+    int off[3], ld = 0;
+    for (int p = 0; p < P; p++) off[p] = ld, ld += p == qb ? C : kvC;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            const double *base = proj + (size_t)b * T * ld + (size_t)h * hd;
+            const double *row = proj + (size_t)b * T * ld;
+            size_t qh = (size_t)h * hd, kvh = (size_t)(h / (H / G)) * hd;
             int gi = groups == 1 ? 0 : h;
-            ref_head(out + (size_t)b * T * C + (size_t)h * hd, C, base + (size_t)qb * C, ld, base + (size_t)kb * C,
-                     base + (size_t)vb * C, ld, T, T, hd, causal, key_pad ? key_pad + (size_t)b * T : NULL,
+            ref_head(out + (size_t)b * T * C + (size_t)h * hd, C, row + off[qb] + qh, ld, row + off[kb] + kvh,
+                     row + off[vb] + kvh, ld, T, T, hd, causal, key_pad ? key_pad + (size_t)b * T : NULL,
                      w ? w + (size_t)gi * m : NULL, w ? bias[gi] : 0.0, m, dropout, seed,
                      ((size_t)b * H + h) * T * T);
         }

@@ -8,12 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Self-attention of any variant. proj (B, T, P*C) in the variant's block
- * layout; +Pos when w != NULL, with `groups` sets of (m weights, 1 bias),
- * applied in the unfactored form sum_c w_c (S_ij + P_ijc) + b. */
-void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int causal,
-                        const unsigned char *key_pad, const double *w, const double *bias, int m, int groups,
-                        double dropout, uint64_t seed);
+/* Self-attention of any variant. proj (B, T, W) in the variant's block
+ * layout: the query block C = H*hd wide, the others kv_heads*hd (kv_heads 0
+ * = H; query head h reads K/V head h / (H/kv_heads)); +Pos when w != NULL,
+ * with `groups` sets of (m weights, 1 bias), applied in the unfactored form
+ * sum_c w_c (S_ij + P_ijc) + b. */
+void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
+                        int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
+                        int groups, double dropout, uint64_t seed);
+/* Width of that projection: C for the query block, kv_heads*hd for each other block. */
+int ref_proj_width(int variant, int H, int hd, int kv_heads);
 /* Cross-attention, QKV: q (B, Tq, C), kv (B, Tk, 2C). */
 void ref_cross_attention(double *out, const double *q, const double *kv, int B, int Tq, int Tk, int H, int hd,
                          const unsigned char *key_pad, double dropout, uint64_t seed);

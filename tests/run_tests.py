@@ -121,14 +121,29 @@ def test_kconfig(tmp):
         "bad run name": ('CONFIG_RUN_NAME="a b/c"\n', "RUN_NAME"),
         "bad step name": ('CONFIG_ABLATION=y\nCONFIG_ABLATION_STEPS="V0,,V1"\n', "ABLATION_STEPS"),
         "derived symbol": ("CONFIG_GPT2_SIZE_124M=y\nCONFIG_GPT2_N_LAYER=3\n", "GPT2_N_LAYER"),
+        # grouped K/V heads: not for KV and K (their key is their query), and only a divisor of the heads
+        "K/V heads for KV": ("CONFIG_ATTN_KV=y\nCONFIG_ATTN_KV_HEADS=1\n", "ATTN_KV_HEADS"),
+        "K/V heads for K": ("CONFIG_ATTN_K=y\nCONFIG_ATTN_KV_HEADS=2\n", "ATTN_KV_HEADS"),
+        "K/V heads not dividing GPT-2's": ("CONFIG_ATTN_KV_HEADS=4\n", "ATTN_KV_HEADS GPT2_N_HEAD"),
+        "K/V heads not dividing ViT's": ("CONFIG_VIT=y\nCONFIG_ATTN_KV_HEADS=3\n", "ATTN_KV_HEADS VIT_HEADS"),
+        "K/V heads above the heads": ("CONFIG_ATTN_KV_HEADS=12\n", "ATTN_KV_HEADS"),
     }
     for what, (text, sym) in bad.items():
         path = os.path.join(tmp, "bad_defconfig")
         with open(path, "w") as f:
             f.write(text)
         r = run(KCONFIG + ["defconfig", path, os.path.join(tmp, "bad.config")])
-        R.check(r.returncode != 0 and sym in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+        R.check(r.returncode != 0 and all(x in r.stderr for x in sym.split()) and len(r.stderr.strip().splitlines()) == 1,
                 f"bad defconfig ({what}) fails naming {sym} in one line: rc={r.returncode} {r.stderr.strip()}")
+    for what, frag in (("KV tying", "CONFIG_ATTN_KV_TYING=y\n"), ("QKV", "")):  # allowed: a divisor of the heads
+        path = os.path.join(tmp, "kv_heads_defconfig")
+        with open(path, "w") as f:
+            f.write(frag + "CONFIG_ATTN_KV_HEADS=3\n")
+        r = run(KCONFIG + ["defconfig", path, os.path.join(tmp, "kv_heads.config")])
+        R.check(r.returncode == 0 and "CONFIG_ATTN_KV_HEADS=3" in open(os.path.join(tmp, "kv_heads.config")).read(),
+                f"{what} with 3 K/V heads for GPT-2's 6 is accepted: {r.stderr.strip()}")
+    r = run(KCONFIG + ["defconfig", os.path.join(REPO, "tests", "configs", "kv_heads_mqa"), os.path.join(tmp, "x")])
+    R.check(r.returncode == 0, f"the MQA test fragment resolves on its own: {r.stderr.strip()}")
     good = os.path.join(tmp, "good.config")
     run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"), good])
     r = run(KCONFIG + ["merge", os.path.join(tmp, "m.config"), good, os.path.join(tmp, "no_such_fragment")])
@@ -425,6 +440,9 @@ def test_configs():
     for i, r in enumerate(rows):
         suffix, frag = POS_SETTINGS[i % len(POS_SETTINGS)]
         out.append((f"{r['name']}_{suffix}", [f"defconfigs/steps/{r['id']}", f"tests/configs/{frag}"]))
+    # grouped K/V heads (kernels/Kconfig ATTN_KV_HEADS, QKV and KV tying only): MQA on QKV, GQA on KV tying+Pos
+    out.append(("qkv_mqa", ["defconfigs/steps/QKV", "tests/configs/kv_heads_mqa"]))
+    out.append(("kv_tying_gqa_pos", ["defconfigs/steps/KV_TYING", "tests/configs/pos_m7", "tests/configs/kv_heads_gqa"]))
     # the device-memory guard (kernels/cpu/guard.c): the family, sampling, checkpoint and mechint tests with host
     # access to device memory trapped
     out.append(("guard", ["defconfigs/steps/KV_TYING", "tests/configs/pos", "tests/configs/guard"]))

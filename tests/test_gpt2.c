@@ -70,6 +70,56 @@ static void test_param_counts(void) {
     CHECK(gpt2_num_params(&c) == 2482367, "KV+Pos per layer oracle");
     c.variant = ATTN_K, c.pos_groups = 3;
     CHECK(gpt2_num_params(&c) == 2261435, "K+Pos per head oracle");
+    /* grouped K/V heads (QKV and KV tying): the k and v blocks shrink from C x C to G*hd x C (plus G*hd biases),
+     * the query stays; worked out by hand:
+     *   char GPT, no Q/K/V bias, MQA (G = 1, hd 64): QKV 2,703,425 - 6 layers x 2 x 128 x 192 = 2,408,513;
+     *     KV tying 2,482,241 - 6 x 128 x 192 = 2,334,785;
+     *   GPT-2 124M (biases), QKV: G = 4 removes 12 x 2 x 512 x 769 = 9,449,472 -> 114,990,336;
+     *     MQA removes 12 x 2 x 704 x 769 -> 111,446,784; KV tying + MQA: 124,439,808 - 12 (768^2 + 768)
+     *     - 12 x 704 x 769 = 110,856,192 */
+    {
+        GPT2Config q = char_gpt();
+        q.pos = 0, q.pos_m = 0, q.pos_groups = 0, q.kv_heads = 1;
+        q.variant = ATTN_QKV;
+        CHECK(gpt2_num_params(&q) == 2408513, "char-GPT QKV with MQA: %zu parameters, expected 2,408,513",
+              gpt2_num_params(&q));
+        q.variant = ATTN_KV_TYING;
+        CHECK(gpt2_num_params(&q) == 2334785, "char-GPT KV tying with MQA: %zu parameters, expected 2,334,785",
+              gpt2_num_params(&q));
+        q.kv_heads = 3; /* G = H: standard */
+        CHECK(gpt2_num_params(&q) == 2482241, "char-GPT KV tying with K/V heads = H is the standard count");
+        GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
+                        .gelu = 1, .variant = ATTN_QKV, .kv_heads = 4};
+        CHECK(gpt2_num_params(&g) == 114990336, "GPT-2 124M QKV, 4 K/V heads: %zu parameters, expected 114,990,336",
+              gpt2_num_params(&g));
+        g.kv_heads = 1;
+        CHECK(gpt2_num_params(&g) == 111446784, "GPT-2 124M QKV, MQA: %zu parameters, expected 111,446,784",
+              gpt2_num_params(&g));
+        g.variant = ATTN_KV_TYING;
+        CHECK(gpt2_num_params(&g) == 110856192, "GPT-2 124M KV tying, MQA: %zu parameters, expected 110,856,192",
+              gpt2_num_params(&g));
+        /* KV cache per token: layers x tensors x G x hd floats (QKV: K and V; KV tying: V only) */
+        g.variant = ATTN_QKV, g.kv_heads = 4;
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 256 * 4, "124M QKV, 4 K/V heads: cache %zu bytes per "
+              "token, expected 24,576", gpt2_cache_bytes_per_token(&g));
+        g.kv_heads = 1;
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 64 * 4, "124M QKV, MQA: cache %zu bytes per token, "
+              "expected 6,144", gpt2_cache_bytes_per_token(&g));
+        g.variant = ATTN_KV_TYING;
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 64 * 4, "124M KV tying, MQA: cache %zu bytes per token, "
+              "expected 3,072", gpt2_cache_bytes_per_token(&g));
+        g.kv_heads = 0;
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 768 * 4, "124M KV tying: cache %zu bytes per token",
+              gpt2_cache_bytes_per_token(&g));
+        /* matmul parameters and FLOPs: the projection is (C + 2 G hd) x C; the attention products stay 12 L T C */
+        q = char_gpt();
+        q.variant = ATTN_QKV, q.kv_heads = 1;
+        size_t per_layer = (size_t)192 * (192 + 2 * 64) + 9 * 192 * 192;
+        CHECK(gpt2_matmul_params(&q) == 6 * per_layer + 65 * 192, "char-GPT QKV MQA matmul parameters %zu",
+              gpt2_matmul_params(&q));
+        CHECK(fabs(gpt2_flops_per_token(&q, 64) - (6.0 * (6 * per_layer + 65 * 192) + 12.0 * 6 * 64 * 192)) < 1,
+              "char-GPT QKV MQA FLOPs per token = 6 N_matmul + 12 L T C");
+    }
     /* the model the build is for allocates exactly its table */
     GPT2Config b = char_gpt();
     GPT2 m;
@@ -93,10 +143,10 @@ static double ref_loss(void *vctx) {
     const GPT2 *m = r->m;
     const GPT2Config *c = &m->cfg;
     const double *P = r->P;
-    int B = r->B, T = r->T, C = c->C, V = c->V, NP = attn_num_proj(c->variant);
+    int B = r->B, T = r->T, C = c->C, V = c->V, PW = ref_proj_width(c->variant, c->H, c->C / c->H, c->kv_heads);
     size_t BT = (size_t)B * T, n = BT * C;
     double *x = xmalloc(n * sizeof(double)), *ln = xmalloc(n * sizeof(double));
-    double *proj = xmalloc(n * NP * sizeof(double)), *att = xmalloc(n * sizeof(double));
+    double *proj = xmalloc(n / C * PW * sizeof(double)), *att = xmalloc(n * sizeof(double));
     double *br = xmalloc(n * sizeof(double)), *fc = xmalloc(4 * n * sizeof(double));
     double *act = xmalloc(4 * n * sizeof(double)), *logits = xmalloc(BT * V * sizeof(double));
     for (size_t i = 0; i < BT; i++)
@@ -104,8 +154,8 @@ static double ref_loss(void *vctx) {
     for (int l = 0; l < c->L; l++) {
         const BlockParams *lp = &m->layer[l];
         ref_layernorm(ln, x, P + lp->ln1w, c->bias ? P + lp->ln1b : NULL, (int)BT, C);
-        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, (int)BT, C, NP * C);
-        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 1, NULL, c->pos ? P + lp->posw : NULL,
+        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, (int)BT, C, PW);
+        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, 1, NULL, c->pos ? P + lp->posw : NULL,
                            c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
         ref_linear(br, att, P + lp->projw, c->bias ? P + lp->projb : NULL, (int)BT, C, C);
         for (size_t i = 0; i < n; i++) x[i] += br[i];
@@ -186,12 +236,13 @@ static void test_dropout_changes_training_only(void) {
     gpt2_free(&m);
 }
 
-/* Generation with the KV cache gives the logits of the full forward pass. */
-static void test_cache_equivalence(void) {
-    int g = ATTN_POS_PER_HEAD ? 2 : 1;
-    GPT2Config c = {.V = 17, .T = 12, .L = 2, .H = 2, .C = 16, .bias = 1, .attn_bias = 1, .tie = 0, .head_bias = 1,
-                    .gelu = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
-                    .pos_groups = ATTN_POS ? g : 0};
+/* Generation with the KV cache gives the logits of the full forward pass; with H heads and kv_heads K/V
+ * heads (0: one per query head). */
+static void test_cache_equivalence(int H, int kv_heads) {
+    int g = ATTN_POS_PER_HEAD ? H : 1;
+    GPT2Config c = {.V = 17, .T = 12, .L = 2, .H = H, .C = 4 * H, .bias = 1, .attn_bias = 1, .tie = 0,
+                    .head_bias = 1, .gelu = 1, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? g : 0, .kv_heads = kv_heads};
     GPT2 m;
     gpt2_init(&m, &c, 11);
     scale_params(&m, 10.0f); /* sharp attention */
@@ -212,13 +263,15 @@ static void test_cache_equivalence(void) {
     }
     /* float32 rounding (sgemv against sgemm) is amplified by the sharp (x10) attention: up to ~2e-5 relative
      * at one near-tied position for some seeds; a wrong role or position differs by O(max |logit|) */
-    CHECK(worst <= 1e-4 * lmax + 1e-5, "%s: cached and uncached logits differ by %.3g (max |logit| %.3g)",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), worst, lmax);
+    CHECK(worst <= 1e-4 * lmax + 1e-5, "%s, %d K/V heads for %d: cached and uncached logits differ by %.3g (max "
+          "|logit| %.3g)", attn_variant_label(ATTN_VARIANT, ATTN_POS), kv_heads ? kv_heads : H, H, worst, lmax);
     int tensors = ATTN_VARIANT == ATTN_K || ATTN_VARIANT == ATTN_KV_TYING ? 1 : 2;
     CHECK(d.cache.tensors == tensors && (d.cache.tensors == 2) == (d.cache.values != d.cache.keys),
           "%s caches %d tensor(s) per layer, expected %d", attn_variant_label(ATTN_VARIANT, ATTN_POS), d.cache.tensors,
           tensors);
-    CHECK(gpt2_cache_bytes_per_token(&c) == (size_t)c.L * tensors * c.C * sizeof(float), "cache bytes per token");
+    int G = kv_heads ? kv_heads : H;
+    CHECK(gpt2_cache_bytes_per_token(&c) == (size_t)c.L * tensors * G * 4 * sizeof(float), "cache bytes per token");
+    CHECK(d.cache.C == G * 4, "the cache keeps %d floats per position, expected G x hd = %d", d.cache.C, G * 4);
     gpt2_decoder_free(&d);
     free(full), free(dec);
     gpt2_free(&m);
@@ -314,6 +367,48 @@ static void test_checkpoint_round_trip(void) {
     gpt2_free(&a), gpt2_free(&b), gpt2_free(&small), gpt2_free(&big), gpt2_free(&wide);
 }
 
+/* The model description records the K/V heads only when grouped (standard descriptions stay as they were),
+ * and a checkpoint of another K/V head count is refused naming attention.kv_heads, either way round. */
+static void test_kv_heads_description(void) {
+    GPT2Config c = {.V = 13, .T = 8, .L = 1, .H = 4, .C = 16, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
+                    .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
+                    .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 4 : 1) : 0};
+    char *std = gpt2_config_json(&c);
+    c.kv_heads = 4;
+    char *same = gpt2_config_json(&c);
+    c.kv_heads = 2;
+    char *gqa = gpt2_config_json(&c);
+    c.kv_heads = 1;
+    char *mqa = gpt2_config_json(&c);
+    CHECK(!strstr(std, "kv_heads") && strcmp(std, same) == 0, "standard descriptions have no kv_heads: %s", same);
+    CHECK(strstr(gqa, "\"kv_heads\":2") && strstr(mqa, "\"kv_heads\":1"), "grouped descriptions record the K/V "
+          "heads: %s", gqa);
+    GPT2 m;
+    gpt2_init(&m, &c, 1);
+    char dir[] = "/tmp/kvlab_test_kvh_XXXXXX";
+    if (!mkdtemp(dir)) FATAL("mkdtemp failed");
+    char path[256];
+    const char *cases[3][2] = {{mqa, gqa}, {mqa, std}, {std, gqa}}; /* stored, this binary's */
+    Err e;
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/m%d.safetensors", dir, i);
+        StMeta meta[3] = {{"family", "gpt2"}, {"variant", attn_variant_id(ATTN_VARIANT, ATTN_POS)},
+                          {"model", cases[i][0]}};
+        CHECK(checkpoint_save_params(path, &m.w, 0, meta, 3, &e) == 0, "save: %s", e.msg);
+        StFile *f = checkpoint_open(path, "gpt2", &e);
+        if (!f) continue;
+        CHECK(checkpoint_expect_json(f, "model", cases[i][0], "", &e) == 0, "a description matches itself: %s", e.msg);
+        CHECK(checkpoint_expect_json(f, "model", cases[i][1], "use the right binary", &e) != 0 &&
+                  strstr(e.msg, "model.attention.kv_heads") && strstr(e.msg, "mismatched"),
+              "a checkpoint of another K/V head count is refused by name: %s", e.msg);
+        st_close(f);
+        unlink(path);
+    }
+    rmdir(dir);
+    gpt2_free(&m);
+    free(std), free(same), free(gqa), free(mqa);
+}
+
 /* Top-k keeps its tokens at any temperature: with top-k 1 every sample is the greedy one, even at an
  * infinite temperature, where the weights of the masked tokens are NaN. */
 static void test_sample_top_k(void) {
@@ -357,7 +452,24 @@ int main(void) {
     nobias.bias = 0, nobias.attn_bias = 0;
     model_case("no biases", nobias, 1, 5);
     test_dropout_changes_training_only();
-    test_cache_equivalence();
+    test_cache_equivalence(2, 0);
+    if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads: QKV and KV tying */
+        test_cache_equivalence(4, 1);
+        test_cache_equivalence(4, 2);
+        test_cache_equivalence(4, 4);
+        GPT2Config gq = full;
+        gq.H = 4, gq.C = 16, gq.kv_heads = 2, gq.pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 4 : 1) : 0;
+        model_case("GQA, 2 K/V heads for 4", gq, 2, 7);
+        gq.kv_heads = 1, gq.tie = 0, gq.head_bias = 1, gq.gelu = 0;
+        model_case("MQA, untied head", gq, 2, 5);
+        test_kv_heads_description();
+    }
+    if (attn_kv_heads(CONFIG_GPT2_N_HEAD) != CONFIG_GPT2_N_HEAD) { /* the configured K/V heads of this build */
+        GPT2Config b = gpt2_config_from_kconfig(65);
+        CHECK(b.kv_heads == CONFIG_ATTN_KV_HEADS, "the build's GPT-2 has %d K/V heads, configured %d", b.kv_heads,
+              CONFIG_ATTN_KV_HEADS);
+        test_cache_equivalence(CONFIG_GPT2_N_HEAD, CONFIG_ATTN_KV_HEADS);
+    }
     test_checkpoint_round_trip();
     test_sample_top_k();
     return TEST_SUMMARY("test_gpt2");

@@ -188,7 +188,7 @@ static void pos_params_free(PosParams *p) {
 }
 
 typedef struct {
-    int variant, B, T, H, hd, causal, m, groups;
+    int variant, B, T, H, hd, kv_heads, causal, m, groups;
     unsigned char *pad;
     double dropout;
     uint64_t seed;
@@ -200,15 +200,22 @@ typedef struct {
 static double self_loss(void *vctx) {
     SelfCtx *c = vctx;
     size_t n = (size_t)c->B * c->T * c->H * c->hd;
-    ref_self_attention(c->out, c->proj, c->variant, c->B, c->T, c->H, c->hd, c->causal, c->pad, c->w, c->b, c->m,
-                       c->groups, c->dropout, c->seed);
+    ref_self_attention(c->out, c->proj, c->variant, c->B, c->T, c->H, c->hd, c->kv_heads, c->causal, c->pad, c->w,
+                       c->b, c->m, c->groups, c->dropout, c->seed);
     return dot(c->out, c->R, n);
 }
 
-static void attention_case(const char *name, int B, int T, int H, int hd, int causal, int padded, float dropout) {
+/* Width of the fused projection with G K/V heads, by hand: one query block of C, the other P-1 blocks G*hd. */
+static int proj_width(int H, int hd, int G) { return H * hd + (attn_num_proj(ATTN_VARIANT) - 1) * G * hd; }
+
+/* One attention configuration against the float64 reference: forward, d(proj) (and +Pos gradients) against
+ * central differences. kv_heads G: 0 or H standard, else grouped K/V heads (QKV and KV tying). */
+static void attention_case_kv(const char *name, int kv_heads, int B, int T, int H, int hd, int causal, int padded,
+                              float dropout) {
     const int variant = ATTN_VARIANT, P = attn_num_proj(variant), C = H * hd, m = ATTN_POS_DIM;
     const int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
-    size_t nproj = (size_t)B * T * P * C, nout = (size_t)B * T * C;
+    const int W = proj_width(H, hd, kv_heads ? kv_heads : H);
+    size_t nproj = (size_t)B * T * W, nout = (size_t)B * T * C;
     char what[256];
     Buf proj = buf_rand(nproj, 1.0), R = buf_rand(nout, 1.0);
     Buf out = buf_zeros(nout), lse = buf_zeros((size_t)B * H * T), dproj = buf_zeros(nproj);
@@ -219,8 +226,8 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
         pad[(size_t)(B - 1) * T] = 1;
         pad_d = dev_copy_of(pad, (size_t)B * T);
     }
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal, .key_pad = pad_d, .dropout = dropout,
-                  .seed = 0x1234abcdu};
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = kv_heads, .causal = causal, .key_pad = pad_d,
+                  .dropout = dropout, .seed = 0x1234abcdu};
     PosParams pp = {NONE, NONE, NULL, {0}};
     Buf dw = NONE, db = NONE;
     if (ATTN_POS) {
@@ -241,17 +248,22 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     attention_backward(dproj.d, ATTN_POS ? &dpos : NULL, R.d, proj.d, out.d, lse.d, ATTN_POS ? &pp.pos : NULL, &a);
     buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db);
 
-    SelfCtx c = {variant, B, T, H, hd, causal, m, groups, pad, dropout, a.seed, to_double(proj.h, nproj),
+    SelfCtx c = {variant, B, T, H, hd, kv_heads, causal, m, groups, pad, dropout, a.seed, to_double(proj.h, nproj),
                  pp.w.n ? to_double(pp.w.h, pp.w.n) : NULL, pp.b.n ? to_double(pp.b.h, pp.b.n) : NULL, R.h,
                  xmalloc(nout * sizeof(double))};
     self_loss(&c);
     double omax, err = max_abs_diff(out.h, c.out, nout, &omax);
-    snprintf(what, sizeof what, "%s %s forward", attn_variant_label(variant, ATTN_POS), name);
+    char label[96]; /* "QKV", "KV tying+Pos", with the K/V heads when grouped */
+    if (kv_heads && kv_heads != H)
+        snprintf(label, sizeof label, "%s, %d K/V heads for %d", attn_variant_label(variant, ATTN_POS), kv_heads, H);
+    else
+        snprintf(label, sizeof label, "%s", attn_variant_label(variant, ATTN_POS));
+    snprintf(what, sizeof what, "%s %s forward", label, name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
-    snprintf(what, sizeof what, "%s %s d(proj)", attn_variant_label(variant, ATTN_POS), name);
+    snprintf(what, sizeof what, "%s %s d(proj)", label, name);
     check_grad(what, c.proj, nproj, dproj.h, self_loss, &c, 300);
     if (ATTN_POS) {
-        snprintf(what, sizeof what, "%s %s d(pos w)", attn_variant_label(variant, ATTN_POS), name);
+        snprintf(what, sizeof what, "%s %s d(pos w)", label, name);
         check_grad(what, c.w, (size_t)groups * m, dw.h, self_loss, &c, 1000);
         /* rows of G' sum to zero: db = 0 and all query-position channels get
          * the same gradient (attention-variants.md 3.3) */
@@ -267,10 +279,12 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
         }
     }
     /* Every other variant computes something else on the same buffer. */
-    for (int other = 0; other < 4; other++) {
+    for (int other = 0; other < ATTN_NUM_VARIANTS; other++) {
         if (other == variant || attn_num_proj(other) != P) continue;
+        if (kv_heads && kv_heads != H && attn_symmetric(other)) continue; /* no grouped form */
         double *o2 = xmalloc(nout * sizeof(double));
-        ref_self_attention(o2, c.proj, other, B, T, H, hd, causal, pad, c.w, c.b, m, groups, dropout, a.seed);
+        ref_self_attention(o2, c.proj, other, B, T, H, hd, kv_heads, causal, pad, c.w, c.b, m, groups, dropout,
+                           a.seed);
         double d = max_abs_diff(out.h, o2, nout, NULL);
         CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
               name, attn_variant_label(other, ATTN_POS), d);
@@ -284,6 +298,10 @@ static void attention_case(const char *name, int B, int T, int H, int hd, int ca
     pos_params_free(&pp);
     free(pad);
     dev_free(pad_d);
+}
+
+static void attention_case(const char *name, int B, int T, int H, int hd, int causal, int padded, float dropout) {
+    attention_case_kv(name, 0, B, T, H, hd, causal, padded, dropout);
 }
 
 typedef struct {
@@ -782,6 +800,174 @@ static void test_argument_errors(void) {
     dev_free(bad_ids);
 }
 
+/* ------------------------------------------------------------------ grouped K/V heads */
+
+/* K/V head h / (H/G) of every query head h written out: the standard (B, T, P*C) projection that computes
+ * what the grouped (B, T, W) one does. */
+static void expand_groups(float *std, const float *grouped, int B, int T, int H, int hd, int G) {
+    int P = attn_num_proj(ATTN_VARIANT), qb = attn_query_block(ATTN_VARIANT), C = H * hd, W = proj_width(H, hd, G);
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *src = grouped + (size_t)bt * W;
+        float *dst = std + (size_t)bt * P * C;
+        for (int p = 0, off = 0; p < P; off += p == qb ? C : G * hd, p++)
+            for (int h = 0; h < H; h++)
+                memcpy(dst + (size_t)p * C + (size_t)h * hd, src + off + (size_t)(p == qb ? h : h / (H / G)) * hd,
+                       (size_t)hd * sizeof(float));
+    }
+}
+
+/* The gradient of the grouped projection from the expanded one's: a shared K/V head sums its query heads'. */
+static void reduce_groups(double *grouped, const float *std, int B, int T, int H, int hd, int G) {
+    int P = attn_num_proj(ATTN_VARIANT), qb = attn_query_block(ATTN_VARIANT), C = H * hd, W = proj_width(H, hd, G);
+    memset(grouped, 0, (size_t)B * T * W * sizeof(double));
+    for (int bt = 0; bt < B * T; bt++)
+        for (int p = 0, off = 0; p < P; off += p == qb ? C : G * hd, p++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < hd; d++)
+                    grouped[(size_t)bt * W + off + (size_t)(p == qb ? h : h / (H / G)) * hd + d] +=
+                        std[(size_t)bt * P * C + (size_t)p * C + (size_t)h * hd + d];
+}
+
+/* Grouped attention against standard attention on the expanded projection (forward and backward), and
+ * G = H against the standard call (kv_heads 0) bit for bit. */
+static void grouped_vs_expanded(int G, int causal) {
+    int B = 2, T = 11, H = 4, hd = 4, P = attn_num_proj(ATTN_VARIANT), C = H * hd, W = proj_width(H, hd, G);
+    int m = ATTN_POS_DIM, groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    size_t ng = (size_t)B * T * W, ns = (size_t)B * T * P * C, nout = (size_t)B * T * C;
+    Buf pg = buf_rand(ng, 1.0), ps = buf_zeros(ns), dout = buf_rand(nout, 1.0);
+    Buf og = buf_zeros(nout), os = buf_zeros(nout), lg = buf_zeros((size_t)B * H * T), ls = buf_zeros((size_t)B * H * T);
+    Buf dg = buf_zeros(ng), dstd = buf_zeros(ns);
+    expand_groups(ps.h, pg.h, B, T, H, hd, G);
+    buf_upload(&ps);
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    Buf dw = NONE, db = NONE, dw2 = NONE, db2 = NONE;
+    if (ATTN_POS) {
+        pp = pos_params(groups, m, T);
+        dw = buf_zeros((size_t)groups * m), db = buf_zeros((size_t)groups);
+        dw2 = buf_zeros((size_t)groups * m), db2 = buf_zeros((size_t)groups);
+    }
+    AttnPosGrad dpg = {dw.d, db.d}, dps = {dw2.d, db2.d};
+    const AttnPos *pos = ATTN_POS ? &pp.pos : NULL;
+    AttnArgs ag = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = causal, .dropout = 0.2f, .seed = 7};
+    AttnArgs as = ag;
+    as.kv_heads = 0;
+    attention_forward(og.d, lg.d, pg.d, pos, &ag);
+    attention_backward(dg.d, ATTN_POS ? &dpg : NULL, dout.d, pg.d, og.d, lg.d, pos, &ag);
+    attention_forward(os.d, ls.d, ps.d, pos, &as);
+    attention_backward(dstd.d, ATTN_POS ? &dps : NULL, dout.d, ps.d, os.d, ls.d, pos, &as);
+    buf_download(&og), buf_download(&os), buf_download(&dg), buf_download(&dstd);
+    double omax = 0.0, oerr = 0.0;
+    for (size_t i = 0; i < nout; i++) omax = fmax(omax, fabs(os.h[i])), oerr = fmax(oerr, fabs(og.h[i] - os.h[i]));
+    double *want = xmalloc(ng * sizeof(double));
+    reduce_groups(want, dstd.h, B, T, H, hd, G);
+    double gmax, gerr = max_abs_diff(dg.h, want, ng, &gmax);
+    CHECK(oerr <= 1e-6 * omax, "%s, %d K/V heads for %d (%s, dropout): output differs from standard attention on the "
+          "expanded heads by %.3g", attn_variant_label(ATTN_VARIANT, ATTN_POS), G, H, causal ? "causal" : "bidir",
+          oerr);
+    CHECK(gerr <= 1e-5 * gmax, "%s, %d K/V heads for %d (%s, dropout): d(proj) differs from the expanded heads' "
+          "gradients summed per group by %.3g (max %.3g)", attn_variant_label(ATTN_VARIANT, ATTN_POS), G, H,
+          causal ? "causal" : "bidir", gerr, gmax);
+    if (G == H) { /* G = H is standard attention: the same numbers as kv_heads 0, bit for bit */
+        CHECK(memcmp(og.h, os.h, nout * sizeof(float)) == 0 && memcmp(dg.h, dstd.h, ng * sizeof(float)) == 0,
+              "%s with K/V heads = H = %d equals standard attention exactly (%s)",
+              attn_variant_label(ATTN_VARIANT, ATTN_POS), H, causal ? "causal" : "bidir");
+    }
+    free(want);
+    buf_free(&pg), buf_free(&ps), buf_free(&dout), buf_free(&og), buf_free(&os), buf_free(&lg), buf_free(&ls);
+    buf_free(&dg), buf_free(&dstd), buf_free(&dw), buf_free(&db), buf_free(&dw2), buf_free(&db2);
+    pos_params_free(&pp);
+}
+
+/* attention_decode at every position t with a grouped cache ((N, T, G*hd) per tensor) against row t of the
+ * causal forward pass on the same projection: cached and uncached attention agree. */
+static void grouped_decode(int G) {
+    int N = 2, T = 12, H = 4, hd = 4, C = H * hd, kvC = G * hd, W = proj_width(H, hd, G);
+    int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
+    int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
+    int vo = attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC);
+    int m = ATTN_POS_DIM, groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    CHECK(W == attn_proj_width(ATTN_VARIANT, C, kvC) && qo == 0 && ko == (attn_key_block(ATTN_VARIANT) ? C : 0),
+          "projection layout with %d K/V heads: width %d (want %d), query at 0, key at %d", G,
+          attn_proj_width(ATTN_VARIANT, C, kvC), W, ko);
+    Buf proj = buf_rand((size_t)N * T * W, 1.0), out = buf_zeros((size_t)N * T * C), lse = buf_zeros((size_t)N * H * T);
+    Buf keys = buf_zeros((size_t)N * T * kvC), values = buf_zeros((size_t)N * T * kvC), q = buf_zeros((size_t)N * C);
+    Buf dec = buf_zeros((size_t)N * C);
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    if (ATTN_POS) pp = pos_params(groups, m, T);
+    const AttnPos *pos = ATTN_POS ? &pp.pos : NULL;
+    AttnArgs a = {.B = N, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = 1};
+    attention_forward(out.d, lse.d, proj.d, pos, &a);
+    buf_download(&out);
+    for (int n = 0; n < N; n++)
+        for (int t = 0; t < T; t++) {
+            const float *row = proj.h + ((size_t)n * T + t) * W;
+            memcpy(keys.h + ((size_t)n * T + t) * kvC, row + ko, (size_t)kvC * sizeof(float));
+            memcpy(values.h + ((size_t)n * T + t) * kvC, row + vo, (size_t)kvC * sizeof(float));
+        }
+    buf_upload(&keys), buf_upload(&values);
+    int one_tensor = attn_cache_tensors(ATTN_VARIANT) == 1; /* KV tying: keys and values are one buffer */
+    double err = 0.0, omax = 0.0;
+    for (int t = 0; t < T; t++) {
+        for (int n = 0; n < N; n++)
+            memcpy(q.h + (size_t)n * C, proj.h + ((size_t)n * T + t) * W + qo, (size_t)C * sizeof(float));
+        buf_upload(&q);
+        attention_decode(dec.d, q.d, C, keys.d, one_tensor ? keys.d : values.d, T, t, N, H, hd, G, pos);
+        buf_download(&dec);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) {
+                double want = out.h[((size_t)n * T + t) * C + c];
+                err = fmax(err, fabs(dec.h[(size_t)n * C + c] - want));
+                omax = fmax(omax, fabs(want));
+            }
+    }
+    CHECK(err <= 1e-5 * omax, "%s, %d K/V heads for %d: cached decoding differs from the forward pass by %.3g",
+          attn_variant_label(ATTN_VARIANT, ATTN_POS), G, H, err);
+    buf_free(&proj), buf_free(&out), buf_free(&lse), buf_free(&keys), buf_free(&values), buf_free(&q), buf_free(&dec);
+    pos_params_free(&pp);
+}
+
+static void bad_kv_heads_divide(void) { /* 3 K/V heads for 4 query heads */
+    AttnArgs a = {.B = 1, .T = 2, .H = 4, .hd = 2, .kv_heads = 3};
+    attention_forward(dummy, dummy + 32, dummy, NULL, &a);
+}
+static void bad_kv_heads_symmetric(void) { /* KV and K: the key is the query, no grouped form */
+    AttnArgs a = {.B = 1, .T = 2, .H = 2, .hd = 2, .kv_heads = 1};
+    attention_forward(dummy, dummy + 32, dummy, NULL, &a);
+}
+static void bad_kv_heads_decode(void) {
+    attention_decode(dummy, dummy, 8, dummy + 16, dummy + 32, 2, 0, 1, 4, 2, 3, NULL);
+}
+
+/* Grouped K/V heads (docs/kernels.md, "Grouped K/V heads"): gradchecks for QKV and KV tying across causal
+ * and bidirectional attention, key padding, dropout (and +Pos in the +Pos builds), G = 1 (MQA) and H/2
+ * (GQA); grouped = standard on expanded heads; G = H = standard exactly; cached = uncached decoding. KV and
+ * K refuse grouping; every variant refuses a K/V head count that does not divide H. */
+static void test_grouped_kv(void) {
+    int H = 4, hd = 4;
+    dummy = dev_alloc(64 * sizeof(float));
+    expect_error("attention_forward", bad_kv_heads_divide);
+    if (attn_symmetric(ATTN_VARIANT)) {
+        expect_error("attention_forward", bad_kv_heads_symmetric);
+        dev_free(dummy);
+        return;
+    }
+    expect_error("attention_decode", bad_kv_heads_decode);
+    dev_free(dummy);
+    for (int G = 1; G < H; G *= 2) { /* 1 (MQA) and 2 (GQA) */
+        attention_case_kv("causal", G, 2, 9, H, hd, 1, 0, 0.0f);
+        attention_case_kv("bidirectional", G, 2, 9, H, hd, 0, 0, 0.0f);
+        attention_case_kv("causal, key padding", G, 2, 9, H, hd, 1, 1, 0.0f);
+        attention_case_kv("bidirectional, key padding", G, 2, 9, H, hd, 0, 1, 0.0f);
+        attention_case_kv("causal, dropout", G, 2, 9, H, hd, 1, 0, 0.25f);
+        attention_case_kv("bidirectional, key padding, dropout", G, 2, 9, H, hd, 0, 1, 0.25f);
+    }
+    attention_case_kv("causal, 2 row blocks", 1, 1, 70, H, hd, 1, 0, 0.0f);
+    attention_case_kv("bidirectional, 2 row blocks", 2, 1, 70, H, hd, 0, 0, 0.0f);
+    for (int G = 1; G <= H; G *= 2)
+        for (int causal = 0; causal <= 1; causal++) grouped_vs_expanded(G, causal);
+    for (int G = 1; G <= H; G *= 2) grouped_decode(G);
+}
+
 int main(void) {
     backend_init(0);
     printf("kernels test: attention variant %s (m=%d, %s), %d threads\n", attn_variant_label(ATTN_VARIANT, ATTN_POS),
@@ -818,5 +1004,6 @@ int main(void) {
     test_dropout();
     test_adamw_and_clip();
     test_argument_errors();
+    test_grouped_kv();
     return TEST_SUMMARY("test_kernels");
 }

@@ -227,6 +227,55 @@ static void test_detectors(void) {
     free(A0), free(A1);
 }
 
+/* ------------------------------------------------------------------ grouped K/V heads */
+
+/* A hand-built layer with 4 query heads and 2 K/V heads (raw weights, no bias): query head h is a copy of K/V
+ * head h/2's key rows, so with the right grouping every W_QK = W_K W_K^T is symmetric PSD (A2 sigma_sym 1,
+ * PSD residual 0) and, with the value rows equal to the key rows (A3), PK = 1 and tau_QK = 0. Reading head h's
+ * K/V from head h % 2 (or from a standard layout) breaks it for heads 1 and 2. */
+static void test_grouped_heads(void) {
+    if (attn_symmetric(ATTN_VARIANT)) return; /* KV and K have no grouped form */
+    int H = 4, G = 2, r = 4, C = H * r, kvC = G * r, PW = attn_proj_width(ATTN_VARIANT, C, kvC);
+    int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
+    int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
+    int vo = attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC);
+    float *W = xcalloc((size_t)(PW + C) * C, sizeof(float));
+    Rng g = rng_seeded(5, 1);
+    for (size_t k = 0; k < (size_t)(PW + C) * C; k++) W[k] = (float)rng_normal(&g);
+    for (int h = 0; h < H; h++) /* q rows of head h = k rows of K/V head h / 2 */
+        memcpy(W + (size_t)(qo + h * r) * C, W + (size_t)(ko + h / 2 * r) * C, (size_t)r * C * sizeof(float));
+    if (vo != ko) memcpy(W + (size_t)vo * C, W + (size_t)ko * C, (size_t)kvC * C * sizeof(float)); /* V = K */
+    BlockParams bp = {.attnw = 0, .projw = (size_t)PW * C};
+    int causal = 0;
+    ModelSource src = {.params = W, .bp = &bp, .L = 1, .H = H, .C = C, .variant = ATTN_VARIANT, .kv_heads = G,
+                       .post_ln = 1, .causal = &causal};
+    Model m;
+    model_build(&m, "gpt2", &src);
+    CHECK(m.kv_heads == G, "model_build keeps the K/V head count (%d)", m.kv_heads);
+    int same = 1;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < C; i++)
+            for (int c = 0; c < r; c++) /* Wk is (d+1) x r: row i, column c = weight row (ko + (h/2) r + c), input i */
+                same &= m.layer[0].head[h].Wk[(size_t)i * r + c] == W[(size_t)(ko + h / 2 * r + c) * C + i];
+    CHECK(same, "grouped heads: head h reads the key rows of K/V head h / (H/G)");
+    cJSON *sym = analysis_qk_symmetry(&m), *al = analysis_kv_alignment(&m);
+    double worst = 0.0, worst_pk = 0.0;
+    for (int h = 0; h < H; h++) {
+        cJSON *c = cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(sym, "per_head"), 0), h);
+        cJSON *a = cJSON_GetArrayItem(cJSON_GetArrayItem(cJSON_GetObjectItem(al, "per_head"), 0), h);
+        worst = fmax(worst, fabs(cJSON_GetObjectItem(c, "sigma_sym")->valuedouble - 1.0));
+        worst = fmax(worst, fabs(cJSON_GetObjectItem(c, "psd_residual")->valuedouble));
+        worst_pk = fmax(worst_pk, fabs(cJSON_GetObjectItem(a, "pk")->valuedouble - 1.0));
+        worst_pk = fmax(worst_pk, fabs(cJSON_GetObjectItem(a, "tau_qk")->valuedouble));
+    }
+    CHECK(worst < 1e-6, "A2 on grouped heads: every W_Q = W_K of its group gives sigma_sym 1, PSD residual 0 "
+          "(worst %.3g)", worst);
+    CHECK(worst_pk < 1e-6, "A3 on grouped heads: V = K of the group gives PK 1, tau_QK 0 (worst %.3g)", worst_pk);
+    cJSON_Delete(sym), cJSON_Delete(al);
+    model_free(&m);
+    free(W);
+}
+
 /* ------------------------------------------------------------------ A10, A11 through the gpt2 runner */
 
 #if IS_ENABLED(CONFIG_GPT2)
@@ -315,6 +364,29 @@ static void test_runner(void) {
     CHECK(dz == 0.0 && dm == 0.0, "A10: a head with zero output projection has no ablation effect (%g, %g)", dz, dm);
     CHECK(cJSON_GetObjectItem(other, "dloss_zero")->valuedouble != 0.0, "A10: ablating another head does change the loss");
     cJSON_Delete(ab);
+    if (m.kv_heads != m.H) { /* grouped K/V heads: A11 says it does not apply; the rest is the standard layout's */
+        cJSON *mk = analysis_masks(&r, &m, 1, (double[]){0.5}, 1, 2, 0.1, 1);
+        CHECK(cJSON_IsFalse(cJSON_GetObjectItem(mk, "applies")) && strstr(cJSON_GetStringValue(
+                  cJSON_GetObjectItem(mk, "why")), "grouped"), "A11 does not apply to grouped K/V heads");
+        cJSON_Delete(mk);
+        int G = m.kv_heads, group = m.H / G, r_ = m.r, same = 1, C = m.d;
+        int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, G * r_);
+        float *W = params_to_host(r.w, r.w->params);
+        const float *g1 = W + r.src.bp[0].ln1w; /* the folded gain (biases are 0 at initialisation) */
+        for (int h = 0; h < m.H; h++)
+            for (int i = 0; i < C; i++)
+                for (int c = 0; c < r_; c++)
+                    same &= fabs(m.layer[0].head[h].Wk[(size_t)i * r_ + c] -
+                                 (double)W[r.src.bp[0].attnw + (size_t)(ko + h / group * r_ + c) * C + i] * g1[i]) < 1e-12;
+        CHECK(same, "the runner's model: head h reads the key rows of K/V head h / %d", group);
+        free(W);
+        model_free(&m);
+        runner_close(&r);
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+        if (system(cmd) != 0) FATAL("cannot remove %s", g_dir);
+        return;
+    }
     /* R1: the initial (all-on) masks are exactly the model; all-off differs */
     MaskPlan p;
     mask_plan(&p, &m, &r);
@@ -399,6 +471,7 @@ int main(void) {
     test_gauge();
     test_positional_and_hodge();
     test_detectors();
+    test_grouped_heads();
 #if IS_ENABLED(CONFIG_GPT2)
     test_runner();
 #endif

@@ -280,6 +280,19 @@ static void test_param_counts(void) {
                   "parameters, by hand %ld", name, groups, s2s_num_params(&t), shared);
         }
     }
+    /* grouped K/V heads (QKV, KV tying): the self-attention's non-query blocks are G*hd wide, cross-attention
+     * keeps its 4 (d^2 + d); by hand for d = 16, 2 heads, MQA (kvC = 8) */
+    for (int v = 0; v < ATTN_NUM_VARIANTS; v++) {
+        if (attn_symmetric(v)) continue;
+        S2SConfig t = {.decoder = 1, .Vs = 100, .Vt = 80, .Tmax = 20, .C = 16, .H = 2, .mlp = 64, .L_enc = 2,
+                       .L_dec = 3, .scale_emb = 1, .pad = TOK_PAD, .variant = v, .kv_heads = 1};
+        long C = 16, kvC = 8, P = attn_num_proj(v), mlp = 64, ln = 2 * C;
+        long self = (C + (P - 1) * kvC) * (C + 1) + C * C + C, ffn = C * mlp + mlp + mlp * C + C;
+        long enc = 2 * (self + ffn + 2 * ln), dec = 3 * (self + ffn + 3 * ln + 4 * (C * C + C));
+        long want = 100 * C + enc + ln + 80 * C + dec + ln + 80 * C + 80;
+        CHECK((long)s2s_num_params(&t) == want, "%s MQA encoder-decoder: %zu parameters, by hand %ld",
+              attn_variant_label(v, 0), s2s_num_params(&t), want);
+    }
     /* the reference's +Pos rows (m = 10) */
     S2SConfig c = synthetic_config();
     c.pos = 1, c.pos_m = 10, c.pos_groups = 1;
@@ -315,11 +328,11 @@ static void ref_pad(unsigned char *mask, const int *tok, size_t n, int pad) {
 /* x += proj(attention(qkv(in))) of block lp */
 static void ref_attn_branch(double *x, const double *in, const double *P, const BlockParams *lp, const S2SConfig *c,
                             int B, int T, int causal, const unsigned char *pad) {
-    int C = c->C, NP = attn_num_proj(c->variant);
+    int C = c->C, PW = ref_proj_width(c->variant, c->H, c->C / c->H, c->kv_heads);
     size_t n = (size_t)B * T * C;
-    double *proj = xmalloc(n * NP * sizeof(double)), *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
-    ref_linear(proj, in, P + lp->attnw, P + lp->attnb, B * T, C, NP * C);
-    ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, causal, pad, c->pos ? P + lp->posw : NULL,
+    double *proj = xmalloc(n / C * PW * sizeof(double)), *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
+    ref_linear(proj, in, P + lp->attnw, P + lp->attnb, B * T, C, PW);
+    ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, causal, pad, c->pos ? P + lp->posw : NULL,
                        c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
     ref_linear(br, att, P + lp->projw, P + lp->projb, B * T, C, C);
     for (size_t i = 0; i < n; i++) x[i] += br[i];
@@ -473,6 +486,15 @@ static void test_models(void) {
     sh.shared_emb = 1, sh.Vs = sh.Vt = 11, sh.gelu = 1;
     model_case("encoder-decoder, shared embedding and generator", sh, src, 5, tin, tout, 4, 2);
 
+    if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads in encoder and decoder self-attention */
+        S2SConfig g = ed;
+        g.C = 16, g.H = 4, g.kv_heads = 2, g.pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 4 : 1) : 0;
+        model_case("encoder-decoder, 2 K/V heads for 4", g, src, 5, tin, tout, 4, 2);
+        S2SConfig mq = enc;
+        mq.kv_heads = 1;
+        model_case("post-LN one-hot encoder, MQA", mq, x, 6, NULL, y, 6, 2);
+    }
+
     /* dropout: deterministic given the seed, off outside training */
     S2SConfig dr = ed;
     dr.dropout = 0.2f;
@@ -505,10 +527,13 @@ static void next_logprobs(S2S *m, const int *src, int S, const int *prefix, int 
     free(logits);
 }
 
-static void test_decoding(void) {
-    S2SConfig c = {.decoder = 1, .Vs = 12, .Vt = 6, .Tmax = 12, .C = 8, .H = 2, .mlp = 16, .L_enc = 1, .L_dec = 2,
-                   .scale_emb = 1, .pad = TOK_PAD, .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,
-                   .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
+/* H heads of dim 4, kv_heads K/V heads (0: one per query head): the cache, its beam reordering and the
+ * decoder block at one position against whole forward passes. */
+static void test_decoding(int H, int kv_heads) {
+    S2SConfig c = {.decoder = 1, .Vs = 12, .Vt = 6, .Tmax = 12, .C = 4 * H, .H = H, .mlp = 16, .L_enc = 1,
+                   .L_dec = 2, .scale_emb = 1, .pad = TOK_PAD, .variant = ATTN_VARIANT, .pos = ATTN_POS,
+                   .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0,
+                   .kv_heads = kv_heads};
     S2S m;
     s2s_init(&m, &c, 21);
     free(perturb_params(&m.w, 1.5f * 1.5f)); /* peaked distributions: few near-ties */
@@ -528,7 +553,8 @@ static void test_decoding(void) {
         }
         agree &= lens[b] == n && same_ints(out + b * L, seq, n) && (n == L || out[b * L + n] == TOK_EOS);
     }
-    CHECK(agree, "beam width 1 equals an uncached greedy search (lengths %d %d %d)", lens[0], lens[1], lens[2]);
+    CHECK(agree, "%d K/V heads for %d: beam width 1 equals an uncached greedy search (lengths %d %d %d)",
+          kv_heads ? kv_heads : H, H, lens[0], lens[1], lens[2]);
 
     /* exhaustive search over every output of at most 3 tokens (V = 6): a beam of 36 keeps every prefix */
     for (int ai = 0; ai < 2; ai++) {
@@ -568,7 +594,8 @@ static void test_decoding(void) {
             s2s_decode(&m, src + b * S, S, 1, 36, alpha, 3, TOK_BOS, TOK_EOS, o, &n);
             ok &= n == best_len && same_ints(o, best_seq, n);
         }
-        CHECK(ok, "beam 36 over 3 tokens finds the exhaustive best (alpha %.1f)", alpha);
+        CHECK(ok, "%d K/V heads for %d: beam 36 over 3 tokens finds the exhaustive best (alpha %.1f)",
+              kv_heads ? kv_heads : H, H, alpha);
     }
     s2s_free(&m);
 }
@@ -581,6 +608,10 @@ int main(void) {
     test_batches();
     test_param_counts();
     test_models();
-    test_decoding();
+    test_decoding(2, 0);
+    if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads: QKV and KV tying */
+        test_decoding(4, 2);
+        test_decoding(4, 1);
+    }
     return TEST_SUMMARY("test_seq2seq");
 }

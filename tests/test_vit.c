@@ -55,6 +55,19 @@ static void test_param_counts(void) {
                   "oracle %ld", name, b.pos_groups, vit_num_params(&b), cifar[v] + pb);
         }
     }
+    /* grouped K/V heads, by hand from the oracles: each non-query block loses (C - G hd) x C (no Q/K/V bias).
+     * CIFAR d = 256, 4 layers, 4 heads of 64: QKV G = 2: 1,702,410 - 4 x 2 x 128 x 256 = 1,440,266;
+     * QKV MQA: - 4 x 2 x 192 x 256 = 1,309,194; KV tying MQA: 1,440,266 - 4 x 192 x 256 = 1,243,658.
+     * MNIST d = 64, 2 layers, 2 heads of 32, QKV MQA: 59,210 - 2 x 2 x 32 x 64 = 51,018 */
+    ViTConfig b = config(32, 32, 3, 10, 8, 256, 4, 4, 256), a = config(28, 28, 1, 10, 7, 64, 2, 2, 64);
+    b.pos = a.pos = 0, b.pos_m = a.pos_m = 0, b.pos_groups = a.pos_groups = 0;
+    b.variant = a.variant = ATTN_QKV, b.kv_heads = 2, a.kv_heads = 1;
+    CHECK(vit_num_params(&b) == 1440266, "ViT CIFAR QKV, 2 K/V heads: %zu parameters", vit_num_params(&b));
+    CHECK(vit_num_params(&a) == 51018, "ViT MNIST QKV, MQA: %zu parameters", vit_num_params(&a));
+    b.kv_heads = 1;
+    CHECK(vit_num_params(&b) == 1309194, "ViT CIFAR QKV, MQA: %zu parameters", vit_num_params(&b));
+    b.variant = ATTN_KV_TYING;
+    CHECK(vit_num_params(&b) == 1243658, "ViT CIFAR KV tying, MQA: %zu parameters", vit_num_params(&b));
 }
 
 /* ------------------------------------------------------------------ float64 reference */
@@ -71,10 +84,10 @@ static double ref_loss(void *vctx) {
     const ViT *m = r->m;
     const ViTConfig *c = &m->cfg;
     const double *P = r->P;
-    int B = r->B, C = c->C, T = c->T, N = c->N, NP = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
+    int B = r->B, C = c->C, T = c->T, N = c->N, PW = ref_proj_width(c->variant, c->H, c->C / c->H, c->kv_heads), pd = c->P * c->P * c->img_c;
     size_t n = (size_t)B * T * C;
     double *pemb = xmalloc((size_t)B * N * C * sizeof(double)), *x = xmalloc(n * sizeof(double));
-    double *ln = xmalloc(n * sizeof(double)), *proj = xmalloc(n * NP * sizeof(double));
+    double *ln = xmalloc(n * sizeof(double)), *proj = xmalloc(n / C * PW * sizeof(double));
     double *att = xmalloc(n * sizeof(double)), *br = xmalloc(n * sizeof(double));
     double *fc = xmalloc((size_t)B * T * c->mlp * sizeof(double)), *act = xmalloc((size_t)B * T * c->mlp * sizeof(double));
     double *pooled = xcalloc((size_t)B * C, sizeof(double)), *hfc = xmalloc((size_t)B * c->mlp * sizeof(double));
@@ -89,8 +102,8 @@ static double ref_loss(void *vctx) {
     for (int l = 0; l < c->L; l++) {
         const BlockParams *lp = &m->layer[l];
         ref_layernorm(ln, x, P + lp->ln1w, P + lp->ln1b, B * T, C);
-        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, B * T, C, NP * C);
-        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, 0, NULL, c->pos ? P + lp->posw : NULL,
+        ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, B * T, C, PW);
+        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, 0, NULL, c->pos ? P + lp->posw : NULL,
                            c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
         ref_linear(br, att, P + lp->projw, P + lp->projb, B * T, C, C);
         for (size_t i = 0; i < n; i++) x[i] += br[i];
@@ -228,6 +241,13 @@ int main(void) {
     ViTConfig mean = config(8, 12, 1, 4, 4, 8, 1, 2, 8);
     mean.cls = 0, mean.T = mean.N, mean.head_mlp = 0, mean.final_ln = 1, mean.attn_bias = 1;
     model_case("mean pooling, final LayerNorm, linear head", mean);
+    if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads: QKV and KV tying */
+        ViTConfig g = config(8, 8, 2, 5, 4, 16, 2, 4, 12);
+        g.kv_heads = 2;
+        model_case("CLS pooling, 2 K/V heads for 4", g);
+        mean.kv_heads = 1;
+        model_case("mean pooling, MQA", mean);
+    }
     test_overfit();
     test_split_and_augment();
     return TEST_SUMMARY("test_vit");

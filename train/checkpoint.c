@@ -95,7 +95,11 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
                    got ? got : "(missing)", want, hint);
 }
 
-/* First field (dotted path) where got differs from want, or 0 when equal. */
+/* First field (dotted path) where got differs from want, or 0 when equal. A
+ * field that only the stored description has is a difference too (*want_s
+ * NULL): descriptions write some fields only when they are not the standard
+ * (attention.kv_heads when K/V heads are grouped), so that older checkpoints
+ * keep loading and a model that has one is still told apart. */
 static int json_diff(const cJSON *got, const cJSON *want, char *path, size_t cap, char **got_s, char **want_s) {
     if (cJSON_IsObject(want) && cJSON_IsObject(got)) {
         size_t len = strlen(path);
@@ -103,6 +107,13 @@ static int json_diff(const cJSON *got, const cJSON *want, char *path, size_t cap
         cJSON_ArrayForEach(w, want) {
             snprintf(path + len, cap - len, "%s%s", len ? "." : "", w->string);
             if (json_diff(cJSON_GetObjectItemCaseSensitive(got, w->string), w, path, cap, got_s, want_s)) return 1;
+        }
+        cJSON_ArrayForEach(w, got) {
+            if (cJSON_GetObjectItemCaseSensitive(want, w->string)) continue;
+            snprintf(path + len, cap - len, "%s%s", len ? "." : "", w->string);
+            *got_s = cJSON_PrintUnformatted(w);
+            *want_s = NULL;
+            return 1;
         }
         path[len] = 0;
         return 0;
@@ -123,7 +134,7 @@ int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, co
         rc = err_set(e, "%s: metadata '%s' is missing or not JSON (hint: %s)", st_path(f), key, hint);
     else if (json_diff(got, want, path, sizeof path, &got_s, &want_s))
         rc = err_set(e, "%s: mismatched checkpoint: %s.%s is %s, this binary has %s (hint: %s)", st_path(f), key, path,
-                     got_s ? got_s : "(missing)", want_s, hint);
+                     got_s ? got_s : "(missing)", want_s ? want_s : "none", hint);
     cJSON_free(got_s);
     cJSON_free(want_s);
     cJSON_Delete(got);

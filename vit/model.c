@@ -41,11 +41,15 @@ ViTConfig vit_config_from_kconfig(int h, int w, int c, int classes) {
         .pos = ATTN_POS,
         .pos_m = ATTN_POS_DIM,
         .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? CONFIG_VIT_HEADS : 1) : 0,
+        .kv_heads = attn_kv_heads(CONFIG_VIT_HEADS),
     };
     v.T = v.N + v.cls;
     if (v.C % v.H != 0)
         FATAL("CONFIG_VIT_DIM=%d is not a multiple of CONFIG_VIT_HEADS=%d (hint: the head dim is channels / heads)",
               v.C, v.H);
+    if (v.H % v.kv_heads != 0)
+        FATAL("CONFIG_ATTN_KV_HEADS=%d does not divide CONFIG_VIT_HEADS=%d (hint: 0 or a divisor of the heads)",
+              v.kv_heads, v.H);
     return v;
 }
 
@@ -71,6 +75,7 @@ char *vit_config_json(const ViTConfig *c) {
     cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
     cJSON_AddStringToObject(o, "ln_placement", "pre");
     cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
+    attention_json_kv_heads(a, c->H, c->kv_heads);
     cJSON_AddFalseToObject(a, "causal");
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
@@ -78,15 +83,20 @@ char *vit_config_json(const ViTConfig *c) {
     return s;
 }
 
+/* K/V width: kv_heads * head_dim (C without grouped K/V heads). */
+static int kv_dim(const ViTConfig *c) { return (c->kv_heads ? c->kv_heads : c->H) * (c->C / c->H); }
+
 size_t vit_matmul_params(const ViTConfig *c) {
-    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant), pd = (size_t)c->P * c->P * c->img_c;
+    size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c)),
+           pd = (size_t)c->P * c->P * c->img_c;
     size_t head = c->head_mlp ? C * c->mlp + (size_t)c->mlp * c->classes : C * c->classes;
-    return pd * C + (size_t)c->L * (P * C * C + C * C + 2 * C * c->mlp) + head;
+    return pd * C + (size_t)c->L * (W * C + C * C + 2 * C * c->mlp) + head;
 }
 
 double vit_flops_per_image(const ViTConfig *c) {
-    size_t C = (size_t)c->C, P = (size_t)attn_num_proj(c->variant), pd = (size_t)c->P * c->P * c->img_c;
-    double blocks = (double)c->L * (P * C * C + C * C + 2 * C * c->mlp); /* per token */
+    size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c)),
+           pd = (size_t)c->P * c->P * c->img_c;
+    double blocks = (double)c->L * (W * C + C * C + 2 * C * c->mlp); /* per token */
     double patch = (double)pd * C;                                       /* per patch */
     double head = (double)vit_matmul_params(c) - blocks - patch;          /* per image */
     return (6.0 * blocks + 12.0 * c->L * c->T * (double)C) * c->T + 6.0 * patch * c->N + 6.0 * head;
@@ -97,7 +107,7 @@ double vit_flops_per_image(const ViTConfig *c) {
 static void build_table(ViT *m) {
     const ViTConfig *c = &m->cfg;
     ParamTable *t = &m->w.table;
-    int C = c->C, P = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c;
+    int C = c->C, P = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c, kvC = kv_dim(c);
     char name[PARAM_NAME_MAX];
     m->patchw = param_add(t, "patch.weight", 1, 2, C, pd);
     m->patchb = param_add(t, "patch.bias", 0, 1, C);
@@ -109,13 +119,15 @@ static void build_table(ViT *m) {
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-        for (int p = 0; p < P; p++) {
-            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, C, C);
+        for (int p = 0; p < P; p++) { /* K/V blocks kv_heads*head_dim rows (docs/kernels.md) */
+            int rows = attn_block_width(c->variant, p, C, kvC);
+            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
             if (p == 0) lp->attnw = off;
         }
         if (c->attn_bias)
             for (int p = 0; p < P; p++) {
-                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, C);
+                int rows = attn_block_width(c->variant, p, C, kvC);
+                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
                 if (p == 0) lp->attnb = off;
             }
         if (c->pos) {
@@ -206,7 +218,7 @@ void vit_free(ViT *m) {
 
 static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, int l) {
     const ViTConfig *c = &m->cfg;
-    BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
+    BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
                     .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m, .pos_groups = c->pos_groups,
                     .pos_feat = m->pos_feat, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
                     .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};

@@ -24,6 +24,7 @@ typedef struct {
     int attn_bias;
     float dropout;
     int variant, pos, pos_m, pos_groups;
+    int kv_heads;   /* K/V heads G (attn_kv_heads(H)): H standard, 1 MQA, else GQA */
 } ViTConfig;
 
 /* The configured model for images of h x w x c and the given classes. */

@@ -16,7 +16,14 @@
  *
  * Roles are pointers into the projection buffer: a variant that reuses a
  * projection in several roles simply passes the same pointer, and its
- * gradients from each role accumulate into the same place. */
+ * gradients from each role accumulate into the same place.
+ *
+ * Grouped K/V heads (GQA/MQA): query head h reads key and value head
+ * h / group (group = H / kv_heads). The forward pass still runs one task per
+ * (batch, query head); the backward pass runs one task per (batch, K/V
+ * head) that walks its query heads in order, so the dK and dV of a shared
+ * head are accumulated by one thread in a fixed order (no atomics, the same
+ * result for every thread count). */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -41,6 +48,7 @@ void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
  * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */
 typedef struct {
     int B, Tq, Tk, H, hd;
+    int group;          /* query heads per K/V head (H / kv_heads); K/V head of query head h: h / group */
     int causal, symmetric, pos;
     float scale;
     const float *q, *k, *v;
@@ -63,6 +71,9 @@ typedef struct {
 } Problem;
 
 static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : h; }
+
+/* Offset of query head h's K/V head inside a K/V row. */
+static size_t kv_off(const Problem *p, int h) { return (size_t)(h / p->group) * p->hd; }
 
 /* Build-time facts: +Pos code exists only in +Pos builds and the symmetric
  * (ssyrk) path only where the query role is the key role; the compiler
@@ -216,9 +227,8 @@ static float softmax_row(const Problem *p, float *row, int b, int h, int i, int 
  * lse; returns the number of keys the block uses. The forward pass and
  * attention_probs() both go through here, so they agree bit for bit. */
 static int probs_block(const Problem *p, int b, int h, int r0, int rows, float *S, float *lse, int dropout) {
-    size_t hoff = (size_t)h * p->hd;
-    const float *Q = p->q + b * p->q_bstride + hoff;
-    const float *K = p->k + b * p->kv_bstride + hoff;
+    const float *Q = p->q + b * p->q_bstride + (size_t)h * p->hd;
+    const float *K = p->k + b * p->kv_bstride + kv_off(p, h);
     int Tk = p->Tk;
     int kmax = p->causal ? r0 + rows : Tk;
     if (uses_symmetric(p)) /* one call for the whole matrix (r0 == 0, rows == Tq) */
@@ -236,7 +246,7 @@ static int row_block(const Problem *p) { return uses_symmetric(p) ? p->Tq : ATTN
 
 static void forward_one(const Problem *p, int b, int h, float *S) {
     size_t hoff = (size_t)h * p->hd;
-    const float *V = p->v + b * p->kv_bstride + hoff;
+    const float *V = p->v + b * p->kv_bstride + kv_off(p, h);
     float *O = p->out + b * p->o_bstride + hoff;
     float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
     for (int r0 = 0; r0 < p->Tq; r0 += row_block(p)) {
@@ -327,13 +337,13 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
 }
 
 static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
-    size_t hoff = (size_t)h * p->hd;
+    size_t hoff = (size_t)h * p->hd, kvoff = kv_off(p, h);
     const float *Q = p->q + b * p->q_bstride + hoff;
-    const float *K = p->k + b * p->kv_bstride + hoff;
-    const float *V = p->v + b * p->kv_bstride + hoff;
+    const float *K = p->k + b * p->kv_bstride + kvoff;
+    const float *V = p->v + b * p->kv_bstride + kvoff;
     float *dQ = p->dq + b * p->q_bstride + hoff;
-    float *dK = p->dk + b * p->kv_bstride + hoff;
-    float *dV = p->dv + b * p->kv_bstride + hoff;
+    float *dK = p->dk + b * p->kv_bstride + kvoff;
+    float *dV = p->dv + b * p->kv_bstride + kvoff;
     const float *O = p->out + b * p->o_bstride + hoff;
     const float *dO = p->dout + b * p->o_bstride + hoff;
     const float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
@@ -395,8 +405,10 @@ static void run_backward(const Problem *p) {
     {
         float *S = ws + per * (size_t)omp_get_thread_num();
         float *dA = S + per / 2;
+        int G = p->H / p->group; /* K/V heads: one task each, its query heads in order */
 #pragma omp for schedule(dynamic)
-        for (int task = 0; task < p->B * p->H; task++) backward_one(p, task / p->H, task % p->H, S, dA);
+        for (int task = 0; task < p->B * G; task++)
+            for (int h = (task % G) * p->group; h < (task % G + 1) * p->group; h++) backward_one(p, task / G, h, S, dA);
     }
 }
 
@@ -449,27 +461,37 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
     } else if (pos) {
         FATAL("%s: positional weights given but +Pos is not configured", op);
     }
-    int C = a->H * a->hd, P = attn_num_proj(ATTN_VARIANT);
-    int qb = attn_query_block(ATTN_VARIANT), kb = attn_key_block(ATTN_VARIANT), vb = attn_value_block(ATTN_VARIANT);
+    int G = a->kv_heads ? a->kv_heads : a->H;
+    if (G < 1 || G > a->H || a->H % G != 0)
+        FATAL("%s: %d K/V heads for %d query heads (the K/V head count must divide the query head count)", op, G,
+              a->H);
+    if (G != a->H && attn_symmetric(ATTN_VARIANT))
+        FATAL("%s: %d K/V heads for %d query heads in variant %s, whose key also plays the query role (grouped K/V "
+              "heads are defined for QKV and KV tying only)", op, G, a->H, attn_variant_label(ATTN_VARIANT, 0));
+    int C = a->H * a->hd, kvC = G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
+    int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
+    int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
+    int vo = attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC);
     memset(p, 0, sizeof *p);
     p->B = a->B;
     p->Tq = p->Tk = a->T;
     p->H = a->H;
     p->hd = a->hd;
+    p->group = a->H / G;
     p->causal = a->causal;
     p->symmetric = attn_symmetric(ATTN_VARIANT) && !a->causal && g_symmetric_path;
     p->pos = ATTN_POS;
     p->scale = 1.0f / sqrtf((float)a->hd);
-    p->q = proj + (size_t)qb * C;
-    p->k = proj + (size_t)kb * C;
-    p->v = proj + (size_t)vb * C;
+    p->q = proj + qo;
+    p->k = proj + ko;
+    p->v = proj + vo;
     if (dproj) {
-        p->dq = dproj + (size_t)qb * C;
-        p->dk = dproj + (size_t)kb * C;
-        p->dv = dproj + (size_t)vb * C;
+        p->dq = dproj + qo;
+        p->dk = dproj + ko;
+        p->dv = dproj + vo;
     }
-    p->q_ld = p->kv_ld = P * C;
-    p->q_bstride = p->kv_bstride = (size_t)a->T * P * C;
+    p->q_ld = p->kv_ld = W;
+    p->q_bstride = p->kv_bstride = (size_t)a->T * W;
     p->out = out;
     p->dout = dout;
     p->o_ld = C;
@@ -522,6 +544,7 @@ static void cross_problem(Problem *p, const char *op, float *out, float *lse, co
     p->Tk = a->Tk;
     p->H = a->H;
     p->hd = a->hd;
+    p->group = 1; /* cross-attention keeps one K/V head per query head */
     p->scale = 1.0f / sqrtf((float)a->hd);
     p->q = q;
     p->k = kv;
@@ -563,10 +586,13 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 /* ------------------------------------------------------------------ decoding */
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
-                      int N, int H, int hd, const AttnPos *pos) {
-    int C = H * hd;
+                      int N, int H, int hd, int kv_heads, const AttnPos *pos) {
+    int C = H * hd, G = kv_heads ? kv_heads : H;
     if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
         FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
+    if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
+        FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
+    int kvC = G * hd, group = H / G;
     if (ATTN_POS && (!pos || pos->T <= t)) FATAL("attention_decode: +Pos basis missing or shorter than position %d", t);
     int n = t + 1;
     float scale = 1.0f / sqrtf((float)hd);
@@ -576,9 +602,10 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
         int r = task / H, h = task % H;
         float *s = ws + (size_t)n * omp_get_thread_num();
         const float *qh = q + (size_t)r * q_ld + (size_t)h * hd;
-        const float *kh = keys + (size_t)r * T * C + (size_t)h * hd, *vh = values + (size_t)r * T * C + (size_t)h * hd;
+        size_t kvo = (size_t)r * T * kvC + (size_t)(h / group) * hd; /* this query head's K/V head */
+        const float *kh = keys + kvo, *vh = values + kvo;
         /* s_j = scale * k_j . q for the cached rows j = 0..t */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kh, C, qh, 1, 0.0f, s, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kh, kvC, qh, 1, 0.0f, s, 1);
         if (ATTN_POS) { /* alpha s_j + g(j) + f(t) + b, with this head's weights */
             int gi = pos->groups == 1 ? 0 : h, m = pos->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
             const float *w = pos->w + (size_t)gi * m;
@@ -596,7 +623,7 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
         for (int j = 0; j < n; j++) sum += (s[j] = vexpf(s[j] - mx));
         for (int j = 0; j < n; j++) s[j] /= sum;
         /* out_h = sum_j a_j v_j */
-        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, vh, C, s, 1, 0.0f, out + (size_t)r * C + (size_t)h * hd, 1);
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, vh, kvC, s, 1, 0.0f, out + (size_t)r * C + (size_t)h * hd, 1);
     }
 }
 
@@ -609,7 +636,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
     if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_scores: (b, h) = (%d, %d) out of range", b, h);
     int T = a->T;
     const float *Q = p.q + b * p.q_bstride + (size_t)h * p.hd;
-    const float *K = p.k + b * p.kv_bstride + (size_t)h * p.hd;
+    const float *K = p.k + b * p.kv_bstride + kv_off(&p, h);
     if (attn_symmetric(ATTN_VARIANT))
         scores_symmetric(&p, K, S);
     else
