@@ -56,6 +56,10 @@ void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx);
 void params_zero_grad(Params *p);
 /* AdamW on every tensor; weight decay only where the table says so. */
 void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+/* The same on the values [lo, lo + n) of the flat buffers only (ZeRO-1: one rank's slice, which may cut
+ * tensors anywhere): m and v hold the moments of those n values (m[0] is value lo's). */
+void params_adamw_slice(Params *p, float *m, float *v, size_t lo, size_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, int t);
 
 /* Host copy of one of p's buffers (params, grads, m or v): xmalloc'ed,
  * table.total floats, the caller frees it. */
