@@ -288,7 +288,8 @@ MPI_BOX = re.compile(r"^-{40,}$")
 MPI_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \(([^)]*)\))?")
 MPI_ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
 MPI_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
-MPI_NODE = re.compile(r"on node (\S+)|Local host:\s*(\S+)")
+MPI_NOISE = re.compile(r"^\[[^\]]*\] \[\[\d+,\d+\],\d+\] ORTE_ERROR_LOG")  # OpenMPI 4.1 after an MPI_Abort
+MPI_SSH = re.compile(r"ssh: (?:Could not resolve hostname|connect to host) ([^\s:]+)[^\n]*")
 
 
 def mpi_failure(text):
@@ -303,6 +304,9 @@ def mpi_failure(text):
     m = MPI_EXITED.search(text)
     if m:
         return f"rank {m.group(1)} exited with status {m.group(2)}; mpirun stopped the other ranks"
+    m = MPI_SSH.search(text)
+    if m:
+        return f"mpirun could not start the ranks on {m.group(1)}: {m.group(0)}"
     if "unable to" in text or "not able to" in text or "could not" in text.lower():
         first = next((x.strip() for x in text.splitlines() if x.strip() and not MPI_BOX.match(x.strip())), "")
         return f"mpirun could not start every rank: {first}"
@@ -359,7 +363,8 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
             log.write(line)
             log.flush()
             text = line.rstrip("\n")
-            if distributed and (in_box or MPI_BOX.match(text) or text.startswith("mpirun: Forwarding signal")):
+            if distributed and (in_box or MPI_BOX.match(text) or MPI_NOISE.match(text) or
+                                text.startswith(("mpirun: Forwarding signal", "ssh: "))):
                 in_box = in_box != bool(MPI_BOX.match(text))  # mpirun's boxes: the log has them, one line below
                 mpi_text.append(text)
                 continue

@@ -196,7 +196,7 @@ def test_variant_table(tmp):
 
 # Every string symbol is reachable from one of these (test_string_symbols checks that).
 ALL_STRINGS = ["CONFIG_GPT2=y\nCONFIG_GPT2_DATA_BPE=y\nCONFIG_VIT=y\nCONFIG_SEQ2SEQ=y\nCONFIG_WANDB=y\n"
-               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
+               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\nCONFIG_DIST_MPI=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
 # Free text: any characters, only ever passed as data. Every other string symbol refuses shell and make syntax.
 FREE_TEXT = {"GPT2_SAMPLE_PROMPT", "WANDB_PROJECT", "WANDB_RUN_NAME", "WANDB_TAGS"}
 PWNED = "kvlab-pwned"  # the marker files the payloads would create
@@ -213,6 +213,7 @@ STRING_CONTRACT = {
     ("DATA_DIR", "."): False, ("DATA_DIR", "empty"): False, ("DATA_DIR", "absolute path"): True,
     ("ABLATION_STEPS_DIR", "empty"): False, ("ABLATION_STEPS_DIR", "absolute path"): True,
     ("DATA_MIRROR", "empty"): True, ("DATA_MIRROR", "absolute path"): True,
+    ("DIST_HOSTFILE", "empty"): True, ("DIST_HOSTFILE", "absolute path"): True,
     ("WANDB_ENTITY", ".."): False, ("WANDB_ENTITY", "empty"): True,
 }
 
