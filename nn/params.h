@@ -35,7 +35,8 @@ size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
 const ParamSpec *param_find(const ParamTable *t, const char *name);
 void param_table_free(ParamTable *t);
 
-/* A model's table and its four device buffers (table.total floats each). */
+/* A model's table and its four device buffers (table.total floats each; in a ZeRO-1 run, train/trainer.h,
+ * m and v hold only the rank's slice of the values). */
 typedef struct {
     ParamTable table;
     float *params, *grads, *m, *v;
