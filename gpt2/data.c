@@ -273,16 +273,24 @@ static size_t shard_starts(const Shard *shards, int nshards, int T) {
 }
 
 int dataset_train_batch(Dataset *d, Rng *rng, int B, int *x, int *y, Err *e) {
+    return dataset_train_rows(d, rng, B, 0, B, x, y, e);
+}
+
+int dataset_train_rows(Dataset *d, Rng *rng, int B, int first, int count, int *x, int *y, Err *e) {
     int T = d->T;
-    for (int b = 0; b < B; b++) {
-        int *xb = x + (size_t)b * T, *yb = y + (size_t)b * T;
+    if (first < 0 || count < 0 || first + count > B)
+        return err_set(e, "dataset_train_rows: rows [%d, %d) of a batch of %d", first, first + count, B);
+    for (int b = 0; b < B; b++) { /* every row's draw, so that the stream stays the same for every rank */
+        int mine = b >= first && b < first + count;
+        int *xb = mine ? x + (size_t)(b - first) * T : NULL, *yb = mine ? y + (size_t)(b - first) * T : NULL;
         if (d->kind == DATA_BPE) {
             size_t start = rng_below(rng, shard_starts(d->train_shards, d->n_train_shards, T));
-            if (shard_window(d, d->train_shards, d->n_train_shards, start, xb, yb, e) != 0) return -1;
+            if (mine && shard_window(d, d->train_shards, d->n_train_shards, start, xb, yb, e) != 0) return -1;
             continue;
         }
         size_t i = d->kind == DATA_NUMBERS ? rng_below(rng, d->train_windows) * (size_t)T
                                            : rng_below(rng, d->ntrain - (size_t)T - 1);
+        if (!mine) continue;
         memcpy(xb, d->train + i, (size_t)T * sizeof(int));
         memcpy(yb, d->train + i + 1, (size_t)T * sizeof(int));
     }

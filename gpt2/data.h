@@ -49,6 +49,9 @@ void dataset_free(Dataset *d);
 
 /* B random training windows from rng: x = tokens[i:i+T], y = tokens[i+1:i+T+1]. */
 int dataset_train_batch(Dataset *d, Rng *rng, int B, int *x, int *y, Err *e);
+/* Rows [first, first + count) of that batch only (data parallelism: one rank's share), into x and y
+ * (count windows); rng advances past all B draws, as dataset_train_batch's. */
+int dataset_train_rows(Dataset *d, Rng *rng, int B, int first, int count, int *x, int *y, Err *e);
 /* Validation batches: the same fixed windows at every evaluation (the whole
  * validation split in order for numbers; evenly spaced windows otherwise),
  * at most max_batches. Rows past the end get target -1 (ignored). */

@@ -22,6 +22,7 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "data.h"
+#include "dist.h"
 #include "kernels.h"
 #include "metrics.h"
 #include "model.h"
@@ -95,25 +96,25 @@ static void metrics_header(Run *r, int resumed) {
 
 /* ------------------------------------------------------------------ evaluation */
 
-/* Validation loss (mean over counted tokens), token accuracy; no dropout. */
+/* Validation loss (mean over counted tokens), token accuracy; no dropout. Batch k runs on rank k % procs. */
 static double evaluate(Run *r, double *acc) {
     const Hyper *h = &r->h;
     int nb = dataset_val_batches(&r->data, h->B, h->eval_iters);
     int *x = xmalloc((size_t)h->B * h->T * sizeof(int)), *y = xmalloc((size_t)h->B * h->T * sizeof(int));
-    double loss_sum = 0.0;
-    long counted = 0, correct = 0;
+    double sum[3] = {0.0, 0.0, 0.0}; /* loss sum, counted, correct */
     Err e;
-    for (int k = 0; k < nb; k++) {
+    for (int k = dist_rank(); k < nb; k += dist_size()) {
         if (dataset_val_batch(&r->data, k, h->B, h->eval_iters, x, y, &e) != 0) run_die(&e);
         double l = gpt2_forward(&r->model, x, y, h->B, h->T, 0, 0);
-        loss_sum += l * r->model.counted;
-        counted += r->model.counted;
-        correct += gpt2_correct(&r->model);
+        sum[0] += l * r->model.counted;
+        sum[1] += r->model.counted;
+        sum[2] += gpt2_correct(&r->model);
     }
     free(x);
     free(y);
-    *acc = counted ? (double)correct / counted : 0.0;
-    return counted ? loss_sum / counted : NAN;
+    dist_sum(sum, 3);
+    *acc = sum[1] > 0 ? sum[2] / sum[1] : 0.0;
+    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
 
 static void eval_and_record(Run *r) {
@@ -156,6 +157,7 @@ static void banner(const Run *r) {
     printf("train: %d iters%s, batch %d x %d x %d accum, lr %.3g -> %.3g (warmup %d), wd %g, clip %g, seed %llu, "
            "%d threads\n", h->max_iters, h->max_time ? " or time budget" : "", h->B, h->T, h->accum, h->lr, h->min_lr,
            h->warmup, h->optim.weight_decay, h->optim.clip, (unsigned long long)h->seed, backend_threads());
+    run_banner_dist(&r->run);
     fflush(stdout);
 }
 
@@ -200,17 +202,22 @@ static int train(Run *r) {
         double lr = lr_warmup_cosine(t->iter, h->warmup, h->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
         double loss = 0.0;
+        DistRange rows = run_batch_rows(t, h->B); /* this rank's rows of every micro-batch */
         for (int k = 0; k < h->accum; k++) {
-            if (dataset_train_batch(&r->data, &t->data_rng, h->B, x, y, &e) != 0) run_die(&e);
+            if (dataset_train_rows(&r->data, &t->data_rng, h->B, (int)rows.lo, (int)rows.n, x, y, &e) != 0)
+                run_die(&e);
             uint64_t dseed = dropout_seed(h->seed, (uint64_t)t->iter * h->accum + k, 0);
-            loss += gpt2_forward(m, x, y, h->B, h->T, 1, dseed) / h->accum;
-            gpt2_backward(m, 1.0f / h->accum);
+            double l = rows.n ? gpt2_forward(m, x, y, (int)rows.n, h->T, 1, dseed) : 0.0;
+            double counted = rows.n ? m->counted : 0;
+            RunLoss g = run_global_loss(t, l, counted, 0);
+            loss += g.loss / h->accum;
+            if (counted > 0) gpt2_backward(m, run_backward_scale(t, 1.0f / h->accum, counted, &g));
         }
         if (run_check_loss(t, loss, "lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP")) {
             free(x), free(y);
             return 1;
         }
-        double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+        double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
         double dt = run_step_done(t, t0, (double)h->B * h->T * h->accum);
         interval_t += dt;
         interval_tokens += (double)h->B * h->T * h->accum;
@@ -254,7 +261,7 @@ static void usage(void) {
 static void setup(Run *r) {
     Err e;
     r->h = hyper_from_kconfig();
-    backend_init(CONFIG_NUM_THREADS);
+    backend_init(dist_threads(CONFIG_NUM_THREADS));
     if (dataset_load(&r->data, CONFIG_DATA_DIR, r->h.T, &e) != 0) run_die(&e);
     GPT2Config cfg = gpt2_config_from_kconfig(r->data.V);
     gpt2_init(&r->model, &cfg, r->h.seed);
@@ -304,6 +311,7 @@ static int cmd_train(int argc, char **argv) {
             usage();
     }
     if (!out || !step) usage();
+    dist_init(); /* a rank of a job when started by mpirun or srun (Kconfig Distributed) */
     Run r;
     memset(&r, 0, sizeof r);
     setup(&r);
@@ -312,13 +320,14 @@ static int cmd_train(int argc, char **argv) {
     banner(&r);
     metrics_header(&r, resumed);
     int rc = train(&r);
-    if (rc == 0 && CONFIG_GPT2_SAMPLE_LENGTH > 0) {
+    if (rc == 0 && CONFIG_GPT2_SAMPLE_LENGTH > 0 && r.run.rank == 0) {
         SampleOptions opt = sample_defaults();
         printf("sample (temperature %g, top-k %d):\n---\n", (double)opt.temperature, opt.top_k);
         generate(&r, CONFIG_GPT2_SAMPLE_PROMPT, &opt);
         printf("\n---\n");
     }
     teardown(&r);
+    dist_finalize();
     return rc;
 }
 

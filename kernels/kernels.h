@@ -98,6 +98,13 @@ void residual_forward(float *out, const float *a, const float *b, size_t n);
 uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site);
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed);
 void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed);
+/* Data-parallel training (train/dist.h): the batch of the following passes is rows [first, first + count) of
+ * a global batch. Dropout then decides element i of a buffer of n values whose leading dimension is that
+ * batch as element i + first * (n / count) of the global buffer, so the masks do not depend on how many
+ * processes share the batch; n must be a multiple of count. Attention-probability dropout adds first to
+ * its batch index (dropout_batch_first). (0, 0), the default: the batch is all there is. */
+void dropout_batch_rows(int first, int count);
+int dropout_batch_first(void);
 
 /* ---- softmax cross-entropy over V classes ----------------------------------
  * Row loss with label smoothing eps (PyTorch's definition: target mass

@@ -11,19 +11,34 @@
 #include <time.h>
 #include <unistd.h>
 
+static char g_label[320];
+static void (*g_exit_fn)(int);
+
+void set_process_identity(const char *label, void (*exit_fn)(int status)) {
+    snprintf(g_label, sizeof g_label, "%s%s", label && *label ? label : "", label && *label ? ": " : "");
+    g_exit_fn = exit_fn;
+}
+
+const char *process_label(void) { return g_label; }
+
+void process_exit(int status) {
+    fflush(NULL);
+    if (g_exit_fn) g_exit_fn(status);
+    /* _exit, not exit: atexit handlers of threaded libraries (OpenBLAS, OpenMP)
+     * can hang or crash when the failure happens in a forked child or while
+     * other threads run; our own files are always written atomically. */
+    _exit(status);
+}
+
 void fatal_at(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     fflush(stdout);
-    fputs("error: ", stderr);
+    fprintf(stderr, "error: %s", g_label);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fprintf(stderr, " [%s:%d]\n", file, line);
-    /* _exit, not exit: atexit handlers of threaded libraries (OpenBLAS, OpenMP)
-     * can hang or crash when the failure happens in a forked child or while
-     * other threads run; our own files are always written atomically. */
-    fflush(NULL);
-    _exit(1);
+    process_exit(1);
 }
 
 void *xmalloc_at(size_t n, const char *file, int line) {

@@ -20,6 +20,15 @@
 void fatal_at(const char *file, int line, const char *fmt, ...) KV_NORETURN KV_PRINTF(3, 4);
 #define FATAL(...) fatal_at(__FILE__, __LINE__, __VA_ARGS__)
 
+/* A process of a job of several (data-parallel training, train/dist.h) says which one it is in its fatal
+ * errors ("error: rank 1 of 2 on node7: ..."), and ends the whole job instead of only itself. label is
+ * copied; exit_fn must not return. Without a call: no label, _exit. */
+void set_process_identity(const char *label, void (*exit_fn)(int status));
+/* "rank 1 of 2 on node7: ", or "" for a process on its own. */
+const char *process_label(void);
+/* Ends the process (or the job, see set_process_identity) with status, after flushing stdio. */
+void process_exit(int status) KV_NORETURN;
+
 void *xmalloc_at(size_t n, const char *file, int line);
 void *xcalloc_at(size_t n, size_t size, const char *file, int line);
 void *xrealloc_at(void *p, size_t n, const char *file, int line);

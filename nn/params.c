@@ -76,6 +76,18 @@ void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, floa
     }
 }
 
+void params_adamw_slice(Params *p, float *m, float *v, size_t lo, size_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, int t) {
+    if (lo + n > p->table.total) FATAL("params_adamw_slice: [%zu, %zu) of %zu values", lo, lo + n, p->table.total);
+    for (int i = 0; i < p->table.n; i++) {
+        const ParamSpec *s = &p->table.specs[i];
+        size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < lo + n ? s->offset + s->numel : lo + n;
+        if (a >= b) continue;
+        adamw_update(p->params + a, p->grads + a, m + (a - lo), v + (a - lo), b - a, lr, beta1, beta2, eps,
+                     s->decay ? weight_decay : 0.0f, t);
+    }
+}
+
 float *params_to_host(const Params *p, const float *buf) {
     float *host = xmalloc(p->table.total * sizeof(float));
     dev_download(host, buf, p->table.total * sizeof(float));

@@ -35,7 +35,8 @@ size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
 const ParamSpec *param_find(const ParamTable *t, const char *name);
 void param_table_free(ParamTable *t);
 
-/* A model's table and its four device buffers (table.total floats each). */
+/* A model's table and its four device buffers (table.total floats each; in a ZeRO-1 run, train/trainer.h,
+ * m and v hold only the rank's slice of the values). */
 typedef struct {
     ParamTable table;
     float *params, *grads, *m, *v;
@@ -56,6 +57,10 @@ void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx);
 void params_zero_grad(Params *p);
 /* AdamW on every tensor; weight decay only where the table says so. */
 void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+/* The same on the values [lo, lo + n) of the flat buffers only (ZeRO-1: one rank's slice, which may cut
+ * tensors anywhere): m and v hold the moments of those n values (m[0] is value lo's). */
+void params_adamw_slice(Params *p, float *m, float *v, size_t lo, size_t n, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, int t);
 
 /* Host copy of one of p's buffers (params, grads, m or v): xmalloc'ed,
  * table.total floats, the caller frees it. */

@@ -15,11 +15,19 @@ With --against DIR, another checkout's benchmark (e.g. a git worktree of an
 older commit) runs beside this one's in every round, and each variant's
 step time is compared: output/bench/against.json.
 
-usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR]
+Data-parallel scaling (docs/distributed.md): bench/bench_dp, built with
+MPI, trains the same global batch as 1 process x 1 thread, 1 process x
+2 threads and 2 processes x 1 thread (mpirun), interleaved round by round;
+each step's time is split into compute, the wait for the slowest rank and
+the all-reduce of the gradients (the communication cost per step).
+Writes output/bench/dp.json.
+
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp]
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +73,95 @@ def run_bench(binary, shape, steps):
     return json.loads(r.stdout)
 
 
+# (label, processes, threads per process) of the data-parallel benchmark; the first is the reference
+DP_SETUPS = [("1 process x 1 thread", 1, 1), ("1 process x 2 threads", 1, 2), ("2 processes x 1 thread", 2, 1)]
+
+
+def build_dp():
+    """bench/bench_dp: the first variant's configuration with MPI data parallelism."""
+    bdir = os.path.join(REPO, "build", "bench", "dp")
+    base = os.path.join(REPO, "tests", "configs", "base")
+    subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", VARIANTS[0][1]),
+                    os.path.join("tests", "configs", "mpi")], cwd=REPO, check=True)
+    subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
+                    "BENCH=y"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(bdir, "bench", "bench_dp")
+
+
+def run_dp(binary, procs, threads, shape, steps):
+    cmd = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
+          ["-np", str(procs), "--oversubscribe", "--bind-to", "none", "-x", f"OMP_NUM_THREADS={threads}", binary] + \
+          [str(x) for x in shape] + [str(steps), str(threads)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_dp(args):
+    """Data-parallel scaling on this machine, every setup in every round (noise hits them alike)."""
+    if not shutil.which("mpirun"):
+        print("error: no mpirun (hint: scripts/deps.sh installs openmpi-bin)", file=sys.stderr)
+        return 1
+    print("  building bench_dp (MPI)", flush=True)
+    binary = build_dp()
+    runs = {label: [] for label, _, _ in DP_SETUPS}
+    try:
+        for rnd in range(args.rounds):
+            for label, procs, threads in DP_SETUPS:
+                rec = run_dp(binary, procs, threads, args.shape, args.steps)
+                runs[label].append(rec)
+                print(f"  round {rnd + 1}/{args.rounds} {label:24s} best {min(rec['step_ms']):8.1f} ms/step, "
+                      f"all-reduce median {statistics.median(rec['allreduce_ms']):7.2f} ms", flush=True)
+    except RuntimeError as e:
+        print(f"error: data-parallel benchmark: {e}", file=sys.stderr)
+        return 1
+    records = []
+    for label, procs, threads in DP_SETUPS:
+        rs = runs[label]
+        steps = [x for r in rs for x in r["step_ms"]]
+        comm = [x for r in rs for x in r["allreduce_ms"]]
+        wait = [x for r in rs for x in r["wait_ms"]]
+        comp = [x for r in rs for x in r["compute_ms"]]
+        tokens = rs[0]["tokens_per_step"]
+        records.append({"setup": label, "processes": procs, "threads_per_process": threads,
+                        "ms_per_step": round(min(steps), 2), "ms_per_step_median": round(statistics.median(steps), 2),
+                        "tokens_per_s": round(tokens / (min(steps) / 1e3), 1),
+                        "compute_ms_median": round(statistics.median(comp), 2),
+                        "wait_ms_median": round(statistics.median(wait), 3),
+                        "allreduce_ms_median": round(statistics.median(comm), 3),
+                        "allreduce_ms_best": round(min(comm), 3),
+                        "gradient_bytes": rs[0]["gradient_bytes"], "parameters": rs[0]["parameters"],
+                        "shape": rs[0]["shape"], "step_ms": steps, "allreduce_ms": comm, "wait_ms": wait})
+    ref = records[0]
+    for r in records:
+        r["speedup_vs_1x1"] = round(ref["ms_per_step"] / r["ms_per_step"], 3)
+        r["speedup_vs_1x1_median"] = round(ref["ms_per_step_median"] / r["ms_per_step_median"], 3)
+        r["communication_share"] = round(r["allreduce_ms_median"] / r["ms_per_step_median"], 4)
+    out = os.path.join(REPO, "output", "bench")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "dp.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"cpus": len(os.sched_getaffinity(0)), "rounds": args.rounds, "steps": args.steps,
+                   "setups": records}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    sh = ref["shape"]
+    print(f"\ndata-parallel scaling: GPT-2 L={sh['L']} H={sh['H']} C={sh['C']} T={sh['T']}, global batch "
+          f"B={sh['B']}, {ref['parameters']:,} parameters ({ref['gradient_bytes'] / 2**20:.1f} MiB of gradients per "
+          f"all-reduce); {len(os.sched_getaffinity(0))} cores; best step of each setup (medians in dp.json)")
+    print(f"{'setup':24s} {'ms/step':>9s} {'median':>9s} {'tok/s':>9s} {'speedup':>8s} {'compute':>9s} "
+          f"{'wait':>8s} {'all-reduce':>11s} {'comm share':>11s}")
+    for r in records:
+        print(f"{r['setup']:24s} {r['ms_per_step']:9.1f} {r['ms_per_step_median']:9.1f} {r['tokens_per_s']:9.0f} "
+              f"{r['speedup_vs_1x1']:7.2f}x {r['compute_ms_median']:9.1f} {r['wait_ms_median']:8.2f} "
+              f"{r['allreduce_ms_median']:11.2f} {100 * r['communication_share']:10.1f}%")
+    print("compute: forward and backward of a rank's rows; wait: for the slowest rank (a one-value all-reduce); "
+          "all-reduce: the gradient sum, the communication cost per step")
+    print(f"written {os.path.relpath(path, REPO)}")
+    return 0
+
+
 def compare(runs, against, path, other):
     """The step time of this checkout against another, per variant, from runs interleaved round by round:
     best against best (noise only slows a run down) and median against median."""
@@ -97,7 +194,11 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
                     "commit): its benchmark runs beside this one's in every round, and the step times are compared "
                     "(output/bench/against.json)")
+    ap.add_argument("--only", choices=["variants", "dp"], help="run only the attention-variant benchmark or only "
+                    "the data-parallel one (output/bench/dp.json)")
     args = ap.parse_args()
+    if args.only == "dp":
+        return bench_dp(args)
     if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
         print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
               file=sys.stderr)
@@ -201,6 +302,9 @@ def main():
     print(f"\nwritten {os.path.relpath(path, REPO)}")
     if args.against:
         compare(runs, against, os.path.join(out, "against.json"), args.against)
+    if args.only != "variants":
+        print("\ndata-parallel scaling", flush=True)
+        return bench_dp(args)
     return 0
 
 

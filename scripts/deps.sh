@@ -11,6 +11,8 @@ PACKAGES=(
     libcurl4-openssl-dev    # Weights & Biases uploads (wandb/)
     libunistring-dev        # Unicode classes for the GPT-2 BPE pre-tokeniser
     zlib1g-dev              # gzip-compressed IDX image files
+    libopenmpi-dev          # MPI data parallel (train/dist_mpi.c, Kconfig "Distributed")
+    openmpi-bin             # mpirun, which make uses to launch a distributed step
     dataset-fashion-mnist   # Fashion-MNIST for the ViT family (/usr/share/datasets/fashion-mnist)
     python3-matplotlib      # training-curve plots
     python3-numpy           # independent checks in the tests

@@ -49,6 +49,7 @@ STRING_KINDS = dict(line.split() for line in """
     DATA_DIR                folder
     ABLATION_STEPS_DIR      path
     DATA_MIRROR             path-or-empty
+    DIST_HOSTFILE           path-or-empty
     GPT2_DATA_TRAIN_SHARDS  glob
     GPT2_DATA_VAL_SHARDS    glob
     SEQ2SEQ_TASKS           list

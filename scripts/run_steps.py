@@ -85,9 +85,12 @@ def say(msg):
 
 
 class Stop:
-    """The first of SIGINT, SIGTERM, SIGHUP received, and the trainer running now."""
+    """The first of SIGINT, SIGTERM, SIGHUP received, the trainer (or mpirun) running now, and the signal that
+    asks it to stop: the same one, or SIGUSR1 for mpirun, which forwards that one to every rank (it answers
+    SIGINT, SIGTERM and SIGHUP with SIGTERM to the ranks and SIGKILL a second later)."""
     signal = 0
     child = None
+    child_signal = None
 
 
 def on_stop_signal(sig, _frame):
@@ -95,7 +98,7 @@ def on_stop_signal(sig, _frame):
     child = Stop.child
     if child is not None and child.returncode is None:
         try:  # the trainer may have the signal already (the whole group got it); a second one changes nothing
-            os.kill(child.pid, sig)
+            os.kill(child.pid, Stop.child_signal or sig)
         except OSError:
             pass
 
@@ -131,11 +134,14 @@ def read_text(path):
 
 def training_identity(text):
     """The configuration that decides a step's training: every line but the MECHINT_* analysis options, which
-    the trainers never read (changing how checkpoints are analysed must not retrain them)."""
+    the trainers never read (changing how checkpoints are analysed must not retrain them), and the DIST_*
+    options of the Distributed menu (how many processes train a step does not change its results, and its
+    state file continues with any number of them)."""
     if text is None:
         return None
-    analysis = re.compile(r"^(# )?CONFIG_" + "MECHINT_")  # a prefix, not one symbol (check-symbols reads this file)
-    return [x for x in text.splitlines() if not analysis.match(x)]
+    # prefixes, not symbols (check-symbols reads this file)
+    ignored = re.compile(r"^(# )?CONFIG_(" + "MECHINT_" + "|" + "DIST_" + ")")
+    return [x for x in text.splitlines() if not ignored.match(x)]
 
 
 TEMP_RE = re.compile(r"\.tmp\.(\d+)$")  # NAME.tmp.<pid>: how the trainers, mechint and this script write files
@@ -242,6 +248,71 @@ def fetch_data(cfg, family, build_dir):
     return subprocess.call(cmd + names, cwd=REPO) == 0
 
 
+def distributed_command(cfg, cmd):
+    """The trainer's command line under mpirun when the Distributed menu asks for MPI (docs/distributed.md):
+    CONFIG_DIST_PROCS_PER_NODE ranks on this machine, or on every machine of CONFIG_DIST_HOSTFILE. An argument
+    list, never a shell line. Returns (command, note for the log) or (None, error)."""
+    if not cfg.get("DIST_MPI"):
+        return cmd, None
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        return None, "CONFIG_DIST_MPI is on but there is no mpirun (hint: scripts/deps.sh installs openmpi-bin)"
+    n = int(cfg.get("DIST_PROCS_PER_NODE", 1))
+    hostfile = cfg.get("DIST_HOSTFILE", "")
+    launch = [mpirun]
+    if os.geteuid() == 0:
+        launch.append("--allow-run-as-root")  # OpenMPI refuses root otherwise; CI and containers run as root
+    if hostfile:
+        path = hostfile if os.path.isabs(hostfile) else os.path.join(REPO, hostfile)
+        if not os.path.isfile(path):
+            return None, f"CONFIG_DIST_HOSTFILE={hostfile}: no such file (hint: an OpenMPI hostfile, one machine " \
+                         "per line, e.g. 'node1 slots=2'; empty runs on this machine)"
+        launch += ["--hostfile", path, "--npernode", str(n)]
+    else:
+        # one machine: more ranks than cores is allowed (and makes OpenMPI yield instead of spinning)
+        launch += ["-np", str(n), "--oversubscribe"]
+    # no binding: each rank runs its own OpenMP threads; with "Threads" at 0 this machine's cores are shared
+    # out (the ranks of another machine share theirs the same way, train/dist.c)
+    launch += ["--bind-to", "none"]
+    threads = int(cfg.get("NUM_THREADS", 0))
+    if threads == 0 and not hostfile:
+        threads = max(1, len(os.sched_getaffinity(0)) // n)
+    if threads:
+        launch += ["-x", f"OMP_NUM_THREADS={threads}"]
+    return launch + cmd, f"{n} processes{' per machine of ' + hostfile if hostfile else ''}" + \
+        (f", {threads} threads each" if threads else "")
+
+
+# mpirun's boxed messages: kept in the log, summed up in one line on failure
+MPI_BOX = re.compile(r"^-{40,}$")
+MPI_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \(([^)]*)\))?")
+MPI_ABORTED = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
+MPI_EXITED = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+MPI_NOISE = re.compile(r"^\[[^\]]*\] \[\[\d+,\d+\],\d+\] ORTE_ERROR_LOG")  # OpenMPI 4.1 after an MPI_Abort
+MPI_SSH = re.compile(r"ssh: (?:Could not resolve hostname|connect to host) ([^\s:]+)[^\n]*")
+
+
+def mpi_failure(text):
+    """One line naming the rank (and its machine) that ended an MPI job, from mpirun's messages, or None."""
+    m = MPI_SIGNALLED.search(text)
+    if m:
+        name = m.group(4) or f"signal {m.group(3)}"
+        return f"rank {m.group(1)} on {m.group(2)} died ({name}, signal {m.group(3)}); mpirun stopped the other ranks"
+    m = MPI_ABORTED.search(text)
+    if m:
+        return f"rank {m.group(1)} stopped the job with an error (its line above)"
+    m = MPI_EXITED.search(text)
+    if m:
+        return f"rank {m.group(1)} exited with status {m.group(2)}; mpirun stopped the other ranks"
+    m = MPI_SSH.search(text)
+    if m:
+        return f"mpirun could not start the ranks on {m.group(1)}: {m.group(0)}"
+    if "unable to" in text or "not able to" in text or "could not" in text.lower():
+        first = next((x.strip() for x in text.splitlines() if x.strip() and not MPI_BOX.match(x.strip())), "")
+        return f"mpirun could not start every rank: {first}"
+    return None
+
+
 def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     files = step_files(out, sid, family["name"])
     metrics = load_json(files["metrics"]) or {}
@@ -268,27 +339,49 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     tmp = f"{files['binary']}.tmp.{os.getpid()}"
     shutil.copy2(binary, tmp)
     os.replace(tmp, files["binary"])
-    say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)")
+    cmd, note = distributed_command(cfg, [files["binary"], "train", "--out", out, "--step", sid])
+    if cmd is None:
+        say(f"step {sid}: FAILED: {note}")
+        return "failed"
+    distributed = cmd[0] != files["binary"]
+    say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)" +
+        (f"; mpirun, {note}" if distributed else ""))
+    mpi_text = []
     with open(files["log"], "a", encoding="utf-8") as log:
-        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {binary} train --out {out} --step {sid}\n")
+        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen([files["binary"], "train", "--out", out, "--step", sid], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        # mpirun in a session of its own: Ctrl-C reaches this runner alone, which asks mpirun to stop the ranks
+        # (SIGUSR1) and lets them save
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1, start_new_session=distributed)
+        Stop.child_signal = signal.SIGUSR1 if distributed else None
         Stop.child = proc  # a stop signal is passed on to it; we relay its output until it has saved and exited
+        if Stop.signal:  # arrived while it started
+            on_stop_signal(Stop.signal, None)
+        in_box = False
         for line in proc.stdout:
             log.write(line)
             log.flush()
-            say(f"[{sid}] " + line.rstrip("\n"))
+            text = line.rstrip("\n")
+            if distributed and (in_box or MPI_BOX.match(text) or MPI_NOISE.match(text) or
+                                text.startswith(("mpirun: Forwarding signal", "ssh: "))):
+                in_box = in_box != bool(MPI_BOX.match(text))  # mpirun's boxes: the log has them, one line below
+                mpi_text.append(text)
+                continue
+            say(f"[{sid}] " + text)
         rc = proc.wait()
         Stop.child = None
+        Stop.child_signal = None
     if rc != 0 and moved and not trained_anything(files):
         unarchive(moved, files)
         say(f"step {sid}: the new run failed before it trained anything; the earlier outputs are back in place")
     if Stop.signal:
         return "stopped"
     if rc != 0:
-        say(f"step {sid}: FAILED with exit status {rc}; see {os.path.relpath(files['log'], REPO)} "
-            "(the other steps' results are kept)")
+        why = mpi_failure("\n".join(mpi_text)) if distributed else None
+        say(f"step {sid}: FAILED with exit status {rc}{': ' + why if why else ''}; see "
+            f"{os.path.relpath(files['log'], REPO)} (the other steps' results are kept"
+            f"{'; make continues from its last checkpoint' if distributed and os.path.exists(files['state']) else ''})")
         return "failed"
     return "done"
 

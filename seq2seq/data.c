@@ -174,11 +174,20 @@ int trans_epoch_batches(const TransData *d, int batch, uint64_t seed, int epoch,
 }
 
 void trans_batch(const Corpus *c, const int *idx, int n, int *src, int *tgt_in, int *tgt_out, int *S, int *T) {
+    trans_batch_lengths(c, idx, n, S, T);
+    trans_batch_fill(c, idx, n, *S, *T, src, tgt_in, tgt_out);
+}
+
+void trans_batch_lengths(const Corpus *c, const int *idx, int n, int *S, int *T) {
     int ms = 1, mt = 1;
     for (int b = 0; b < n; b++) {
         ms = c->src_len[idx[b]] > ms ? c->src_len[idx[b]] : ms;
         mt = c->tgt_len[idx[b]] + 1 > mt ? c->tgt_len[idx[b]] + 1 : mt;
     }
+    *S = ms, *T = mt;
+}
+
+void trans_batch_fill(const Corpus *c, const int *idx, int n, int ms, int mt, int *src, int *tgt_in, int *tgt_out) {
     for (int b = 0; b < n; b++) {
         int i = idx[b], ls = c->src_len[i], lt = c->tgt_len[i];
         for (int t = 0; t < ms; t++) src[(size_t)b * ms + t] = t < ls ? c->src[i][t] : TOK_PAD;
@@ -187,7 +196,6 @@ void trans_batch(const Corpus *c, const int *idx, int n, int *src, int *tgt_in, 
             tgt_out[(size_t)b * mt + t] = t < lt ? c->tgt[i][t] : t == lt ? TOK_EOS : TOK_PAD;
         }
     }
-    *S = ms, *T = mt;
 }
 
 void ids_to_words(const Vocab *v, const int *ids, int n, Strs *out) {

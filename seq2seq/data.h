@@ -44,6 +44,11 @@ int trans_epoch_batches(const TransData *d, int batch, uint64_t seed, int epoch,
  * <bos> y, tgt_out (n, T) = y <eos>; returns S and T through the pointers.
  * Buffers must hold n * (longest + 1). */
 void trans_batch(const Corpus *c, const int *idx, int n, int *src, int *tgt_in, int *tgt_out, int *S, int *T);
+/* Its two halves: the padded lengths S and T of the pairs idx[0..n), and the padding of pairs to given
+ * lengths (at least theirs). Data parallelism pads a rank's share of a batch to the whole batch's lengths,
+ * so that every rank computes what one process would. */
+void trans_batch_lengths(const Corpus *c, const int *idx, int n, int *S, int *T);
+void trans_batch_fill(const Corpus *c, const int *idx, int n, int S, int T, int *src, int *tgt_in, int *tgt_out);
 
 /* Words of ids up to <eos>, without <bos> and <pad> (<unk> stays a word),
  * for BLEU and printing. */

@@ -22,6 +22,7 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "data.h"
+#include "dist.h"
 #include "kernels.h"
 #include "metrics.h"
 #include "model.h"
@@ -127,13 +128,12 @@ static void job_data(Run *r, int job) {
     r->sd_job = job;
 }
 
-/* Loss and per-token accuracy over n sequences (no dropout). */
+/* Loss and per-token accuracy over n sequences (no dropout); batch j on rank j % procs, sums reduced. */
 static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc) {
     int B = r->h.B, T = r->sd.T;
-    double loss = 0.0;
-    long correct = 0, counted = 0;
+    double sum[3] = {0.0, 0.0, 0.0}; /* loss sum, counted, correct */
     int *tin = xmalloc((size_t)B * (T + 1) * sizeof(int)), *tout = xmalloc((size_t)B * (T + 1) * sizeof(int));
-    for (int s = 0; s < n; s += B) {
+    for (int s = dist_rank() * B; s < n; s += dist_size() * B) {
         int b = n - s < B ? n - s : B;
         const int *xs = x + (size_t)s * T, *ys = y + (size_t)s * T;
         double l;
@@ -147,14 +147,15 @@ static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc)
         } else {
             l = s2s_forward(&r->model, xs, T, NULL, ys, T, b, 0, 0);
         }
-        loss += l * r->model.counted;
-        counted += r->model.counted;
-        correct += s2s_correct(&r->model);
+        sum[0] += l * r->model.counted;
+        sum[1] += r->model.counted;
+        sum[2] += s2s_correct(&r->model);
     }
     free(tin);
     free(tout);
-    *acc = counted ? (double)correct / counted : 0.0;
-    return counted ? loss / counted : NAN;
+    dist_sum(sum, 3);
+    *acc = sum[1] > 0 ? sum[2] / sum[1] : 0.0;
+    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
 
 /* ------------------------------------------------------------------ translation */
@@ -162,7 +163,8 @@ static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc)
 /* Corpus BLEU of the model's translations of sentences [0, n) of corpus
  * against the raw reference lines; beam 1 = greedy. Hypotheses are
  * detokenised first, so BLEU sees text, as it would from any system.
- * Prints the first `show` translations. */
+ * Prints the first `show` translations (those of rank 0's batches: the
+ * batches of 50 are shared out over the ranks, the counts reduced). */
 static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int n, int beam, int show) {
     const Vocab *tv = &r->td.tgt_vocab, *sv = &r->td.src_vocab;
     int B = 50, maxl = CONFIG_SEQ2SEQ_MAX_LEN;
@@ -175,7 +177,7 @@ static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int
     size_t cap = (size_t)B * (longest + maxl + 2);
     int *src = xmalloc(cap * sizeof(int)), *out = xmalloc((size_t)B * maxl * sizeof(int));
     int *lens = xmalloc((size_t)B * sizeof(int)), *tin = xmalloc(cap * sizeof(int)), *tout = xmalloc(cap * sizeof(int));
-    for (int s = 0; s < n; s += B) {
+    for (int s = dist_rank() * B; s < n; s += dist_size() * B) {
         int b = n - s < B ? n - s : B, S, T;
         trans_batch(c, idx + s, b, src, tin, tout, &S, &T);
         int limit = S + 20 < maxl ? S + 20 : maxl;
@@ -199,26 +201,32 @@ static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int
     }
     fflush(stdout);
     free(idx), free(src), free(out), free(lens), free(tin), free(tout);
+    double counts[10];
+    for (int k = 0; k < 4; k++) counts[k] = (double)st.match[k], counts[4 + k] = (double)st.total[k];
+    counts[8] = (double)st.hyp_len, counts[9] = (double)st.ref_len;
+    dist_sum(counts, 10);
+    for (int k = 0; k < 4; k++) st.match[k] = (long)counts[k], st.total[k] = (long)counts[4 + k];
+    st.hyp_len = (long)counts[8], st.ref_len = (long)counts[9];
     return bleu_score(&st);
 }
 
 static double trans_eval(Run *r, const Corpus *c, double *acc) {
     int B = r->h.B;
-    double loss = 0.0;
-    long correct = 0, counted = 0;
+    double sum[3] = {0.0, 0.0, 0.0}; /* loss sum, counted, correct */
     int *idx = xmalloc((size_t)c->n * sizeof(int));
     for (int i = 0; i < c->n; i++) idx[i] = i;
-    for (int s = 0; s < c->n; s += B) {
+    for (int s = dist_rank() * B; s < c->n; s += dist_size() * B) {
         int b = c->n - s < B ? c->n - s : B, S, T;
         trans_batch(c, idx + s, b, r->src, r->tgt_in, r->tgt_out, &S, &T);
         double l = s2s_forward(&r->model, r->src, S, r->tgt_in, r->tgt_out, T, b, 0, 0);
-        loss += l * r->model.counted;
-        counted += r->model.counted;
-        correct += s2s_correct(&r->model);
+        sum[0] += l * r->model.counted;
+        sum[1] += r->model.counted;
+        sum[2] += s2s_correct(&r->model);
     }
     free(idx);
-    *acc = counted ? (double)correct / counted : 0.0;
-    return counted ? loss / counted : NAN;
+    dist_sum(sum, 3);
+    *acc = sum[1] > 0 ? sum[2] / sum[1] : 0.0;
+    return sum[1] > 0 ? sum[0] / sum[1] : NAN;
 }
 
 /* ------------------------------------------------------------------ training */
@@ -240,6 +248,7 @@ static void banner(const Run *r) {
     printf("train: %d epochs x %d steps of %d sequences%s, seed %llu, %d threads\n", r->h.epochs, r->steps_per_epoch,
            r->h.B, r->njobs > 1 ? " per job" : "", (unsigned long long)r->h.seed, backend_threads());
     fflush(stdout);
+    run_banner_dist(&r->run);
 }
 
 /* A fresh model for a job (its own seed), moments zero. */
@@ -249,8 +258,7 @@ static void start_job(Run *r, int job) {
     s2s_init(&fresh, &r->cfg, r->jobs[job].seed);
     dev_copy(m->w.params, fresh.w.params, m->w.table.total * sizeof(float));
     s2s_free(&fresh);
-    dev_zero(m->w.m, m->w.table.total * sizeof(float));
-    dev_zero(m->w.v, m->w.table.total * sizeof(float));
+    run_reset_optimizer(&r->run);
     r->run.best_val = INFINITY;
     r->run.best_iter = -1;
 }
@@ -374,13 +382,17 @@ static int train(Run *r) {
         }
         double t0 = wall_seconds();
         int B, S, T;
+        DistRange rows; /* this rank's rows of the global batch */
         if (TRANSLATION) {
             if (r->order_epoch != epoch) {
                 r->nbatches = trans_epoch_batches(&r->td, h->B, h->seed, epoch, r->order, r->starts);
                 r->order_epoch = epoch;
             }
             B = r->starts[pos + 1] - r->starts[pos];
-            trans_batch(&r->td.train, r->order + r->starts[pos], B, r->src, r->tgt_in, r->tgt_out, &S, &T);
+            rows = run_batch_rows(t, B);
+            const int *batch = r->order + r->starts[pos];
+            trans_batch_lengths(&r->td.train, batch, B, &S, &T); /* the whole batch's padding, on every rank */
+            trans_batch_fill(&r->td.train, batch + rows.lo, (int)rows.n, S, T, r->src, r->tgt_in, r->tgt_out);
         } else {
             job_data(r, job);
             B = h->B, S = T = r->sd.T;
@@ -394,8 +406,9 @@ static int train(Run *r) {
                 }
                 r->perm_key = (long)job * 1000000 + epoch;
             }
-            for (int b = 0; b < B; b++) { /* batch pos of the permutation; the last partial batch is dropped */
-                size_t i = (size_t)r->perm[(size_t)pos * B + b];
+            rows = run_batch_rows(t, B);
+            for (int b = 0; b < (int)rows.n; b++) { /* batch pos of the permutation; the last partial batch is dropped */
+                size_t i = (size_t)r->perm[(size_t)pos * B + rows.lo + b];
                 memcpy(r->src + (size_t)b * S, r->sd.train_x + i * S, (size_t)S * sizeof(int));
                 memcpy(r->tgt_out + (size_t)b * S, r->sd.train_y + i * S, (size_t)S * sizeof(int));
                 for (int j = 0; j < S; j++) /* decoder input: <bos> = 10, then the labels shifted right */
@@ -404,12 +417,14 @@ static int train(Run *r) {
         }
         double lr = learning_rate(h, local, r->iters_per_job, r->cfg.C);
         params_zero_grad(&m->w);
-        double loss = s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, B, 1,
-                                  dropout_seed(h->seed, (uint64_t)t->iter, 0));
-        int correct = s2s_correct(m), counted = m->counted;
+        double l = rows.n ? s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, (int)rows.n, 1,
+                                        dropout_seed(h->seed, (uint64_t)t->iter, 0)) : 0.0;
+        double local_counted = rows.n ? m->counted : 0;
+        RunLoss g = run_global_loss(t, l, local_counted, rows.n ? s2s_correct(m) : 0);
+        double loss = g.loss, correct = g.correct, counted = g.counted;
         if (run_check_loss(t, loss, "lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP")) return 1;
-        s2s_backward(m, 1.0f);
-        double norm = optim_step(&h->optim, &m->w, lr, local + 1); /* each job starts its optimiser afresh */
+        if (local_counted > 0) s2s_backward(m, run_backward_scale(t, 1.0f, local_counted, &g));
+        double norm = run_optim_step(t, &h->optim, lr, local + 1); /* each job starts its optimiser afresh */
         double dt = run_step_done(t, t0, counted);
         r->epoch_loss += loss * counted;
         r->epoch_correct += correct;
@@ -483,7 +498,7 @@ static void usage(void) {
 static void setup(Run *r) {
     Err e;
     r->h = hyper_from_kconfig();
-    backend_init(CONFIG_NUM_THREADS);
+    backend_init(dist_threads(CONFIG_NUM_THREADS));
     parse_jobs(r);
     r->sd_job = -1;
     r->order_epoch = -1;
@@ -537,6 +552,7 @@ static int cmd_train(int argc, char **argv) {
             usage();
     }
     if (!out || !step) usage();
+    dist_init(); /* a rank of a job when started by mpirun or srun (Kconfig Distributed) */
     Run r;
     memset(&r, 0, sizeof r);
     setup(&r);
@@ -560,6 +576,7 @@ static int cmd_train(int argc, char **argv) {
     run_write_metrics(t);
     int rc = train(&r);
     teardown(&r);
+    dist_finalize();
     return rc;
 }
 

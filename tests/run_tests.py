@@ -222,7 +222,7 @@ def test_variant_table(tmp):
 
 # Every string symbol is reachable from one of these (test_string_symbols checks that).
 ALL_STRINGS = ["CONFIG_GPT2=y\nCONFIG_GPT2_DATA_BPE=y\nCONFIG_VIT=y\nCONFIG_SEQ2SEQ=y\nCONFIG_WANDB=y\n"
-               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
+               "CONFIG_WANDB_OFFLINE=y\nCONFIG_ABLATION=y\nCONFIG_DIST_MPI=y\n" + x for x in ("", "CONFIG_SEQ2SEQ_TASK_TRANSLATION=y\n")]
 # Free text: any characters, only ever passed as data. Every other string symbol refuses shell and make syntax.
 FREE_TEXT = {"GPT2_SAMPLE_PROMPT", "WANDB_PROJECT", "WANDB_RUN_NAME", "WANDB_TAGS"}
 PWNED = "kvlab-pwned"  # the marker files the payloads would create
@@ -239,6 +239,7 @@ STRING_CONTRACT = {
     ("DATA_DIR", "."): False, ("DATA_DIR", "empty"): False, ("DATA_DIR", "absolute path"): True,
     ("ABLATION_STEPS_DIR", "empty"): False, ("ABLATION_STEPS_DIR", "absolute path"): True,
     ("DATA_MIRROR", "empty"): True, ("DATA_MIRROR", "absolute path"): True,
+    ("DIST_HOSTFILE", "empty"): True, ("DIST_HOSTFILE", "absolute path"): True,
     ("WANDB_ENTITY", ".."): False, ("WANDB_ENTITY", "empty"): True,
 }
 
@@ -603,7 +604,8 @@ class Workspace:
 
     def make(self, *args, env=None):
         cmd = ["make", f"O={self.dir}"] + (["SANITIZE=1"] if self.sanitize else []) + list(args)
-        e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", **(env or {}))
+        e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+        e.update(env or {})
         return run(cmd, env=e)
 
     def set(self, *assignments):
@@ -1489,6 +1491,277 @@ def test_translation_end_to_end(tmp, sanitize):
             f"a truncated corpus file is a one-line error naming it: {r.stderr}")
 
 
+# ---------------------------------------------------------------- MPI data parallel (docs/distributed.md)
+
+# Every family, tiny, 20 optimizer steps each; no dropout: the attention-probability mask still uses the
+# rank's own batch index (kernels/cpu/attention.c, docs/distributed.md), the other sites are covered by
+# test_kernels. One process is the DIST_NONE build; the MPI builds run under mpirun -np 2.
+MPI_TINY = """CONFIG_GPT2=y
+CONFIG_GPT2_DATA_NUMBERS=y
+CONFIG_GPT2_N_LAYER=1
+CONFIG_GPT2_N_HEAD=2
+CONFIG_GPT2_N_EMBD=16
+CONFIG_GPT2_BLOCK_SIZE=16
+CONFIG_GPT2_BATCH_SIZE=8
+CONFIG_GPT2_GRAD_ACCUM=2
+CONFIG_GPT2_MAX_ITERS=20
+CONFIG_GPT2_WARMUP_ITERS=5
+CONFIG_GPT2_LR="3e-3"
+CONFIG_GPT2_EVAL_INTERVAL=10
+CONFIG_GPT2_EVAL_ITERS=4
+CONFIG_GPT2_LOG_INTERVAL=1
+CONFIG_GPT2_CHECKPOINT_INTERVAL=10
+CONFIG_GPT2_SAMPLE_LENGTH=0
+CONFIG_GPT2_DROPOUT="0.0"
+CONFIG_VIT=y
+CONFIG_VIT_DIM=16
+CONFIG_VIT_LAYERS=1
+CONFIG_VIT_HEADS=2
+CONFIG_VIT_MLP=16
+CONFIG_VIT_BATCH_SIZE=100
+CONFIG_VIT_VAL_IMAGES=59000
+CONFIG_VIT_EPOCHS=2
+CONFIG_VIT_LR="3e-3"
+CONFIG_VIT_LOG_INTERVAL=1
+CONFIG_VIT_CHECKPOINT_INTERVAL=5
+CONFIG_SEQ2SEQ=y
+CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
+CONFIG_SEQ2SEQ_DIM=16
+CONFIG_SEQ2SEQ_HEADS=2
+CONFIG_SEQ2SEQ_MLP=32
+CONFIG_SEQ2SEQ_DROPOUT="0.0"
+CONFIG_SEQ2SEQ_TASKS="copy"
+CONFIG_SEQ2SEQ_SEEDS="1,2"
+CONFIG_SEQ2SEQ_SEQ_LEN=8
+CONFIG_SEQ2SEQ_TRAIN_SEQS=320
+CONFIG_SEQ2SEQ_VAL_SEQS=128
+CONFIG_SEQ2SEQ_TEST_SEQS=128
+CONFIG_SEQ2SEQ_BATCH_SIZE=64
+CONFIG_SEQ2SEQ_EPOCHS=2
+CONFIG_SEQ2SEQ_LOG_INTERVAL=1
+CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=5
+CONFIG_NUM_THREADS=1
+"""
+MPI_RTOL = 1e-5
+
+
+def mpirun(np_, binary, out, step="mpi"):
+    """binary train under mpirun -np np_ (oversubscribed: this machine may have fewer cores)."""
+    return (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
+            ["-np", str(np_), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1",
+             binary, "train", "--out", out, "--step", step])
+
+
+def mpi_build(tmp, name, extra, sanitize):
+    """A build of MPI_TINY plus extra in its own tree; returns {family: binary} or None."""
+    d = os.path.join(tmp, f"mpi-{name}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "defconfig"), "w") as f:
+        f.write(MPI_TINY + extra)
+    cfg = os.path.join(d, ".config")
+    bdir = os.path.join(d, "build")
+    r = run(KCONFIG + ["defconfig", os.path.join(d, "defconfig"), cfg])
+    if r.returncode == 0:
+        r = run(KCONFIG + ["step", bdir, cfg])
+    if r.returncode == 0:
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", f"SANITIZE={1 if sanitize else ''}"])
+    if not R.check(r.returncode == 0, f"MPI test build {name}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return None
+    return {f: os.path.join(bdir, f, f"train_{f}") for f in ("gpt2", "vit", "seq2seq")}
+
+
+def mpi_env():
+    # OpenMPI's own allocations are not ours to free (a sanitizer build checks kvlab's code, not the library's)
+    return dict(os.environ, ASAN_OPTIONS="detect_leaks=0", OMP_NUM_THREADS="1")
+
+
+def curve(out, step="mpi"):
+    return metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+
+
+def curves_close(a, b, keys=("train_losses", "val_losses")):
+    """The largest relative difference of the loss series, or inf when their lengths or iterations differ."""
+    worst = 0.0
+    for k in keys + ("iterations",):
+        xa, xb = a["metrics"].get(k, []), b["metrics"].get(k, [])
+        if len(xa) != len(xb) or not xa:
+            return float("inf")
+        if k != "iterations":
+            worst = max(worst, max(abs(x - y) / max(abs(x), 1e-30) for x, y in zip(xa, xb)))
+        elif xa != xb:
+            return float("inf")
+    return worst
+
+
+def rank_pid(binary, rank):
+    """The pid of MPI rank `rank` running binary (from its environment)."""
+    want = f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(binary) and \
+                    want in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+                return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+def run_until(cmd, line_prefix, action, env):
+    """Starts cmd in a session of its own, calls action(proc) right after it prints line_prefix; returns
+    (exit status, whether the line came, seconds from the action to the exit, the output after the line)."""
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    seen, t0 = False, time.time()
+    try:
+        for line in p.stdout:
+            if line.startswith(line_prefix):
+                action(p)
+                seen, t0 = True, time.time()
+                break
+        rest = p.stdout.read()
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return None, seen, time.time() - t0, ""
+    return rc, seen, time.time() - t0, rest
+
+
+def test_mpi(tmp, sanitize):
+    section("MPI data parallel: 2 processes against 1 for every family, ZeRO-1, resume across process counts, "
+            "a stop request, a rank killed mid-run, make with mpirun")
+    if not R.check(shutil.which("mpirun") is not None, "mpirun is installed (scripts/deps.sh: openmpi-bin)"):
+        return
+    t0 = time.time()
+    one = mpi_build(tmp, "none", "", sanitize)
+    two = mpi_build(tmp, "mpi", "CONFIG_DIST_MPI=y\n", sanitize)
+    zero = mpi_build(tmp, "zero1", "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\n", sanitize)
+    if not (one and two and zero):
+        return
+    print(f"  builds: {time.time() - t0:.1f} s", flush=True)
+    env = mpi_env()
+    base = os.path.join(tmp, "mpi-runs")
+    ref = {}
+    t0 = time.time()
+    # the same global batch and seed on 1 and on 2 processes (and on 2 with ZeRO-1): equal losses
+    for fam in ("gpt2", "vit", "seq2seq"):
+        out1 = os.path.join(base, f"{fam}-1")
+        r = run([one[fam], "train", "--out", out1, "--step", "mpi"], env=env)
+        if not R.check(r.returncode == 0, f"{fam}: one process trains:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+            continue
+        ref[fam] = curve(out1)
+        runs = [("2 processes", two, os.path.join(base, f"{fam}-2"))]
+        if fam != "vit":
+            runs.append(("2 processes with ZeRO-1", zero, os.path.join(base, f"{fam}-2z")))
+        for what, build, out in runs:
+            r = run(mpirun(2, build[fam], out), env=env)
+            if not R.check(r.returncode == 0, f"{fam}, {what}: mpirun -np 2 trains:\n{r.stdout[-2000:]}{r.stderr[-1500:]}"):
+                continue
+            m = curve(out)
+            d = curves_close(ref[fam], m)
+            R.check(d <= MPI_RTOL and len(m["metrics"]["train_losses"]) == 20,
+                    f"{fam}, {what}: 20 training losses and the validation losses equal one process's within "
+                    f"{MPI_RTOL:g} relative (largest difference {d:.3g})")
+            R.check(m["processes"] == 2 and m["status"] == "complete" and
+                    r.stdout.count("done: ") == 1 and r.stdout.count("step      1/") <= 1,
+                    f"{fam}, {what}: the metrics say 2 processes, and only rank 0 reports "
+                    f"({r.stdout.count('done: ')} 'done' lines)")
+            key = {"gpt2": "best_val_loss", "vit": "test_accuracy", "seq2seq": "test_accuracy"}[fam]
+            R.check(abs(m[key] - ref[fam][key]) <= MPI_RTOL * abs(ref[fam][key]),
+                    f"{fam}, {what}: {key} {m[key]} as one process's {ref[fam][key]} (evaluation shared out)")
+            files = sorted(os.listdir(out))
+            want = sorted(x for x in os.listdir(os.path.join(base, f"{fam}-1")))
+            R.check(files == want, f"{fam}, {what}: the files of one process, written once (rank 0): {files}")
+    print(f"  equality runs: {time.time() - t0:.1f} s", flush=True)
+    if "gpt2" not in ref:
+        return
+    t0 = time.time()
+
+    def kill_session(p):
+        os.killpg(p.pid, signal.SIGKILL)
+
+    # a 2-process run killed after its checkpoint at 10 continues as 1 process, and the reverse (into ZeRO-1)
+    for what, first, second in (("2 processes -> 1", mpirun(2, two["gpt2"], "OUT"), [one["gpt2"], "train", "--out", "OUT", "--step", "mpi"]),
+                                ("1 process -> 2 with ZeRO-1", [one["gpt2"], "train", "--out", "OUT", "--step", "mpi"],
+                                 mpirun(2, zero["gpt2"], "OUT"))):
+        out = os.path.join(base, "resume-" + what.split()[0] + what.split()[-1])
+        first = [out if x == "OUT" else x for x in first]
+        second = [out if x == "OUT" else x for x in second]
+        rc, seen, _, _ = run_until(first, "checkpoint step 10", kill_session, env)
+        R.check(seen and os.path.exists(os.path.join(out, "state_stepmpi.safetensors")),
+                f"resume {what}: stopped by SIGKILL after its checkpoint at 10, a state file is there (rc {rc})")
+        r = run(second, env=env)
+        # killing mpirun makes the ranks save at their next step (a stop request), so 10 or a little later
+        R.check(r.returncode == 0 and re.search(r"resuming step mpi from iteration 1\d", r.stdout),
+                f"resume {what}: continues from iteration 10 or later:\n{r.stdout[:1500]}{r.stderr[-1500:]}")
+        if r.returncode == 0:
+            d = curves_close(ref["gpt2"], curve(out))
+            R.check(d <= MPI_RTOL, f"resume {what}: the curve equals the uninterrupted one-process run ({d:.3g})")
+
+    # a stop request (what make sends on Ctrl-C): mpirun forwards SIGUSR1, rank 0 saves, every rank stops
+    out = os.path.join(base, "stop")
+    rc, seen, _, rest = run_until(mpirun(2, two["gpt2"], out), "checkpoint step 10",
+                                  lambda p: p.send_signal(signal.SIGUSR1), env)
+    m = curve(out) if os.path.exists(os.path.join(out, "training_metrics_stepmpi.json")) else {}
+    R.check(seen and rc == 128 + signal.SIGUSR1 and m.get("status") == "stopped" and "SIGUSR1" in m.get("error", "")
+            and os.path.exists(os.path.join(out, "state_stepmpi.safetensors")),
+            f"SIGUSR1 to mpirun stops every rank after saving (rc {rc}, {m.get('status')}: {m.get('error')}):\n"
+            f"{rest[-1500:]}")
+    r = run(mpirun(2, two["gpt2"], out), env=env)
+    R.check(r.returncode == 0 and "resuming step mpi" in r.stdout and curves_close(ref["gpt2"], curve(out)) <= MPI_RTOL,
+            f"the stopped 2-process run continues to the same curve: {r.stdout[-800:]}{r.stderr[-800:]}")
+
+    # one rank killed mid-run: the job ends within seconds, non-zero; the checkpoint on disk loads and continues
+    if "vit" in ref:
+        out = os.path.join(base, "killed")
+        killed = []
+
+        def kill_rank1(_p):
+            pid = rank_pid(two["vit"], 1)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+        rc, seen, secs, rest = run_until(mpirun(2, two["vit"], out), "checkpoint step 10", kill_rank1, env)
+        R.check(seen and killed and rc not in (0, None) and secs < 30,
+                f"rank 1 killed mid-run: the job exits non-zero (rc {rc}) within 30 s ({secs:.1f} s)")
+        R.check("rank 1" in rest and "signal 9" in rest, f"mpirun names the rank that died: {rest[-600:]}")
+        r = run([one["vit"], "train", "--out", out, "--step", "mpi"], env=env)
+        R.check(r.returncode == 0 and "resuming step mpi from iteration 10" in r.stdout and
+                curves_close(ref["vit"], curve(out)) <= MPI_RTOL,
+                f"the checkpoint left by the killed job loads and continues to the same curve:\n"
+                f"{r.stdout[-1000:]}{r.stderr[-1000:]}")
+    print(f"  resume, stop and kill: {time.time() - t0:.1f} s", flush=True)
+
+    # make launches the step with mpirun; a rank that cannot start (an unknown machine in the hostfile) fails
+    # the step at once, in one line
+    t0 = time.time()
+    gpt2_only = MPI_TINY.split("CONFIG_VIT=y")[0] + "CONFIG_NUM_THREADS=0\nCONFIG_RUN_NAME=\"mpi\"\n"
+    ws = Workspace(tmp, "mpi-make", gpt2_only + "CONFIG_DIST_MPI=y\nCONFIG_DIST_PROCS_PER_NODE=2\n", sanitize)
+    r = ws.make(env={"ASAN_OPTIONS": "detect_leaks=0"})
+    run_dir = ws.run_dir("mpi")
+    log = open(os.path.join(run_dir, "train_stepbase.log")).read() if os.path.exists(
+        os.path.join(run_dir, "train_stepbase.log")) else ""
+    m = curve(run_dir, "base") if os.path.exists(os.path.join(run_dir, "training_metrics_stepbase.json")) else {}
+    R.check(r.returncode == 0 and m.get("processes") == 2 and "mpirun" in log.splitlines()[0] and
+            "--oversubscribe" in log and "OMP_NUM_THREADS=" in log,
+            f"make runs the step under mpirun, 2 processes:\n{r.stdout[-1500:]}{r.stderr[-800:]}")
+    hosts = os.path.join(ws.dir, "hosts")
+    with open(hosts, "w") as f:
+        f.write("localhost slots=1\nno-such-host.invalid slots=1\n")
+    ws.set(f"DIST_HOSTFILE={hosts}", "DIST_PROCS_PER_NODE=1")
+    t1 = time.time()
+    r = ws.make("FORCE=1", env={"ASAN_OPTIONS": "detect_leaks=0"})
+    fail = [x for x in r.stdout.splitlines() if "FAILED" in x]
+    R.check(r.returncode != 0 and time.time() - t1 < 60 and len(fail) == 1 and "could not start" in fail[0],
+            f"a rank that cannot start fails the step quickly, in one line: {fail} ({time.time() - t1:.1f} s)\n"
+            f"{r.stdout[-1500:]}")
+    R.check(m and curve(run_dir, "base").get("status") == "complete",
+            "the earlier complete outputs are back in place after the failed start")
+    print(f"  make: {time.time() - t0:.1f} s", flush=True)
+
+
 def test_data_script(tmp):
     section("data script: mirror, verification, errors")
     script = os.path.join(REPO, "scripts", "get_data.sh")
@@ -1836,6 +2109,8 @@ def main():
                 guarded(test_verified_data, tmp, *mirrored)
         if want("wandb"):
             guarded(test_wandb, tmp, build_root, args.sanitize)
+        if want("mpi"):
+            guarded(test_mpi, tmp, args.sanitize)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")

@@ -700,6 +700,24 @@ static void test_dropout(void) {
     size_t differ = 0;
     for (size_t i = 0; i < n; i++) differ += (y.h[i] == 0.0f) != (y2.h[i] == 0.0f);
     CHECK(differ > n / 10, "another step gives another mask (%zu of %zu differ)", differ, n);
+    /* data parallelism: rows [first, first + count) of a global batch draw the global batch's masks
+     * (dropout_batch_rows); 8 rows of n / 8 values, split 3 + 5 */
+    size_t per = n / 8;
+    int split = 3, ok_fwd = 1, ok_bwd = 1;
+    dev_zero(dx.d, n * sizeof(float));
+    for (int part = 0; part < 2; part++) {
+        int first = part ? split : 0, count = part ? 8 - split : split;
+        size_t off = (size_t)first * per, len = (size_t)count * per;
+        dropout_batch_rows(first, count);
+        dropout_forward(y2.d + off, x.d + off, len, p, s);
+        dropout_backward(dx.d + off, x.d + off, len, p, s);
+    }
+    CHECK(dropout_batch_first() == split, "dropout_batch_first says where this process's rows start");
+    dropout_batch_rows(0, 0);
+    buf_download(&y2), buf_download(&dx);
+    for (size_t i = 0; i < n; i++) ok_fwd &= y2.h[i] == y.h[i], ok_bwd &= dx.h[i] == y.h[i];
+    CHECK(ok_fwd && ok_bwd, "a batch split over two processes draws the masks of the whole batch (forward %d, "
+                            "backward %d)", ok_fwd, ok_bwd);
     buf_free(&x), buf_free(&y), buf_free(&y2), buf_free(&dx);
 }
 

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "trainer.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,16 +18,16 @@ static TrainRun *g_running;
 
 void run_die(const Err *e) {
     fflush(stdout);
-    fprintf(stderr, "error: %s\n", e->msg);
+    fprintf(stderr, "error: %s%s\n", process_label(), e->msg);
     TrainRun *r = g_running;
     g_running = NULL; /* once: writing the metrics may be what failed */
-    if (r) {
+    if (r && r->rank == 0) {
         Err ignored;
         metrics_set_string(r->metrics, "status", "failed");
         metrics_set_string(r->metrics, "error", e->msg);
         metrics_write(r->metrics, &ignored); /* best effort, e.g. on a full disk */
     }
-    _exit(1);
+    process_exit(1); /* in a job of several processes: all of them */
 }
 
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed) {
@@ -42,7 +43,17 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
     r->out = out;
     r->step = step;
     r->seed = seed;
-    if (make_dirs(out, &e) != 0) run_die(&e);
+    r->rank = dist_rank();
+    r->procs = dist_size();
+    if (r->rank == 0 && make_dirs(out, &e) != 0) run_die(&e); /* rank 0 alone writes (its machine's folder) */
+    /* ZeRO-1: this rank keeps the AdamW moments of its slice only */
+    r->zero1 = IS_ENABLED(CONFIG_DIST_ZERO1) && r->procs > 1;
+    r->zslice = dist_split(r->w->table.total, r->rank, r->procs);
+    if (r->zero1) {
+        dev_free(r->w->m), dev_free(r->w->v);
+        r->w->m = dev_alloc(r->zslice.n * sizeof(float));
+        r->w->v = dev_alloc(r->zslice.n * sizeof(float));
+    }
     snprintf(r->final_path, sizeof r->final_path, "%s/final_model_step%s.safetensors", out, step);
     snprintf(r->best_path, sizeof r->best_path, "%s/best_model_step%s.safetensors", out, step);
     snprintf(r->state_path, sizeof r->state_path, "%s/state_step%s.safetensors", out, step);
@@ -99,6 +110,7 @@ void run_track(TrainRun *r, const char *name, double *value) {
 }
 
 void run_save_model(TrainRun *r, const char *path, double val_loss) {
+    if (r->rank != 0) return; /* every rank holds the same parameters */
     Meta m;
     base_meta(r, &m);
     meta_num(&m, "val_loss", "%.9g", val_loss);
@@ -107,6 +119,14 @@ void run_save_model(TrainRun *r, const char *path, double val_loss) {
 }
 
 void run_save_state(TrainRun *r) {
+    size_t total = r->w->table.total;
+    float *hm = NULL, *hv = NULL; /* ZeRO-1: the whole moments, gathered on rank 0 */
+    if (r->zero1) {
+        if (r->rank == 0) hm = xmalloc(total * sizeof(float)), hv = xmalloc(total * sizeof(float));
+        dist_gather_dev(hm, r->w->m, total);
+        dist_gather_dev(hv, r->w->v, total);
+    }
+    if (r->rank != 0) return;
     Meta m;
     base_meta(r, &m);
     snprintf(m.buf[m.n], 64, "%llu", (unsigned long long)r->data_rng.state);
@@ -119,7 +139,15 @@ void run_save_state(TrainRun *r) {
     meta_num(&m, "last_val_loss", "%.17g", r->last_val);
     for (int i = 0; i < r->nextra; i++) meta_num(&m, r->extra[i].name, "%.17g", *r->extra[i].value);
     Err e;
-    if (checkpoint_save_params(r->state_path, r->w, 1, m.kv, m.n, &e) != 0) run_die(&e);
+    int rc;
+    if (r->zero1) {
+        float *hp = params_to_host(r->w, r->w->params);
+        rc = checkpoint_save(r->state_path, &r->w->table, hp, hm, hv, m.kv, m.n, &e);
+        free(hp), free(hm), free(hv);
+    } else {
+        rc = checkpoint_save_params(r->state_path, r->w, 1, m.kv, m.n, &e);
+    }
+    if (rc != 0) run_die(&e);
 }
 
 static double meta_number(StFile *f, const char *key) {
@@ -135,32 +163,115 @@ static double meta_number(StFile *f, const char *key) {
     return v;
 }
 
-int run_try_resume(TrainRun *r) {
-    if (!file_exists(r->state_path)) return 0;
+/* The configuration JSON without the Distributed menu's symbols: how many processes train a step does not
+ * change what it computes, so a state file resumes with any of them. */
+static char *config_sans_dist(const char *json) {
+    cJSON *o = cJSON_Parse(json);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    for (cJSON *it = o->child, *next; it; it = next) {
+        next = it->next;
+        if (it->string && strncmp(it->string, "DIST_", 5) == 0) cJSON_DeleteItemFromObjectCaseSensitive(o, it->string);
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+/* What a state file holds besides the tensors, as rank 0 sends it to the others. */
+typedef struct {
+    double iter, train_seconds, elapsed, examples, best_val, best_iter, last_eval_iter, last_val;
+    double extra[8];
+    uint64_t data_rng;
+} Progress;
+
+static void check_state_config(StFile *f) {
+    static const char *hint = "it was written with another configuration; make moves such outputs aside before "
+                              "running, or move the file away to restart the step";
     Err e;
-    StFile *f = checkpoint_open(r->state_path, r->family, &e);
-    if (!f) run_die(&e);
-    if (checkpoint_expect(f, "variant", r->variant, "it belongs to another ablation step; use that step's binary",
-                          &e) != 0 ||
-        checkpoint_expect(f, "config", build_config_json(),
-                          "it was written with another configuration; make moves such outputs aside before running, "
-                          "or move the file away to restart the step", &e) != 0 ||
-        checkpoint_read_params(f, r->w, 1, &e) != 0)
+    const char *cfg = st_meta(f, "config");
+    char *got = cfg ? config_sans_dist(cfg) : NULL, *want = config_sans_dist(build_config_json());
+    int same = got && want && strcmp(got, want) == 0;
+    if (!same) {
+        /* name the first field that differs, when it is one this binary has */
+        if (!want || checkpoint_expect_json(f, "config", want, hint, &e) == 0)
+            err_set(&e, "%s: mismatched checkpoint: its config has settings this binary does not (hint: %s)",
+                    st_path(f), hint);
+        cJSON_free(got);
+        cJSON_free(want);
         run_die(&e);
-    r->iter = (int)meta_number(f, "step");
-    const char *rng = st_meta(f, "data_rng");
-    r->data_rng.state = rng ? strtoull(rng, NULL, 10) : 0;
-    r->train_seconds = meta_number(f, "train_seconds");
-    r->elapsed = meta_number(f, "elapsed_seconds");
-    r->examples = meta_number(f, "examples");
-    r->best_val = meta_number(f, "best_val_loss");
-    r->best_iter = (int)meta_number(f, "best_val_iteration");
-    r->last_eval_iter = (int)meta_number(f, "last_eval_iteration");
-    r->last_val = meta_number(f, "last_val_loss");
-    for (int i = 0; i < r->nextra; i++) *r->extra[i].value = meta_number(f, r->extra[i].name);
-    st_close(f);
+    }
+    cJSON_free(got);
+    cJSON_free(want);
+}
+
+int run_try_resume(TrainRun *r) {
+    double have = r->rank == 0 && file_exists(r->state_path);
+    dist_bcast(&have, sizeof have);
+    if (!have) return 0;
+    size_t total = r->w->table.total;
+    Progress p;
+    memset(&p, 0, sizeof p);
+    float *hp = NULL, *hm = NULL, *hv = NULL;
+    if (r->rank == 0) {
+        Err e;
+        StFile *f = checkpoint_open(r->state_path, r->family, &e);
+        if (!f) run_die(&e);
+        if (checkpoint_expect(f, "variant", r->variant, "it belongs to another ablation step; use that step's binary",
+                              &e) != 0)
+            run_die(&e);
+        check_state_config(f);
+        hp = xmalloc(3 * total * sizeof(float)), hm = hp + total, hv = hp + 2 * total;
+        if (checkpoint_read(f, &r->w->table, hp, hm, hv, &e) != 0) run_die(&e);
+        p.iter = meta_number(f, "step");
+        const char *rng = st_meta(f, "data_rng");
+        p.data_rng = rng ? strtoull(rng, NULL, 10) : 0;
+        p.train_seconds = meta_number(f, "train_seconds");
+        p.elapsed = meta_number(f, "elapsed_seconds");
+        p.examples = meta_number(f, "examples");
+        p.best_val = meta_number(f, "best_val_loss");
+        p.best_iter = meta_number(f, "best_val_iteration");
+        p.last_eval_iter = meta_number(f, "last_eval_iteration");
+        p.last_val = meta_number(f, "last_val_loss");
+        for (int i = 0; i < r->nextra; i++) p.extra[i] = meta_number(f, r->extra[i].name);
+        st_close(f);
+        dev_upload(r->w->params, hp, total * sizeof(float));
+        if (!r->zero1) dev_upload(r->w->m, hm, total * sizeof(float)), dev_upload(r->w->v, hv, total * sizeof(float));
+    }
+    dist_bcast(&p, sizeof p);
+    dist_bcast_dev(r->w->params, total);
+    if (r->zero1) {
+        dist_scatter_dev(r->w->m, hm, total);
+        dist_scatter_dev(r->w->v, hv, total);
+    } else {
+        dist_bcast_dev(r->w->m, total);
+        dist_bcast_dev(r->w->v, total);
+    }
+    free(hp);
+    r->iter = (int)p.iter;
+    r->data_rng.state = p.data_rng;
+    r->train_seconds = p.train_seconds;
+    r->elapsed = p.elapsed;
+    r->examples = p.examples;
+    r->best_val = p.best_val;
+    r->best_iter = (int)p.best_iter;
+    r->last_eval_iter = (int)p.last_eval_iter;
+    r->last_val = p.last_val;
+    for (int i = 0; i < r->nextra; i++) *r->extra[i].value = p.extra[i];
     printf("resuming step %s from iteration %d (%s)\n", r->step, r->iter, r->state_path);
     return 1;
+}
+
+void run_load_params(TrainRun *r, const char *path) {
+    if (r->rank == 0) {
+        Err e;
+        StFile *f = checkpoint_open(path, r->family, &e);
+        if (!f || checkpoint_read_params(f, r->w, 0, &e) != 0) run_die(&e);
+        st_close(f);
+    }
+    dist_bcast_dev(r->w->params, r->w->table.total);
 }
 
 /* ------------------------------------------------------------------ metrics */
@@ -168,7 +279,8 @@ int run_try_resume(TrainRun *r) {
 void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series, int ntrain,
                       const char *const *val_series, int nval) {
     Err e;
-    r->metrics = metrics_open(r->metrics_path, resumed, &e);
+    /* the other ranks keep an unwritten copy: only rank 0 has the file (and its machine the folder) */
+    r->metrics = metrics_open(r->metrics_path, resumed && r->rank == 0, &e);
     if (!r->metrics) run_die(&e);
     if (resumed) {
         metrics_truncate(r->metrics, "iterations", train_series, ntrain, r->iter);
@@ -188,10 +300,12 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_number(m, "parameters", (double)r->w->table.total);
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());
+    metrics_set_number(m, "processes", r->procs);
+    metrics_set_string(m, "distributed", r->procs == 1 ? "none" : r->zero1 ? "data parallel, ZeRO-1" : "data parallel");
     metrics_set_string(m, "status", "running");
     g_running = r;
     if (!resumed) metrics_set_number(m, "started_unix", unix_seconds());
-    tracking_start(r);
+    if (r->rank == 0) tracking_start(r);
 }
 
 void run_write_metrics(TrainRun *r) {
@@ -210,7 +324,8 @@ void run_write_metrics(TrainRun *r) {
     double trained = r->iter - r->skipped_iters; /* a time budget may have skipped the rest of a job */
     metrics_set_number(m, "ms_per_iter", trained > 0 ? 1e3 * r->train_seconds / trained : 0.0);
     metrics_set_number(m, "trained_iterations", trained);
-    metrics_set_number(m, "peak_memory_mib", peak_rss_mib());
+    metrics_set_number(m, "peak_memory_mib", peak_rss_mib()); /* rank 0's */
+    if (r->rank != 0) return;
     if (metrics_write(m, &e) != 0) run_die(&e);
     tracking_log(r);
 }
@@ -222,6 +337,7 @@ void run_finish(TrainRun *r, const char *stopped_by) {
     metrics_set_number(r->metrics, "finished_unix", unix_seconds());
     run_write_metrics(r);
     g_running = NULL; /* its final status is written */
+    if (r->rank != 0) return;
     unlink(r->state_path); /* the final model and the metrics hold everything now */
     tracking_finish(r, 0);
 }
@@ -231,7 +347,7 @@ void run_fail(TrainRun *r, const char *status, const char *msg) {
     metrics_set_string(r->metrics, "error", msg);
     run_write_metrics(r);
     g_running = NULL;
-    tracking_finish(r, run_stop_signal() ? 128 + run_stop_signal() : 1);
+    if (r->rank == 0) tracking_finish(r, run_stop_signal() ? 128 + run_stop_signal() : 1);
 }
 
 /* ------------------------------------------------------------------ signals, formatting */
@@ -246,6 +362,7 @@ void run_catch_signals(void) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+    signal(SIGUSR1, on_signal); /* the stop request mpirun forwards (scripts/run_steps.py) */
     /* Output to a runner that is gone must not kill the trainer before it
      * saves: the write fails instead, and run_stop_signal() reports it. */
     signal(SIGPIPE, SIG_IGN);
@@ -257,7 +374,11 @@ int run_stop_signal(void) {
 }
 
 static const char *signal_name(int sig) {
-    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+    return sig == SIGINT    ? "SIGINT"
+           : sig == SIGTERM ? "SIGTERM"
+           : sig == SIGHUP  ? "SIGHUP"
+           : sig == SIGUSR1 ? "SIGUSR1 (a stop request)"
+                            : "a signal";
 }
 
 int run_stop(TrainRun *r) {
@@ -269,7 +390,8 @@ int run_stop(TrainRun *r) {
     else
         snprintf(msg, sizeof msg, "stopped by %s at iteration %d", signal_name(sig), r->iter);
     run_fail(r, "stopped", msg);
-    fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, r->state_path);
+    if (r->rank == 0)
+        fprintf(stderr, "kvlab: %s; state saved to %s, run make again to continue\n", msg, r->state_path);
     fflush(stderr);
     return 128 + sig;
 }
@@ -282,12 +404,70 @@ double optim_step(const Optim *o, Params *w, double lr, int step) {
     return norm;
 }
 
+double run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
+    Params *w = r->w;
+    size_t total = w->table.total;
+    if (!r->zero1) {
+        dist_allreduce_dev(w->grads, total); /* one sum of the whole gradient buffer */
+        return optim_step(o, w, lr, step);
+    }
+    /* ZeRO-1: the summed gradients of this rank's slice; the global norm from every slice's squares; clipping
+     * as clip_grad_norm; AdamW on the slice; then every rank's updated slice to all */
+    DistRange z = r->zslice;
+    dist_reduce_scatter_dev(w->grads, total);
+    float *g = w->grads + z.lo;
+    double part = z.n ? grad_norm(g, z.n) : 0.0, sq = part * part;
+    dist_sum(&sq, 1);
+    double norm = sqrt(sq);
+    if (o->clip > 0 && norm > o->clip && z.n) scale_inplace(g, z.n, (float)(o->clip / (norm + 1e-6)));
+    params_adamw_slice(w, w->m, w->v, z.lo, z.n, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                       (float)o->weight_decay, step);
+    dist_allgather_dev(w->params, total);
+    return norm;
+}
+
+void run_reset_optimizer(TrainRun *r) {
+    size_t n = r->zero1 ? r->zslice.n : r->w->table.total;
+    dev_zero(r->w->m, n * sizeof(float));
+    dev_zero(r->w->v, n * sizeof(float));
+}
+
+DistRange run_batch_rows(TrainRun *r, int n) {
+    DistRange rows = dist_split((size_t)n, r->rank, r->procs);
+    if (rows.n)
+        dropout_batch_rows((int)rows.lo, (int)rows.n);
+    else
+        dropout_batch_rows(0, 0);
+    return rows;
+}
+
+RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct) {
+    if (r->procs == 1) return (RunLoss){.loss = loss, .counted = counted, .correct = correct};
+    double v[3] = {counted > 0 ? loss * counted : 0.0, counted, correct};
+    dist_sum(v, 3);
+    return (RunLoss){.loss = v[1] > 0 ? v[0] / v[1] : NAN, .counted = v[1], .correct = v[2]};
+}
+
+void run_banner_dist(const TrainRun *r) {
+    if (r->procs <= 1) return;
+    printf("distributed: %d processes (%s, rank 0 on %s), %d threads each, each trains on its rows of every global "
+           "batch%s\n", r->procs, dist_transport(), dist_host(), backend_threads(),
+           r->zero1 ? "; ZeRO-1: AdamW moments sharded over the ranks" : "");
+    fflush(stdout);
+}
+
+float run_backward_scale(const TrainRun *r, double scale, double local_counted, const RunLoss *g) {
+    if (r->procs == 1) return (float)scale;
+    return (float)(scale * local_counted / g->counted);
+}
+
 int run_check_loss(TrainRun *r, double loss, const char *hint) {
-    if (isfinite(loss)) return 0;
+    if (isfinite(loss)) return 0; /* the global loss: every rank decides alike */
     char msg[256];
     snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, r->iter + 1);
     run_fail(r, "failed", msg);
     fflush(stdout);
+    if (r->rank != 0) return 1;
     fprintf(stderr, "error: %s (hint: %s; %s)\n", msg, hint,
             file_exists(r->state_path) ? "the last good state is in the state_step file and is kept"
                                        : "no checkpoint was written yet");
@@ -296,6 +476,7 @@ int run_check_loss(TrainRun *r, double loss, const char *hint) {
 
 double run_step_done(TrainRun *r, double t0, double examples) {
     double dt = wall_seconds() - t0;
+    dist_max(&dt, 1); /* one clock for all: time budgets end every rank at the same step */
     r->iter++;
     r->train_seconds += dt;
     r->elapsed += dt;
@@ -309,7 +490,10 @@ int run_checkpoint_or_stop(TrainRun *r, int checkpoint_due) {
         printf("checkpoint step %d -> %s\n", r->iter, r->state_path);
         fflush(stdout);
     }
-    return run_stop_signal() ? run_stop(r) : 0;
+    double sig = run_stop_signal(); /* a stop request of any rank stops all of them at this step */
+    dist_max(&sig, 1);
+    if (sig > 0 && !g_stop_signal) g_stop_signal = (int)sig;
+    return sig > 0 ? run_stop(r) : 0;
 }
 
 void format_eta(char *buf, size_t n, double s) {

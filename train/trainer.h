@@ -16,6 +16,7 @@
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
+#include "dist.h"
 #include "metrics.h"
 #include "rng.h"
 
@@ -46,22 +47,34 @@ typedef struct {
     } extra[8];
     int nextra;
     struct WandbRun *wandb;  /* experiment tracking (train/tracking.c), NULL when off */
+    /* data parallelism (train/dist.h), set by run_init: this process's rank of procs; rank 0 alone writes
+     * files. With ZeRO-1 (zero1) w->m and w->v hold only the moments of this rank's slice of the flat
+     * parameter buffer, values [zslice.lo, zslice.lo + zslice.n) */
+    int rank, procs, zero1;
+    DistRange zslice;
 } TrainRun;
 
 /* Saves *value in the state file under name and restores it on resume. */
 void run_track(TrainRun *r, const char *name, double *value);
 
-/* Sets the file names in out (created if needed) and the initial progress. */
+/* Sets the file names in out (created if needed, by rank 0) and the initial progress; r->w must be set. With
+ * several processes (dist_init before) it also sets up ZeRO-1 when configured. */
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed);
-/* Stops the program with the error (one line, exit status 1); metrics still
- * "running" are marked "failed" with the error first. */
+/* Stops the program with the error (one line, exit status 1; in a job of several processes the line names
+ * the rank and host and the whole job stops); metrics still "running" are marked "failed" with the error
+ * first. */
 void run_die(const Err *e) KV_NORETURN;
 
+/* Files are written by rank 0 only; every rank calls these together (the state gathers ZeRO-1 moments). */
 void run_save_model(TrainRun *r, const char *path, double val_loss);
 void run_save_state(TrainRun *r);
 /* Restores parameters, moments and progress from the state file when it
- * exists and was written by this very configuration; returns 1 if it did. */
+ * exists and was written by this very configuration (the Distributed menu
+ * aside: a state resumes with any number of processes); returns 1 if it
+ * did. Rank 0 reads the file and sends it to the other ranks. */
 int run_try_resume(TrainRun *r);
+/* Loads the parameters of a model checkpoint of this family (rank 0 reads, every rank gets them). */
+void run_load_params(TrainRun *r, const char *path);
 
 /* Opens the metrics file (continuing it after a resume, without the entries
  * past the resumed iteration) and writes the facts every family records. */
@@ -74,8 +87,10 @@ void run_finish(TrainRun *r, const char *stopped_by);
 void run_fail(TrainRun *r, const char *status, const char *msg);
 
 /* SIGINT, SIGTERM and SIGHUP set a flag the loop checks after each step
- * (save, then stop); SIGPIPE is ignored, and a failed write to stdout or
- * stderr (the step runner is gone) counts as a stop request too. */
+ * (save, then stop); so does SIGUSR1, the stop request scripts/run_steps.py
+ * sends through mpirun (which forwards it, where it would follow SIGTERM
+ * with SIGKILL within a second). SIGPIPE is ignored, and a failed write to
+ * stdout or stderr (the step runner is gone) counts as a stop request too. */
 void run_catch_signals(void);
 /* The stop request: the signal number (SIGPIPE for lost output), or 0. */
 int run_stop_signal(void);
@@ -83,13 +98,46 @@ int run_stop_signal(void);
  * prints one line and returns the exit status (128 + signal). */
 int run_stop(TrainRun *r);
 
+/* ------------------------------------------------------------------ data parallelism
+ *
+ * Every rank draws the same global batch (the same data order from the seed) and trains on its own rows
+ * of it; the loss is normalised by the global count and the gradients summed over the ranks once per
+ * optimizer step, so nothing depends on the number of processes:
+ *
+ *     DistRange rows = run_batch_rows(t, B);          this rank's rows of the B of the global batch
+ *     local forward on rows.n rows (if any) ...
+ *     RunLoss g = run_global_loss(t, local_mean_loss, local_counted, local_correct);
+ *     backward (if rows.n) with run_backward_scale(t, scale, local_counted, &g)   the global mean's gradient
+ *
+ * Evaluation splits its batches over the ranks (batch k on rank k % procs) and sums its counts with
+ * dist_sum. */
+
+/* One banner line saying how the step is spread over processes (nothing for a job of one). */
+void run_banner_dist(const TrainRun *r);
+
+/* This rank's rows of a global batch of n rows (dist_split), also told to the backend so that dropout
+ * draws the global batch's masks (dropout_batch_rows). */
+DistRange run_batch_rows(TrainRun *r, int n);
+
+typedef struct {
+    double loss;    /* mean over every rank's counted examples */
+    double counted; /* examples (targets) that count, over all ranks */
+    double correct;
+} RunLoss;
+/* The global loss of a forward pass from each rank's mean loss over its counted examples (0 counted: the
+ * rank had no rows) and its correct predictions. */
+RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct);
+/* The loss scale for this rank's backward pass (which divides by its own count) that gives the gradient of
+ * the global mean: scale * local_counted / g->counted (scale itself in a job of one). */
+float run_backward_scale(const TrainRun *r, double scale, double local_counted, const RunLoss *g);
+
 /* ------------------------------------------------------------------ the training-loop tail
  *
  * What every family does after computing a step's loss, in this order:
  *
  *     if (run_check_loss(t, loss, "lower the family's learning rate or set its gradient clipping")) return 1;
  *     backward ...
- *     double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+ *     double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
  *     double dt = run_step_done(t, t0, examples);
  *     log, evaluate ...
  *     int stop = run_checkpoint_or_stop(t, checkpoint_due);
@@ -112,14 +160,21 @@ typedef struct {
 /* Clips the gradients of w to o->clip (when on), then one AdamW update at learning rate lr as update number
  * step (1-based, for the bias correction). Returns the global gradient norm before clipping. */
 double optim_step(const Optim *o, Params *w, double lr, int step);
+/* optim_step for the run's parameters after the gradients are summed over the ranks (all-reduce; with
+ * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters). The loss must be
+ * normalised by the global count (run_global_loss). */
+double run_optim_step(TrainRun *r, const Optim *o, double lr, int step);
+/* Zeroes the AdamW moments (a family that starts its optimiser afresh, e.g. per seq2seq job). */
+void run_reset_optimizer(TrainRun *r);
 
 /* A non-finite training loss at iteration r->iter + 1: marks the metrics failed, prints one error line with
  * the hint and where the last good state is, and returns 1. Returns 0 for a finite loss. */
 int run_check_loss(TrainRun *r, double loss, const char *hint);
-/* Counts a finished optimiser step that began at wall time t0 and saw the given examples; returns its seconds. */
+/* Counts a finished optimiser step that began at wall time t0 and saw the given examples (global); returns its
+ * seconds, the slowest rank's, so that every rank keeps the same clock for time budgets. */
 double run_step_done(TrainRun *r, double t0, double examples);
-/* Saves the state when due (a checkpoint line on stdout), then honours a stop request: returns run_stop()'s
- * exit status when the run must stop now, 0 to go on. */
+/* Saves the state when due (a checkpoint line on stdout), then honours a stop request (any rank's): returns
+ * run_stop()'s exit status when the run must stop now, 0 to go on. */
 int run_checkpoint_or_stop(TrainRun *r, int checkpoint_due);
 
 void format_eta(char *buf, size_t n, double seconds);

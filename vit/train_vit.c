@@ -20,6 +20,7 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "data.h"
+#include "dist.h"
 #include "kernels.h"
 #include "metrics.h"
 #include "model.h"
@@ -76,24 +77,29 @@ static const char *const VAL_SERIES[] = {"val_losses", "val_accuracies", "val_ti
 
 /* ------------------------------------------------------------------ evaluation */
 
-/* Loss and accuracy over images idx[0..n) of set; confusion (classes^2) if given. */
+/* Loss and accuracy over images idx[0..n) of set; confusion (classes^2) if given. The batches are shared
+ * out over the ranks (batch j on rank j % procs) and the sums reduced. */
 static double evaluate(Run *r, const ImageSet *set, const int *idx, int n, double *acc, long *confusion) {
     const Hyper *h = &r->h;
     ViT *m = &r->model;
     int K = m->cfg.classes, *pred = xmalloc((size_t)h->B * sizeof(int));
-    double loss_sum = 0.0;
-    long correct = 0;
-    for (int start = 0; start < n; start += h->B) {
+    size_t nc = confusion ? (size_t)K * K : 0;
+    double *sum = xcalloc(2 + nc, sizeof(double)); /* loss sum, correct, confusion counts */
+    for (int start = dist_rank() * h->B; start < n; start += dist_size() * h->B) {
         int count = n - start < h->B ? n - start : h->B;
         vit_batch(&r->data, set, idx + start, count, m->cfg.P, 0, 0, r->patches, r->labels);
-        loss_sum += vit_forward(m, r->patches, r->labels, count, 0, 0) * count;
-        correct += vit_correct(m, pred);
+        sum[0] += vit_forward(m, r->patches, r->labels, count, 0, 0) * count;
+        sum[1] += vit_correct(m, pred);
         if (confusion)
-            for (int k = 0; k < count; k++) confusion[(size_t)r->labels[k] * K + pred[k]]++;
+            for (int k = 0; k < count; k++) sum[2 + (size_t)r->labels[k] * K + pred[k]]++;
     }
     free(pred);
-    *acc = (double)correct / n;
-    return loss_sum / n;
+    dist_sum(sum, (int)(2 + nc));
+    for (size_t i = 0; i < nc; i++) confusion[i] += (long)sum[2 + i];
+    *acc = sum[1] / n;
+    double loss = sum[0] / n;
+    free(sum);
+    return loss;
 }
 
 static void eval_and_record(Run *r) {
@@ -186,6 +192,7 @@ static void banner(const Run *r) {
            "seed %llu, %d threads\n", vit_flops_per_image(c) / 1e6, h->epochs, r->steps_per_epoch, h->B, h->lr,
            h->min_lr, h->optim.weight_decay, (unsigned long long)h->seed, backend_threads());
     fflush(stdout);
+    run_banner_dist(&r->run);
 }
 
 static int train(Run *r) {
@@ -204,15 +211,20 @@ static int train(Run *r) {
         double t0 = wall_seconds();
         int epoch = t->iter / r->steps_per_epoch, pos = t->iter % r->steps_per_epoch;
         epoch_order(r, epoch);
-        vit_batch(&r->data, &r->data.train, r->perm + (size_t)pos * h->B, h->B, m->cfg.P, r->data.augment,
-                  dropout_seed(h->seed, (uint64_t)epoch, 77), r->patches, r->labels);
+        DistRange rows = run_batch_rows(t, h->B); /* this rank's images of the global batch */
+        vit_batch(&r->data, &r->data.train, r->perm + (size_t)pos * h->B + rows.lo, (int)rows.n, m->cfg.P,
+                  r->data.augment, dropout_seed(h->seed, (uint64_t)epoch, 77), r->patches, r->labels);
         double lr = lr_warmup_cosine(t->iter, h->warmup, r->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
-        double loss = vit_forward(m, r->patches, r->labels, h->B, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
-        int correct = vit_correct(m, NULL);
+        double l = rows.n ? vit_forward(m, r->patches, r->labels, (int)rows.n, 1,
+                                        dropout_seed(h->seed, (uint64_t)t->iter, 0)) : 0.0;
+        double counted = rows.n ? m->counted : 0;
+        RunLoss g = run_global_loss(t, l, counted, rows.n ? vit_correct(m, NULL) : 0);
+        double loss = g.loss;
+        int correct = (int)g.correct;
         if (run_check_loss(t, loss, "lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP")) return 1;
-        vit_backward(m, 1.0f);
-        double norm = optim_step(&h->optim, &m->w, lr, t->iter + 1);
+        if (counted > 0) vit_backward(m, run_backward_scale(t, 1.0f, counted, &g));
+        double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
         double dt = run_step_done(t, t0, h->B);
         r->epoch_loss += loss * h->B;
         r->epoch_correct += correct;
@@ -253,10 +265,7 @@ static int train(Run *r) {
     double final_acc = test_and_record(r, "", 1);
     metrics_set_string(t->metrics, "test_rule", "test_accuracy: final model; best_model_test_accuracy: "
                                                 "the checkpoint with the lowest validation loss");
-    Err e;
-    StFile *f = checkpoint_open(t->best_path, "vit", &e);
-    if (!f || checkpoint_read_params(f, &m->w, 0, &e) != 0) run_die(&e);
-    st_close(f);
+    run_load_params(t, t->best_path);
     double best_acc = test_and_record(r, "best_model_", 0);
     run_finish(t, stopped_by);
     printf("test: final model accuracy %.4f, best-validation model (iteration %d) %.4f\n", final_acc, t->best_iter,
@@ -279,7 +288,7 @@ static void usage(void) {
 static void setup(Run *r) {
     Err e;
     r->h = hyper_from_kconfig();
-    backend_init(CONFIG_NUM_THREADS);
+    backend_init(dist_threads(CONFIG_NUM_THREADS));
     if (vit_data_load(&r->data, CONFIG_DATA_DIR, r->h.val_images, r->h.seed, &e) != 0) run_die(&e);
     ImageSet *tr = &r->data.train;
     ViTConfig cfg = vit_config_from_kconfig(tr->h, tr->w, tr->c, tr->classes);
@@ -324,6 +333,7 @@ static int cmd_train(int argc, char **argv) {
             usage();
     }
     if (!out || !step) usage();
+    dist_init(); /* a rank of a job when started by mpirun or srun (Kconfig Distributed) */
     Run r;
     memset(&r, 0, sizeof r);
     setup(&r);
@@ -349,6 +359,7 @@ static int cmd_train(int argc, char **argv) {
     run_write_metrics(t);
     int rc = train(&r);
     teardown(&r);
+    dist_finalize();
     return rc;
 }
 

@@ -304,18 +304,39 @@ static uint32_t dropout_threshold(float p, const char *op) {
     return (uint32_t)(p * 16777216.0f);
 }
 
+static int g_batch_first, g_batch_count; /* dropout_batch_rows */
+
+void dropout_batch_rows(int first, int count) {
+    if (first < 0 || count < 0 || (first > 0 && count == 0))
+        FATAL("dropout_batch_rows: rows [%d, %d + %d) of a global batch", first, first, count);
+    g_batch_first = first;
+    g_batch_count = count;
+}
+
+int dropout_batch_first(void) { return g_batch_first; }
+
+/* The global index of element 0 of an n-value buffer of this process's batch rows. */
+static size_t batch_offset(size_t n, const char *op) {
+    if (!g_batch_count) return 0;
+    if (n % (size_t)g_batch_count)
+        FATAL("%s: %zu values are not %d batch rows (dropout_batch_rows)", op, n, g_batch_count);
+    return (size_t)g_batch_first * (n / (size_t)g_batch_count);
+}
+
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
     uint32_t thr = dropout_threshold(p, "dropout_forward");
     float scale = 1.0f / (1.0f - p);
+    size_t off = batch_offset(n, "dropout_forward");
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = dropout_keep(seed, i, thr) ? inp[i] * scale : 0.0f;
+    for (size_t i = 0; i < n; i++) out[i] = dropout_keep(seed, off + i, thr) ? inp[i] * scale : 0.0f;
 }
 
 void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
     uint32_t thr = dropout_threshold(p, "dropout_backward");
     float scale = 1.0f / (1.0f - p);
+    size_t off = batch_offset(n, "dropout_backward");
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) dinp[i] += dropout_keep(seed, i, thr) ? dout[i] * scale : 0.0f;
+    for (size_t i = 0; i < n; i++) dinp[i] += dropout_keep(seed, off + i, thr) ? dout[i] * scale : 0.0f;
 }
 
 /* ------------------------------------------------------------------ cross-entropy */

@@ -1,0 +1,195 @@
+/* The MPI transport of train/dist.h (CONFIG_DIST_MPI): OpenMPI on host
+ * memory. Device buffers are staged through one host buffer with
+ * dev_download / dev_upload, so the code is the same whatever the backend
+ * and the device-memory guard holds; on the CPU backend that costs two
+ * memcpys of the buffer, small beside MPI's own copies.
+ *
+ * Errors: MPI_COMM_WORLD keeps MPI_ERRORS_ARE_FATAL, so a failed collective
+ * ends the job; a rank that dies is noticed by mpirun (or srun), which
+ * stops the others within seconds (docs/distributed.md, "Faults"). A fatal
+ * error of this process (FATAL, run_die) calls MPI_Abort through
+ * set_process_identity, which ends every rank at once. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist.h"
+#include "kernels.h"
+
+static int g_rank, g_size = 1, g_local = 1, g_on;
+static char g_host[MPI_MAX_PROCESSOR_NAME + 1] = "localhost";
+static float *g_stage, *g_part; /* host staging: a whole buffer, and one rank's slice */
+static size_t g_stage_cap, g_part_cap;
+
+static float *stage(size_t n) {
+    if (n > g_stage_cap) {
+        free(g_stage);
+        g_stage = xmalloc(n * sizeof(float));
+        g_stage_cap = n;
+    }
+    return g_stage;
+}
+
+static float *part(size_t n) {
+    if (n > g_part_cap || !g_part) {
+        free(g_part);
+        g_part = xmalloc((n ? n : 1) * sizeof(float));
+        g_part_cap = n;
+    }
+    return g_part;
+}
+
+static KV_NORETURN void abort_job(int status) {
+    fflush(NULL);
+    if (g_on && g_size > 1) MPI_Abort(MPI_COMM_WORLD, status);
+    _exit(status);
+}
+
+void dist_init(void) {
+    if (g_on) return;
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        FATAL("MPI_Init failed (hint: start the step with mpirun, or check the OpenMPI installation)");
+    g_on = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &g_local);
+    MPI_Comm_free(&local);
+    int len = 0;
+    MPI_Get_processor_name(g_host, &len);
+    g_host[len] = 0;
+    if (g_size > 1) {
+        char label[sizeof g_host + 64];
+        snprintf(label, sizeof label, "rank %d of %d on %s", g_rank, g_size, g_host);
+        set_process_identity(label, abort_job);
+        /* only rank 0 reports; the others' errors still go to stderr */
+        if (g_rank != 0 && !freopen("/dev/null", "w", stdout)) FATAL("cannot send stdout to /dev/null");
+    }
+}
+
+void dist_finalize(void) {
+    if (!g_on) return;
+    MPI_Finalize();
+    g_on = 0;
+    free(g_stage), free(g_part);
+    g_stage = g_part = NULL;
+    g_stage_cap = g_part_cap = 0;
+}
+
+int dist_rank(void) { return g_rank; }
+int dist_size(void) { return g_size; }
+int dist_local_size(void) { return g_local; }
+const char *dist_host(void) {
+    if (!g_on && strcmp(g_host, "localhost") == 0 && gethostname(g_host, sizeof g_host - 1) != 0)
+        strcpy(g_host, "localhost");
+    return g_host;
+}
+const char *dist_transport(void) { return "mpi"; }
+void dist_abort(int status) { abort_job(status); }
+
+/* MPI counts are ints: kvlab's buffers stay far below 2^31 floats (8 GiB); say so rather than overflow. */
+static int count_of(size_t n, const char *op) {
+    if (n > (size_t)INT_MAX) FATAL("%s: %zu values is more than one MPI call carries (2^31 - 1)", op, n);
+    return (int)n;
+}
+
+static int active(void) { return g_on && g_size > 1; }
+
+void dist_sum(double *v, int n) {
+    if (active()) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+}
+
+void dist_max(double *v, int n) {
+    if (active()) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+}
+
+void dist_bcast(void *buf, size_t bytes) {
+    if (active()) MPI_Bcast(buf, count_of(bytes, "dist_bcast"), MPI_BYTE, 0, MPI_COMM_WORLD);
+}
+
+void dist_allreduce_dev(float *buf, size_t n) {
+    if (!active()) return;
+    float *h = stage(n);
+    dev_download(h, buf, n * sizeof(float));
+    MPI_Allreduce(MPI_IN_PLACE, h, count_of(n, "dist_allreduce_dev"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    dev_upload(buf, h, n * sizeof(float));
+}
+
+/* counts and displacements of the slices of n values */
+static void slices(size_t n, int *counts, int *displs) {
+    for (int r = 0; r < g_size; r++) {
+        DistRange s = dist_split(n, r, g_size);
+        counts[r] = (int)s.n;
+        displs[r] = (int)s.lo;
+    }
+}
+
+void dist_reduce_scatter_dev(float *buf, size_t n) {
+    if (!active()) return;
+    count_of(n, "dist_reduce_scatter_dev");
+    DistRange mine = dist_split(n, g_rank, g_size);
+    int *counts = xmalloc((size_t)g_size * sizeof(int)), *displs = xmalloc((size_t)g_size * sizeof(int));
+    slices(n, counts, displs);
+    float *h = stage(n), *out = part(mine.n);
+    dev_download(h, buf, n * sizeof(float));
+    MPI_Reduce_scatter(h, out, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    dev_upload(buf + mine.lo, out, mine.n * sizeof(float));
+    free(counts), free(displs);
+}
+
+void dist_allgather_dev(float *buf, size_t n) {
+    if (!active()) return;
+    count_of(n, "dist_allgather_dev");
+    DistRange mine = dist_split(n, g_rank, g_size);
+    int *counts = xmalloc((size_t)g_size * sizeof(int)), *displs = xmalloc((size_t)g_size * sizeof(int));
+    slices(n, counts, displs);
+    float *h = stage(n);
+    dev_download(h + mine.lo, buf + mine.lo, mine.n * sizeof(float));
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    dev_upload(buf, h, n * sizeof(float));
+    free(counts), free(displs);
+}
+
+void dist_bcast_dev(float *buf, size_t n) {
+    if (!active()) return;
+    float *h = stage(n);
+    if (g_rank == 0) dev_download(h, buf, n * sizeof(float));
+    MPI_Bcast(h, count_of(n, "dist_bcast_dev"), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    if (g_rank != 0) dev_upload(buf, h, n * sizeof(float));
+}
+
+void dist_gather_dev(float *host_full, const float *slice, size_t n) {
+    DistRange mine = dist_split(n, g_rank, g_size);
+    if (!active()) {
+        dev_download(host_full, slice, n * sizeof(float));
+        return;
+    }
+    count_of(n, "dist_gather_dev");
+    int *counts = xmalloc((size_t)g_size * sizeof(int)), *displs = xmalloc((size_t)g_size * sizeof(int));
+    slices(n, counts, displs);
+    float *out = part(mine.n);
+    dev_download(out, slice, mine.n * sizeof(float));
+    MPI_Gatherv(out, (int)mine.n, MPI_FLOAT, host_full, counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    free(counts), free(displs);
+}
+
+void dist_scatter_dev(float *slice, const float *host_full, size_t n) {
+    DistRange mine = dist_split(n, g_rank, g_size);
+    if (!active()) {
+        dev_upload(slice, host_full, n * sizeof(float));
+        return;
+    }
+    count_of(n, "dist_scatter_dev");
+    int *counts = xmalloc((size_t)g_size * sizeof(int)), *displs = xmalloc((size_t)g_size * sizeof(int));
+    slices(n, counts, displs);
+    float *in = part(mine.n);
+    MPI_Scatterv(host_full, counts, displs, MPI_FLOAT, in, (int)mine.n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    dev_upload(slice, in, mine.n * sizeof(float));
+    free(counts), free(displs);
+}
