@@ -298,11 +298,11 @@ static void save_checkpoint(const char *path, void (*edit)(const GPT2 *m, float 
     }
     TrainRun t;
     memset(&t, 0, sizeof t);
+    t.w = &m.w; /* before run_init, which sizes the ZeRO-1 slice from it (trainer.h) */
     run_init(&t, "gpt2", g_dir, "t", 1);
     t.dataset = ds.name, t.variant = attn_variant_id(ATTN_VARIANT, ATTN_POS), t.unit = "tokens";
     t.model_json = gpt2_config_json(&cfg);
     t.vocab_json = dataset_vocab_json(&ds);
-    t.w = &m.w;
     run_save_model(&t, path, 1.0);
     free(t.model_json), free(t.vocab_json);
     gpt2_free(&m);
