@@ -355,6 +355,82 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
     buf_free(&q), buf_free(&kv), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dq), buf_free(&dkv);
 }
 
+/* Data parallelism (dropout_batch_rows): a process holding rows [first, first + count) of a global batch
+ * must draw the attention-probability masks one process draws for those rows, or a run's numbers depend on
+ * the process count. The whole batch in one call against the batch split 2 + 3 over two calls, each told its
+ * rows: outputs and gradients agree (up to float32 summation order, far below what one changed mask does).
+ * kv_heads: 0 standard, 1 MQA (QKV and KV tying: the backward's per-K/V-head tasks); cross = 1: cross-attention. */
+static void split_batch_case(const char *name, int cross, int kv_heads, int causal) {
+    const int B = 5, split = 2, T = 9, Tk = cross ? 7 : T, H = 2, hd = 4, C = H * hd, m = ATTN_POS_DIM;
+    const int groups = ATTN_POS && !cross ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    const int W = cross ? C : proj_width(H, hd, kv_heads ? kv_heads : H), Wk = cross ? 2 * C : W;
+    size_t nq = (size_t)B * T * W, nkv = (size_t)B * Tk * Wk, nout = (size_t)B * T * C, nlse = (size_t)B * H * T;
+    Buf q = buf_rand(nq, 1.0), kv = cross ? buf_rand(nkv, 1.0) : NONE, dout = buf_rand(nout, 1.0);
+    Buf out[2] = {buf_zeros(nout), buf_zeros(nout)}, lse[2] = {buf_zeros(nlse), buf_zeros(nlse)};
+    Buf dq[2] = {buf_zeros(nq), buf_zeros(nq)}, dkv[2] = {NONE, NONE}, dw[2] = {NONE, NONE}, db[2] = {NONE, NONE};
+    unsigned char pad[5 * 9] = {0}; /* the last key of every other row padded */
+    for (int b = 0; b < B; b += 2) pad[(size_t)b * Tk + Tk - 1] = 1;
+    unsigned char *pad_d = dev_copy_of(pad, (size_t)B * Tk);
+    PosParams pp = {NONE, NONE, NULL, {0}};
+    if (groups) pp = pos_params(groups, m, T);
+    for (int k = 0; k < 2; k++) {
+        if (cross) dkv[k] = buf_zeros(nkv);
+        if (groups) dw[k] = buf_zeros((size_t)groups * m), db[k] = buf_zeros((size_t)groups);
+    }
+    const AttnPos *pos = groups ? &pp.pos : NULL;
+    for (int k = 0; k < 2; k++) /* k = 0: the whole batch; k = 1: rows [0, split) then [split, B) */
+        for (int part = 0; part < (k ? 2 : 1); part++) {
+            int first = k && part ? split : 0, count = k ? (part ? B - split : split) : B;
+            size_t oq = (size_t)first * T * W, okv = (size_t)first * Tk * Wk, oo = (size_t)first * T * C;
+            size_t ol = (size_t)first * H * T;
+            dropout_batch_rows(k ? first : 0, k ? count : 0);
+            if (cross) {
+                CrossAttnArgs a = {.B = count, .Tq = T, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad_d + first * Tk,
+                                   .dropout = 0.3f, .seed = 4242};
+                cross_attention_forward(out[k].d + oo, lse[k].d + ol, q.d + oq, kv.d + okv, &a);
+                cross_attention_backward(dq[k].d + oq, dkv[k].d + okv, dout.d + oo, q.d + oq, kv.d + okv,
+                                         out[k].d + oo, lse[k].d + ol, &a);
+            } else {
+                AttnArgs a = {.B = count, .T = T, .H = H, .hd = hd, .kv_heads = kv_heads, .causal = causal,
+                              .key_pad = pad_d + first * Tk, .dropout = 0.3f, .seed = 4242};
+                AttnPosGrad dp = {dw[k].d, db[k].d};
+                attention_forward(out[k].d + oo, lse[k].d + ol, q.d + oq, pos, &a);
+                attention_backward(dq[k].d + oq, groups ? &dp : NULL, dout.d + oo, q.d + oq, out[k].d + oo,
+                                   lse[k].d + ol, pos, &a);
+            }
+        }
+    dropout_batch_rows(0, 0);
+    Buf *pairs[][2] = {{&out[0], &out[1]}, {&dq[0], &dq[1]}, {&dkv[0], &dkv[1]}, {&dw[0], &dw[1]}, {&db[0], &db[1]}};
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        buf_download(pairs[k][0]), buf_download(pairs[k][1]);
+        if (!pairs[k][0]->n) continue; /* no cross K/V or +Pos in this case */
+        double *want = to_double(pairs[k][0]->h, pairs[k][0]->n), m_k;
+        double e = max_abs_diff(pairs[k][1]->h, want, pairs[k][0]->n, &m_k);
+        CHECK(e <= 1e-5 * m_k + 1e-5, "%s, %s: batch split 2 + 3 over two processes: "
+              "%s differs from the whole batch's by %.3g", cross ? "cross-attention" :
+              attn_variant_label(ATTN_VARIANT, ATTN_POS), name, (const char *[]){"output", "d(q/proj)", "d(kv)",
+              "d(pos w)", "d(pos b)"}[k], e);
+        free(want);
+    }
+    for (int k = 0; k < 2; k++) {
+        buf_free(&out[k]), buf_free(&lse[k]), buf_free(&dq[k]), buf_free(&dkv[k]), buf_free(&dw[k]);
+        buf_free(&db[k]);
+    }
+    buf_free(&q), buf_free(&kv), buf_free(&dout);
+    pos_params_free(&pp);
+    dev_free(pad_d);
+}
+
+static void test_split_batch_dropout(void) {
+    split_batch_case("causal, dropout", 0, 0, 1);
+    split_batch_case("bidirectional, key padding, dropout", 0, 0, 0);
+    if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads: the backward runs one task per (batch, K/V head) */
+        split_batch_case("MQA, causal, dropout", 0, 1, 1);
+        split_batch_case("MQA, bidirectional, key padding, dropout", 0, 1, 0);
+    }
+    split_batch_case("key padding, dropout", 1, 0, 0);
+}
+
 /* Symmetry of the scores before masking: exact for KV and K (each pair is
  * computed once), broken by +Pos (B_ij = f(i) + g(j) is not symmetric). */
 static void test_score_symmetry(void) {
@@ -1020,6 +1096,7 @@ int main(void) {
     test_crossentropy(0.0);
     test_crossentropy(0.1);
     test_dropout();
+    test_split_batch_dropout();
     test_adamw_and_clip();
     test_argument_errors();
     test_grouped_kv();

@@ -64,6 +64,7 @@ typedef struct {
     float dropout;
     uint32_t drop_thr;
     uint64_t seed;
+    int batch_first;    /* global batch row of b = 0 (dropout_batch_first: data parallelism) */
     /* +Pos: per group f (Tq), g (Tk), alpha, bias; per task accumulators */
     int pos_groups;
     const float *f, *g, *alpha, *bias;
@@ -71,6 +72,14 @@ typedef struct {
 } Problem;
 
 static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : h; }
+
+/* Dropout index of probability (i, 0) of batch b, query head h: its place in the probabilities of the global
+ * batch, so that a rank holding rows [first, first + B) of it draws the masks one process would. Forward
+ * (softmax_row) and backward (backward_row) must agree; the backward pass walks a K/V head's query heads, but
+ * the mask stays per query head. */
+static size_t drop_base(const Problem *p, int b, int h, int i) {
+    return (((size_t)(p->batch_first + b) * p->H + h) * p->Tq + i) * p->Tk;
+}
 
 /* Offset of query head h's K/V head inside a K/V row. */
 static size_t kv_off(const Problem *p, int h) { return (size_t)(h / p->group) * p->hd; }
@@ -210,7 +219,7 @@ static float softmax_row(const Problem *p, float *row, int b, int h, int i, int 
     float inv = 1.0f / sum;
     if (dropout) {
         float ds = inv / (1.0f - p->dropout);
-        size_t base = (((size_t)b * p->H + h) * p->Tq + i) * p->Tk;
+        size_t base = drop_base(p, b, h, i);
 #pragma omp simd
         for (int j = 0; j < jmax; j++) row[j] = dropout_keep(p->seed, base + j, p->drop_thr) ? row[j] * ds : 0.0f;
     } else {
@@ -293,7 +302,7 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
     float gs = 0.0f, rsum = 0.0f;
     if (p->dropout > 0.0f) {
         float ds = 1.0f / (1.0f - p->dropout);
-        size_t base = (((size_t)b * p->H + h) * p->Tq + i) * p->Tk;
+        size_t base = drop_base(p, b, h, i);
         for (int j = 0; j < jmax; j++) {
             float s = S[j];
             float x = uses_pos(p) ? alpha * s + g[j] + fib : s;
@@ -501,6 +510,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
     p->dropout = a->dropout;
     p->drop_thr = (uint32_t)(a->dropout * 16777216.0f);
     p->seed = a->seed;
+    p->batch_first = dropout_batch_first();
     if (ATTN_POS) pos_prepare(p, pos, a->T);
 }
 
@@ -567,6 +577,7 @@ static void cross_problem(Problem *p, const char *op, float *out, float *lse, co
     p->dropout = a->dropout;
     p->drop_thr = (uint32_t)(a->dropout * 16777216.0f);
     p->seed = a->seed;
+    p->batch_first = dropout_batch_first();
 }
 
 void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
