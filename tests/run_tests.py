@@ -1493,9 +1493,10 @@ def test_translation_end_to_end(tmp, sanitize):
 
 # ---------------------------------------------------------------- MPI data parallel (docs/distributed.md)
 
-# Every family, tiny, 20 optimizer steps each; no dropout: the attention-probability mask still uses the
-# rank's own batch index (kernels/cpu/attention.c, docs/distributed.md), the other sites are covered by
-# test_kernels. One process is the DIST_NONE build; the MPI builds run under mpirun -np 2.
+# Every family, tiny, 20 optimizer steps each, with dropout 0.1 (each family's one dropout symbol covers the
+# attention probabilities, cross-attention's in seq2seq, and the elementwise sites): a rank must draw the
+# masks of its rows of the global batch (dropout_batch_rows), or 2 processes give other losses than 1.
+# One process is the DIST_NONE build; the MPI builds run under mpirun -np 2.
 MPI_TINY = """CONFIG_GPT2=y
 CONFIG_GPT2_DATA_NUMBERS=y
 CONFIG_GPT2_N_LAYER=1
@@ -1512,7 +1513,7 @@ CONFIG_GPT2_EVAL_ITERS=4
 CONFIG_GPT2_LOG_INTERVAL=1
 CONFIG_GPT2_CHECKPOINT_INTERVAL=10
 CONFIG_GPT2_SAMPLE_LENGTH=0
-CONFIG_GPT2_DROPOUT="0.0"
+CONFIG_GPT2_DROPOUT="0.1"
 CONFIG_VIT=y
 CONFIG_VIT_DIM=16
 CONFIG_VIT_LAYERS=1
@@ -1524,12 +1525,13 @@ CONFIG_VIT_EPOCHS=2
 CONFIG_VIT_LR="3e-3"
 CONFIG_VIT_LOG_INTERVAL=1
 CONFIG_VIT_CHECKPOINT_INTERVAL=5
+CONFIG_VIT_DROPOUT="0.1"
 CONFIG_SEQ2SEQ=y
 CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
 CONFIG_SEQ2SEQ_DIM=16
 CONFIG_SEQ2SEQ_HEADS=2
 CONFIG_SEQ2SEQ_MLP=32
-CONFIG_SEQ2SEQ_DROPOUT="0.0"
+CONFIG_SEQ2SEQ_DROPOUT="0.1"
 CONFIG_SEQ2SEQ_TASKS="copy"
 CONFIG_SEQ2SEQ_SEEDS="1,2"
 CONFIG_SEQ2SEQ_SEQ_LEN=8
@@ -1552,12 +1554,12 @@ def mpirun(np_, binary, out, step="mpi"):
              binary, "train", "--out", out, "--step", step])
 
 
-def mpi_build(tmp, name, extra, sanitize):
-    """A build of MPI_TINY plus extra in its own tree; returns {family: binary} or None."""
+def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY):
+    """A build of base (every family) plus extra in its own tree; returns {family: binary} or None."""
     d = os.path.join(tmp, f"mpi-{name}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "defconfig"), "w") as f:
-        f.write(MPI_TINY + extra)
+        f.write(base + extra)
     cfg = os.path.join(d, ".config")
     bdir = os.path.join(d, "build")
     r = run(KCONFIG + ["defconfig", os.path.join(d, "defconfig"), cfg])
@@ -1673,6 +1675,23 @@ def test_mpi(tmp, sanitize):
             files = sorted(os.listdir(out))
             want = sorted(x for x in os.listdir(os.path.join(base, f"{fam}-1")))
             R.check(files == want, f"{fam}, {what}: the files of one process, written once (rank 0): {files}")
+    # grouped K/V heads (MQA: gpt2's 2 query heads share one K/V head; the attention backward runs one task
+    # per (batch, K/V head)) with dropout: one MPI build, 1 process against 2
+    mqa = mpi_build(tmp, "mqa", "CONFIG_DIST_MPI=y\nCONFIG_ATTN_KV_HEADS=1\n", sanitize,
+                    base=MPI_TINY.split("CONFIG_VIT=y")[0] + "CONFIG_NUM_THREADS=1\n")
+    if mqa:
+        outs = [os.path.join(base, f"gpt2-mqa-{n}") for n in (1, 2)]
+        rs = [run(mpirun(n, mqa["gpt2"], out), env=env) for n, out in zip((1, 2), outs)]
+        if R.check(all(r.returncode == 0 for r in rs), "gpt2, MQA: mpirun -np 1 and -np 2 train:\n" +
+                   "".join(f"{r.stdout[-1500:]}{r.stderr[-1500:]}" for r in rs)):
+            m1, m2 = curve(outs[0]), curve(outs[1])
+            d = curves_close(m1, m2)
+            kv = [m.get("model", {}).get("attention", {}).get("kv_heads") for m in (m1, m2)]
+            R.check(d <= MPI_RTOL and len(m2["metrics"]["train_losses"]) == 20 and kv == [1, 1] and
+                    (m1["processes"], m2["processes"]) == (1, 2),
+                    f"gpt2, MQA with dropout: 2 processes' 20 training and validation losses equal 1 process's within "
+                    f"{MPI_RTOL:g} relative (largest difference {d:.3g}; kv_heads {kv}, processes "
+                    f"{m1['processes']}, {m2['processes']})")
     print(f"  equality runs: {time.time() - t0:.1f} s", flush=True)
     if "gpt2" not in ref:
         return
