@@ -61,8 +61,7 @@ char *gpt2_config_json(const GPT2Config *c) {
     cJSON_AddBoolToObject(o, "head_bias", c->head_bias);
     cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
     cJSON_AddStringToObject(o, "ln_placement", "pre");
-    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
-    attention_json_kv_heads(a, c->H, c->kv_heads);
+    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups, c->H, c->kv_heads);
     cJSON_AddTrueToObject(a, "causal");
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
@@ -71,7 +70,7 @@ char *gpt2_config_json(const GPT2Config *c) {
 }
 
 /* K/V width: kv_heads * head_dim (C without grouped K/V heads). */
-static int kv_dim(const GPT2Config *c) { return (c->kv_heads ? c->kv_heads : c->H) * (c->C / c->H); }
+static int kv_dim(const GPT2Config *c) { return attn_kv_width(c->C, c->H, c->kv_heads); }
 
 size_t gpt2_matmul_params(const GPT2Config *c) {
     size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c));

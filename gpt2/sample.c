@@ -8,7 +8,7 @@
 #include "kernels.h"
 
 /* one cached row: kv_heads * head_dim floats (C without grouped K/V heads) */
-static int kv_dim(const GPT2Config *g) { return (g->kv_heads ? g->kv_heads : g->H) * (g->C / g->H); }
+static int kv_dim(const GPT2Config *g) { return attn_kv_width(g->C, g->H, g->kv_heads); }
 
 size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg) {
     return kv_cache_bytes_per_token(cfg->L, kv_dim(cfg), cfg->variant);

@@ -107,6 +107,10 @@ static inline int attn_cache_tensors(int variant) {
  * from there (BlockShape.kv_heads -> AttnArgs.kv_heads). KV and K never
  * group (their key is their query; Kconfig offers it for QKV only). */
 static inline int attn_kv_heads(int H) { return CONFIG_ATTN_KV_HEADS > 0 ? CONFIG_ATTN_KV_HEADS : H; }
+/* The K/V heads of a layer whose settings say kv_heads (0 = one per query
+ * head), and the width of its K/V blocks, kv_heads * head dim. */
+static inline int attn_kv_count(int H, int kv_heads) { return kv_heads ? kv_heads : H; }
+static inline int attn_kv_width(int C, int H, int kv_heads) { return attn_kv_count(H, kv_heads) * (C / H); }
 /* Projection layout with grouped K/V heads: the query block is C = H*hd
  * wide, every other block kvC = G*hd (= C when G = H; in KV and K the key
  * block is the query block and G = H). The blocks sit side by side in this

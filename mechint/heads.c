@@ -12,7 +12,7 @@ void model_build(Model *m, const char *family, const ModelSource *src) {
     int C = src->C, H = src->H, r = C / H, P = attn_num_proj(src->variant);
     int qb = attn_query_block(src->variant), kb = attn_key_block(src->variant), vb = attn_value_block(src->variant);
     /* grouped K/V heads: query head h reads K/V head h / group; its Wk and Wv are copies of that head's */
-    int G = src->kv_heads ? src->kv_heads : H, group = H / G, kvC = G * r;
+    int G = attn_kv_count(H, src->kv_heads), group = H / G, kvC = G * r;
     if (G < 1 || H % G != 0) FATAL("mechint: %d K/V heads for %d query heads", G, H);
     m->kv_heads = G;
     m->family = family;

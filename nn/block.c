@@ -14,10 +14,8 @@ enum { SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT, SITE_MLP_INNER };
 
 static size_t bt(const BlockShape *s) { return (size_t)s->B * s->T; }
 
-static int kv_heads(const BlockShape *s) { return s->kv_heads ? s->kv_heads : s->H; }
-
 int block_proj_width(const BlockShape *s) {
-    return attn_proj_width(ATTN_VARIANT, s->C, kv_heads(s) * (s->C / s->H));
+    return attn_proj_width(ATTN_VARIANT, s->C, attn_kv_width(s->C, s->H, s->kv_heads));
 }
 
 size_t block_act_floats(const BlockShape *s) {
@@ -328,7 +326,7 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
 
 /* ------------------------------------------------------------------ descriptions */
 
-cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups) {
+cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups, int heads, int kv_heads) {
     cJSON *a = cJSON_CreateObject();
     cJSON_AddStringToObject(a, "variant", attn_variant_id(variant, pos));
     cJSON_AddStringToObject(a, "label", attn_variant_label(variant, pos));
@@ -337,11 +335,8 @@ cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups) {
     cJSON_AddNumberToObject(a, "pos_dim", pos_m);
     cJSON_AddNumberToObject(a, "pos_groups", pos_groups);
     cJSON_AddStringToObject(a, "scale", "1/sqrt(head_dim)");
+    if (attn_kv_count(heads, kv_heads) != heads) cJSON_AddNumberToObject(a, "kv_heads", kv_heads);
     return a;
-}
-
-void attention_json_kv_heads(cJSON *attention, int heads, int kv_heads) {
-    if (kv_heads && kv_heads != heads) cJSON_AddNumberToObject(attention, "kv_heads", kv_heads);
 }
 
 double json_float(float x) {
@@ -405,7 +400,7 @@ void decode_scratch_free(DecodeScratch *sc) {
 
 void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
                   const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc) {
-    int N = s->B, C = s->C, H = s->H, PW = block_proj_width(s), kvC = kv_heads(s) * (C / H);
+    int N = s->B, C = s->C, H = s->H, PW = block_proj_width(s), kvC = attn_kv_width(C, H, s->kv_heads);
     if (N != cache->N || kvC != cache->C || t < 0 || t >= cache->T || layer < 0 || layer >= cache->L)
         FATAL("block_decode: %d rows with K/V width %d at position %d of layer %d, the cache holds %d x %d x %d of "
               "%d layers", N, kvC, t, layer, cache->N, cache->T, cache->C, cache->L);
@@ -420,7 +415,7 @@ void block_decode(float *x, int t, KVCache *cache, int layer, const float *param
     dev_copy_rows(keys + (size_t)t * kvC, row, sc->proj + ko, (size_t)PW, N, (size_t)kvC);
     if (cache->tensors == 2) dev_copy_rows(values + (size_t)t * kvC, row, sc->proj + vo, (size_t)PW, N, (size_t)kvC);
     AttnPos pos = attn_pos(params, p, s);
-    attention_decode(sc->att, sc->proj + qo, PW, keys, values, cache->T, t, N, H, C / H, kv_heads(s),
+    attention_decode(sc->att, sc->proj + qo, PW, keys, values, cache->T, t, N, H, C / H, s->kv_heads,
                      s->pos ? &pos : NULL);
     linear_forward(sc->branch, sc->att, W(p->projw), WB(s->bias, p->projb), N, C, C);
     residual_forward(x, x, sc->branch, nc);

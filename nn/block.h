@@ -126,11 +126,10 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
  * (causal, cross-attention). json_float: a float as the number its %g text
  * reads as (0.1f is 0.1), since stored descriptions are compared field by
  * field with those of the build. */
-cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups);
-/* Adds "kv_heads" to an attention object when the K/V heads are grouped
- * (kv_heads < heads): the descriptions of standard models stay as they
- * were, and a checkpoint of another count is refused by name. */
-void attention_json_kv_heads(cJSON *attention, int heads, int kv_heads);
+/* "kv_heads" is there only when the K/V heads are grouped (kv_heads < heads):
+ * the descriptions of standard models stay as they were, and a checkpoint of
+ * another count is refused by name. */
+cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups, int heads, int kv_heads);
 double json_float(float x);
 
 /* ---- decoding one position with a KV cache ---------------------------------

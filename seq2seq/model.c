@@ -36,8 +36,7 @@ char *s2s_config_json(const S2SConfig *c) {
     cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
     cJSON_AddNumberToObject(o, "label_smoothing", json_float(c->label_smoothing));
     cJSON_AddStringToObject(o, "positions", "sinusoidal");
-    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups);
-    attention_json_kv_heads(a, c->H, c->kv_heads);
+    cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups, c->H, c->kv_heads);
     cJSON_AddStringToObject(a, "cross_attention", "qkv");
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
@@ -46,7 +45,7 @@ char *s2s_config_json(const S2SConfig *c) {
 }
 
 /* K/V width of self-attention: kv_heads * head_dim (C without grouped K/V heads). */
-static int kv_dim(const S2SConfig *c) { return (c->kv_heads ? c->kv_heads : c->H) * (c->C / c->H); }
+static int kv_dim(const S2SConfig *c) { return attn_kv_width(c->C, c->H, c->kv_heads); }
 
 size_t s2s_matmul_params(const S2SConfig *c) {
     size_t C = (size_t)c->C, W = (size_t)attn_proj_width(c->variant, c->C, kv_dim(c));

@@ -470,7 +470,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
     } else if (pos) {
         FATAL("%s: positional weights given but +Pos is not configured", op);
     }
-    int G = a->kv_heads ? a->kv_heads : a->H;
+    int G = attn_kv_count(a->H, a->kv_heads);
     if (G < 1 || G > a->H || a->H % G != 0)
         FATAL("%s: %d K/V heads for %d query heads (the K/V head count must divide the query head count)", op, G,
               a->H);
@@ -598,7 +598,7 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
-    int C = H * hd, G = kv_heads ? kv_heads : H;
+    int C = H * hd, G = attn_kv_count(H, kv_heads);
     if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
         FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
     if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
