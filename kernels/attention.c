@@ -17,15 +17,18 @@ const char *attn_block_name(int variant, int block) {
     return attn_variants[variant].blocks[block];
 }
 
-/* name or label with the +Pos suffix, from a static store (the strings live as long as the program) */
+/* name or label with the +Pos suffix and the configured position scheme's, from a static store (the strings
+ * live as long as the program) */
 static const char *with_pos(int variant, int pos, int label) {
-    static char store[2][ATTN_NUM_VARIANTS][48];
+    static char store[2][2][ATTN_NUM_VARIANTS][64];
     if (variant < 0 || variant >= ATTN_NUM_VARIANTS) FATAL("attention variant %d is not in the table", variant);
     const AttnVariantInfo *v = &attn_variants[variant];
-    const char *base = label ? v->label : v->name;
-    if (!pos) return base;
-    char *s = store[label][variant];
-    if (!s[0]) snprintf(s, sizeof store[0][0], "%s%s", base, label ? ATTN_POS_LABEL_SUFFIX : ATTN_POS_NAME_SUFFIX);
+    const AttnPositionInfo *pe = &attn_positions[ATTN_POSITION];
+    pos = pos != 0;
+    char *s = store[label][pos][variant];
+    if (!s[0])
+        snprintf(s, sizeof store[0][0][0], "%s%s%s", label ? v->label : v->name,
+                 pos ? (label ? ATTN_POS_LABEL_SUFFIX : ATTN_POS_NAME_SUFFIX) : "", label ? pe->label : pe->name);
     return s;
 }
 
@@ -67,4 +70,56 @@ void attn_pos_entry(double *out, int i, int j, int m) {
     int c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
     for (int k = 0; k < ci; k++) out[k] = pos_feature(i, k, c);
     for (int k = ci; k < m; k++) out[k] = pos_feature(j, k - ci, c);
+}
+
+/* ------------------------------------------------------------------ position schemes */
+
+void attn_rope_table(float *tab, int T, int hd, double base) {
+    if (hd < 2 || hd % 2) FATAL("RoPE needs an even head dim, got %d (hint: choose channels and heads so that "
+                                "channels / heads is even)", hd);
+    int half = hd / 2;
+    for (int p = 0; p < T; p++)
+        for (int k = 0; k < half; k++) {
+            double a = p * pow(base, -2.0 * k / hd);
+            tab[((size_t)p * half + k) * 2] = (float)cos(a);
+            tab[((size_t)p * half + k) * 2 + 1] = (float)sin(a);
+        }
+}
+
+float *attn_rope_table_dev(int T, int hd, double base) {
+    size_t n = (size_t)T * hd;
+    float *host = xmalloc(n * sizeof(float));
+    attn_rope_table(host, T, hd, base);
+    float *dev = dev_alloc(n * sizeof(float));
+    dev_upload(dev, host, n * sizeof(float));
+    free(host);
+    return dev;
+}
+
+/* Press et al.: for H a power of two the slopes are 2^(-8/H), 2^(-16/H), ...;
+ * otherwise those of the power of two below H, then every other slope of
+ * twice that power for the rest. */
+double attn_alibi_slope(int h, int H) {
+    if (H < 1 || h < 0 || h >= H) FATAL("attn_alibi_slope: head %d of %d", h, H);
+    int p = 1;
+    while (p * 2 <= H) p *= 2;
+    if (h < p) return pow(2.0, -8.0 * (h + 1) / p);
+    return pow(2.0, -8.0 * (2 * (h - p) + 1) / (2 * p));
+}
+
+/* T5's bucketing (Raffel et al., mesh-tensorflow _relative_position_bucket). */
+int attn_rel_bucket(int d, int causal, int buckets, int max_distance) {
+    int n = buckets, base = 0, r;
+    if (!causal) {
+        n /= 2;
+        if (d > 0) base = n;
+        r = d < 0 ? -d : d;
+    } else {
+        r = d < 0 ? -d : 0; /* the past; the future is masked */
+    }
+    int exact = n / 2;
+    if (r < exact) return base + r;
+    if (exact < 1 || max_distance <= exact) return base + n - 1;
+    int v = exact + (int)(log((double)r / exact) / log((double)max_distance / exact) * (n - exact));
+    return base + (v < n - 1 ? v : n - 1);
 }

@@ -14,8 +14,11 @@
  * +Pos (ATTN_POS) turns the scores into S' = alpha S + f(i) + g(j) + b, the
  * factored form of the paper's term sum_c w_c (S_ij + P_ijc) + b
  * (alpha = sum_c w_c), see attn_pos_*.
- * Order of operations: scale, positional term, masks (causal, key padding),
- * softmax, dropout, times values. Cross-attention (decoder queries, encoder
+ * A position scheme acting inside attention (AttnPos.scheme, see below)
+ * rotates the query and key roles before the scores (RoPE) or adds a bias
+ * b_h(i, j) after +Pos (ALiBi, relative bias).
+ * Order of operations: rotation, scale, +Pos, position bias, masks (causal,
+ * key padding), softmax, dropout, times values. Cross-attention (decoder queries, encoder
  * keys and values) is always plain QKV without +Pos.
  *
  * This header and kernels/attention.c are backend-neutral; a backend
@@ -128,9 +131,10 @@ static inline int attn_proj_width(int variant, int C, int kvC) {
 }
 /* Projection block names in order, e.g. "q","k","v"; used for tensor names. */
 const char *attn_block_name(int variant, int block);
-/* "QKV", "KV+Pos", "KV tying", ... */
+/* "QKV", "KV+Pos", "KV tying", ... followed by the configured position
+ * scheme's suffix ("KV+RoPE"; nothing for the default) */
 const char *attn_variant_label(int variant, int pos);
-/* "qkv", "kv_pos", "kv_tying", ... (metadata and file-friendly) */
+/* "qkv", "kv_pos", "kv_tying", "kv_rope", ... (metadata and file-friendly) */
 const char *attn_variant_id(int variant, int pos);
 
 /* ---- +Pos: the fixed sinusoidal basis and the learned weights -------------
@@ -148,18 +152,65 @@ float *attn_pos_features_dev(int T, int m);
 /* Full P[i,j] (m values), for tests and analyses; never used in training. */
 void attn_pos_entry(double *out, int i, int j, int m);
 
+/* ---- position schemes ---------------------------------------------------------
+ * The @position rows of kernels/attention.tbl: how a model knows where a
+ * token is (kernels/Kconfig "Positions"; the math in docs/kernels.md). The
+ * configured scheme is ATTN_POSITION; the kernels take the scheme of each
+ * call from AttnPos.scheme, so the tests cover every scheme in every
+ * variant's build. Schemes whose row says "embedding" act in the families'
+ * embeddings, the others inside self-attention. */
 typedef struct {
-    int m;              /* positional dim */
+    int id;                 /* ATTN_POSITION_ABSOLUTE, ... (= row index) */
+    const char *name;       /* appended to the variant's name: "_rope" ("" for the default) */
+    const char *label;      /* appended to its label: "+RoPE" */
+    int where;              /* ATTN_PE_EMBEDDING, ATTN_PE_ROTARY, ATTN_PE_BIAS */
+    int symmetric;          /* bidirectional K.K^T scores stay symmetric under it */
+    const char *kconfig;
+} AttnPositionInfo;
+
+static const AttnPositionInfo attn_positions[ATTN_NUM_POSITIONS] = {ATTN_POSITION_ROWS};
+
+#define ATTN_POSITION ATTN_POSITION_SELECTED
+#if ATTN_POSITION < 0
+#error "no position scheme in the configuration (run make olddefconfig)"
+#endif
+/* The configured scheme acts inside self-attention (rotary or bias): layers
+ * then take an AttnPos even without +Pos, and no absolute embedding. */
+#define ATTN_POSITION_IN_ATTENTION (attn_positions[ATTN_POSITION].where != ATTN_PE_EMBEDDING)
+
+/* RoPE: cos and sin of p * base^(-2k/hd) for T positions and the hd/2 pairs
+ * (2k, 2k+1) of a head, (T, hd/2, 2), float64 math rounded to float; the
+ * _dev form in a dev_alloc buffer (the caller dev_frees it). */
+void attn_rope_table(float *tab, int T, int hd, double base);
+float *attn_rope_table_dev(int T, int hd, double base);
+/* ALiBi slope of head h of H (the ALiBi paper's sequence). */
+double attn_alibi_slope(int h, int H);
+/* T5 relative-position bucket of a key at distance d = j - i from its query:
+ * bidirectional (causal = 0) gives half the buckets to d > 0; causal layers
+ * bucket the past (d <= 0) only. */
+int attn_rel_bucket(int d, int causal, int buckets, int max_distance);
+
+/* Positional inputs of a self-attention layer: the paper's +Pos (fields m to
+ * feat, only with ATTN_POS) and the position scheme (rope, rel). NULL when a
+ * layer has neither (the scheme acts in the embeddings and +Pos is off). */
+typedef struct {
+    int m;              /* +Pos: positional dim */
     int groups;         /* 1 (per layer) or H (per head) */
     const float *w;     /* (groups, m) */
     const float *b;     /* (groups) */
     const float *feat;  /* (T, c) from attn_pos_features_dev (device memory, like w and b) */
-    int T;              /* positions in feat (>= sequence length) */
+    int T;              /* positions in feat and rope (>= sequence length) */
+    int scheme;         /* ATTN_POSITION_*: what acts inside attention (rotary or bias rows) */
+    const float *rope;  /* RoPE: (T, rope_hd/2, 2) from attn_rope_table_dev */
+    int rope_hd;        /* the head dim the table was made for */
+    const float *rel;   /* relative bias: (H, rel_buckets), learned */
+    int rel_buckets, rel_max_distance;
 } AttnPos;
 
 typedef struct {
     float *dw;          /* (groups, m), accumulated */
     float *db;          /* (groups), accumulated */
+    float *drel;        /* (H, rel_buckets), accumulated (relative bias only) */
 } AttnPosGrad;
 
 /* ---- shapes ------------------------------------------------------------------ */
@@ -178,7 +229,7 @@ typedef struct {
  * proj: (B, T, W), the variant's blocks side by side (W = P*C without
  * grouped K/V heads, attn_proj_width() with); out: (B, T, C) heads concatenated; lse: (B, H, T) row
  * log-sum-exp saved for the backward pass (the T x T probabilities are
- * recomputed there, never stored). pos is NULL unless ATTN_POS. */
+ * recomputed there, never stored). pos: the layer's positional inputs (AttnPos) or NULL. */
 void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos,
                        const AttnArgs *a);
 /* dproj (B, T, W) and dpos are accumulated. */

@@ -6,8 +6,9 @@ As a module (run_steps.py, bench.py, mechint.py, the tests):
     import attention_tbl
     attention_tbl.variants()            # rows in table order, each a dict
     attention_tbl.for_config(cfg)       # the row a resolved config.json selects
-    attention_tbl.label(cfg)            # "KV tying+Pos", ...
-    attention_tbl.name(cfg)             # "kv_tying_pos", ...
+    attention_tbl.positions()           # the position schemes, in table order
+    attention_tbl.label(cfg)            # "KV tying+Pos", "KV+RoPE", ...
+    attention_tbl.name(cfg)             # "kv_tying_pos", "kv_rope", ...
 
 As a program (scripts/Makefile.build):
     scripts/attention_tbl.py --header OUT    write the C header (only when it changes)
@@ -19,6 +20,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(REPO, "kernels", "attention.tbl")
 COLUMNS = ["id", "kconfig", "name", "label", "blocks", "query", "key", "value", "roles"]
 MOD_COLUMNS = ["kconfig", "name", "label"]
+POS_COLUMNS = ["kconfig", "name", "label", "where", "symmetric"]
+POS_WHERE = ("embedding", "rotary", "bias")
 
 
 class TableError(Exception):
@@ -26,7 +29,7 @@ class TableError(Exception):
 
 
 def _parse(path=TABLE):
-    rows, mods = [], []
+    rows, mods, positions = [], [], []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             text = line.strip()
@@ -38,6 +41,21 @@ def _parse(path=TABLE):
                 if len(cells) != 1 + len(MOD_COLUMNS):
                     raise TableError(f"{where}: a modifier has {len(MOD_COLUMNS)} columns after @modifier")
                 mods.append(dict(zip(MOD_COLUMNS, cells[1:])))
+                continue
+            if cells[0] == "@position":
+                if len(cells) != 1 + len(POS_COLUMNS):
+                    raise TableError(f"{where}: a position scheme has {len(POS_COLUMNS)} columns after @position "
+                                     f"({' | '.join(POS_COLUMNS)})")
+                pos = dict(zip(POS_COLUMNS, cells[1:]))
+                for key in ("name", "label"):
+                    pos[key] = "" if pos[key] == "-" else pos[key]
+                if pos["where"] not in POS_WHERE:
+                    raise TableError(f"{where}: where '{pos['where']}' is not one of {', '.join(POS_WHERE)}")
+                if pos["symmetric"] not in ("yes", "no"):
+                    raise TableError(f"{where}: symmetric is yes or no, not '{pos['symmetric']}'")
+                pos["symmetric"] = pos["symmetric"] == "yes"
+                pos["index"] = len(positions)
+                positions.append(pos)
                 continue
             if len(cells) != len(COLUMNS):
                 raise TableError(f"{where}: {len(cells)} columns, expected {len(COLUMNS)} ({' | '.join(COLUMNS)})")
@@ -65,7 +83,13 @@ def _parse(path=TABLE):
         seen = [r[key] for r in rows]
         if len(set(seen)) != len(seen):
             raise TableError(f"{path}: column {key} repeats a value: {seen}")
-    return rows, mods
+    if not positions or positions[0]["name"] or positions[0]["label"]:
+        raise TableError(f"{path}: the first position scheme is the default and appends nothing ('-')")
+    for key in ("kconfig", "name", "label"):
+        seen = [p[key] for p in positions]
+        if len(set(seen)) != len(seen):
+            raise TableError(f"{path}: position column {key} repeats a value: {seen}")
+    return rows, mods, positions
 
 
 _CACHE = {}
@@ -74,13 +98,26 @@ _CACHE = {}
 def variants():
     """The rows in table order (index = the C constant's value)."""
     if "rows" not in _CACHE:
-        _CACHE["rows"], _CACHE["mods"] = _parse()
+        _CACHE["rows"], _CACHE["mods"], _CACHE["positions"] = _parse()
     return _CACHE["rows"]
 
 
 def modifiers():
     variants()
     return _CACHE["mods"]
+
+
+def positions():
+    """The position schemes in table order (index = the C constant ATTN_POSITION_<kconfig minus POSITION_>)."""
+    variants()
+    return _CACHE["positions"]
+
+
+def position_for_config(cfg):
+    """The position scheme a resolved configuration selects (the first row when none is set: configurations
+    from before the choice existed)."""
+    chosen = [p for p in positions() if cfg.get(p["kconfig"])]
+    return chosen[0] if chosen else positions()[0]
 
 
 def for_config(cfg):
@@ -96,7 +133,8 @@ def for_config(cfg):
 
 
 def _with_modifiers(cfg, column):
-    return for_config(cfg)[column] + "".join(m[column] for m in modifiers() if cfg.get(m["kconfig"]))
+    return (for_config(cfg)[column] + "".join(m[column] for m in modifiers() if cfg.get(m["kconfig"])) +
+            position_for_config(cfg)[column])
 
 
 def label(cfg):
@@ -134,6 +172,21 @@ def header():
     for m in mods:
         sym = m["kconfig"]
         out += [f"#define {sym}_NAME_SUFFIX {_c_string(m['name'])}", f"#define {sym}_LABEL_SUFFIX {_c_string(m['label'])}"]
+    pos = positions()
+    out += ["", "/* Position schemes (the @position rows), where each acts. */",
+            "enum { " + ", ".join(f"ATTN_PE_{w.upper()}" for w in POS_WHERE) + " };", "enum {"]
+    out += [f"    ATTN_{p['kconfig']} = {p['index']}," for p in pos]
+    out += [f"    ATTN_NUM_POSITIONS = {len(pos)}", "};"]
+    sel = "-1"
+    for p in reversed(pos):
+        sel = f"(IS_ENABLED(CONFIG_{p['kconfig']}) ? ATTN_{p['kconfig']} : {sel})"
+    out += ["/* The scheme the configuration selects (-1: none). */", f"#define ATTN_POSITION_SELECTED {sel}", "",
+            "/* Rows of AttnPositionInfo (kernels/attention.h), in table order. */", "#define ATTN_POSITION_ROWS \\"]
+    for p in pos:
+        out.append(f"    {{.id = ATTN_{p['kconfig']}, .name = {_c_string(p['name'])}, .label = {_c_string(p['label'])}, "
+                   f".where = ATTN_PE_{p['where'].upper()}, .symmetric = {int(p['symmetric'])}, "
+                   f".kconfig = {_c_string('CONFIG_' + p['kconfig'])}}}, \\")
+    out += [""]
     out += ["", "#endif", ""]
     return "\n".join(out)
 

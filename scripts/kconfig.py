@@ -515,7 +515,8 @@ def cmd_check_symbols():
     import attention_tbl
     table = os.path.relpath(attention_tbl.TABLE)
     try:
-        table_syms = [r["kconfig"] for r in attention_tbl.variants()] + [m["kconfig"] for m in attention_tbl.modifiers()]
+        table_syms = ([r["kconfig"] for r in attention_tbl.variants()] + [m["kconfig"] for m in attention_tbl.modifiers()] +
+                      [p["kconfig"] for p in attention_tbl.positions()])
     except (attention_tbl.TableError, OSError) as e:
         table_syms = []
         problems.append(str(e))

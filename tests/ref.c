@@ -29,10 +29,11 @@ static const double *pos_table(int Tq, int Tk, int m) {
     return table;
 }
 
-/* One head: scores, +Pos, masks, softmax, dropout, values. */
+/* One head: scores, +Pos, position bias pb(j - i) (pb[d] for d = j - i, or NULL), masks, softmax, dropout,
+ * values. */
 static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const double *K, const double *V, int kv_ld,
                      int Tq, int Tk, int hd, int causal, const unsigned char *pad, const double *w, double bias,
-                     int m, double dropout, uint64_t seed, size_t drop_base) {
+                     int m, double dropout, uint64_t seed, size_t drop_base, const double *pb) {
     double s = 1.0 / sqrt((double)hd);
     double *row = malloc((size_t)Tk * sizeof(double));
     const double *table = w ? pos_table(Tq, Tk, m) : NULL;
@@ -49,6 +50,7 @@ static void ref_head(double *out, int o_ld, const double *Q, int q_ld, const dou
                 for (int c = 0; c < m; c++) t += w[c] * (sc + P[c]);
                 sc = t;
             }
+            if (pb) sc += pb[j - i];
             if ((causal && j > i) || (pad && pad[j])) sc = -INFINITY;
             row[j] = sc;
             if (sc > mx) mx = sc;
@@ -74,9 +76,36 @@ int ref_proj_width(int variant, int H, int hd, int kv_heads) {
     return H * hd + (attn_num_proj(variant) - 1) * (kv_heads ? kv_heads : H) * hd;
 }
 
+/* ALiBi slopes written from the paper's code: 2^(-8/n) * 2^(-8/n)^h for n a power of two; otherwise those of
+ * the power of two p below H, then the even-indexed slopes of 2p. */
+static double alibi_slope(int h, int H) {
+    int p = 1;
+    while (p * 2 <= H) p *= 2;
+    double start = pow(2.0, -8.0 / p), start2 = pow(2.0, -8.0 / (2 * p));
+    return h < p ? start * pow(start, h) : start2 * pow(start2, 2 * (h - p));
+}
+
+/* Row t of the rotated copy: pairs (2k, 2k+1) of each head turned by t * base^(-2k/hd). */
+static void rotate_block(double *x, int heads, int hd, int t, double base) {
+    for (int h = 0; h < heads; h++)
+        for (int k = 0; k < hd / 2; k++) {
+            double a = t * pow(base, -2.0 * k / hd), *p = x + (size_t)h * hd + 2 * k;
+            double x0 = p[0], x1 = p[1];
+            p[0] = cos(a) * x0 - sin(a) * x1;
+            p[1] = sin(a) * x0 + cos(a) * x1;
+        }
+}
+
 void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
                         int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
                         int groups, double dropout, uint64_t seed) {
+    ref_self_attention_pe(out, proj, variant, B, T, H, hd, kv_heads, causal, key_pad, w, bias, m, groups, dropout,
+                          seed, NULL);
+}
+
+void ref_self_attention_pe(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
+                           int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
+                           int groups, double dropout, uint64_t seed, const RefPositions *pe) {
     int P, qb, kb, vb;
     roles(variant, &P, &qb, &kb, &vb);
     /* grouped K/V heads: the query block is C wide, every other block G*hd, in the table's block order;
@@ -84,16 +113,35 @@ void ref_self_attention(double *out, const double *proj, int variant, int B, int
     int G = kv_heads ? kv_heads : H, C = H * hd, kvC = G * hd;
     int off[3], ld = 0;
     for (int p = 0; p < P; p++) off[p] = ld, ld += p == qb ? C : kvC;
+    int scheme = pe ? pe->scheme : ATTN_POSITION_ABSOLUTE;
+    /* RoPE: the query role read from a copy with the query block rotated, the key role from one with the key
+     * block rotated, the value role from the projection itself */
+    size_t n = (size_t)B * T * ld;
+    double *pq = malloc(n * sizeof(double)), *pk = malloc(n * sizeof(double));
+    memcpy(pq, proj, n * sizeof(double)), memcpy(pk, proj, n * sizeof(double));
+    if (scheme == ATTN_POSITION_ROPE)
+        for (size_t r = 0; r < (size_t)B * T; r++) {
+            rotate_block(pq + r * ld + off[qb], H, hd, (int)(r % T), pe->rope_base);
+            rotate_block(pk + r * ld + off[kb], kb == qb ? H : G, hd, (int)(r % T), pe->rope_base);
+        }
+    double *pb = malloc((size_t)(2 * T - 1) * sizeof(double));
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            const double *row = proj + (size_t)b * T * ld;
+            size_t base = (size_t)b * T * ld;
             size_t qh = (size_t)h * hd, kvh = (size_t)(h / (H / G)) * hd;
             int gi = groups == 1 ? 0 : h;
-            ref_head(out + (size_t)b * T * C + (size_t)h * hd, C, row + off[qb] + qh, ld, row + off[kb] + kvh,
-                     row + off[vb] + kvh, ld, T, T, hd, causal, key_pad ? key_pad + (size_t)b * T : NULL,
+            for (int d = -(T - 1); d <= T - 1; d++)
+                pb[d + T - 1] = scheme == ATTN_POSITION_ALIBI ? -alibi_slope(h, H) * abs(d)
+                                : scheme == ATTN_POSITION_REL_BIAS
+                                    ? pe->rel[(size_t)h * pe->buckets + attn_rel_bucket(d, causal, pe->buckets, pe->max_distance)]
+                                    : 0.0;
+            int biased = scheme == ATTN_POSITION_ALIBI || scheme == ATTN_POSITION_REL_BIAS;
+            ref_head(out + (size_t)b * T * C + (size_t)h * hd, C, pq + base + off[qb] + qh, ld, pk + base + off[kb] + kvh,
+                     proj + base + off[vb] + kvh, ld, T, T, hd, causal, key_pad ? key_pad + (size_t)b * T : NULL,
                      w ? w + (size_t)gi * m : NULL, w ? bias[gi] : 0.0, m, dropout, seed,
-                     ((size_t)b * H + h) * T * T);
+                     ((size_t)b * H + h) * T * T, biased ? pb + T - 1 : NULL);
         }
+    free(pq), free(pk), free(pb);
 }
 
 void ref_cross_attention(double *out, const double *q, const double *kv, int B, int Tq, int Tk, int H, int hd,
@@ -104,7 +152,7 @@ void ref_cross_attention(double *out, const double *q, const double *kv, int B, 
             const double *K = kv + (size_t)b * Tk * 2 * C + (size_t)h * hd;
             ref_head(out + (size_t)b * Tq * C + (size_t)h * hd, C, q + (size_t)b * Tq * C + (size_t)h * hd, C, K,
                      K + C, 2 * C, Tq, Tk, hd, 0, key_pad ? key_pad + (size_t)b * Tk : NULL, NULL, 0.0, 0, dropout,
-                     seed, ((size_t)b * H + h) * Tq * Tk);
+                     seed, ((size_t)b * H + h) * Tq * Tk, NULL);
         }
 }
 

@@ -16,6 +16,19 @@
 void ref_self_attention(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
                         int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
                         int groups, double dropout, uint64_t seed);
+/* Position scheme inside attention for ref_self_attention_pe: rotary
+ * (RoPE with this base: the query and key roles' pairs (2k, 2k+1) of row t
+ * rotated by t * base^(-2k/hd), values not), ALiBi (-slope_h |i - j|) or the
+ * relative bias rel[h * buckets + bucket(j - i)], added after +Pos. */
+typedef struct {
+    int scheme;            /* ATTN_POSITION_* */
+    double rope_base;
+    const double *rel;     /* (H, buckets) */
+    int buckets, max_distance;
+} RefPositions;
+void ref_self_attention_pe(double *out, const double *proj, int variant, int B, int T, int H, int hd, int kv_heads,
+                           int causal, const unsigned char *key_pad, const double *w, const double *bias, int m,
+                           int groups, double dropout, uint64_t seed, const RefPositions *pe);
 /* Width of that projection: C for the query block, kv_heads*hd for each other block. */
 int ref_proj_width(int variant, int H, int hd, int kv_heads);
 /* Cross-attention, QKV: q (B, Tq, C), kv (B, Tk, 2C). */

@@ -171,7 +171,50 @@ typedef struct {
     Buf w, b;     /* (groups, m) and (groups) */
     float *feat;  /* device: (T, c) from attn_pos_features_dev */
     AttnPos pos;
+    Buf rel;      /* relative bias (H, buckets) */
+    float *rope;  /* device: RoPE table */
 } PosParams;
+
+/* The position scheme the attention cases run with (main() walks every row of the table); the scheme comes
+ * from AttnPos.scheme at run time, so each variant's build tests all of them. */
+static int g_scheme = ATTN_POSITION_ABSOLUTE;
+#define ROPE_BASE 10000.0
+#define REL_BUCKETS 8
+#define REL_MAX_DISTANCE 12
+
+static int scheme_in_attention(int scheme) { return attn_positions[scheme].where != ATTN_PE_EMBEDDING; }
+
+/* Adds the scheme's inputs to p (random relative-bias weights: zeros would hide the bias). */
+static void scheme_params(PosParams *p, int scheme, int H, int hd, int T) {
+    p->pos.scheme = scheme;
+    p->pos.T = T;
+    if (scheme == ATTN_POSITION_ROPE) {
+        p->rope = attn_rope_table_dev(T, hd, ROPE_BASE);
+        p->pos.rope = p->rope;
+        p->pos.rope_hd = hd;
+    }
+    if (scheme == ATTN_POSITION_REL_BIAS) {
+        p->rel = buf_rand((size_t)H * REL_BUCKETS, 1.0);
+        p->pos.rel = p->rel.d;
+        p->pos.rel_buckets = REL_BUCKETS;
+        p->pos.rel_max_distance = REL_MAX_DISTANCE;
+    }
+}
+
+/* The AttnPos a layer gets: NULL with neither +Pos nor a scheme inside attention. */
+static const AttnPos *pos_arg(const PosParams *p) {
+    return ATTN_POS || scheme_in_attention(p->pos.scheme) ? &p->pos : NULL;
+}
+
+/* "KV+Pos+RoPE": the configured variant with +Pos as built and the tested scheme. */
+static const char *case_label(int variant, int pos) {
+    static char s[4][64];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(s[k], sizeof s[k], "%s%s%s", attn_variants[variant].label, pos ? ATTN_POS_LABEL_SUFFIX : "",
+             attn_positions[g_scheme].label);
+    return s[k];
+}
 
 static PosParams pos_params(int groups, int m, int T) {
     PosParams p;
@@ -179,12 +222,14 @@ static PosParams pos_params(int groups, int m, int T) {
     p.b = buf_rand((size_t)groups, 0.5);
     p.feat = attn_pos_features_dev(T, m);
     p.pos = (AttnPos){.m = m, .groups = groups, .w = p.w.d, .b = p.b.d, .feat = p.feat, .T = T};
+    p.rel = NONE;
+    p.rope = NULL;
     return p;
 }
 
 static void pos_params_free(PosParams *p) {
-    buf_free(&p->w), buf_free(&p->b);
-    dev_free(p->feat);
+    buf_free(&p->w), buf_free(&p->b), buf_free(&p->rel);
+    dev_free(p->feat), dev_free(p->rope);
 }
 
 typedef struct {
@@ -195,13 +240,14 @@ typedef struct {
     double *proj, *w, *b; /* double inputs read by the loss */
     const float *R;        /* loss weights = dout */
     double *out;
+    RefPositions pe;       /* the scheme (pe.rel: double relative-bias weights) */
 } SelfCtx;
 
 static double self_loss(void *vctx) {
     SelfCtx *c = vctx;
     size_t n = (size_t)c->B * c->T * c->H * c->hd;
-    ref_self_attention(c->out, c->proj, c->variant, c->B, c->T, c->H, c->hd, c->kv_heads, c->causal, c->pad, c->w,
-                       c->b, c->m, c->groups, c->dropout, c->seed);
+    ref_self_attention_pe(c->out, c->proj, c->variant, c->B, c->T, c->H, c->hd, c->kv_heads, c->causal, c->pad,
+                          c->w, c->b, c->m, c->groups, c->dropout, c->seed, &c->pe);
     return dot(c->out, c->R, n);
 }
 
@@ -228,8 +274,8 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     }
     AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = kv_heads, .causal = causal, .key_pad = pad_d,
                   .dropout = dropout, .seed = 0x1234abcdu};
-    PosParams pp = {NONE, NONE, NULL, {0}};
-    Buf dw = NONE, db = NONE;
+    PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
+    Buf dw = NONE, db = NONE, drel = NONE;
     if (ATTN_POS) {
         pp = pos_params(groups, m, T);
         /* random weights, but a gain alpha = sum(w) of either sign and away from 0,
@@ -243,21 +289,25 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
         dw = buf_zeros((size_t)groups * m);
         db = buf_zeros((size_t)groups);
     }
-    AttnPosGrad dpos = {dw.d, db.d};
-    attention_forward(out.d, lse.d, proj.d, ATTN_POS ? &pp.pos : NULL, &a);
-    attention_backward(dproj.d, ATTN_POS ? &dpos : NULL, R.d, proj.d, out.d, lse.d, ATTN_POS ? &pp.pos : NULL, &a);
-    buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db);
+    scheme_params(&pp, g_scheme, H, hd, T);
+    if (g_scheme == ATTN_POSITION_REL_BIAS) drel = buf_zeros((size_t)H * REL_BUCKETS);
+    AttnPosGrad dpos = {dw.d, db.d, drel.d};
+    const AttnPos *pos = pos_arg(&pp);
+    attention_forward(out.d, lse.d, proj.d, pos, &a);
+    attention_backward(dproj.d, pos ? &dpos : NULL, R.d, proj.d, out.d, lse.d, pos, &a);
+    buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db), buf_download(&drel);
 
     SelfCtx c = {variant, B, T, H, hd, kv_heads, causal, m, groups, pad, dropout, a.seed, to_double(proj.h, nproj),
                  pp.w.n ? to_double(pp.w.h, pp.w.n) : NULL, pp.b.n ? to_double(pp.b.h, pp.b.n) : NULL, R.h,
-                 xmalloc(nout * sizeof(double))};
+                 xmalloc(nout * sizeof(double)),
+                 {g_scheme, ROPE_BASE, pp.rel.n ? to_double(pp.rel.h, pp.rel.n) : NULL, REL_BUCKETS, REL_MAX_DISTANCE}};
     self_loss(&c);
     double omax, err = max_abs_diff(out.h, c.out, nout, &omax);
-    char label[96]; /* "QKV", "KV tying+Pos", with the K/V heads when grouped */
+    char label[96]; /* "QKV", "KV tying+Pos", "KV+RoPE", with the K/V heads when grouped */
     if (kv_heads && kv_heads != H)
-        snprintf(label, sizeof label, "%s, %d K/V heads for %d", attn_variant_label(variant, ATTN_POS), kv_heads, H);
+        snprintf(label, sizeof label, "%s, %d K/V heads for %d", case_label(variant, ATTN_POS), kv_heads, H);
     else
-        snprintf(label, sizeof label, "%s", attn_variant_label(variant, ATTN_POS));
+        snprintf(label, sizeof label, "%s", case_label(variant, ATTN_POS));
     snprintf(what, sizeof what, "%s %s forward", label, name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
     snprintf(what, sizeof what, "%s %s d(proj)", label, name);
@@ -272,29 +322,44 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
             double spread = 0.0, scale = 1e-3;
             for (int k = 0; k < m; k++) scale = fmax(scale, fabs(dw.h[gi * m + k]));
             for (int k = 1; k < ci; k++) spread = fmax(spread, fabs(dw.h[gi * m + k] - dw.h[gi * m]));
-            CHECK(fabs(db.h[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", attn_variant_label(variant, 1), name,
+            CHECK(fabs(db.h[gi]) <= 1e-5 * scale * B * T, "%s %s: d(pos b) = %.3g, expected 0", label, name,
                   (double)db.h[gi]);
             CHECK(spread <= 1e-5 * scale * B * T, "%s %s: query-channel gradients differ by %.3g, expected equal",
-                  attn_variant_label(variant, 1), name, spread);
+                  label, name, spread);
         }
+    }
+    if (g_scheme == ATTN_POSITION_REL_BIAS) {
+        snprintf(what, sizeof what, "%s %s d(relative bias)", label, name);
+        check_grad(what, (double *)c.pe.rel, (size_t)H * REL_BUCKETS, drel.h, self_loss, &c, 1000);
     }
     /* Every other variant computes something else on the same buffer. */
     for (int other = 0; other < ATTN_NUM_VARIANTS; other++) {
         if (other == variant || attn_num_proj(other) != P) continue;
         if (kv_heads && kv_heads != H && attn_symmetric(other)) continue; /* no grouped form */
         double *o2 = xmalloc(nout * sizeof(double));
-        ref_self_attention(o2, c.proj, other, B, T, H, hd, kv_heads, causal, pad, c.w, c.b, m, groups, dropout,
+        ref_self_attention_pe(o2, c.proj, other, B, T, H, hd, kv_heads, causal, pad, c.w, c.b, m, groups, dropout,
+                              a.seed, &c.pe);
+        double d = max_abs_diff(out.h, o2, nout, NULL);
+        CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", label, name,
+              case_label(other, ATTN_POS), d);
+        free(o2);
+    }
+    if (g_scheme != ATTN_POSITION_ABSOLUTE) { /* and the scheme changes what it computes */
+        double *o2 = xmalloc(nout * sizeof(double));
+        ref_self_attention(o2, c.proj, variant, B, T, H, hd, kv_heads, causal, pad, c.w, c.b, m, groups, dropout,
                            a.seed);
         double d = max_abs_diff(out.h, o2, nout, NULL);
-        CHECK(d > 1e-3, "%s %s: output equals variant %s's (difference %.3g)", attn_variant_label(variant, ATTN_POS),
-              name, attn_variant_label(other, ATTN_POS), d);
+        CHECK(d > 1e-3 || !scheme_in_attention(g_scheme), "%s %s: output equals the one without %s (difference %.3g)",
+              label, name, attn_positions[g_scheme].label, d);
         free(o2);
     }
     free(c.proj);
     free(c.w);
     free(c.b);
     free(c.out);
+    free((double *)c.pe.rel);
     buf_free(&proj), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dproj), buf_free(&dw), buf_free(&db);
+    buf_free(&drel);
     pos_params_free(&pp);
     free(pad);
     dev_free(pad_d);
@@ -371,7 +436,7 @@ static void split_batch_case(const char *name, int cross, int kv_heads, int caus
     unsigned char pad[5 * 9] = {0}; /* the last key of every other row padded */
     for (int b = 0; b < B; b += 2) pad[(size_t)b * Tk + Tk - 1] = 1;
     unsigned char *pad_d = dev_copy_of(pad, (size_t)B * Tk);
-    PosParams pp = {NONE, NONE, NULL, {0}};
+    PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
     if (groups) pp = pos_params(groups, m, T);
     for (int k = 0; k < 2; k++) {
         if (cross) dkv[k] = buf_zeros(nkv);
@@ -393,7 +458,7 @@ static void split_batch_case(const char *name, int cross, int kv_heads, int caus
             } else {
                 AttnArgs a = {.B = count, .T = T, .H = H, .hd = hd, .kv_heads = kv_heads, .causal = causal,
                               .key_pad = pad_d + first * Tk, .dropout = 0.3f, .seed = 4242};
-                AttnPosGrad dp = {dw[k].d, db[k].d};
+                AttnPosGrad dp = {dw[k].d, db[k].d, NULL};
                 attention_forward(out[k].d + oo, lse[k].d + ol, q.d + oq, pos, &a);
                 attention_backward(dq[k].d + oq, groups ? &dp : NULL, dout.d + oo, q.d + oq, out[k].d + oo,
                                    lse[k].d + ol, pos, &a);
@@ -437,7 +502,7 @@ static void test_score_symmetry(void) {
     int B = 1, T = 33, H = 2, hd = 8, P = attn_num_proj(ATTN_VARIANT), m = ATTN_POS_DIM;
     int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
     Buf proj = buf_rand((size_t)B * T * P * H * hd, 1.0), S = buf_zeros((size_t)T * T);
-    PosParams pp = {NONE, NONE, NULL, {0}};
+    PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
     if (ATTN_POS) pp = pos_params(groups, m, T);
     for (int causal = 0; causal <= 1; causal++) {
         AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = causal};
@@ -482,6 +547,135 @@ static void test_score_symmetry(void) {
     }
     buf_free(&proj), buf_free(&S);
     pos_params_free(&pp);
+}
+
+/* ---- position schemes (docs/kernels.md "Position schemes") ---------------------------------------------- */
+
+static void grouped_decode(int G); /* cached = uncached decoding, below with the grouped K/V heads */
+
+/* Known answers: ALiBi slopes of the paper's code (get_slopes(8) and get_slopes(6)), T5 buckets (the
+ * mesh-tensorflow formula by hand), the RoPE table at a hand-computed angle. */
+static void test_position_known_answers(void) {
+    static const double s8[8] = {0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625};
+    static const double s6[6] = {0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125};
+    for (int h = 0; h < 8; h++) CHECK(attn_alibi_slope(h, 8) == s8[h], "ALiBi slope %d of 8: %g, want %g", h, attn_alibi_slope(h, 8), s8[h]);
+    for (int h = 0; h < 6; h++)
+        CHECK(fabs(attn_alibi_slope(h, 6) - s6[h]) < 1e-15, "ALiBi slope %d of 6: %g, want %g", h, attn_alibi_slope(h, 6), s6[h]);
+    /* 32 buckets, max distance 128: bidirectional 16 per direction, 8 exact; causal 32 for the past, 16 exact */
+    static const int bi[][2] = {{0, 0}, {-1, 1}, {1, 17}, {-7, 7}, {-8, 8}, {-20, 10}, {20, 26}, {-127, 15}, {-200, 15}, {200, 31}};
+    static const int ca[][2] = {{0, 0}, {-3, 3}, {5, 0}, {-15, 15}, {-16, 16}, {-20, 17}, {-64, 26}, {-1000, 31}};
+    for (size_t k = 0; k < sizeof bi / sizeof bi[0]; k++)
+        CHECK(attn_rel_bucket(bi[k][0], 0, 32, 128) == bi[k][1], "bidirectional bucket of j-i=%d: %d, want %d", bi[k][0],
+              attn_rel_bucket(bi[k][0], 0, 32, 128), bi[k][1]);
+    for (size_t k = 0; k < sizeof ca / sizeof ca[0]; k++)
+        CHECK(attn_rel_bucket(ca[k][0], 1, 32, 128) == ca[k][1], "causal bucket of j-i=%d: %d, want %d", ca[k][0],
+              attn_rel_bucket(ca[k][0], 1, 32, 128), ca[k][1]);
+    /* head dim 4, base 10000, position 3: angles 3 and 3 * 10000^(-1/2) = 0.03 */
+    float tab[4 * 4];
+    attn_rope_table(tab, 4, 4, 10000.0);
+    static const double want[4] = {-0.98999249660044542, 0.14112000805986721, 0.99955003374898754, 0.029995500202495664};
+    double worst = 0.0;
+    for (int k = 0; k < 4; k++) worst = fmax(worst, fabs(tab[3 * 4 + k] - want[k]));
+    CHECK(worst < 1e-7, "RoPE table at position 3 differs from cos/sin of (3, 0.03) by %.3g", worst);
+}
+
+/* Every scheme in the configured variant: the scores of attention_scores() against the table's symmetry
+ * claim (bidirectional K.K^T scores of KV and K stay symmetric under RoPE and ALiBi, not under the relative
+ * bias or +Pos), translation invariance of the relative schemes (a sequence shifted by one position has the
+ * same scores, shifted), and RoPE against a hand-computed rotation: with every role's rows (1, 0) and head
+ * dim 2 (angle t), S_ij = cos(j - i) / sqrt(2). */
+static void test_position_scores(void) {
+    int B = 1, T = 17, H = 2, hd = 4, G = H, C = H * hd, W = proj_width(H, hd, G), m = ATTN_POS_DIM;
+    int groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? H : 1) : 0;
+    for (int scheme = 0; scheme < ATTN_NUM_POSITIONS; scheme++) {
+        g_scheme = scheme;
+        if (!scheme_in_attention(scheme)) continue; /* embeddings: nothing in attention */
+        PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
+        if (ATTN_POS) pp = pos_params(groups, m, T + 1);
+        scheme_params(&pp, scheme, H, hd, T + 1);
+        Buf proj = buf_rand((size_t)B * (T + 1) * W, 1.0), S = buf_zeros((size_t)T * T);
+        Buf S2 = buf_zeros((size_t)(T + 1) * (T + 1));
+        AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .causal = 0};
+        attention_scores(S.d, proj.d, pos_arg(&pp), &a, 0, 1);
+        buf_download(&S);
+        double asym = 0.0, smax = 0.0;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) {
+                asym = fmax(asym, fabs(S.h[i * T + j] - S.h[j * T + i]));
+                smax = fmax(smax, fabs(S.h[i * T + j]));
+            }
+        int want_sym = attn_symmetric(ATTN_VARIANT) && !ATTN_POS && attn_positions[scheme].symmetric;
+        if (want_sym)
+            CHECK(asym <= 1e-6 * smax, "%s bidirectional scores not symmetric: %.3g", case_label(ATTN_VARIANT, 0), asym);
+        else
+            CHECK(asym > 1e-3, "%s bidirectional scores unexpectedly symmetric (%.3g)", case_label(ATTN_VARIANT, ATTN_POS),
+                  asym);
+        if (!ATTN_POS) { /* the same rows one position later: S2[i+1][j+1] == S[i][j] */
+            Buf shifted = buf_zeros((size_t)B * (T + 1) * W);
+            memcpy(shifted.h + W, proj.h, (size_t)T * W * sizeof(float));
+            buf_upload(&shifted);
+            AttnArgs a2 = a;
+            a2.T = T + 1;
+            attention_scores(S2.d, shifted.d, pos_arg(&pp), &a2, 0, 1);
+            buf_download(&S2);
+            double worst = 0.0;
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) worst = fmax(worst, fabs(S2.h[(i + 1) * (T + 1) + j + 1] - S.h[i * T + j]));
+            CHECK(worst <= 1e-5 * smax, "%s scores change when the sequence moves by one position (%.3g)",
+                  case_label(ATTN_VARIANT, 0), worst);
+            buf_free(&shifted);
+        }
+        if (scheme == ATTN_POSITION_ROPE && !ATTN_POS) {
+            int W1 = proj_width(1, 2, 1);
+            Buf ones = buf_zeros((size_t)T * W1), S1 = buf_zeros((size_t)T * T);
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < W1; c += 2) ones.h[t * W1 + c] = 1.0f;
+            buf_upload(&ones);
+            PosParams p1 = {NONE, NONE, NULL, {0}, NONE, NULL};
+            float *tab1 = attn_rope_table_dev(T, 2, 10000.0);
+            p1.pos = (AttnPos){.scheme = scheme, .rope = tab1, .rope_hd = 2, .T = T};
+            AttnArgs a1 = {.B = 1, .T = T, .H = 1, .hd = 2, .causal = 0};
+            attention_scores(S1.d, ones.d, &p1.pos, &a1, 0, 0);
+            buf_download(&S1);
+            double worst = 0.0;
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) worst = fmax(worst, fabs(S1.h[i * T + j] - cos((double)(j - i)) / sqrt(2.0)));
+            CHECK(worst < 1e-6, "%s: scores of unit rows differ from cos(j - i)/sqrt(2) by %.3g",
+                  case_label(ATTN_VARIANT, 0), worst);
+            dev_free(tab1);
+            buf_free(&ones), buf_free(&S1);
+        }
+        buf_free(&proj), buf_free(&S), buf_free(&S2);
+        pos_params_free(&pp);
+    }
+    g_scheme = ATTN_POSITION_ABSOLUTE;
+    (void)C;
+}
+
+/* Every scheme acting inside attention, in the configured variant: forward and gradients against the
+ * float64 reference, causal and bidirectional, key padding, dropout, both paths of KV and K, grouped K/V
+ * heads where the variant has them; cached decoding against the forward pass. */
+static void test_position_schemes(void) {
+    for (int scheme = 0; scheme < ATTN_NUM_POSITIONS; scheme++) {
+        if (!scheme_in_attention(scheme)) continue;
+        g_scheme = scheme;
+        attention_case("bidirectional", 2, 9, 2, 4, 0, 0, 0.0f);
+        attention_case("causal, 2 row blocks", 1, 70, 2, 4, 1, 0, 0.0f);
+        attention_case("bidirectional, key padding", 2, 9, 2, 4, 0, 1, 0.0f);
+        attention_case("causal, key padding, dropout", 2, 9, 2, 4, 1, 1, 0.25f);
+        attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 0, 0.25f);
+        attention_set_symmetric_path(0);
+        attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
+        attention_set_symmetric_path(1);
+        if (!attn_symmetric(ATTN_VARIANT)) {
+            attention_case_kv("causal, MQA", 1, 2, 9, 4, 4, 1, 0, 0.0f);
+            attention_case_kv("bidirectional, GQA", 2, 2, 9, 4, 4, 0, 1, 0.0f);
+            grouped_decode(1);
+            grouped_decode(2);
+        }
+        grouped_decode(4);
+    }
+    g_scheme = ATTN_POSITION_ABSOLUTE;
 }
 
 /* P table against the reference's float64 test vectors. */
@@ -933,14 +1127,14 @@ static void grouped_vs_expanded(int G, int causal) {
     Buf dg = buf_zeros(ng), dstd = buf_zeros(ns);
     expand_groups(ps.h, pg.h, B, T, H, hd, G);
     buf_upload(&ps);
-    PosParams pp = {NONE, NONE, NULL, {0}};
+    PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
     Buf dw = NONE, db = NONE, dw2 = NONE, db2 = NONE;
     if (ATTN_POS) {
         pp = pos_params(groups, m, T);
         dw = buf_zeros((size_t)groups * m), db = buf_zeros((size_t)groups);
         dw2 = buf_zeros((size_t)groups * m), db2 = buf_zeros((size_t)groups);
     }
-    AttnPosGrad dpg = {dw.d, db.d}, dps = {dw2.d, db2.d};
+    AttnPosGrad dpg = {dw.d, db.d, NULL}, dps = {dw2.d, db2.d, NULL};
     const AttnPos *pos = ATTN_POS ? &pp.pos : NULL;
     AttnArgs ag = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = causal, .dropout = 0.2f, .seed = 7};
     AttnArgs as = ag;
@@ -986,9 +1180,10 @@ static void grouped_decode(int G) {
     Buf proj = buf_rand((size_t)N * T * W, 1.0), out = buf_zeros((size_t)N * T * C), lse = buf_zeros((size_t)N * H * T);
     Buf keys = buf_zeros((size_t)N * T * kvC), values = buf_zeros((size_t)N * T * kvC), q = buf_zeros((size_t)N * C);
     Buf dec = buf_zeros((size_t)N * C);
-    PosParams pp = {NONE, NONE, NULL, {0}};
+    PosParams pp = {NONE, NONE, NULL, {0}, NONE, NULL};
     if (ATTN_POS) pp = pos_params(groups, m, T);
-    const AttnPos *pos = ATTN_POS ? &pp.pos : NULL;
+    scheme_params(&pp, g_scheme, H, hd, T);
+    const AttnPos *pos = pos_arg(&pp);
     AttnArgs a = {.B = N, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = 1};
     attention_forward(out.d, lse.d, proj.d, pos, &a);
     buf_download(&out);
@@ -1015,7 +1210,7 @@ static void grouped_decode(int G) {
             }
     }
     CHECK(err <= 1e-5 * omax, "%s, %d K/V heads for %d: cached decoding differs from the forward pass by %.3g",
-          attn_variant_label(ATTN_VARIANT, ATTN_POS), G, H, err);
+          case_label(ATTN_VARIANT, ATTN_POS), G, H, err);
     buf_free(&proj), buf_free(&out), buf_free(&lse), buf_free(&keys), buf_free(&values), buf_free(&q), buf_free(&dec);
     pos_params_free(&pp);
 }
@@ -1100,5 +1295,8 @@ int main(void) {
     test_adamw_and_clip();
     test_argument_errors();
     test_grouped_kv();
+    test_position_known_answers();
+    test_position_scores();
+    test_position_schemes();
     return TEST_SUMMARY("test_kernels");
 }

@@ -53,8 +53,8 @@ typedef struct {
     float scale;
     const float *q, *k, *v;
     float *dq, *dk, *dv;
-    int q_ld, kv_ld;
-    size_t q_bstride, kv_bstride;
+    int q_ld, k_ld, v_ld;
+    size_t q_bstride, k_bstride, v_bstride;
     float *out;
     const float *dout;
     size_t o_bstride;
@@ -69,6 +69,16 @@ typedef struct {
     int pos_groups;
     const float *f, *g, *alpha, *bias;
     float *pos_acc; /* (B*H, 2 + Tq + Tk): sum G'S, sum G', row sums, column sums */
+    /* position bias (ALiBi, relative bias): head h's bias at j - i = d is pe_bias[h * pe_nd + d + Tq - 1] */
+    const float *pe_bias;
+    int pe_nd;
+    float *rel_acc;     /* (B*H, pe_nd): sum of G' per offset j - i (relative bias backward) */
+    /* RoPE: the rotated query and key roles are copies (q, k point there); the backward pass gathers their
+     * gradients in rope_dq, rope_dk and rotates them back into the projection gradient */
+    const float *rope;
+    float *rope_dq, *rope_dk;
+    float *dq_proj, *dk_proj; /* where they go: the query and key blocks of dproj, row stride proj_ld */
+    int proj_ld, kv_heads;
 } Problem;
 
 static int pos_group(const Problem *p, int h) { return p->pos_groups == 1 ? 0 : h; }
@@ -83,6 +93,11 @@ static size_t drop_base(const Problem *p, int b, int h, int i) {
 
 /* Offset of query head h's K/V head inside a K/V row. */
 static size_t kv_off(const Problem *p, int h) { return (size_t)(h / p->group) * p->hd; }
+
+/* This row's bias over keys 0..: b[j] is the bias of (i, j). */
+static const float *bias_row(const Problem *p, int h, int i) {
+    return p->pe_bias ? p->pe_bias + (size_t)h * p->pe_nd + (size_t)(p->Tq - 1 - i) : NULL;
+}
 
 /* Build-time facts: +Pos code exists only in +Pos builds and the symmetric
  * (ssyrk) path only where the query role is the key role; the compiler
@@ -177,14 +192,14 @@ static float *pos_prepare(Problem *p, const AttnPos *P, int T) {
 static void scores_block(const Problem *p, const float *Q, const float *K, int r0, int rows, int kmax,
                          float *S, int ldS) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kmax, p->hd, p->scale,
-                Q + (size_t)r0 * p->q_ld, p->q_ld, K, p->kv_ld, 0.0f, S, ldS);
+                Q + (size_t)r0 * p->q_ld, p->q_ld, K, p->k_ld, 0.0f, S, ldS);
 }
 
 /* Full symmetric S = scale * K K^T: ssyrk fills the lower triangle once,
  * the upper one is a mirror copy. */
 static void scores_symmetric(const Problem *p, const float *K, float *S) {
     int T = p->Tk;
-    cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, T, p->hd, p->scale, K, p->kv_ld, 0.0f, S, T);
+    cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, T, p->hd, p->scale, K, p->k_ld, 0.0f, S, T);
     for (int i = 0; i < T; i++)
         for (int j = i + 1; j < T; j++) S[(size_t)i * T + j] = S[(size_t)j * T + i];
 }
@@ -199,6 +214,11 @@ static float softmax_row(const Problem *p, float *row, int b, int h, int i, int 
         float alpha = p->alpha[gi], fib = p->f[(size_t)gi * p->Tq + i] + p->bias[gi];
 #pragma omp simd
         for (int j = 0; j < jmax; j++) row[j] = alpha * row[j] + g[j] + fib;
+    }
+    const float *bt = bias_row(p, h, i);
+    if (bt) {
+#pragma omp simd
+        for (int j = 0; j < jmax; j++) row[j] += bt[j];
     }
 #pragma omp simd
     for (int j = 0; j < jmax; j++) row[j] = padf[j] != 0.0f ? row[j] : -INFINITY;
@@ -237,7 +257,7 @@ static float softmax_row(const Problem *p, float *row, int b, int h, int i, int 
  * attention_probs() both go through here, so they agree bit for bit. */
 static int probs_block(const Problem *p, int b, int h, int r0, int rows, float *S, float *lse, int dropout) {
     const float *Q = p->q + b * p->q_bstride + (size_t)h * p->hd;
-    const float *K = p->k + b * p->kv_bstride + kv_off(p, h);
+    const float *K = p->k + b * p->k_bstride + kv_off(p, h);
     int Tk = p->Tk;
     int kmax = p->causal ? r0 + rows : Tk;
     if (uses_symmetric(p)) /* one call for the whole matrix (r0 == 0, rows == Tq) */
@@ -255,13 +275,13 @@ static int row_block(const Problem *p) { return uses_symmetric(p) ? p->Tq : ATTN
 
 static void forward_one(const Problem *p, int b, int h, float *S) {
     size_t hoff = (size_t)h * p->hd;
-    const float *V = p->v + b * p->kv_bstride + kv_off(p, h);
+    const float *V = p->v + b * p->v_bstride + kv_off(p, h);
     float *O = p->out + b * p->o_bstride + hoff;
     float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
     for (int r0 = 0; r0 < p->Tq; r0 += row_block(p)) {
         int rows = p->Tq - r0 < row_block(p) ? p->Tq - r0 : row_block(p);
         int kmax = probs_block(p, b, h, r0, rows, S, lse, p->dropout > 0.0f);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->hd, kmax, 1.0f, S, p->Tk, V, p->kv_ld,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p->hd, kmax, 1.0f, S, p->Tk, V, p->v_ld,
                     0.0f, O + (size_t)r0 * p->o_ld, p->o_ld);
     }
 }
@@ -300,20 +320,24 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
         g = p->g + (size_t)gi * p->Tk;
     }
     float gs = 0.0f, rsum = 0.0f;
-    if (p->dropout > 0.0f) {
+    /* position bias: bt[j] of (i, j); racc[j] collects G' per offset j - i */
+    const float *bt = bias_row(p, h, i);
+    float *racc = p->rel_acc ? p->rel_acc + ((size_t)b * p->H + h) * p->pe_nd + (size_t)(p->Tq - 1 - i) : NULL;
+    if (p->dropout > 0.0f || bt) {
         float ds = 1.0f / (1.0f - p->dropout);
         size_t base = drop_base(p, b, h, i);
         for (int j = 0; j < jmax; j++) {
             float s = S[j];
-            float x = uses_pos(p) ? alpha * s + g[j] + fib : s;
+            float x = (uses_pos(p) ? alpha * s + g[j] + fib : s) + (bt ? bt[j] : 0.0f);
             float a = vexpf(x - lse) * padf[j];
-            float keep = dropout_keep(p->seed, base + j, p->drop_thr) ? ds : 0.0f;
+            float keep = p->dropout == 0.0f ? 1.0f : dropout_keep(p->seed, base + j, p->drop_thr) ? ds : 0.0f;
             float gp = a * (dA[j] * keep - D);
             if (uses_pos(p)) {
                 gs += gp * s;
                 rsum += gp;
                 colsum[j] += gp;
             }
+            if (racc) racc[j] += gp;
             S[j] = a * keep;
             dA[j] = alpha * gp;
         }
@@ -348,11 +372,11 @@ static void backward_row(const Problem *p, float *S, float *dA, int b, int h, in
 static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
     size_t hoff = (size_t)h * p->hd, kvoff = kv_off(p, h);
     const float *Q = p->q + b * p->q_bstride + hoff;
-    const float *K = p->k + b * p->kv_bstride + kvoff;
-    const float *V = p->v + b * p->kv_bstride + kvoff;
+    const float *K = p->k + b * p->k_bstride + kvoff;
+    const float *V = p->v + b * p->v_bstride + kvoff;
     float *dQ = p->dq + b * p->q_bstride + hoff;
-    float *dK = p->dk + b * p->kv_bstride + kvoff;
-    float *dV = p->dv + b * p->kv_bstride + kvoff;
+    float *dK = p->dk + b * p->k_bstride + kvoff;
+    float *dV = p->dv + b * p->v_bstride + kvoff;
     const float *O = p->out + b * p->o_bstride + hoff;
     const float *dO = p->dout + b * p->o_bstride + hoff;
     const float *lse = p->lse + ((size_t)b * p->H + h) * p->Tq;
@@ -362,7 +386,7 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
 
     if (uses_symmetric(p)) {
         scores_symmetric(p, K, S);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, 1.0f, dO, p->o_ld, V, p->kv_ld,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, hd, 1.0f, dO, p->o_ld, V, p->v_ld,
                     0.0f, dA, Tk);
         for (int i = 0; i < Tq; i++) {
             float D = head_dot(dO + (size_t)i * p->o_ld, O + (size_t)i * p->o_ld, hd);
@@ -370,7 +394,7 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
         }
         /* dV += A^T dO */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, hd, Tq, 1.0f, S, Tk, dO, p->o_ld, 1.0f, dV,
-                    p->kv_ld);
+                    p->v_ld);
         /* K plays query and key: dK += s (G + G^T) K, symmetrised in place */
         for (int i = 0; i < Tq; i++) {
             dA[(size_t)i * Tk + i] *= 2.0f;
@@ -380,8 +404,8 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
                 dA[(size_t)j * Tk + i] = t;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tk, p->scale, dA, Tk, K, p->kv_ld, 1.0f,
-                    dK, p->kv_ld);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, hd, Tk, p->scale, dA, Tk, K, p->k_ld, 1.0f,
+                    dK, p->k_ld);
         return;
     }
     for (int r0 = 0; r0 < Tq; r0 += ATTN_ROW_BLOCK) {
@@ -389,7 +413,7 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
         int kmax = p->causal ? r0 + rows : Tk;
         scores_block(p, Q, K, r0, rows, kmax, S, Tk);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, kmax, hd, 1.0f, dO + (size_t)r0 * p->o_ld,
-                    p->o_ld, V, p->kv_ld, 0.0f, dA, Tk);
+                    p->o_ld, V, p->v_ld, 0.0f, dA, Tk);
         for (int r = 0; r < rows; r++) {
             int i = r0 + r;
             const float *o = O + (size_t)i * p->o_ld, *d = dO + (size_t)i * p->o_ld;
@@ -399,11 +423,11 @@ static void backward_one(const Problem *p, int b, int h, float *S, float *dA) {
         }
         /* dV[0:kmax] += A_blk^T dO_blk; dQ_blk += s G_blk K; dK[0:kmax] += s G_blk^T Q_blk */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kmax, hd, rows, 1.0f, S, Tk,
-                    dO + (size_t)r0 * p->o_ld, p->o_ld, 1.0f, dV, p->kv_ld);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, kmax, p->scale, dA, Tk, K, p->kv_ld,
+                    dO + (size_t)r0 * p->o_ld, p->o_ld, 1.0f, dV, p->v_ld);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, kmax, p->scale, dA, Tk, K, p->k_ld,
                     1.0f, dQ + (size_t)r0 * p->q_ld, p->q_ld);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kmax, hd, rows, p->scale, dA, Tk,
-                    Q + (size_t)r0 * p->q_ld, p->q_ld, 1.0f, dK, p->kv_ld);
+                    Q + (size_t)r0 * p->q_ld, p->q_ld, 1.0f, dK, p->k_ld);
     }
 }
 
@@ -449,6 +473,84 @@ static void pos_reduce(const Problem *p, const AttnPos *P, AttnPosGrad *dP) {
     }
 }
 
+/* ------------------------------------------------------------------ position schemes */
+
+/* A buffer that grows on demand, one per use (calls come from serial code). */
+static float *grown(float **buf, size_t *cap, size_t floats) {
+    if (floats > *cap) {
+        dev_free(*buf);
+        *buf = dev_alloc(floats * sizeof(float));
+        *cap = floats;
+    }
+    return *buf;
+}
+
+/* The bias of every head at every offset d = j - i in [-(T-1), T-1]: (H, 2T-1). */
+static float *bias_table(const AttnPos *P, int H, int T, int causal) {
+    static float *buf;
+    static size_t cap;
+    int nd = 2 * T - 1;
+    float *tab = grown(&buf, &cap, (size_t)H * nd);
+    for (int h = 0; h < H; h++) {
+        double slope = P->scheme == ATTN_POSITION_ALIBI ? attn_alibi_slope(h, H) : 0.0;
+        for (int d = -(T - 1); d <= T - 1; d++)
+            tab[(size_t)h * nd + d + T - 1] =
+                P->scheme == ATTN_POSITION_ALIBI
+                    ? (float)(-slope * (d < 0 ? -d : d))
+                    : P->rel[(size_t)h * P->rel_buckets + attn_rel_bucket(d, causal, P->rel_buckets, P->rel_max_distance)];
+    }
+    return tab;
+}
+
+/* RoPE over rows of `heads` heads of hd channels: dst = R_t src (inverse: R_t^T src, added to dst), row r at
+ * position r % T; pairs (2k, 2k+1) rotated by the table's angle of (t, k). */
+static void rope_rows(float *dst, int dst_ld, const float *src, int src_ld, int rows, int T, int heads, int hd,
+                      const float *tab, int inverse) {
+    int half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *cs = tab + (size_t)(r % T) * hd;
+        const float *x = src + (size_t)r * src_ld;
+        float *y = dst + (size_t)r * dst_ld;
+        for (int h = 0; h < heads; h++)
+            for (int k = 0; k < half; k++) {
+                size_t c = (size_t)h * hd + 2 * (size_t)k;
+                float co = cs[2 * k], si = cs[2 * k + 1], x0 = x[c], x1 = x[c + 1];
+                if (inverse) {
+                    y[c] += co * x0 + si * x1;
+                    y[c + 1] += -si * x0 + co * x1;
+                } else {
+                    y[c] = co * x0 - si * x1;
+                    y[c + 1] = si * x0 + co * x1;
+                }
+            }
+    }
+}
+
+/* Checks an AttnPos against the call and the build; returns its scheme. */
+static int check_pos(const char *op, const AttnPos *pos, int H, int hd, int T) {
+    if (ATTN_POS) {
+        if (!pos || !pos->w || !pos->b || !pos->feat) FATAL("%s: +Pos is configured but no positional weights given", op);
+        if (pos->m != ATTN_POS_DIM) FATAL("%s: positional dim %d, configured %d", op, pos->m, ATTN_POS_DIM);
+        if (pos->groups != (ATTN_POS_PER_HEAD ? H : 1))
+            FATAL("%s: %d +Pos weight groups, configured %d", op, pos->groups, ATTN_POS_PER_HEAD ? H : 1);
+        if (pos->T < T) FATAL("%s: +Pos basis has %d positions, sequence has %d", op, pos->T, T);
+    } else if (pos && (pos->w || pos->b)) {
+        FATAL("%s: +Pos weights given but +Pos is not configured", op);
+    }
+    int scheme = pos ? pos->scheme : ATTN_POSITION_ABSOLUTE;
+    if (scheme < 0 || scheme >= ATTN_NUM_POSITIONS) FATAL("%s: position scheme %d is not in the table", op, scheme);
+    if (attn_positions[scheme].where == ATTN_PE_ROTARY) {
+        if (!pos->rope || pos->rope_hd != hd || pos->T < T)
+            FATAL("%s: RoPE table for head dim %d and %d positions, the call has head dim %d and %d positions", op,
+                  pos->rope ? pos->rope_hd : 0, pos->rope ? pos->T : 0, hd, T);
+    }
+    if (scheme == ATTN_POSITION_REL_BIAS && (!pos->rel || pos->rel_buckets < 4 || pos->rel_max_distance < 2))
+        FATAL("%s: relative bias without its weights or with %d buckets / max distance %d (at least 4 / 2)", op,
+              pos->rel_buckets, pos->rel_max_distance);
+    return scheme;
+}
+
 /* ------------------------------------------------------------------ entry points */
 
 static void check_args(const char *op, int B, int Tq, int Tk, int H, int hd, float dropout) {
@@ -461,15 +563,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
                          const float *dout, const AttnPos *pos, const AttnArgs *a) {
     check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
     if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
-    if (ATTN_POS) {
-        if (!pos || !pos->w || !pos->b || !pos->feat) FATAL("%s: +Pos is configured but no positional weights given", op);
-        if (pos->m != ATTN_POS_DIM) FATAL("%s: positional dim %d, configured %d", op, pos->m, ATTN_POS_DIM);
-        if (pos->groups != (ATTN_POS_PER_HEAD ? a->H : 1))
-            FATAL("%s: %d +Pos weight groups, configured %d", op, pos->groups, ATTN_POS_PER_HEAD ? a->H : 1);
-        if (pos->T < a->T) FATAL("%s: +Pos basis has %d positions, sequence has %d", op, pos->T, a->T);
-    } else if (pos) {
-        FATAL("%s: positional weights given but +Pos is not configured", op);
-    }
+    int scheme = check_pos(op, pos, a->H, a->hd, a->T);
     int G = attn_kv_count(a->H, a->kv_heads);
     if (G < 1 || G > a->H || a->H % G != 0)
         FATAL("%s: %d K/V heads for %d query heads (the K/V head count must divide the query head count)", op, G,
@@ -499,8 +593,41 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
         p->dk = dproj + ko;
         p->dv = dproj + vo;
     }
-    p->q_ld = p->kv_ld = W;
-    p->q_bstride = p->kv_bstride = (size_t)a->T * W;
+    p->q_ld = p->k_ld = p->v_ld = W;
+    p->q_bstride = p->k_bstride = p->v_bstride = (size_t)a->T * W;
+    p->proj_ld = W;
+    p->kv_heads = G;
+    if (attn_positions[scheme].where == ATTN_PE_ROTARY) {
+        /* the rotated query and key roles (one copy when they are one block), and their gradients */
+        static float *buf;
+        static size_t cap;
+        int same = attn_symmetric(ATTN_VARIANT);
+        size_t nq = (size_t)a->B * a->T * C, nk = same ? 0 : (size_t)a->B * a->T * kvC;
+        float *rq = grown(&buf, &cap, 2 * (nq + nk)), *rk = same ? rq : rq + nq;
+        int rows = a->B * a->T;
+        rope_rows(rq, C, proj + qo, W, rows, a->T, a->H, a->hd, pos->rope, 0);
+        if (!same) rope_rows(rk, kvC, proj + ko, W, rows, a->T, G, a->hd, pos->rope, 0);
+        p->rope = pos->rope;
+        p->q = rq;
+        p->k = rk;
+        p->q_ld = C;
+        p->k_ld = same ? C : kvC;
+        p->q_bstride = (size_t)a->T * C;
+        p->k_bstride = (size_t)a->T * p->k_ld;
+        if (dproj) {
+            p->rope_dq = rq + nq + nk;
+            p->rope_dk = same ? p->rope_dq : p->rope_dq + nq;
+            memset(p->rope_dq, 0, (nq + nk) * sizeof(float));
+            p->dq_proj = dproj + qo;
+            p->dk_proj = dproj + ko;
+            p->dq = p->rope_dq;
+            p->dk = p->rope_dk;
+        }
+    }
+    if (attn_positions[scheme].where == ATTN_PE_BIAS) {
+        p->pe_bias = bias_table(pos, a->H, a->T, a->causal);
+        p->pe_nd = 2 * a->T - 1;
+    }
     p->out = out;
     p->dout = dout;
     p->o_ld = C;
@@ -539,8 +666,31 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
         memset(acc, 0, n * sizeof(float));
         p.pos_acc = acc;
     }
+    int rel = pos && pos->scheme == ATTN_POSITION_REL_BIAS;
+    if (rel) {
+        if (!dpos || !dpos->drel) FATAL("attention_backward: relative bias without its gradient buffer");
+        static float *racc;
+        static size_t rcap;
+        size_t n = (size_t)a->B * a->H * p.pe_nd;
+        p.rel_acc = grown(&racc, &rcap, n);
+        memset(p.rel_acc, 0, n * sizeof(float));
+    }
     run_backward(&p);
     if (ATTN_POS) pos_reduce(&p, pos, dpos);
+    if (rel) /* each offset's sum over the batch, into its bucket (fixed order) */
+        for (int h = 0; h < a->H; h++)
+            for (int d = -(a->T - 1); d <= a->T - 1; d++) {
+                double sum = 0.0;
+                for (int b = 0; b < a->B; b++) sum += p.rel_acc[((size_t)b * a->H + h) * p.pe_nd + d + a->T - 1];
+                int k = attn_rel_bucket(d, a->causal, pos->rel_buckets, pos->rel_max_distance);
+                dpos->drel[(size_t)h * pos->rel_buckets + k] += (float)sum;
+            }
+    if (p.rope) { /* the roles' gradients rotated back: d proj += R^T d(rotated) */
+        int C = a->H * a->hd, G = p.kv_heads, rows = a->B * a->T;
+        rope_rows(p.dq_proj, p.proj_ld, p.rope_dq, C, rows, a->T, a->H, a->hd, p.rope, 1);
+        if (p.rope_dk != p.rope_dq)
+            rope_rows(p.dk_proj, p.proj_ld, p.rope_dk, G * a->hd, rows, a->T, G, a->hd, p.rope, 1);
+    }
 }
 
 static void cross_problem(Problem *p, const char *op, float *out, float *lse, const float *q, const float *kv,
@@ -565,9 +715,9 @@ static void cross_problem(Problem *p, const char *op, float *out, float *lse, co
         p->dv = dkv + C;
     }
     p->q_ld = C;
-    p->kv_ld = 2 * C;
+    p->k_ld = p->v_ld = 2 * C;
     p->q_bstride = (size_t)a->Tq * C;
-    p->kv_bstride = (size_t)a->Tk * 2 * C;
+    p->k_bstride = p->v_bstride = (size_t)a->Tk * 2 * C;
     p->out = out;
     p->dout = dout;
     p->o_ld = C;
@@ -604,19 +754,44 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
     if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
         FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
     int kvC = G * hd, group = H / G;
-    if (ATTN_POS && (!pos || pos->T <= t)) FATAL("attention_decode: +Pos basis missing or shorter than position %d", t);
     int n = t + 1;
+    int scheme = check_pos("attention_decode", pos, H, hd, n);
+    int rope = attn_positions[scheme].where == ATTN_PE_ROTARY;
+    /* position bias of (t, j): the table's row t (causal) */
+    const float *bias = attn_positions[scheme].where == ATTN_PE_BIAS ? bias_table(pos, H, n, 1) : NULL;
     float scale = 1.0f / sqrtf((float)hd);
-    float *ws = workspace((size_t)n * omp_get_max_threads());
+    size_t per = (size_t)n + (rope ? (size_t)hd : 0);
+    float *ws = workspace(per * omp_get_max_threads());
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < N * H; task++) {
         int r = task / H, h = task % H;
-        float *s = ws + (size_t)n * omp_get_thread_num();
+        float *s = ws + per * omp_get_thread_num();
         const float *qh = q + (size_t)r * q_ld + (size_t)h * hd;
         size_t kvo = (size_t)r * T * kvC + (size_t)(h / group) * hd; /* this query head's K/V head */
         const float *kh = keys + kvo, *vh = values + kvo;
-        /* s_j = scale * k_j . q for the cached rows j = 0..t */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kh, kvC, qh, 1, 0.0f, s, 1);
+        if (rope) {
+            /* the cache holds unrotated rows (in K and KV tying they are also the values): rotate the query by
+             * R_t and each cached key by R_j as it is read, s_j = scale * (R_j k_j) . (R_t q) */
+            float *qr = s + n;
+            const float *ct = pos->rope + (size_t)t * hd;
+            for (int k = 0; k < hd / 2; k++) {
+                float co = ct[2 * k], si = ct[2 * k + 1], x0 = qh[2 * k], x1 = qh[2 * k + 1];
+                qr[2 * k] = co * x0 - si * x1;
+                qr[2 * k + 1] = si * x0 + co * x1;
+            }
+            for (int j = 0; j < n; j++) {
+                const float *cj = pos->rope + (size_t)j * hd, *kj = kh + (size_t)j * kvC;
+                float acc = 0.0f;
+                for (int k = 0; k < hd / 2; k++) {
+                    float co = cj[2 * k], si = cj[2 * k + 1], x0 = kj[2 * k], x1 = kj[2 * k + 1];
+                    acc += qr[2 * k] * (co * x0 - si * x1) + qr[2 * k + 1] * (si * x0 + co * x1);
+                }
+                s[j] = scale * acc;
+            }
+        } else {
+            /* s_j = scale * k_j . q for the cached rows j = 0..t */
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kh, kvC, qh, 1, 0.0f, s, 1);
+        }
         if (ATTN_POS) { /* alpha s_j + g(j) + f(t) + b, with this head's weights */
             int gi = pos->groups == 1 ? 0 : h, m = pos->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
             const float *w = pos->w + (size_t)gi * m;
@@ -628,6 +803,10 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
                 for (int k = ci; k < m; k++) g += w[k] * pos->feat[(size_t)j * c + (k - ci)];
                 s[j] = alpha * s[j] + g + ft + pos->b[gi];
             }
+        }
+        if (bias) {
+            const float *bt = bias + (size_t)h * (2 * n - 1) + (size_t)(n - 1 - t);
+            for (int j = 0; j < n; j++) s[j] += bt[j];
         }
         float mx = -INFINITY, sum = 0.0f;
         for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
@@ -647,7 +826,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
     if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_scores: (b, h) = (%d, %d) out of range", b, h);
     int T = a->T;
     const float *Q = p.q + b * p.q_bstride + (size_t)h * p.hd;
-    const float *K = p.k + b * p.kv_bstride + kv_off(&p, h);
+    const float *K = p.k + b * p.k_bstride + kv_off(&p, h);
     if (attn_symmetric(ATTN_VARIANT))
         scores_symmetric(&p, K, S);
     else
@@ -658,6 +837,10 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
             for (int j = 0; j < T; j++)
                 S[(size_t)i * T + j] = p.alpha[gi] * S[(size_t)i * T + j] + p.g[(size_t)gi * T + j] +
                                        p.f[(size_t)gi * T + i] + p.bias[gi];
+    }
+    for (int i = 0; p.pe_bias && i < T; i++) {
+        const float *bt = bias_row(&p, h, i);
+        for (int j = 0; j < T; j++) S[(size_t)i * T + j] += bt[j];
     }
 }
 
