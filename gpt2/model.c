@@ -94,7 +94,7 @@ static void build_table(GPT2 *m) {
     int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
     char name[PARAM_NAME_MAX];
     m->wte = param_add(t, "wte.weight", 1, 2, c->V, C);
-    m->wpe = param_add(t, "wpe.weight", 1, 2, c->T, C);
+    if (ATTN_POSITION == ATTN_POSITION_ABSOLUTE) m->wpe = param_add(t, "wpe.weight", 1, 2, c->T, C);
     m->layer = xcalloc((size_t)c->L, sizeof(BlockParams));
     for (int l = 0; l < c->L; l++) {
         BlockParams *lp = &m->layer[l];
@@ -114,11 +114,7 @@ static void build_table(GPT2 *m) {
                 size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
                 if (p == 0) lp->attnb = off;
             }
-        if (c->pos) {
-            lp->posw = c->pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, c->pos_m)
-                                          : param_add(t, NAME("attn.pos.w"), 0, 2, c->pos_groups, c->pos_m);
-            lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, c->pos_groups);
-        }
+        block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
         lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
         if (c->bias) lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
         lp->ln2w = param_add(t, NAME("ln2.weight"), 0, 1, C);
@@ -155,7 +151,9 @@ static int is_suffix(const char *s, const char *suffix) {
  * weights 1, biases 0; +Pos as PyTorch's Linear(m, 1): U(-1/sqrt(m), 1/sqrt(m)). */
 static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
     const GPT2Config *c = ctx;
-    if (strstr(s->name, ".pos.")) {
+    if (strstr(s->name, ".rel_bias")) {
+        return; /* relative-position bias starts at zero */
+    } else if (strstr(s->name, ".pos.")) {
         double bound = 1.0 / sqrt((double)c->pos_m);
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
     } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
@@ -174,11 +172,17 @@ void gpt2_init(GPT2 *m, const GPT2Config *cfg, uint64_t seed) {
     params_alloc(&m->w);
     params_init(&m->w, seed, init_rule, &m->cfg);
     if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->T, cfg->pos_m);
+    if (ATTN_POSITION == ATTN_POSITION_SINUSOIDAL) m->pe = block_sinusoid_table_dev(cfg->T, cfg->C);
+    m->rope = block_rope_table_dev(cfg->T, cfg->C / cfg->H);
+}
+
+const float *gpt2_positions(const GPT2 *m) {
+    return ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? m->w.params + m->wpe : m->pe;
 }
 
 void gpt2_free(GPT2 *m) {
     params_free(&m->w);
-    dev_free(m->pos_feat);
+    dev_free(m->pos_feat), dev_free(m->pe), dev_free(m->rope);
     dev_free(m->act_memory);
     dev_free(m->inputs);
     dev_free(m->targets);
@@ -194,7 +198,7 @@ BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t 
     const GPT2Config *c = &m->cfg;
     BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
                     .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
-                    .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->T,
+                    .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->T,
                     .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
     return s;
 }
@@ -267,7 +271,7 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
     size_t BT = (size_t)B * T, n = BT * C;
     dev_upload(m->inputs, inputs, BT * sizeof(int));
 
-    embedding_forward(a->encoded, m->inputs, PARAM(m->wte), PARAM(m->wpe), B, T, C, c->V, 1.0f);
+    embedding_forward(a->encoded, m->inputs, PARAM(m->wte), gpt2_positions(m), B, T, C, c->V, 1.0f);
     if (training && c->dropout > 0.0f)
         dropout_forward(a->encoded, a->encoded, n, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
     const float *x = a->encoded;
@@ -328,6 +332,7 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         dropout_backward(a->dlnf, a->dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
         demb = a->dlnf;
     }
-    embedding_backward(GRAD(m->wte), GRAD(m->wpe), demb, m->inputs, B, T, C, 1.0f);
+    embedding_backward(GRAD(m->wte), ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? GRAD(m->wpe) : NULL, demb, m->inputs,
+                       B, T, C, 1.0f);
 }
 

@@ -48,6 +48,8 @@ typedef struct {
     size_t wte, wpe, lnfw, lnfb, headw, headb;
     BlockParams *layer;
     float *pos_feat;               /* +Pos sinusoidal features, (T, c) */
+    float *pe;                     /* fixed sinusoidal positions (T, C) with POSITION_SINUSOIDAL, else NULL */
+    float *rope;                   /* RoPE table with POSITION_ROPE, else NULL */
     /* activations of the last forward pass (any batch up to the capacity) */
     GPT2Acts acts;
     float *act_memory;
@@ -66,6 +68,11 @@ typedef struct {
 /* The shape of block l for a batch of B x T tokens (dropout on when
  * training, with the step's seed); sampling decodes with B = T = 1. */
 BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t seed, int l);
+
+/* The absolute position rows added to the token embeddings (T, C): the
+ * learned wpe, the fixed sinusoidal table, or NULL when the configured
+ * position scheme acts inside attention (device memory). */
+const float *gpt2_positions(const GPT2 *m);
 
 /* Builds the parameter table and initialises the parameters from seed
  * (GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)). */

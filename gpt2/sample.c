@@ -36,7 +36,8 @@ const float *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token) {
     if (t >= d->cache.T) FATAL("gpt2_decode: cache full (%d positions)", d->cache.T);
     const float *W = m->w.params;
     dev_upload(d->token, &token, sizeof(int));
-    embedding_forward(d->x, d->token, W + m->wte, W + m->wpe + (size_t)t * C, 1, 1, C, g->V, 1.0f);
+    const float *pe = gpt2_positions(m);
+    embedding_forward(d->x, d->token, W + m->wte, pe ? pe + (size_t)t * C : NULL, 1, 1, C, g->V, 1.0f);
     for (int l = 0; l < g->L; l++) {
         BlockShape s = gpt2_block_shape(m, 1, 1, 0, 0, l);
         block_decode(d->x, t, &d->cache, l, W, &m->layer[l], NULL, &s, &d->scratch);

@@ -20,15 +20,20 @@ const char *attn_block_name(int variant, int block) {
 /* name or label with the +Pos suffix and the configured position scheme's, from a static store (the strings
  * live as long as the program) */
 static const char *with_pos(int variant, int pos, int label) {
-    static char store[2][2][ATTN_NUM_VARIANTS][64];
+    static char store[2][2][ATTN_NUM_VARIANTS][80];
     if (variant < 0 || variant >= ATTN_NUM_VARIANTS) FATAL("attention variant %d is not in the table", variant);
     const AttnVariantInfo *v = &attn_variants[variant];
     const AttnPositionInfo *pe = &attn_positions[ATTN_POSITION];
     pos = pos != 0;
     char *s = store[label][pos][variant];
-    if (!s[0])
-        snprintf(s, sizeof store[0][0][0], "%s%s%s", label ? v->label : v->name,
+    if (!s[0]) {
+        char kv[24] = ""; /* grouped K/V heads: "+MQA", "+GQA2" (the @kv_heads row) */
+        int G = CONFIG_ATTN_KV_HEADS;
+        if (G == 1) snprintf(kv, sizeof kv, "%s", label ? ATTN_KV_HEADS_MQA_LABEL : ATTN_KV_HEADS_MQA_NAME);
+        if (G > 1) snprintf(kv, sizeof kv, label ? ATTN_KV_HEADS_GQA_LABEL : ATTN_KV_HEADS_GQA_NAME, G);
+        snprintf(s, sizeof store[0][0][0], "%s%s%s%s", label ? v->label : v->name, kv,
                  pos ? (label ? ATTN_POS_LABEL_SUFFIX : ATTN_POS_NAME_SUFFIX) : "", label ? pe->label : pe->name);
+    }
     return s;
 }
 

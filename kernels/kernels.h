@@ -45,7 +45,8 @@ void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, con
 
 /* ---- embedding: out[b,t,:] = scale * wte[tokens[b,t],:] + wpe[t,:] ------
  * scale is 1 for GPT-2, sqrt(C) for the translation model; wpe may be a
- * fixed table (sinusoidal), then dwpe is NULL. */
+ * fixed table (sinusoidal), then dwpe is NULL, or NULL (positions enter in
+ * attention: RoPE, ALiBi, relative bias). */
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale);
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
@@ -54,7 +55,8 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
 /* ---- token assembly for encoders (ViT): out (B, T, C) --------------------
  * With cls: out[b,0] = cls + pos[0], out[b,1+i] = x[b,i] + pos[1+i] (x has
  * T-1 tokens); without: out[b,i] = x[b,i] + pos[i] (x has T tokens).
- * Backward adds to dx, dpos (unless NULL: a fixed table) and (if given) dcls. */
+ * pos may be NULL (no absolute positions). Backward adds to dx, dpos (unless
+ * NULL: a fixed table or none) and (if given) dcls. */
 void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C);
 void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C);
 

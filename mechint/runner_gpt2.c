@@ -88,7 +88,7 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     snprintf(r->data_desc, sizeof r->data_desc, "%s validation split: %d batches of %d windows of %d tokens",
              g->data.name, r->nbatches, g->B, g->T);
     /* the learned absolute positions entering layer 0 */
-    runner_setup(r, &g->model.w, g->model.w.params + g->model.wpe, cfg.T, cfg.C, "learned");
+    runner_setup(r, &g->model.w, gpt2_positions(&g->model), cfg.T, cfg.C, block_position_kind("learned"));
     int L = cfg.L;
     for (int l = 0; l < L; l++) runner_layer(r, l, "h", l, 1);
     r->src = (ModelSource){.params = r->host_params, .bp = g->model.layer, .L = L, .H = cfg.H, .C = cfg.C,

@@ -199,7 +199,7 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
                  g->nval, (long)used * g->sd.T, r->unit);
     }
     /* the fixed sinusoids added to the encoder input */
-    runner_setup(r, &g->model.w, g->model.pe, c.Tmax, c.C, "sinusoidal");
+    runner_setup(r, &g->model.w, g->model.pe, c.Tmax, c.C, block_position_kind("sinusoidal"));
     int L = c.L_enc + (c.decoder ? c.L_dec : 0);
     g->bp = xmalloc((size_t)L * sizeof(BlockParams));
     for (int l = 0; l < L; l++) {

@@ -87,7 +87,7 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
              "%s validation split (%d of the training images, seeded): %d batches of up to %d images (%d images)",
              v->data.name, v->data.nval, r->nbatches, v->B, used);
     /* learned position embeddings entering layer 0 (row 0: the CLS token's when there is one) */
-    runner_setup(r, &v->model.w, v->model.w.params + v->model.posemb, cfg.T, cfg.C, "learned");
+    runner_setup(r, &v->model.w, vit_positions(&v->model), cfg.T, cfg.C, block_position_kind("learned"));
     int L = cfg.L;
     for (int l = 0; l < L; l++) runner_layer(r, l, "blocks", l, 0);
     r->src = (ModelSource){.params = r->host_params, .bp = v->model.layer, .L = L, .H = cfg.H, .C = cfg.C,

@@ -1,5 +1,6 @@
 #include "block.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,10 +76,20 @@ static AttnArgs attn_args(const BlockShape *s) {
     return a;
 }
 
+/* The layer's positional inputs: +Pos and the configured position scheme (kernels/attention.h). */
 static AttnPos attn_pos(const float *params, const BlockParams *p, const BlockShape *s) {
-    AttnPos pos = {.m = s->pos_m, .groups = s->pos_groups, .w = params + p->posw, .b = params + p->posb,
-                   .feat = s->pos_feat, .T = s->pos_T};
+    int rel = ATTN_POSITION == ATTN_POSITION_REL_BIAS;
+    AttnPos pos = {.m = s->pos_m, .groups = s->pos_groups, .w = s->pos ? params + p->posw : NULL,
+                   .b = s->pos ? params + p->posb : NULL, .feat = s->pos_feat, .T = s->pos_T,
+                   .scheme = ATTN_POSITION, .rope = s->rope, .rope_hd = s->C / s->H,
+                   .rel = rel ? params + p->relw : NULL, .rel_buckets = CONFIG_POSITION_REL_BUCKETS,
+                   .rel_max_distance = CONFIG_POSITION_REL_MAX_DISTANCE};
     return pos;
+}
+
+/* What the kernels get: NULL when the layer has neither +Pos nor a scheme acting inside attention. */
+static const AttnPos *pos_arg(const AttnPos *pos, const BlockShape *s) {
+    return s->pos || ATTN_POSITION_IN_ATTENTION ? pos : NULL;
 }
 
 #define W(off) (params + (off))
@@ -92,7 +103,7 @@ static void attention_sublayer(BlockActs *a, const float *in, const float *param
     if (s->hook && s->hook->after_proj) s->hook->after_proj(s->hook, s->layer, in, a->proj, s);
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
-    attention_forward(a->atty, a->att_lse, a->proj, s->pos ? &pos : NULL, &args);
+    attention_forward(a->atty, a->att_lse, a->proj, pos_arg(&pos, s), &args);
     if (s->hook && s->hook->after_attn) s->hook->after_attn(s->hook, s->layer, a->atty, s);
     linear_forward(sc->branch, a->atty, W(p->projw), WB(s->bias, p->projb), N, C, C);
     if (s->dropout > 0.0f)
@@ -183,9 +194,10 @@ static void attention_backward_sublayer(float *din, const float *dout, float *gr
     dev_zero(sc->dproj, bt(s) * (size_t)PW * sizeof(float));
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
-    AttnPosGrad dpos = {.dw = G(p->posw), .db = G(p->posb)};
-    attention_backward(sc->dproj, s->pos ? &dpos : NULL, sc->datty, a->proj, a->atty, a->att_lse,
-                       s->pos ? &pos : NULL, &args);
+    AttnPosGrad dpos = {.dw = s->pos ? G(p->posw) : NULL, .db = s->pos ? G(p->posb) : NULL,
+                        .drel = ATTN_POSITION == ATTN_POSITION_REL_BIAS ? G(p->relw) : NULL};
+    attention_backward(sc->dproj, pos_arg(&pos, s) ? &dpos : NULL, sc->datty, a->proj, a->atty, a->att_lse,
+                       pos_arg(&pos, s), &args);
     linear_backward(din, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, in, W(p->attnw), N, C, PW);
 }
 
@@ -324,6 +336,51 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
                        b->ln1_rstd, N, C);
 }
 
+/* ------------------------------------------------------------------ positions */
+
+void block_position_params(ParamTable *t, BlockParams *lp, const char *prefix, int pos, int pos_m, int pos_groups,
+                           int H) {
+    char name[PARAM_NAME_MAX];
+#define NAME(what) (snprintf(name, sizeof name, "%s%s", prefix, what), name)
+    if (pos) {
+        lp->posw = pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, pos_m)
+                                   : param_add(t, NAME("attn.pos.w"), 0, 2, pos_groups, pos_m);
+        lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, pos_groups);
+    }
+    if (ATTN_POSITION == ATTN_POSITION_REL_BIAS)
+        lp->relw = param_add(t, NAME("attn.rel_bias"), 0, 2, H, CONFIG_POSITION_REL_BUCKETS);
+#undef NAME
+}
+
+float *block_sinusoid_table_dev(int T, int C) {
+    size_t n = (size_t)T * C;
+    float *pe = xmalloc(n * sizeof(float));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < C; i += 2) {
+            double f = pow(10000.0, -(double)i / C);
+            pe[(size_t)t * C + i] = (float)sin(t * f);
+            if (i + 1 < C) pe[(size_t)t * C + i + 1] = (float)cos(t * f);
+        }
+    float *dev = dev_alloc(n * sizeof(float));
+    dev_upload(dev, pe, n * sizeof(float));
+    free(pe);
+    return dev;
+}
+
+float *block_rope_table_dev(int T, int hd) {
+    return ATTN_POSITION == ATTN_POSITION_ROPE ? attn_rope_table_dev(T, hd, (double)CONFIG_POSITION_ROPE_BASE) : NULL;
+}
+
+const char *block_position_kind(const char *learned_kind) {
+    switch (ATTN_POSITION) {
+    case ATTN_POSITION_SINUSOIDAL: return "sinusoidal";
+    case ATTN_POSITION_ROPE: return "rope";
+    case ATTN_POSITION_ALIBI: return "alibi";
+    case ATTN_POSITION_REL_BIAS: return "rel_bias";
+    default: return learned_kind;
+    }
+}
+
 /* ------------------------------------------------------------------ descriptions */
 
 cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups, int heads, int kv_heads) {
@@ -336,6 +393,16 @@ cJSON *attention_json(int variant, int pos, int pos_m, int pos_groups, int heads
     cJSON_AddNumberToObject(a, "pos_groups", pos_groups);
     cJSON_AddStringToObject(a, "scale", "1/sqrt(head_dim)");
     if (attn_kv_count(heads, kv_heads) != heads) cJSON_AddNumberToObject(a, "kv_heads", kv_heads);
+    /* the position scheme, when it is not the family's own absolute one (descriptions of such models stay as
+     * they were): a checkpoint of another scheme or setting is refused by name */
+    if (ATTN_POSITION != ATTN_POSITION_ABSOLUTE) {
+        cJSON_AddStringToObject(a, "positions", block_position_kind(""));
+        if (ATTN_POSITION == ATTN_POSITION_ROPE) cJSON_AddNumberToObject(a, "rope_base", CONFIG_POSITION_ROPE_BASE);
+        if (ATTN_POSITION == ATTN_POSITION_REL_BIAS) {
+            cJSON_AddNumberToObject(a, "rel_buckets", CONFIG_POSITION_REL_BUCKETS);
+            cJSON_AddNumberToObject(a, "rel_max_distance", CONFIG_POSITION_REL_MAX_DISTANCE);
+        }
+    }
     return a;
 }
 
@@ -416,7 +483,7 @@ void block_decode(float *x, int t, KVCache *cache, int layer, const float *param
     if (cache->tensors == 2) dev_copy_rows(values + (size_t)t * kvC, row, sc->proj + vo, (size_t)PW, N, (size_t)kvC);
     AttnPos pos = attn_pos(params, p, s);
     attention_decode(sc->att, sc->proj + qo, PW, keys, values, cache->T, t, N, H, C / H, s->kv_heads,
-                     s->pos ? &pos : NULL);
+                     pos_arg(&pos, s));
     linear_forward(sc->branch, sc->att, W(p->projw), WB(s->bias, p->projb), N, C, C);
     residual_forward(x, x, sc->branch, nc);
     if (cross) { /* cross-attention to the encoder output (QKV) */

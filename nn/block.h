@@ -21,11 +21,13 @@
 #include <cjson/cJSON.h>
 
 #include "attention.h"
+#include "params.h"
 
 /* Offsets of one block's tensors in the model's parameter buffer (the same
  * offsets index the gradient buffer). Absent biases are flagged in BlockShape. */
 typedef struct {
     size_t ln1w, ln1b, attnw, attnb, posw, posb, projw, projb, ln2w, ln2b, fcw, fcb, fcpw, fcpb;
+    size_t relw; /* relative-position bias (H, buckets), with that position scheme */
 } BlockParams;
 
 /* Observation points for analysis (mechint): NULL in training. after_proj
@@ -49,6 +51,7 @@ struct BlockShape {
     int bias, attn_bias;           /* biases on linear layers and LayerNorms / on the projections */
     int pos, pos_m, pos_groups;    /* +Pos (compile-time in the kernels) */
     const float *pos_feat;         /* +Pos basis, pos_T rows */
+    const float *rope;             /* RoPE table of the model (block_rope_table_dev), pos_T rows, or NULL */
     int pos_T;
     const unsigned char *key_pad;  /* (B, T) or NULL */
     float dropout;                 /* 0 outside training */
@@ -119,6 +122,24 @@ void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, 
 void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc);
+
+/* ---- positions (kernels/Kconfig "Positions", the @position rows of the table) ----
+ * What a family needs for the configured scheme (ATTN_POSITION): its absolute
+ * table for the embeddings, the per-layer tensors, the RoPE table. */
+/* Adds one self-attention layer's positional tensors, named prefix + "attn.pos.w" etc.: the +Pos weights and
+ * bias when pos (pos_groups sets of pos_m, and pos_groups), the relative bias "attn.rel_bias" (H, buckets)
+ * with that scheme (initialised to zero: the families' init rules leave it alone). */
+void block_position_params(ParamTable *t, BlockParams *lp, const char *prefix, int pos, int pos_m, int pos_groups,
+                           int H);
+/* The fixed sinusoidal table PE (T, C), PE[p, 2k] = sin(p w_k), PE[p, 2k+1] = cos(p w_k), w_k = 10000^(-2k/C),
+ * in device memory (the caller dev_frees it). */
+float *block_sinusoid_table_dev(int T, int C);
+/* The RoPE table for T positions and head dim hd with the configured base, device memory; NULL unless the
+ * configured scheme is RoPE. */
+float *block_rope_table_dev(int T, int hd);
+/* "learned", "sinusoidal", "rope", "alibi", "rel_bias": the configured scheme in descriptions and reports
+ * (learned_kind: what the family's own absolute positions are, for the first row). */
+const char *block_position_kind(const char *learned_kind);
 
 /* ---- model descriptions (checkpoint metadata "model") ----------------------
  * The "attention" object every family writes: variant, label, projections,

@@ -22,6 +22,7 @@ COLUMNS = ["id", "kconfig", "name", "label", "blocks", "query", "key", "value", 
 MOD_COLUMNS = ["kconfig", "name", "label"]
 POS_COLUMNS = ["kconfig", "name", "label", "where", "symmetric"]
 POS_WHERE = ("embedding", "rotary", "bias")
+KV_COLUMNS = ["kconfig", "mqa_name", "mqa_label", "gqa_name", "gqa_label"]
 
 
 class TableError(Exception):
@@ -29,7 +30,7 @@ class TableError(Exception):
 
 
 def _parse(path=TABLE):
-    rows, mods, positions = [], [], []
+    rows, mods, positions, kv = [], [], [], []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             text = line.strip()
@@ -41,6 +42,11 @@ def _parse(path=TABLE):
                 if len(cells) != 1 + len(MOD_COLUMNS):
                     raise TableError(f"{where}: a modifier has {len(MOD_COLUMNS)} columns after @modifier")
                 mods.append(dict(zip(MOD_COLUMNS, cells[1:])))
+                continue
+            if cells[0] == "@kv_heads":
+                if len(cells) != 1 + len(KV_COLUMNS) or kv:
+                    raise TableError(f"{where}: one @kv_heads row of {len(KV_COLUMNS)} columns ({' | '.join(KV_COLUMNS)})")
+                kv.append(dict(zip(KV_COLUMNS, cells[1:])))
                 continue
             if cells[0] == "@position":
                 if len(cells) != 1 + len(POS_COLUMNS):
@@ -89,7 +95,9 @@ def _parse(path=TABLE):
         seen = [p[key] for p in positions]
         if len(set(seen)) != len(seen):
             raise TableError(f"{path}: position column {key} repeats a value: {seen}")
-    return rows, mods, positions
+    if len(kv) != 1:
+        raise TableError(f"{path}: no @kv_heads row")
+    return rows, mods, positions, kv[0]
 
 
 _CACHE = {}
@@ -98,7 +106,7 @@ _CACHE = {}
 def variants():
     """The rows in table order (index = the C constant's value)."""
     if "rows" not in _CACHE:
-        _CACHE["rows"], _CACHE["mods"], _CACHE["positions"] = _parse()
+        _CACHE["rows"], _CACHE["mods"], _CACHE["positions"], _CACHE["kv"] = _parse()
     return _CACHE["rows"]
 
 
@@ -111,6 +119,19 @@ def positions():
     """The position schemes in table order (index = the C constant ATTN_POSITION_<kconfig minus POSITION_>)."""
     variants()
     return _CACHE["positions"]
+
+
+def kv_heads_row():
+    variants()
+    return _CACHE["kv"]
+
+
+def kv_heads_suffix(cfg, column):
+    """What CONFIG_ATTN_KV_HEADS appends to a name ("name") or label ("label"): "_mqa", "+GQA2", or ""."""
+    g = int(cfg.get(kv_heads_row()["kconfig"]) or 0)
+    if g <= 0:
+        return ""
+    return kv_heads_row()["mqa_" + column] if g == 1 else kv_heads_row()["gqa_" + column].replace("%d", str(g))
 
 
 def position_for_config(cfg):
@@ -133,8 +154,8 @@ def for_config(cfg):
 
 
 def _with_modifiers(cfg, column):
-    return (for_config(cfg)[column] + "".join(m[column] for m in modifiers() if cfg.get(m["kconfig"])) +
-            position_for_config(cfg)[column])
+    return (for_config(cfg)[column] + kv_heads_suffix(cfg, column) +
+            "".join(m[column] for m in modifiers() if cfg.get(m["kconfig"])) + position_for_config(cfg)[column])
 
 
 def label(cfg):
@@ -172,6 +193,9 @@ def header():
     for m in mods:
         sym = m["kconfig"]
         out += [f"#define {sym}_NAME_SUFFIX {_c_string(m['name'])}", f"#define {sym}_LABEL_SUFFIX {_c_string(m['label'])}"]
+    kv = kv_heads_row()
+    out += ["", "/* What grouped K/V heads append to names and labels (printf formats take G). */"]
+    out += [f"#define ATTN_KV_HEADS_{k.upper()} {_c_string(kv[k])}" for k in KV_COLUMNS[1:]]
     pos = positions()
     out += ["", "/* Position schemes (the @position rows), where each acts. */",
             "enum { " + ", ".join(f"ATTN_PE_{w.upper()}" for w in POS_WHERE) + " };", "enum {"]

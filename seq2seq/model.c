@@ -35,7 +35,7 @@ char *s2s_config_json(const S2SConfig *c) {
     cJSON_AddNumberToObject(o, "pad", c->pad);
     cJSON_AddNumberToObject(o, "dropout", json_float(c->dropout));
     cJSON_AddNumberToObject(o, "label_smoothing", json_float(c->label_smoothing));
-    cJSON_AddStringToObject(o, "positions", "sinusoidal");
+    cJSON_AddStringToObject(o, "positions", block_position_kind("sinusoidal"));
     cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups, c->H, c->kv_heads);
     cJSON_AddStringToObject(a, "cross_attention", "qkv");
     cJSON_AddItemToObject(o, "attention", a);
@@ -74,11 +74,7 @@ static void add_block(ParamTable *t, BlockParams *lp, const char *prefix, int l,
         size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
         if (p == 0) lp->attnb = off;
     }
-    if (c->pos) {
-        lp->posw = c->pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, c->pos_m)
-                                      : param_add(t, NAME("attn.pos.w"), 0, 2, c->pos_groups, c->pos_m);
-        lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, c->pos_groups);
-    }
+    block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
     lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
     lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
     lp->ln2w = param_add(t, NAME("ln2.weight"), 0, 1, C);
@@ -172,6 +168,8 @@ static int is_suffix(const char *s, const char *suffix) {
 static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
     const S2SConfig *c = ctx;
     double bound = 0.0;
+    if (strstr(s->name, ".rel_bias"))
+        return; /* relative-position bias starts at zero */
     if (strstr(s->name, "ln") && is_suffix(s->name, ".weight"))
         for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
     else if (is_suffix(s->name, ".pos.w"))
@@ -187,24 +185,15 @@ void s2s_init(S2S *m, const S2SConfig *cfg, uint64_t seed) {
     build_table(m);
     params_alloc(&m->w);
     params_init(&m->w, seed, init_rule, &m->cfg);
-    /* interleaved sinusoidal positions, base 10000 */
-    int C = cfg->C;
-    float *pe = xmalloc((size_t)cfg->Tmax * C * sizeof(float));
-    for (int t = 0; t < cfg->Tmax; t++)
-        for (int i = 0; i < C; i += 2) {
-            double f = pow(10000.0, -(double)i / C);
-            pe[(size_t)t * C + i] = (float)sin(t * f);
-            if (i + 1 < C) pe[(size_t)t * C + i + 1] = (float)cos(t * f);
-        }
-    m->pe = dev_alloc((size_t)cfg->Tmax * C * sizeof(float));
-    dev_upload(m->pe, pe, (size_t)cfg->Tmax * C * sizeof(float));
-    free(pe);
+    /* the paper's fixed sinusoidal positions, unless the position scheme acts inside attention */
+    if (!ATTN_POSITION_IN_ATTENTION) m->pe = block_sinusoid_table_dev(cfg->Tmax, cfg->C);
+    m->rope = block_rope_table_dev(cfg->Tmax, cfg->C / cfg->H);
     if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->Tmax, cfg->pos_m);
 }
 
 void s2s_free(S2S *m) {
     params_free(&m->w);
-    dev_free(m->pe), dev_free(m->pos_feat), dev_free(m->act_memory);
+    dev_free(m->pe), dev_free(m->rope), dev_free(m->pos_feat), dev_free(m->act_memory);
     dev_free(m->src), dev_free(m->tgt_in), dev_free(m->tgt_out), dev_free(m->src_pad), dev_free(m->tgt_pad);
     free(m->acts.enc), free(m->acts.dec), free(m->enc), free(m->dec);
     memset(m, 0, sizeof *m);
@@ -217,7 +206,7 @@ static BlockShape shape(const S2S *m, int B, int T, int causal, int post_ln, con
     const S2SConfig *c = &m->cfg;
     BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = c->mlp, .causal = causal, .gelu = c->gelu,
                     .post_ln = post_ln, .mlp_dropout = c->mlp_dropout, .bias = 1, .attn_bias = 1, .pos = c->pos,
-                    .pos_m = c->pos_m, .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .pos_T = c->Tmax,
+                    .pos_m = c->pos_m, .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->Tmax,
                     .key_pad = key_pad, .dropout = training ? c->dropout : 0.0f, .seed = seed, .hook = m->hook,
                     .layer = layer};
     return s;
@@ -529,7 +518,7 @@ static const float *decode_step(S2S *m, DecodeState *d, const int *tokens, int t
     const float *W = m->w.params;
     int N = d->N, C = c->C;
     dev_upload(d->tokens, tokens, (size_t)N * sizeof(int));
-    embedding_forward(d->x, d->tokens, W + m->tgt_emb, m->pe + (size_t)t * C, N, 1, C, c->Vt,
+    embedding_forward(d->x, d->tokens, W + m->tgt_emb, m->pe ? m->pe + (size_t)t * C : NULL, N, 1, C, c->Vt,
                       c->scale_emb ? sqrtf((float)C) : 1.0f);
     for (int l = 0; l < c->L_dec; l++) {
         BlockShape s = shape(m, N, 1, 1, 0, NULL, 0, 0, c->L_enc + l);

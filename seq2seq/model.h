@@ -63,7 +63,8 @@ typedef struct {
     size_t hfcw, hfcb, hlnw, hlnb, houtw, houtb;
     BlockParams *enc;
     DecBlockParams *dec;
-    float *pe;                      /* (Tmax, C) sinusoidal positions */
+    float *pe;                      /* (Tmax, C) sinusoidal positions; NULL when the position scheme acts in attention */
+    float *rope;                    /* RoPE table with POSITION_ROPE, else NULL */
     float *pos_feat;                /* +Pos basis */
     S2SActs acts;
     float *act_memory;

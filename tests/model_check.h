@@ -5,7 +5,9 @@
 #ifndef KVLAB_MODEL_CHECK_H
 #define KVLAB_MODEL_CHECK_H
 
+#include "block.h"
 #include "params.h"
+#include "ref.h"
 
 /* Gives every LayerNorm weight a non-trivial value and every bias and +Pos
  * weight a non-zero one, then scales all parameters by `scale` (sharper
@@ -20,5 +22,18 @@ float *perturb_params(Params *w, float scale);
  * largest error relative to the largest |difference| of a tensor. */
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,
               double *worst_rel);
+
+/* The float64 references' positions under the configured scheme: the absolute position value added to
+ * channel k at position t (the learned table at P + learned, which the family has only with the default
+ * scheme; the sinusoidal table computed here; 0 when the scheme acts inside attention), and the
+ * RefPositions of one self-attention layer (its relative-bias weights in P). */
+double ref_abs_position(const double *P, size_t learned, int t, int k, int C);
+RefPositions ref_layer_positions(const double *P, const BlockParams *lp);
+
+/* Parameters the configured position scheme (kernels/Kconfig "Positions") adds to a model of L
+ * self-attention layers of H heads whose own absolute positions are a learned T x C table (T = 0: fixed
+ * ones): minus that table unless the scheme is the family's own, plus H x buckets relative-bias weights per
+ * layer. The parameter-count oracles are stated for the family's own positions; the tests subtract this. */
+long position_param_delta(int L, int H, int T, int C);
 
 #endif

@@ -30,6 +30,11 @@ static GPT2Config char_gpt(void) {
 
 /* Parameter counts are a pure function of the configuration, so every
  * variant and +Pos setting is checked in every build, not only the built one. */
+/* A model's parameter count as the oracles state it: with GPT-2's learned absolute positions. */
+static long oracle_count(const GPT2Config *c) {
+    return (long)gpt2_num_params(c) - position_param_delta(c->L, c->H, c->T, c->C);
+}
+
 static void test_param_counts(void) {
     /* attention-variants.md table 4, char GPT row, without +Pos */
     static const long base[ATTN_NUM_VARIANTS] = {[ATTN_QKV] = 2703425, [ATTN_KV] = 2482241, [ATTN_K] = 2261057,
@@ -39,13 +44,13 @@ static void test_param_counts(void) {
         CHECK(base[v] > 0, "no char-GPT parameter-count oracle for variant %s (add it from its definition)", name);
         GPT2Config c = char_gpt();
         c.variant = v, c.pos = 0, c.pos_m = 0, c.pos_groups = 0;
-        CHECK((long)gpt2_num_params(&c) == base[v], "%s char-GPT parameter count %zu, oracle %ld", name,
-              gpt2_num_params(&c), base[v]);
+        CHECK((long)oracle_count(&c) == base[v], "%s char-GPT parameter count %ld, oracle %ld", name,
+              oracle_count(&c), base[v]);
         for (int groups = 1; groups <= c.H; groups += c.H - 1) { /* +Pos per layer and per head, m = 20 */
             GPT2Config p = c;
             p.pos = 1, p.pos_m = 20, p.pos_groups = groups;
-            CHECK((long)gpt2_num_params(&p) == base[v] + (long)c.L * groups * 21, "%s+Pos (%d groups) count %zu",
-                  name, groups, gpt2_num_params(&p));
+            CHECK((long)oracle_count(&p) == base[v] + (long)c.L * groups * 21, "%s+Pos (%d groups) count %ld",
+                  name, groups, oracle_count(&p));
         }
         /* GPT-2 124M (tied head, biases, V = 50257, T = 1024): 124,439,808 parameters for QKV
          * (formats.md 2.1, llm.c's count with the unpadded vocabulary); each projection
@@ -53,8 +58,8 @@ static void test_param_counts(void) {
         GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
                         .gelu = 1, .variant = v};
         long want124 = 124439808L - 12L * (3 - attn_num_proj(v)) * (768L * 768 + 768);
-        CHECK((long)gpt2_num_params(&g) == want124, "GPT-2 124M %s: %zu parameters, expected %ld", name,
-              gpt2_num_params(&g), want124);
+        CHECK((long)oracle_count(&g) == want124, "GPT-2 124M %s: %ld parameters, expected %ld", name,
+              oracle_count(&g), want124);
         /* matmul parameters: fewer projections, fewer parameters and FLOPs */
         size_t per_layer = (size_t)(attn_num_proj(v) + 1 + 8) * 192 * 192;
         CHECK(gpt2_matmul_params(&c) == 6 * per_layer + 65 * 192, "%s matmul parameter count", name);
@@ -65,11 +70,11 @@ static void test_param_counts(void) {
     GPT2Config c = char_gpt();
     c.pos = 1, c.pos_m = 20;
     c.variant = ATTN_KV, c.pos_groups = 3;
-    CHECK(gpt2_num_params(&c) == 2482619, "KV+Pos per head oracle");
+    CHECK(oracle_count(&c) == 2482619, "KV+Pos per head oracle");
     c.pos_groups = 1;
-    CHECK(gpt2_num_params(&c) == 2482367, "KV+Pos per layer oracle");
+    CHECK(oracle_count(&c) == 2482367, "KV+Pos per layer oracle");
     c.variant = ATTN_K, c.pos_groups = 3;
-    CHECK(gpt2_num_params(&c) == 2261435, "K+Pos per head oracle");
+    CHECK(oracle_count(&c) == 2261435, "K+Pos per head oracle");
     /* grouped K/V heads (QKV and KV tying): the k and v blocks shrink from C x C to G*hd x C (plus G*hd biases),
      * the query stays; worked out by hand:
      *   char GPT, no Q/K/V bias, MQA (G = 1, hd 64): QKV 2,703,425 - 6 layers x 2 x 128 x 192 = 2,408,513;
@@ -81,23 +86,23 @@ static void test_param_counts(void) {
         GPT2Config q = char_gpt();
         q.pos = 0, q.pos_m = 0, q.pos_groups = 0, q.kv_heads = 1;
         q.variant = ATTN_QKV;
-        CHECK(gpt2_num_params(&q) == 2408513, "char-GPT QKV with MQA: %zu parameters, expected 2,408,513",
-              gpt2_num_params(&q));
+        CHECK(oracle_count(&q) == 2408513, "char-GPT QKV with MQA: %ld parameters, expected 2,408,513",
+              oracle_count(&q));
         q.variant = ATTN_KV_TYING;
-        CHECK(gpt2_num_params(&q) == 2334785, "char-GPT KV tying with MQA: %zu parameters, expected 2,334,785",
-              gpt2_num_params(&q));
+        CHECK(oracle_count(&q) == 2334785, "char-GPT KV tying with MQA: %ld parameters, expected 2,334,785",
+              oracle_count(&q));
         q.kv_heads = 3; /* G = H: standard */
-        CHECK(gpt2_num_params(&q) == 2482241, "char-GPT KV tying with K/V heads = H is the standard count");
+        CHECK(oracle_count(&q) == 2482241, "char-GPT KV tying with K/V heads = H is the standard count");
         GPT2Config g = {.V = 50257, .T = 1024, .L = 12, .H = 12, .C = 768, .bias = 1, .attn_bias = 1, .tie = 1,
                         .gelu = 1, .variant = ATTN_QKV, .kv_heads = 4};
-        CHECK(gpt2_num_params(&g) == 114990336, "GPT-2 124M QKV, 4 K/V heads: %zu parameters, expected 114,990,336",
-              gpt2_num_params(&g));
+        CHECK(oracle_count(&g) == 114990336, "GPT-2 124M QKV, 4 K/V heads: %ld parameters, expected 114,990,336",
+              oracle_count(&g));
         g.kv_heads = 1;
-        CHECK(gpt2_num_params(&g) == 111446784, "GPT-2 124M QKV, MQA: %zu parameters, expected 111,446,784",
-              gpt2_num_params(&g));
+        CHECK(oracle_count(&g) == 111446784, "GPT-2 124M QKV, MQA: %ld parameters, expected 111,446,784",
+              oracle_count(&g));
         g.variant = ATTN_KV_TYING;
-        CHECK(gpt2_num_params(&g) == 110856192, "GPT-2 124M KV tying, MQA: %zu parameters, expected 110,856,192",
-              gpt2_num_params(&g));
+        CHECK(oracle_count(&g) == 110856192, "GPT-2 124M KV tying, MQA: %ld parameters, expected 110,856,192",
+              oracle_count(&g));
         /* KV cache per token: layers x tensors x G x hd floats (QKV: K and V; KV tying: V only) */
         g.variant = ATTN_QKV, g.kv_heads = 4;
         CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 256 * 4, "124M QKV, 4 K/V heads: cache %zu bytes per "
@@ -150,13 +155,15 @@ static double ref_loss(void *vctx) {
     double *br = xmalloc(n * sizeof(double)), *fc = xmalloc(4 * n * sizeof(double));
     double *act = xmalloc(4 * n * sizeof(double)), *logits = xmalloc(BT * V * sizeof(double));
     for (size_t i = 0; i < BT; i++)
-        for (int k = 0; k < C; k++) x[i * C + k] = P[m->wte + (size_t)r->in[i] * C + k] + P[m->wpe + (i % T) * C + k];
+        for (int k = 0; k < C; k++) x[i * C + k] = P[m->wte + (size_t)r->in[i] * C + k] + ref_abs_position(P, m->wpe, (int)(i % T), k, C);
     for (int l = 0; l < c->L; l++) {
         const BlockParams *lp = &m->layer[l];
         ref_layernorm(ln, x, P + lp->ln1w, c->bias ? P + lp->ln1b : NULL, (int)BT, C);
         ref_linear(proj, ln, P + lp->attnw, c->attn_bias ? P + lp->attnb : NULL, (int)BT, C, PW);
-        ref_self_attention(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, 1, NULL, c->pos ? P + lp->posw : NULL,
-                           c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0, 0);
+        RefPositions pe = ref_layer_positions(P, lp);
+        ref_self_attention_pe(att, proj, c->variant, B, T, c->H, C / c->H, c->kv_heads, 1, NULL,
+                              c->pos ? P + lp->posw : NULL, c->pos ? P + lp->posb : NULL, c->pos_m, c->pos_groups, 0.0,
+                              0, &pe);
         ref_linear(br, att, P + lp->projw, c->bias ? P + lp->projb : NULL, (int)BT, C, C);
         for (size_t i = 0; i < n; i++) x[i] += br[i];
         ref_layernorm(ln, x, P + lp->ln2w, c->bias ? P + lp->ln2b : NULL, (int)BT, C);

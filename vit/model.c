@@ -111,7 +111,7 @@ static void build_table(ViT *m) {
     m->patchw = param_add(t, "patch.weight", 1, 2, C, pd);
     m->patchb = param_add(t, "patch.bias", 0, 1, C);
     if (c->cls) m->clstok = param_add(t, "cls", 0, 1, C);
-    m->posemb = param_add(t, "pos_emb", 0, 2, c->T, C);
+    if (ATTN_POSITION == ATTN_POSITION_ABSOLUTE) m->posemb = param_add(t, "pos_emb", 0, 2, c->T, C);
     m->layer = xcalloc((size_t)c->L, sizeof(BlockParams));
     for (int l = 0; l < c->L; l++) {
         BlockParams *lp = &m->layer[l];
@@ -129,11 +129,7 @@ static void build_table(ViT *m) {
                 size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
                 if (p == 0) lp->attnb = off;
             }
-        if (c->pos) {
-            lp->posw = c->pos_groups == 1 ? param_add(t, NAME("attn.pos.w"), 0, 1, c->pos_m)
-                                          : param_add(t, NAME("attn.pos.w"), 0, 2, c->pos_groups, c->pos_m);
-            lp->posb = param_add(t, NAME("attn.pos.b"), 0, 1, c->pos_groups);
-        }
+        block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
         lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
         lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
         lp->ln2w = param_add(t, NAME("ln2.weight"), 0, 1, C);
@@ -179,7 +175,9 @@ static int is_suffix(const char *s, const char *suffix) {
  * LayerNorm 1 and 0; +Pos U(-1/sqrt(m), 1/sqrt(m)). */
 static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
     const ViT *m = ctx;
-    if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
+    if (strstr(s->name, ".rel_bias")) {
+        return; /* relative-position bias starts at zero */
+    } else if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)rng_normal(rng);
     } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
         for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
@@ -203,11 +201,17 @@ void vit_init(ViT *m, const ViTConfig *cfg, uint64_t seed) {
     params_alloc(&m->w);
     params_init(&m->w, seed, init_rule, m);
     if (cfg->pos) m->pos_feat = attn_pos_features_dev(cfg->T, cfg->pos_m);
+    if (ATTN_POSITION == ATTN_POSITION_SINUSOIDAL) m->pe = block_sinusoid_table_dev(cfg->T, cfg->C);
+    m->rope = block_rope_table_dev(cfg->T, cfg->C / cfg->H);
+}
+
+const float *vit_positions(const ViT *m) {
+    return ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? m->w.params + m->posemb : m->pe;
 }
 
 void vit_free(ViT *m) {
     params_free(&m->w);
-    dev_free(m->pos_feat), dev_free(m->act_memory), dev_free(m->targets);
+    dev_free(m->pos_feat), dev_free(m->pe), dev_free(m->rope), dev_free(m->act_memory), dev_free(m->targets);
     free(m->acts.block);
     free(m->layer);
     memset(m, 0, sizeof *m);
@@ -219,7 +223,7 @@ static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, 
     const ViTConfig *c = &m->cfg;
     BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
                     .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m, .pos_groups = c->pos_groups,
-                    .pos_feat = m->pos_feat, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
+                    .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
                     .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
     return s;
 }
@@ -292,7 +296,7 @@ double vit_forward(ViT *m, const float *patches, const int *labels, int B, int t
     dev_upload(a->patches, patches, (size_t)B * c->N * pd * sizeof(float));
 
     linear_forward(a->pemb, a->patches, PARAM(m->patchw), PARAM(m->patchb), B * c->N, pd, C);
-    tokens_embed_forward(a->encoded, a->pemb, c->cls ? PARAM(m->clstok) : NULL, PARAM(m->posemb), B, c->T, C);
+    tokens_embed_forward(a->encoded, a->pemb, c->cls ? PARAM(m->clstok) : NULL, vit_positions(m), B, c->T, C);
     if (training && c->dropout > 0.0f)
         dropout_forward(a->encoded, a->encoded, BT * C, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
     const float *x = a->encoded;
@@ -391,7 +395,8 @@ void vit_backward(ViT *m, float loss_scale) {
         demb = a->dtmp;
     }
     dev_zero(a->dpemb, (size_t)B * c->N * C * sizeof(float));
-    tokens_embed_backward(a->dpemb, c->cls ? GRAD(m->clstok) : NULL, GRAD(m->posemb), demb, B, c->T, C);
+    tokens_embed_backward(a->dpemb, c->cls ? GRAD(m->clstok) : NULL,
+                          ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? GRAD(m->posemb) : NULL, demb, B, c->T, C);
     /* the patches are data: no input gradient */
     linear_backward(NULL, GRAD(m->patchw), GRAD(m->patchb), a->dpemb, a->patches, PARAM(m->patchw), B * c->N, pd, C);
 }

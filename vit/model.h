@@ -50,6 +50,8 @@ typedef struct {
     size_t patchw, patchb, clstok, posemb, lnfw, lnfb, headfcw, headfcb, headw, headb;
     BlockParams *layer;
     float *pos_feat;
+    float *pe;   /* fixed sinusoidal positions (T, C) with POSITION_SINUSOIDAL, else NULL */
+    float *rope; /* RoPE table with POSITION_ROPE, else NULL */
     ViTActs acts;
     float *act_memory;
     size_t act_capacity;
@@ -64,6 +66,10 @@ typedef struct {
 } ViT;
 
 void vit_init(ViT *m, const ViTConfig *cfg, uint64_t seed);
+/* The absolute position rows added to the tokens (T, C), CLS first: the
+ * learned pos_emb, the fixed sinusoidal table, or NULL when the configured
+ * position scheme acts inside attention (device memory). */
+const float *vit_positions(const ViT *m);
 void vit_free(ViT *m);
 size_t vit_num_params(const ViTConfig *c);
 size_t vit_matmul_params(const ViTConfig *c);

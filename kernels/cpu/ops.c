@@ -29,10 +29,15 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < B * T; i++) {
         const float *e = wte + (size_t)tokens[i] * C;
-        const float *p = wpe + (size_t)(i % T) * C;
         float *o = out + (size_t)i * C;
+        if (wpe) {
+            const float *p = wpe + (size_t)(i % T) * C;
 #pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = scale * e[c] + p[c];
+            for (int c = 0; c < C; c++) o[c] = scale * e[c] + p[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] = scale * e[c];
+        }
     }
 }
 
@@ -68,10 +73,15 @@ void tokens_embed_forward(float *out, const float *x, const float *cls, const fl
     for (int bt = 0; bt < B * T; bt++) {
         int b = bt / T, t = bt % T;
         const float *src = t < off ? cls : x + ((size_t)b * (T - off) + (size_t)(t - off)) * C;
-        const float *p = pos + (size_t)t * C;
         float *o = out + (size_t)bt * C;
+        if (pos) {
+            const float *p = pos + (size_t)t * C;
 #pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = src[c] + p[c];
+            for (int c = 0; c < C; c++) o[c] = src[c] + p[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) o[c] = src[c];
+        }
     }
 }
 
