@@ -167,6 +167,16 @@ static int analyze(const char *ckpt, const char *out, const char *sha) {
     cJSON_AddStringToObject(rep, "variant", attn_variant_id(m.variant, m.pos));
     cJSON_AddStringToObject(rep, "variant_label", attn_variant_label(m.variant, m.pos));
     cJSON_AddStringToObject(rep, "roles", attn_variants[m.variant].roles);
+    /* what the weight analyses do not see under a position scheme acting inside attention */
+    if (ATTN_POSITION == ATTN_POSITION_ROPE)
+        cJSON_AddStringToObject(rep, "positions_note",
+                                "RoPE: A1-A3 and A11's key directions analyse the content circuit W_Q W_K^T, the "
+                                "circuit at offset 0; the scores of offset d = j - i use W_Q R_d W_K^T, which "
+                                "depends on d (A7, A8, A10 measure attention with the rotation, on data)");
+    else if (attn_positions[ATTN_POSITION].where == ATTN_PE_BIAS)
+        cJSON_AddStringToObject(rep, "positions_note",
+                                "a per-head bias b_h(j - i) (ALiBi or the learned relative bias) adds to every "
+                                "score beside the circuits A1-A3 analyse; A7, A8, A10 see it, on data");
     cJSON_AddStringToObject(rep, "weights", r.src.post_ln ? "raw (post-LN blocks cannot be folded)"
                                                           : "LayerNorm gain and bias folded into W_Q/W_K/W_V");
     cJSON_AddStringToObject(rep, "data", r.data_desc);
