@@ -13,7 +13,8 @@ with AddressSanitizer and UndefinedBehaviorSanitizer).
    and without the KV cache, bad checkpoints and data, menuconfig driven
    through a pseudo-terminal, incremental rebuilds, the data script and
    its mirror; SIGINT, SIGTERM and SIGHUP to a real make process group and
-   to the step runner alone (signals).
+   to the step runner alone (signals); the summary's decode tok/s column and
+   Pareto front of loss against KV-cache bytes per token (pareto).
 4. Weights & Biases: the client against tests/fake_wandb.py (faults, spool,
    sync), tiny training runs reporting online, offline, then make wandb-sync.
 
