@@ -1048,7 +1048,8 @@ def test_pareto(tmp, sanitize):
            (3072, 1.70, "f"), (1024, 1.90, "g"), (8192, 1.69, "h")]
     # c: same bytes as b, higher loss; e: beaten by f and a; h: a's loss for more bytes; d and g equal: both stay
     got = [p[2] for p in pf(pts)]
-    R.check(got == ["d", "g", "b", "f", "a"], f"Pareto front by increasing bytes, ties kept, equal-x worse dropped: {got}")
+    R.check(got == ["d", "g", "b", "f", "a"],
+            f"Pareto front by increasing bytes, equal points kept, the worse of equal bytes dropped: {got}")
     R.check([p[2] for p in pf([(2, 1.0, "x"), (2, 1.0, "y")])] == ["x", "y"], "two equal points are both on the front")
     R.check([p[2] for p in pf([(1, 2.0, "x"), (2, 1.0, "y")])] == ["x", "y"], "a trade-off keeps both points")
     R.check([p[2] for p in pf([(1, 1.0, "x"), (2, 2.0, "y")])] == ["x"], "a point better in both dominates")
