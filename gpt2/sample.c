@@ -112,8 +112,10 @@ int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const 
         }
         int next = sample_token(logits, g->V, opt, &rng);
         toks[n++] = next;
-        dataset_print_token(d, next, out);
-        fflush(out);
+        if (out) {
+            dataset_print_token(d, next, out);
+            fflush(out);
+        }
         if (n - start > (size_t)g->T) { /* the window is full: slide it by half a context */
             start = n - (size_t)g->T / 2;
             if (opt->use_cache) {

@@ -35,7 +35,7 @@ typedef struct {
 } SampleOptions;
 
 /* Continues the prompt ids for opt->length tokens, printing each token to
- * out as it comes. Without the cache every token reruns the full forward
+ * out as it comes (nothing when out is NULL: timing the decode). Without the cache every token reruns the full forward
  * pass over the window (for checking the cache). Returns 0 or -1. */
 int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const SampleOptions *opt, FILE *out,
                   Err *e);

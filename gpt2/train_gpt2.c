@@ -183,6 +183,30 @@ static void log_step(Run *r, double loss, double lr, double norm, double ms, dou
     fflush(stdout);
 }
 
+/* Cached decoding speed of the trained model, into the metrics (decode_tokens_per_s, decode_tokens,
+ * decode_context): greedy generation through gpt2_generate from token 0 until the sequence fills the
+ * context, i.e. T - 1 decode steps with the KV cache, each reading back every cached position before it.
+ * Greedy, so what it generates depends on the parameters alone; only the time varies. Rank 0 (it writes
+ * the metrics); counts in the step's wall time, not in its training time. */
+static void measure_decode(Run *r) {
+    TrainRun *t = &r->run;
+    int T = r->model.cfg.T, prompt = 0;
+    if (T < 2) return;
+    SampleOptions opt = {.length = T - 1, .top_k = 0, .use_cache = 1, .temperature = 0.0f, .seed = r->h.seed};
+    Err e;
+    double t0 = wall_seconds();
+    if (gpt2_generate(&r->model, &r->data, &prompt, 1, &opt, NULL, &e) != 0) run_die(&e);
+    double s = wall_seconds() - t0;
+    t->elapsed += s;
+    double tps = s > 0 ? opt.length / s : 0.0;
+    metrics_set_number(t->metrics, "decode_tokens_per_s", tps);
+    metrics_set_number(t->metrics, "decode_tokens", opt.length);
+    metrics_set_number(t->metrics, "decode_context", T);
+    printf("decode: %d tokens with the KV cache up to context %d in %.3f s (%.0f tok/s, greedy, batch 1)\n",
+           opt.length, T, s, tps);
+    fflush(stdout);
+}
+
 static int train(Run *r) {
     const Hyper *h = &r->h;
     TrainRun *t = &r->run;
@@ -239,6 +263,7 @@ static int train(Run *r) {
     free(y);
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
+    if (t->rank == 0) measure_decode(r);
     run_finish(t, stopped_by);
     printf("done: %d iterations (%s), %.0f tokens in %.1f s (%.0f tok/s), best val loss %.4f @ %d -> %s\n", t->iter,
            stopped_by, t->examples, t->train_seconds, t->examples / (t->train_seconds > 0 ? t->train_seconds : 1),

@@ -414,6 +414,9 @@ def summarise(out, rows):
             "parameters": m.get("parameters"),
             "flops_per_token": m.get("flops_per_token"),
             "kv_cache_bytes_per_token": m.get("kv_cache_bytes_per_token"),
+            "decode_tokens_per_s": m.get("decode_tokens_per_s"),
+            "decode_tokens": m.get("decode_tokens"),
+            "decode_context": m.get("decode_context"),
             "best_val_loss": m.get("best_val_loss"),
             "best_val_iteration": m.get("best_val_iteration"),
             "final_val_loss": last(vals),
@@ -440,15 +443,22 @@ def summarise(out, rows):
                 s["best_val_loss_vs_first"] = s["best_val_loss"] - base["best_val_loss"]
     summary = {"run": os.path.basename(os.path.normpath(out)), "steps": steps,
                "created_unix": time.time()}
+    fronts = pareto_groups(steps)
+    if fronts:
+        summary["pareto"] = [{"family": g["family"], "dataset": g["dataset"], "x": "kv_cache_bytes_per_token",
+                              "y": "best_val_loss", "front": [s["step"] for s in g["front"]],
+                              "dominated": {s["step"]: [d["step"] for d in by] for s, by in g["dominated"]}}
+                             for g in fronts]
     write_atomic(os.path.join(out, "ablation_summary.json"), json.dumps(summary, indent=1) + "\n")
 
     has_test = any(s["test_accuracy"] is not None for s in steps)
     has_bleu = any(s["test_bleu"] is not None for s in steps)
     has_cache = any(s["kv_cache_bytes_per_token"] is not None for s in steps)
+    has_decode = any(s["decode_tokens_per_s"] is not None for s in steps)
     head = (["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc"] +
             (["test acc"] if has_test else []) + (["test BLEU"] if has_bleu else []) +
             ["speed", "ms/step", "peak MiB"] +
-            (["cache B/tok"] if has_cache else []) + ["status"])
+            (["cache B/tok"] if has_cache else []) + (["decode tok/s"] if has_decode else []) + ["status"])
     short = {"tokens": "tok/s", "images": "img/s", "sequences": "seq/s"}
     table = []
     for s in steps:
@@ -463,15 +473,20 @@ def summarise(out, rows):
                      ([fmt(s["test_accuracy"], ".4f")] if has_test else []) +
                      ([fmt(s["test_bleu"], ".2f")] if has_bleu else []) +
                      [speed, fmt(s["ms_per_step"], ".1f"), fmt(s["peak_memory_mib"], ".0f")] +
-                     ([fmt(s["kv_cache_bytes_per_token"], ",.0f")] if has_cache else []) + [s["status"]])
+                     ([fmt(s["kv_cache_bytes_per_token"], ",.0f")] if has_cache else []) +
+                     ([fmt(s["decode_tokens_per_s"], ",.0f")] if has_decode else []) + [s["status"]])
     widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [head] + table]
     md = ["# Ablation summary: " + summary["run"], "",
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
     md += ["", "Parameters and training FLOPs per token in parentheses relative to the first step; val = validation "
-               "loss in nats" + ("; cache = KV-cache bytes per generated token" if has_cache else "") + ".",
+               "loss in nats" + ("; cache = KV-cache bytes per generated token" if has_cache else "") +
+               ("; decode = tokens/s of greedy generation with the KV cache, batch 1, from one token until the "
+                "context is full, timed once at the end of training" if has_decode else "") + ".",
            "Curves: ablation_curves.png (loss against training examples and against wall time)."]
+    pareto_md, pareto_lines = pareto_report(fronts)
+    md += pareto_md
     paper_lines = paper_comparison(steps)
     if paper_lines:
         summary["paper"] = [dict(zip(("step", "variant", "measured", "paper"), row[:4])) for row in paper_lines]
@@ -495,7 +510,82 @@ def summarise(out, rows):
     if paper_lines:
         say("  test accuracy vs the paper: " + ", ".join(
             f"{r[1]} {fmt(r[2], '.4f')} (paper {r[3]:.3f})" for r in paper_lines))
+    for line in pareto_lines:
+        say("  " + line)
     return steps
+
+
+def pareto_front(points):
+    """The points (x, y, ...) that no other point dominates, x and y both costs (lower is better): a point is
+    dominated by one that is as low in both and lower in at least one. Equal points do not dominate each other, so
+    all of them stay on the front; of two with equal x only the lower y does. Returned by increasing x (then y),
+    so the front's losses decrease as its cost grows."""
+    def dominates(a, b):
+        return a[0] <= b[0] and a[1] <= b[1] and (a[0], a[1]) != (b[0], b[1])
+    front = [p for p in points if not any(dominates(q, p) for q in points)]
+    return sorted(front, key=lambda p: (p[0], p[1]))
+
+
+def finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+PARETO_PLOT = "ablation_pareto.png"
+
+
+def pareto_groups(steps):
+    """Best validation loss against KV-cache bytes per token, per model family and data set (losses of different
+    data do not compare), for groups of at least two steps with both numbers: [{family, dataset, points (steps),
+    front (steps, by increasing bytes), dominated [(step, [steps that dominate it])]}]."""
+    groups = {}
+    for s in steps:
+        if finite(s.get("kv_cache_bytes_per_token")) and finite(s.get("best_val_loss")):
+            groups.setdefault((s.get("family"), s.get("dataset")), []).append(s)
+    out = []
+    for (family, dataset), members in groups.items():
+        if len(members) < 2:
+            continue
+        points = [(s["kv_cache_bytes_per_token"], s["best_val_loss"], i) for i, s in enumerate(members)]
+        front = pareto_front(points)
+        on = {p[2] for p in front}
+        dominated = []
+        for x, y, i in points:
+            if i not in on:
+                by = [members[j] for bx, by_, j in front if bx <= x and by_ <= y]
+                dominated.append((members[i], by))
+        out.append({"family": family, "dataset": dataset, "points": members,
+                    "front": [members[p[2]] for p in front], "dominated": dominated})
+    return out
+
+
+def pareto_report(fronts):
+    """The markdown section and the console lines of the Pareto fronts (none: nothing to compare)."""
+    if not fronts:
+        return [], []
+    md = ["", "## Pareto front: loss vs KV-cache bytes per token", "",
+          "Steps that no other step beats on both best validation loss and KV-cache bytes per token (plot: "
+          f"{PARETO_PLOT}), by increasing cache size:"]
+    lines = []
+    for g in fronts:
+        where = f"{g['family'] or '?'} on {g['dataset'] or '?'}"
+        if len(fronts) > 1:
+            md += ["", f"### {where}"]
+        decode = any(s.get("decode_tokens_per_s") is not None for s in g["front"])
+        head = ["step", "variant", "cache B/tok", "best val"] + (["decode tok/s"] if decode else [])
+        md += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        for s in g["front"]:
+            md.append(f"| {s['step']} | {s['variant']} | {fmt(s['kv_cache_bytes_per_token'], ',.0f')} | "
+                      f"{fmt(s['best_val_loss'], '.4f')} |" +
+                      (f" {fmt(s.get('decode_tokens_per_s'), ',.0f')} |" if decode else ""))
+        md += ["", "Dominated (another step has as little cache and as low a loss, and less of one):" +
+               ("" if g["dominated"] else " none.")]
+        md += [f"- {s['step']} {s['variant']}: by " + ", ".join(f"{d['step']} {d['variant']}" for d in by)
+               for s, by in g["dominated"]]
+        lines.append(f"Pareto front, loss vs KV-cache bytes/token ({where}): " +
+                     ", ".join(f"{s['step']} {s['variant']}" for s in g["front"]) +
+                     ("; dominated: " + ", ".join(f"{s['step']} {s['variant']}" for s, _ in g["dominated"])
+                      if g["dominated"] else ""))
+    return md, lines
 
 
 def synthetic_table(steps, summary):
@@ -546,13 +636,33 @@ def paper_comparison(steps):
     return rows
 
 
+_PYPLOT = []
+
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend, or None (one warning) when matplotlib is missing."""
+    if not _PYPLOT:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            say("warning: matplotlib is missing, no plots (hint: apt-get install python3-matplotlib)")
+            plt = None
+        _PYPLOT.append(plt)
+    return _PYPLOT[0]
+
+
+def save_figure(plt, fig, path):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fig.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
 def plot(out, rows):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("warning: matplotlib is missing, no plots (hint: apt-get install python3-matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     unit = "tokens"
@@ -581,11 +691,55 @@ def plot(out, rows):
     fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: training (thin) and validation (dots) loss")
     fig.tight_layout()
     path = os.path.join(out, "ablation_curves.png")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fig.savefig(tmp, dpi=110, format="png")
-    os.replace(tmp, path)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     say(f"Plots: {os.path.relpath(path, REPO)}")
+
+
+def plot_pareto(out, steps):
+    """ablation_pareto.png: best validation loss against KV-cache bytes per token, one point per step labelled
+    with its variant, the Pareto front as a step line; one panel per family and data set. Nothing when no group
+    has two steps with both numbers. Returns the path written, or None."""
+    fronts = pareto_groups(steps)
+    if not fronts:
+        return None
+    plt = pyplot()
+    if plt is None:
+        return None
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    fig, axes = plt.subplots(1, len(fronts), figsize=(6.5 * len(fronts), 4.8), squeeze=False)
+    for ax, g in zip(axes[0], fronts):
+        labels = [s["variant"] for s in g["points"]]
+        on = {id(s) for s in g["front"]}
+        for s in g["points"]:
+            x, y = s["kv_cache_bytes_per_token"], s["best_val_loss"]
+            front = id(s) in on
+            ax.plot([x], [y], marker="o", markersize=7, linestyle="none", color="C0" if front else "0.55",
+                    markerfacecolor="C0" if front else "none")
+            label = s["variant"] if labels.count(s["variant"]) == 1 else f"{s['variant']} ({s['step']})"
+            right = x == max(p["kv_cache_bytes_per_token"] for p in g["points"])  # its label to the left
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(-6 if right else 6, 5), fontsize=9,
+                        ha="right" if right else "left", color="black" if front else "0.4")
+        fx = [s["kv_cache_bytes_per_token"] for s in g["front"]]
+        fy = [s["best_val_loss"] for s in g["front"]]
+        ax.step(fx, fy, where="post", color="C0", linewidth=1.5, label="Pareto front")
+        xs = [s["kv_cache_bytes_per_token"] for s in g["points"]]
+        if min(xs) > 0 and max(xs) / min(xs) > 4:  # a wide range: equal ratios, equal distances
+            ax.set_xscale("log")
+        ax.set_xticks(sorted(set(xs)))  # the sizes the steps have, written out
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.margins(x=0.15, y=0.15)
+        ax.set_xlabel("KV-cache bytes per token")
+        ax.set_ylabel("best validation loss (nats)")
+        ax.set_title(f"{g['family'] or '?'} on {g['dataset'] or '?'}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: loss against KV-cache size (filled: on the front)")
+    fig.tight_layout()
+    path = os.path.join(out, PARETO_PLOT)
+    save_figure(plt, fig, path)
+    say(f"Pareto plot: {os.path.relpath(path, REPO)}")
+    return path
 
 
 def main():
@@ -629,8 +783,9 @@ def main():
             return 128 + Stop.signal
         failed += status == "failed"
         rows.append((sid, status, cfg))
-    summarise(out, rows)
+    steps = summarise(out, rows)
     plot(out, rows)
+    plot_pareto(out, steps)
     say(f"Run time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out, REPO)}/")
     if failed:
         say(f"error: {failed} of {len(rows)} step(s) failed (hint: their logs are train_step<STEP>.log in "

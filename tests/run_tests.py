@@ -13,7 +13,8 @@ with AddressSanitizer and UndefinedBehaviorSanitizer).
    and without the KV cache, bad checkpoints and data, menuconfig driven
    through a pseudo-terminal, incremental rebuilds, the data script and
    its mirror; SIGINT, SIGTERM and SIGHUP to a real make process group and
-   to the step runner alone (signals).
+   to the step runner alone (signals); the summary's decode tok/s column and
+   Pareto front of loss against KV-cache bytes per token (pareto).
 4. Weights & Biases: the client against tests/fake_wandb.py (faults, spool,
    sync), tiny training runs reporting online, offline, then make wandb-sync.
 
@@ -660,6 +661,8 @@ def test_ablation_end_to_end(ws):
         R.check(all(k in m for k in ("parameters", "flops_per_token", "peak_memory_mib", "tokens_per_s", "config",
                                      "seed", "git_commit", "kv_cache_bytes_per_token", "variant")),
                 f"{step}: metrics carry the run's facts")
+        R.check(m.get("decode_tokens_per_s", 0) > 0 and m.get("decode_tokens") == 15 and m.get("decode_context") == 16,
+                f"{step}: cached decoding speed over the context: {m.get('decode_tokens_per_s')}")
         R.check(len(s["learning_rates"]) == 30 and len(s["timestamps"]) == 30, f"{step}: lr and timestamps")
         cfg = open(os.path.join(out, f"config_step{step}")).read()
         build = "build-san" if ws.sanitize else "build"
@@ -685,6 +688,9 @@ def test_ablation_end_to_end(ws):
     R.check("Ablation summary" in r.stdout and "KV tying" in r.stdout, "the comparison table is printed")
     with open(os.path.join(out, "ablation_curves.png"), "rb") as f:
         R.check(f.read(8) == b"\x89PNG\r\n\x1a\n", "ablation_curves.png is a PNG")
+    R.check("| decode tok/s |" in md and "## Pareto front: loss vs KV-cache bytes per token" in md and
+            os.path.isfile(os.path.join(out, "ablation_pareto.png")),
+            "the summary has decode tok/s, the Pareto front and ablation_pareto.png")
     log = open(os.path.join(out, "train_stepV0.log")).read()
     R.check("done:" in log and "eval  step" in log, "train_stepV0.log has the progress and the end")
     return True
@@ -1020,6 +1026,127 @@ def test_resume(ws):
     ta, _ = safetensors_tensors(os.path.join(a, "final_model_stepV0.safetensors"))
     tb, _ = safetensors_tensors(os.path.join(b, "final_model_stepV0.safetensors"))
     R.check(ta == tb, "the resumed run ends with bit-identical parameters")
+
+
+def write_step_metrics(out, sid, **facts):
+    """A hand-made training_metrics_step<sid>.json with what summarise() reads."""
+    m = {"status": "complete", "family": "gpt2", "dataset": "tinyshakespeare", "unit": "tokens",
+         "parameters": 1000, "flops_per_token": 6000.0, "metrics": {"val_losses": [facts.get("best_val_loss")]}}
+    m.update(facts)
+    with open(os.path.join(out, f"training_metrics_step{sid}.json"), "w") as f:
+        json.dump(m, f)
+
+
+def test_pareto(tmp, sanitize):
+    section("summary: decode tok/s column, Pareto front of loss against KV-cache bytes per token, its plot")
+    import contextlib
+    import io
+    import run_steps
+    pf = run_steps.pareto_front
+    R.check(pf([]) == [] and pf([(5, 1.0, "a")]) == [(5, 1.0, "a")], "Pareto front of no point and of one point")
+    pts = [(4096, 1.69, "a"), (2048, 1.76, "b"), (2048, 1.80, "c"), (1024, 1.90, "d"), (4096, 1.75, "e"),
+           (3072, 1.70, "f"), (1024, 1.90, "g"), (8192, 1.69, "h")]
+    # c: same bytes as b, higher loss; e: beaten by f and a; h: a's loss for more bytes; d and g equal: both stay
+    got = [p[2] for p in pf(pts)]
+    R.check(got == ["d", "g", "b", "f", "a"],
+            f"Pareto front by increasing bytes, equal points kept, the worse of equal bytes dropped: {got}")
+    R.check([p[2] for p in pf([(2, 1.0, "x"), (2, 1.0, "y")])] == ["x", "y"], "two equal points are both on the front")
+    R.check([p[2] for p in pf([(1, 2.0, "x"), (2, 1.0, "y")])] == ["x", "y"], "a trade-off keeps both points")
+    R.check([p[2] for p in pf([(1, 1.0, "x"), (2, 2.0, "y")])] == ["x"], "a point better in both dominates")
+
+    out = os.path.join(tmp, "pareto")
+    os.makedirs(out)
+    qkv = {"ATTN_QKV": True}
+    write_step_metrics(out, "V0", variant_label="QKV", kv_cache_bytes_per_token=4096, best_val_loss=1.69,
+                       decode_tokens_per_s=5000.0, decode_tokens=127, decode_context=128)
+    write_step_metrics(out, "V1", variant_label="KV tying", kv_cache_bytes_per_token=2048, best_val_loss=1.76,
+                       decode_tokens_per_s=6000.0, decode_tokens=127, decode_context=128)
+    write_step_metrics(out, "V2", variant_label="K+Pos", kv_cache_bytes_per_token=2048, best_val_loss=1.80)
+    write_step_metrics(out, "V3", variant_label="KV", kv_cache_bytes_per_token=4096, best_val_loss=1.75,
+                       decode_tokens_per_s=5500.0)
+    rows = [(sid, "done", qkv) for sid in ("V0", "V1", "V2", "V3")] + [("V4", "failed", qkv)]  # V4: no metrics
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        steps = run_steps.summarise(out, rows)
+    summ = json.load(open(os.path.join(out, "ablation_summary.json")))
+    md = open(os.path.join(out, "ablation_summary.md")).read()
+    R.check([s.get("decode_tokens_per_s") for s in summ["steps"]] == [5000.0, 6000.0, None, 5500.0, None] and
+            summ["steps"][0]["decode_context"] == 128 and summ["steps"][0]["decode_tokens"] == 127,
+            f"ablation_summary.json has decode tok/s, tokens and context per step: {summ['steps']}")
+    R.check(summ.get("pareto") == [{"family": "gpt2", "dataset": "tinyshakespeare", "x": "kv_cache_bytes_per_token",
+                                    "y": "best_val_loss", "front": ["V1", "V0"],
+                                    "dominated": {"V2": ["V1"], "V3": ["V0"]}}],
+            f"ablation_summary.json names the front and who dominates whom: {summ.get('pareto')}")
+    head = next(x for x in md.splitlines() if x.startswith("| step | variant | params"))
+    R.check("| decode tok/s |" in head and "| cache B/tok |" in head, f"the table has the decode tok/s column: {head}")
+    R.check("| V1 | KV tying |" in md and "| 6,000 | complete |" in md and "| - | complete |" in md,
+            "decode tok/s values in the table, '-' where a step has none")
+    R.check("## Pareto front: loss vs KV-cache bytes per token" in md and
+            "| V1 | KV tying | 2,048 | 1.7600 | 6,000 |\n| V0 | QKV | 4,096 | 1.6900 | 5,000 |" in md and
+            "\n- V2 K+Pos: by V1 KV tying\n- V3 KV: by V0 QKV\n" in md,
+            f"ablation_summary.md lists the front by bytes and names the dominated steps:\n{md}")
+    R.check("Pareto front, loss vs KV-cache bytes/token (gpt2 on tinyshakespeare): V1 KV tying, V0 QKV; "
+            "dominated: V2 K+Pos, V3 KV" in said.getvalue(), f"the front is printed: {said.getvalue()[-600:]}")
+    try:
+        import matplotlib  # noqa: F401
+        have_mpl = True
+    except ImportError:
+        have_mpl = False
+    with contextlib.redirect_stdout(io.StringIO()):
+        path = run_steps.plot_pareto(out, steps)
+    png = os.path.join(out, "ablation_pareto.png")
+    if have_mpl:
+        with open(png, "rb") as f:
+            R.check(path == png and f.read(8) == b"\x89PNG\r\n\x1a\n", "ablation_pareto.png is a PNG")
+    else:
+        R.check(path is None and not os.path.exists(png), "no matplotlib: no Pareto plot, no crash")
+    # one step with both numbers: nothing to compare, no section, no plot
+    one = os.path.join(tmp, "pareto-one")
+    os.makedirs(one)
+    write_step_metrics(one, "V0", variant_label="QKV", kv_cache_bytes_per_token=4096, best_val_loss=1.69)
+    write_step_metrics(one, "V1", variant_label="KV tying", kv_cache_bytes_per_token=2048, best_val_loss=None)
+    with contextlib.redirect_stdout(io.StringIO()):
+        steps = run_steps.summarise(one, [("V0", "done", qkv), ("V1", "done", qkv)])
+        path = run_steps.plot_pareto(one, steps)
+    md = open(os.path.join(one, "ablation_summary.md")).read()
+    summ = json.load(open(os.path.join(one, "ablation_summary.json")))
+    R.check("Pareto" not in md and "pareto" not in summ and "decode tok/s" not in md and path is None and
+            not os.path.exists(os.path.join(one, "ablation_pareto.png")),
+            "a single comparable step: no Pareto section or plot, no decode column without decode numbers")
+
+    # the trainer measures cached decoding: two tiny steps built by hand, run through scripts/run_steps.py
+    build, run_out = os.path.join(tmp, "pareto-build"), os.path.join(tmp, "pareto-run")
+    cfg = os.path.join(build, ".config")
+    os.makedirs(build)
+    with open(os.path.join(build, "defconfig"), "w") as f:
+        f.write(TINY)
+    r = run(KCONFIG + ["defconfig", os.path.join(build, "defconfig"), cfg])
+    for step in ("V0", "V1"):
+        if r.returncode == 0:
+            r = run(KCONFIG + ["step", os.path.join(build, step), cfg, os.path.join(REPO, "defconfigs", "steps", step)])
+        if r.returncode == 0:
+            r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={os.path.join(build, step)}",
+                     f"SANITIZE={1 if sanitize else ''}"])
+    if not R.check(r.returncode == 0, f"tiny steps build:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    r = run([PY, os.path.join(REPO, "scripts", "run_steps.py"), "--build", build, "--out", run_out, "--steps", "V0 V1"],
+            env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    if not R.check(r.returncode == 0, f"run_steps.py runs the two tiny steps:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    for step in ("V0", "V1"):
+        m = metrics(os.path.join(run_out, f"training_metrics_step{step}.json"))
+        R.check(m["status"] == "complete" and m.get("decode_tokens_per_s", 0) > 0 and m.get("decode_tokens") == 15
+                and m.get("decode_context") == 16,
+                f"{step}: the trainer records cached decoding speed over the context: "
+                f"{ {k: m.get(k) for k in ('decode_tokens_per_s', 'decode_tokens', 'decode_context')} }")
+        log = open(os.path.join(run_out, f"train_step{step}.log")).read()
+        R.check("decode: 15 tokens with the KV cache up to context 16" in log, f"{step}: the log has the decode line")
+    md = open(os.path.join(run_out, "ablation_summary.md")).read()
+    R.check("decode tok/s" in md and "## Pareto front: loss vs KV-cache bytes per token" in md and
+            "Pareto front, loss vs KV-cache bytes/token" in r.stdout,
+            f"the real run's summary has the decode column and the Pareto front:\n{md}")
+    if have_mpl:
+        R.check(os.path.isfile(os.path.join(run_out, "ablation_pareto.png")) and "ablation_pareto.png" in r.stdout,
+                "the real run writes ablation_pareto.png and says so")
 
 
 # Long enough that a signal lands mid-run, with no periodic checkpoint before the end.
@@ -2112,6 +2239,8 @@ def main():
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
             guarded(test_read_only_output, tmp, args.sanitize)
+        if want("pareto"):
+            guarded(test_pareto, tmp, args.sanitize)
         if want("signals"):
             guarded(test_signals, tmp, args.sanitize)
         if want("vit"):
