@@ -150,7 +150,7 @@ void tracking_finish(TrainRun *r, int exit_code) {
     const char *const facts[] = {"best_val_loss", "best_val_iteration", "final_val_loss", "final_iteration",
                                  "test_accuracy", "best_model_test_accuracy", "test_loss", "test_bleu",
                                  "parameters", "flops_per_token", "kv_cache_bytes_per_token", "peak_memory_mib",
-                                 "ms_per_iter", "train_seconds", "wall_seconds", per_s};
+                                 "ms_per_iter", "train_seconds", "wall_seconds", "decode_tokens_per_s", per_s};
     for (size_t i = 0; i < sizeof facts / sizeof *facts; i++) {
         double x = metrics_get_number(r->metrics, facts[i]);
         char key[96];
