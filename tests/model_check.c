@@ -25,37 +25,54 @@ float *perturb_params(Params *w, float scale) {
     return p;
 }
 
+static double central_difference(double *P, size_t j, double h, double (*loss)(void *ctx), void *ctx) {
+    double old = P[j];
+    P[j] = old + h;
+    double lp = loss(ctx);
+    P[j] = old - h;
+    double lm = loss(ctx);
+    P[j] = old;
+    return (lp - lm) / (2.0 * h);
+}
+
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,
               double *worst_rel) {
     float *g = params_to_host(w, w->grads);
-    int bad = 0;
+    int bad = 0, n = w->table.n;
+    double *err = xcalloc((size_t)n, sizeof(double)), *fdmax = xcalloc((size_t)n, sizeof(double)), top = 0.0;
     *worst_rel = 0.0;
-    for (int i = 0; i < w->table.n; i++) {
+    for (int i = 0; i < n; i++) {
         const ParamSpec *s = &w->table.specs[i];
-        double err = 0.0, fdmax = 0.0;
         size_t step = s->numel > (size_t)samples ? s->numel / (size_t)samples : 1;
         for (size_t k = 0; k < s->numel; k += step) {
             size_t j = s->offset + k;
-            double old = P[j];
-            /* step 1e-7: the float64 loss is exact to ~1e-14, so the difference stays ~1e-7 accurate, far
-             * below the tolerance, and a ReLU model rarely has a pre-activation within reach of its kink (the
-             * char-GPT with RoPE crossed kinks in 7 of 31 tensors at 1e-5, 2 at 1e-6, none at 1e-7) */
-            P[j] = old + 1e-7;
-            double lp = loss(ctx);
-            P[j] = old - 1e-7;
-            double lm = loss(ctx);
-            P[j] = old;
-            double fd = (lp - lm) / 2e-7;
-            err = fmax(err, fabs(fd - g[j]));
-            fdmax = fmax(fdmax, fabs(fd));
+            /* central differences at step 1e-5 (the float64 loss keeps ~1e-8 absolute accuracy there); an
+             * entry off at that step is measured again at 1e-7, where a ReLU model rarely has a pre-activation
+             * within reach of its kink (the char-GPT with RoPE crossed kinks in 7 of 31 tensors at 1e-5, none
+             * at 1e-7), and the closer of the two counts. Both estimate the same derivative: a wrong gradient
+             * is off at both. (1e-7 alone is too noisy for gradients near 0, e.g. a key bias's.) */
+            double fd = central_difference(P, j, 1e-5, loss, ctx);
+            if (fabs(fd - g[j]) > 2e-3 * fabs(fd) + 1e-6) {
+                double fd2 = central_difference(P, j, 1e-7, loss, ctx);
+                if (fabs(fd2 - g[j]) < fabs(fd - g[j])) fd = fd2;
+            }
+            err[i] = fmax(err[i], fabs(fd - g[j]));
+            fdmax[i] = fmax(fdmax[i], fabs(fd));
         }
-        if (err > 2e-3 * fdmax + 1e-6) {
-            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, s->name, err, fdmax);
+        top = fmax(top, fdmax[i]);
+    }
+    /* pass: within 2e-3 of the tensor's largest difference, plus an absolute floor at float32 resolution of
+     * the model's largest gradient (1e-6 of it, at least 1e-6): a gradient that is 0 by symmetry (a key
+     * bias: softmax rows sum to one) comes out of float32 sums as ~1e-7 of the terms it cancels */
+    double floor = 1e-6 * fmax(1.0, top);
+    for (int i = 0; i < n; i++) {
+        if (err[i] > 2e-3 * fdmax[i] + floor) {
+            printf("  %s: %s gradient error %.3g (max |fd| %.3g)\n", name, w->table.specs[i].name, err[i], fdmax[i]);
             bad++;
         }
-        if (fdmax > 0) *worst_rel = fmax(*worst_rel, err / fdmax);
+        if (fdmax[i] > 0) *worst_rel = fmax(*worst_rel, err[i] / fdmax[i]);
     }
-    free(g);
+    free(g), free(err), free(fdmax);
     return bad;
 }
 
