@@ -182,7 +182,8 @@ DECODE_CONFIGS = [([row["id"]], {}) for row in attention_tbl.variants()] + [
 ]
 # K/V head counts as functions of the head count H, added to every entry whose configuration Kconfig offers
 # CONFIG_ATTN_KV_HEADS in (QKV and KV tying: kernels/Kconfig); the standard count H is the entry itself.
-DECODE_KV_HEADS = [("GQA", lambda H: H // 2), ("MQA", lambda H: 1)]
+# 1 is multi-query attention (MQA), a count between 1 and H grouped-query attention (GQA).
+DECODE_KV_HEADS = [lambda H: H // 2, lambda H: 1]
 DECODE_CONTEXTS = "128, 512 and the maximum context"
 
 
@@ -213,11 +214,12 @@ def decode_configs(H):
         if "ATTN_KV_HEADS" in overrides or not kconfig_offers(fragments, "ATTN_KV_HEADS"):
             continue
         seen = {H}
-        for label, count in DECODE_KV_HEADS:
+        for count in DECODE_KV_HEADS:
             g = count(H)
-            if g < 1 or H % g or g in seen:  # e.g. GQA with an odd head count, or H = 2 where H/2 is MQA
+            if g < 1 or H % g or g in seen:  # e.g. H/2 of an odd head count, or H = 2 where H/2 is MQA
                 continue
             seen.add(g)
+            label = "MQA" if g == 1 else "GQA"
             out.append({"name": f"{name}_{label.lower()}", "fragments": fragments,
                         "overrides": dict(overrides, ATTN_KV_HEADS=g), "kv_heads": g, "kv_label": label})
     return out
