@@ -22,7 +22,7 @@
  * GQA and MQA) is shown not to be allocated.
  *
  * usage: bench_decode [L H C T V [tokens reps]]
- * (defaults: the configured GPT-2 shape CONFIG_GPT2_*, vocabulary 65,
+ * (defaults: the configured GPT-2 shape, gpt2_config_from_kconfig, vocabulary 65,
  * 32 timed tokens per context, 5 repetitions) */
 #include <stdio.h>
 #include <stdlib.h>
