@@ -21,9 +21,9 @@
  * does not need (the second tensor of K and KV tying, the narrower K/V of
  * GQA and MQA) is shown not to be allocated.
  *
- * usage: bench_decode [L H C T V [tokens reps]]
+ * usage: bench_decode [L H C T V [tokens reps [threads]]]
  * (defaults: the configured GPT-2 shape, gpt2_config_from_kconfig, vocabulary 65,
- * 32 timed tokens per context, 5 repetitions) */
+ * 32 timed tokens per context, 5 repetitions, one thread per core) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,18 +61,21 @@ static void decode_one(GPT2 *m, GPT2Decoder *d, int *toks, float *logits) {
 
 int main(int argc, char **argv) {
     GPT2Config cfg = gpt2_config_from_kconfig(65);
-    int ntok = 32, reps = 5;
-    if (argc == 6 || argc == 8) {
+    int ntok = 32, reps = 5, threads = 0;
+    if (argc == 6 || argc == 8 || argc == 9) {
         cfg.L = atoi(argv[1]), cfg.H = atoi(argv[2]), cfg.C = atoi(argv[3]), cfg.T = atoi(argv[4]);
         cfg.V = atoi(argv[5]);
-        if (argc == 8) ntok = atoi(argv[6]), reps = atoi(argv[7]);
+        if (argc >= 8) ntok = atoi(argv[6]), reps = atoi(argv[7]);
+        if (argc == 9) threads = atoi(argv[8]);
     } else if (argc != 1) {
-        fprintf(stderr, "usage: %s [L H C T V [tokens reps]]\n", argv[0]);
+        fprintf(stderr, "usage: %s [L H C T V [tokens reps [threads]]]\n", argv[0]);
         return 2;
     }
-    if (cfg.L < 1 || cfg.H < 1 || cfg.C < cfg.H || cfg.C % cfg.H || cfg.T < 2 || cfg.V < 2 || ntok < 1 || reps < 1)
-        FATAL("bench_decode: bad arguments L=%d H=%d C=%d T=%d V=%d tokens=%d reps=%d (hint: C a multiple of H, "
-              "T >= 2, at least one token and one repetition)", cfg.L, cfg.H, cfg.C, cfg.T, cfg.V, ntok, reps);
+    if (cfg.L < 1 || cfg.H < 1 || cfg.C < cfg.H || cfg.C % cfg.H || cfg.T < 2 || cfg.V < 2 || ntok < 1 || reps < 1 ||
+        threads < 0)
+        FATAL("bench_decode: bad arguments L=%d H=%d C=%d T=%d V=%d tokens=%d reps=%d threads=%d (hint: C a "
+              "multiple of H, T >= 2, at least one token and one repetition, threads >= 0)", cfg.L, cfg.H, cfg.C,
+              cfg.T, cfg.V, ntok, reps, threads);
     /* the K/V heads and +Pos weight groups follow the head count given here */
     cfg.kv_heads = attn_kv_heads(cfg.H);
     cfg.pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? cfg.H : 1) : 0;
@@ -80,7 +83,7 @@ int main(int argc, char **argv) {
         FATAL("bench_decode: CONFIG_ATTN_KV_HEADS=%d does not divide the %d heads (hint: build with a divisor of H, "
               "as scripts/bench.py --only decode does)", cfg.kv_heads, cfg.H);
     cfg.dropout = 0.0f;
-    backend_init(0);
+    backend_init(threads);
 
     /* cache memory: the formula against what kv_cache_init allocates */
     size_t formula = gpt2_cache_bytes_per_token(&cfg);

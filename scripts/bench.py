@@ -31,7 +31,7 @@ run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
 usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp|decode]
-                        [--decode-shape L H C T V] [--tokens N] [--reps N] [--configs A,B] [--out DIR] [--build DIR]
+                        [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
 import argparse
 import json
@@ -249,9 +249,9 @@ def build_decode(conf, shape, build_root):
     return binary
 
 
-def run_decode(binary, shape, tokens, reps):
-    r = subprocess.run([binary] + [str(x) for x in shape] + [str(tokens), str(reps)], cwd=REPO, capture_output=True,
-                       text=True)
+def run_decode(binary, shape, tokens, reps, threads):
+    r = subprocess.run([binary] + [str(x) for x in shape] + [str(tokens), str(reps), str(threads)], cwd=REPO,
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{binary} failed: {r.stderr.strip()}")
     return json.loads(r.stdout)
@@ -280,7 +280,7 @@ def bench_decode(args):
         runs = {c["name"]: [] for c in confs}
         for rnd in range(args.rounds):
             for c in confs:
-                rec = run_decode(binaries[c["name"]], shape, args.tokens, args.reps)
+                rec = run_decode(binaries[c["name"]], shape, args.tokens, args.reps, args.threads)
                 runs[c["name"]].append(rec)
                 speeds = ", ".join(f"{x['context']}: {x['tokens_per_s']:.0f}" for x in rec["contexts"])
                 print(f"  round {rnd + 1}/{args.rounds} {c['name']:16s} tok/s at context {speeds} "
@@ -374,6 +374,8 @@ def main():
                     metavar=("L", "H", "C", "T", "V"), help="decode: the GPT-2 shape, T its maximum context")
     ap.add_argument("--tokens", type=int, default=32, help="decode: tokens timed before each context")
     ap.add_argument("--reps", type=int, default=5, help="decode: repetitions of them in each round")
+    ap.add_argument("--threads", type=int, default=0, help="decode: threads (0: one per core; 1 is steadier on a "
+                    "busy machine, where a descheduled thread stalls the others at every parallel region)")
     ap.add_argument("--configs", help="decode: only these configurations (comma-separated names, e.g. "
                     "qkv,qkv_mqa,k)")
     ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="decode: output folder")
