@@ -2074,7 +2074,8 @@ def test_bench_decode(tmp):
     names = ["qkv", "k", "kv_tying", "qkv_mqa"]
     r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "decode", "--decode-shape"] +
             [str(x) for x in (L, H, C, T, V)] + ["--tokens", str(tokens), "--reps", str(reps), "--rounds", "1",
-                                                "--configs", ",".join(names), "--out", out, "--build", build])
+                                                "--threads", "1", "--configs", ",".join(names), "--out", out,
+                                                "--build", build])
     if not R.check(r.returncode == 0, f"bench.py --only decode runs: {r.stdout[-2000:]}{r.stderr[-2000:]}"):
         return
     doc = json.load(open(os.path.join(out, "decode.json")))
@@ -2098,8 +2099,9 @@ def test_bench_decode(tmp):
                     < 1e9 and len(c["ms_per_token"]) == reps and all(0 < ms for ms in c["ms_per_token"])
                     for c in ctxs) and ctxs,
                 f"{name}: positive tokens/s, median no faster than the best, {reps} timings per context: {ctxs}")
-        R.check(x.get("tokens_timed") == tokens and x.get("shape") == {"L": L, "H": H, "C": C, "T": T, "V": V},
-                f"{name}: timed tokens and shape recorded: {x.get('tokens_timed')} {x.get('shape')}")
+        R.check(x.get("tokens_timed") == tokens and x.get("shape") == {"L": L, "H": H, "C": C, "T": T, "V": V} and
+                x.get("threads") == 1, f"{name}: timed tokens, shape and --threads recorded: {x.get('tokens_timed')} "
+                f"{x.get('shape')} {x.get('threads')}")
     R.check(recs["qkv_mqa"]["cache_vs_baseline"] == 1 / H and recs["k"]["cache_vs_baseline"] == 0.5,
             f"cache against QKV: MQA 1/{H}, K 1/2: {recs['qkv_mqa']['cache_vs_baseline']} {recs['k']['cache_vs_baseline']}")
     table = [line for line in r.stdout.splitlines() if line.startswith(("QKV", "K ", "KV tying"))]
