@@ -25,7 +25,7 @@ SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
 # Goals that work without a .config.
 no-config-goals := help menuconfig oldconfig olddefconfig savedefconfig defconfig-% clean mrproper \
-                   deps test bench check-config
+                   deps test bench bench-decode check-config
 need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOALS)),all)
 
 # ---------------------------------------------------------------- configuration
@@ -119,7 +119,7 @@ check-config: deps
 
 # ---------------------------------------------------------------- tests, benchmarks
 
-.PHONY: test bench
+.PHONY: test bench bench-decode
 
 test: deps
 	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
@@ -127,6 +127,11 @@ test: deps
 # AGAINST=DIR: another checkout's benchmark runs beside this one's (scripts/bench.py --against).
 bench: deps
 	@$(PYTHON) scripts/bench.py $(if $(AGAINST),--against "$(AGAINST)")
+
+# Cached generation (tokens/s at context 128, 512 and the maximum) and KV-cache bytes per token of every
+# variant and K/V head count (scripts/bench.py --only decode; BENCH_ARGS passes more options to it).
+bench-decode: deps
+	@$(PYTHON) scripts/bench.py --only decode $(BENCH_ARGS)
 
 # ---------------------------------------------------------------- analysis
 
@@ -181,6 +186,8 @@ help:
 	@echo "  run              run only (after build)"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
 	@echo "  bench            kernel benchmark: output/bench/bench.json (AGAINST=DIR: beside another checkout)"
+	@echo "  bench-decode     cached-generation tok/s and KV-cache bytes/token of every variant and K/V head"
+	@echo "                   count: output/bench/decode.json (BENCH_ARGS=...: more scripts/bench.py options)"
 	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"
 	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"

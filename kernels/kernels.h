@@ -28,6 +28,10 @@ const char *backend_name(void);
 int backend_threads(void);
 
 void *dev_alloc(size_t bytes);          /* zero-filled */
+/* Bytes dev_alloc has been asked for since the start (never decreases: frees are not subtracted), so the
+ * difference across a call is what it allocated: tests and benchmarks check that a variant allocates only
+ * the memory it needs (the KV cache). Host code only, not thread-safe. */
+size_t dev_alloc_total(void);
 void dev_free(void *p);
 void dev_zero(void *p, size_t bytes);
 void dev_upload(void *dst, const void *host_src, size_t bytes);

@@ -22,7 +22,16 @@ each step's time is split into compute, the wait for the slowest rank and
 the all-reduce of the gradients (the communication cost per step).
 Writes output/bench/dp.json.
 
-usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp]
+Decode (make bench-decode, --only decode): bench/bench_decode, built once per
+configuration of DECODE_CONFIGS (every row of kernels/attention.tbl, and
+with grouped (GQA, H/2) and multi-query (MQA, 1) K/V heads where Kconfig
+offers CONFIG_ATTN_KV_HEADS), generates greedily through GPT-2's KV-cache
+decoder and times the tokens before context 128, 512 and the maximum; each
+run checks that the cache allocates exactly kv_cache_bytes_per_token per
+token. Round-robin like the others; writes output/bench/decode.json.
+
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp|decode]
+                        [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
 import argparse
 import json
@@ -162,6 +171,170 @@ def bench_dp(args):
     return 0
 
 
+# ---------------------------------------------------------------- decode (make bench-decode)
+
+DECODE_BASE = os.path.join("bench", "decode_base")
+# The decode benchmark's configurations, as data: each entry is the step fragments (defconfigs/steps/<name>) merged
+# in order over DECODE_BASE and the shape, and Kconfig overrides. Every row of kernels/attention.tbl is one entry;
+# another configuration (a position-scheme fragment, say) is one more line here, e.g.
+#   (["QKV", "ROPE"], {}),
+DECODE_CONFIGS = [([row["id"]], {}) for row in attention_tbl.variants()] + [
+]
+# K/V head counts as functions of the head count H, added to every entry whose configuration Kconfig offers
+# CONFIG_ATTN_KV_HEADS in (QKV and KV tying: kernels/Kconfig); the standard count H is the entry itself.
+# 1 is multi-query attention (MQA), a count between 1 and H grouped-query attention (GQA).
+DECODE_KV_HEADS = [lambda H: H // 2, lambda H: 1]
+DECODE_CONTEXTS = "128, 512 and the maximum context"
+
+
+def kconfig_offers(fragments, symbol):
+    """Whether Kconfig lets a configuration of DECODE_BASE + fragments set symbol (its prompt is visible)."""
+    import kconfig as kconfig_mod  # scripts/kconfig.py: needs kconfiglib, which only this mode uses here
+    cwd = os.getcwd()
+    os.chdir(REPO)  # kconfiglib reads Kconfig relative to the repository root
+    try:
+        kconf = kconfig_mod.load_kconfig()
+        kconfig_mod.load_strict(kconf, DECODE_BASE, replace=True, check_values=False)
+        for frag in fragments:
+            kconfig_mod.load_strict(kconf, os.path.join("defconfigs", "steps", frag), replace=False)
+        return kconf.syms[symbol].visibility > 0
+    finally:
+        os.chdir(cwd)
+
+
+def decode_configs(H):
+    """The configurations for a model of H heads: dicts with name, fragments, overrides, kv_heads, kv_label."""
+    out = []
+    for fragments, overrides in DECODE_CONFIGS:
+        name = "_".join(f.lower() for f in fragments)
+        for k, v in sorted(overrides.items()):
+            name += f"_{k.lower()}{v}"
+        out.append({"name": name, "fragments": fragments, "overrides": dict(overrides), "kv_heads": H,
+                    "kv_label": "standard"})
+        if "ATTN_KV_HEADS" in overrides or not kconfig_offers(fragments, "ATTN_KV_HEADS"):
+            continue
+        seen = {H}
+        for count in DECODE_KV_HEADS:
+            g = count(H)
+            if g < 1 or H % g or g in seen:  # e.g. H/2 of an odd head count, or H = 2 where H/2 is MQA
+                continue
+            seen.add(g)
+            label = "MQA" if g == 1 else "GQA"
+            out.append({"name": f"{name}_{label.lower()}", "fragments": fragments,
+                        "overrides": dict(overrides, ATTN_KV_HEADS=g), "kv_heads": g, "kv_label": label})
+    return out
+
+
+def build_decode(conf, shape, build_root):
+    """bench/bench_decode of one configuration: DECODE_BASE, the shape, the fragments, then the overrides."""
+    bdir = os.path.join(build_root, "decode", conf["name"])
+    os.makedirs(bdir, exist_ok=True)
+    L, H, C, T, _ = shape
+    extra = os.path.join(bdir, "bench.fragment")
+    with open(extra, "w") as f:
+        f.write(f"# written by scripts/bench.py: the benchmark's shape and the configuration's overrides\n"
+                f"CONFIG_GPT2_N_LAYER={L}\nCONFIG_GPT2_N_HEAD={H}\nCONFIG_GPT2_N_EMBD={C}\nCONFIG_GPT2_BLOCK_SIZE={T}\n")
+        for k, v in conf["overrides"].items():
+            f.write(f"CONFIG_{k}={v}\n")
+    frags = [os.path.join("defconfigs", "steps", x) for x in conf["fragments"]]
+    r = subprocess.run([PY, "scripts/kconfig.py", "step", bdir, DECODE_BASE] + frags + [extra], cwd=REPO,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"configuration {conf['name']}: {r.stderr.strip()}")
+    binary = os.path.join(bdir, "bench", "bench_decode")
+    r = subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
+                        "BENCH=y", binary], cwd=REPO, capture_output=True, text=True)  # this program only
+    if r.returncode != 0:
+        raise RuntimeError(f"building {binary} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return binary
+
+
+def run_decode(binary, shape, tokens, reps, threads):
+    r = subprocess.run([binary] + [str(x) for x in shape] + [str(tokens), str(reps), str(threads)], cwd=REPO,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def bench_decode(args):
+    """Cached generation of every configuration, round-robin over the rounds (noise hits them alike)."""
+    shape = args.decode_shape
+    confs = decode_configs(shape[1])
+    if args.configs:
+        wanted = args.configs.split(",")
+        unknown = [w for w in wanted if w not in {c["name"] for c in confs}]
+        if unknown:
+            print(f"error: --configs: no configuration {', '.join(unknown)} (hint: one of "
+                  f"{', '.join(c['name'] for c in confs)})", file=sys.stderr)
+            return 2
+        confs = [c for c in confs if c["name"] in wanted]
+    print(f"kvlab bench decode: GPT-2 L={shape[0]} H={shape[1]} C={shape[2]} max context T={shape[3]} "
+          f"vocab={shape[4]}; {len(confs)} configurations x {args.rounds} rounds, {args.tokens} tokens timed before "
+          f"context {DECODE_CONTEXTS} x {args.reps} repetitions", flush=True)
+    try:
+        binaries = {}
+        for c in confs:
+            print(f"  building {c['name']}", flush=True)
+            binaries[c["name"]] = build_decode(c, shape, args.build)
+        runs = {c["name"]: [] for c in confs}
+        for rnd in range(args.rounds):
+            for c in confs:
+                rec = run_decode(binaries[c["name"]], shape, args.tokens, args.reps, args.threads)
+                runs[c["name"]].append(rec)
+                speeds = ", ".join(f"{x['context']}: {x['tokens_per_s']:.0f}" for x in rec["contexts"])
+                print(f"  round {rnd + 1}/{args.rounds} {c['name']:16s} tok/s at context {speeds} "
+                      f"({rec['seconds']:.1f} s)", flush=True)
+    except RuntimeError as e:
+        print(f"error: decode benchmark: {e}", file=sys.stderr)
+        return 1
+    records = []
+    for c in confs:
+        rs = runs[c["name"]]
+        first = rs[0]
+        rec = {k: first[k] for k in ("variant", "label", "heads", "kv_heads", "cache_tensors", "parameters", "threads",
+                                     "shape", "kv_cache_bytes_per_token", "kv_cache_bytes_per_token_measured",
+                                     "kv_cache_bytes_allocated", "decoder_bytes_allocated", "tokens_timed", "reps",
+                                     "timed_positions")}
+        rec.update(config=c["name"], fragments=c["fragments"], overrides=c["overrides"], kv_label=c["kv_label"],
+                   rounds=len(rs), contexts=[])
+        for i, ctx in enumerate(first["contexts"]):
+            ms = [x for r in rs for x in r["contexts"][i]["ms_per_token"]]
+            rec["contexts"].append({"context": ctx["context"], "tokens_per_s": round(1e3 / min(ms), 1),
+                                    "tokens_per_s_median": round(1e3 / statistics.median(ms), 1),
+                                    "ms_per_token": ms})
+        records.append(rec)
+    base = records[0]  # the first entry: the table's first row (standard attention), standard K/V heads
+    for r in records:
+        for ctx, ref in zip(r["contexts"], base["contexts"]):
+            ctx["speed_vs_baseline"] = round(ctx["tokens_per_s"] / ref["tokens_per_s"], 4)
+            ctx["speed_vs_baseline_median"] = round(ctx["tokens_per_s_median"] / ref["tokens_per_s_median"], 4)
+        r["cache_vs_baseline"] = round(r["kv_cache_bytes_per_token"] / base["kv_cache_bytes_per_token"], 4)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "decode.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"baseline": base["config"], "cpus": len(os.sched_getaffinity(0)), "rounds": args.rounds,
+                   "configurations": records}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+    ctxs = [x["context"] for x in base["contexts"]]
+    print(f"\ncached generation (gpt2_decode, batch 1, greedy), GPT-2 L={shape[0]} H={shape[1]} C={shape[2]}, "
+          f"{base['threads']} threads; tok/s of the {base['tokens_timed']} tokens before each context, fastest of "
+          f"{args.rounds} rounds x {args.reps} repetitions (medians in decode.json); (x) = speed against "
+          f"{base['label']} standard")
+    head = f"{'variant':10s} {'K/V heads':>12s} {'cache B/tok':>12s} {'cache/QKV':>9s}" + \
+        "".join(f" {'tok/s @' + str(c):>18s}" for c in ctxs)
+    print(head)
+    for r in records:
+        kv = f"{r['kv_heads']}" + (f" ({r['kv_label']})" if r["kv_label"] != "standard" else "")
+        cols = "".join(f" {x['tokens_per_s']:10.0f} ({x['speed_vs_baseline']:4.2f}x)" for x in r["contexts"])
+        print(f"{r['label']:10s} {kv:>12s} {r['kv_cache_bytes_per_token']:12,d} {r['cache_vs_baseline']:9.3f}{cols}")
+    print("cache B/tok: kv_cache_bytes_per_token, equal to the bytes kv_cache_init allocates per token (each run checks)")
+    print(f"\nwritten {os.path.relpath(path, REPO) if path.startswith(REPO) else path}")
+    return 0
+
+
 def compare(runs, against, path, other):
     """The step time of this checkout against another, per variant, from runs interleaved round by round:
     best against best (noise only slows a run down) and median against median."""
@@ -194,11 +367,24 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
                     "commit): its benchmark runs beside this one's in every round, and the step times are compared "
                     "(output/bench/against.json)")
-    ap.add_argument("--only", choices=["variants", "dp"], help="run only the attention-variant benchmark or only "
-                    "the data-parallel one (output/bench/dp.json)")
+    ap.add_argument("--only", choices=["variants", "dp", "decode"], help="run only the attention-variant benchmark, "
+                    "only the data-parallel one (output/bench/dp.json) or only the decode one (make bench-decode: "
+                    "output/bench/decode.json)")
+    ap.add_argument("--decode-shape", nargs=5, type=int, default=[6, 6, 384, 1024, 65],
+                    metavar=("L", "H", "C", "T", "V"), help="decode: the GPT-2 shape, T its maximum context")
+    ap.add_argument("--tokens", type=int, default=32, help="decode: tokens timed before each context")
+    ap.add_argument("--reps", type=int, default=5, help="decode: repetitions of them in each round")
+    ap.add_argument("--threads", type=int, default=0, help="decode: threads (0: one per core; 1 is steadier on a "
+                    "busy machine, where a descheduled thread stalls the others at every parallel region)")
+    ap.add_argument("--configs", help="decode: only these configurations (comma-separated names, e.g. "
+                    "qkv,qkv_mqa,k)")
+    ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="decode: output folder")
+    ap.add_argument("--build", default=os.path.join(REPO, "build", "bench"), help="decode: build folder")
     args = ap.parse_args()
     if args.only == "dp":
         return bench_dp(args)
+    if args.only == "decode":
+        return bench_decode(args)
     if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
         print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
               file=sys.stderr)

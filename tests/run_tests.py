@@ -2180,6 +2180,71 @@ def test_wandb(tmp, build_root, sanitize):
 
 # ---------------------------------------------------------------- main
 
+# ---------------------------------------------------------------- decode benchmark
+
+def test_bench_decode(tmp):
+    section("bench-decode: configurations, cache bytes per token as allocated, tokens/s (tiny shape)")
+    import bench as bench_mod  # scripts/bench.py
+    # GQA (H/2) and MQA (1) exactly where Kconfig offers K/V heads: QKV and KV tying (known answers)
+    confs = {c["name"]: c for c in bench_mod.decode_configs(6)}
+    want = {"qkv": 6, "qkv_gqa": 3, "qkv_mqa": 1, "kv": 6, "k": 6, "kv_tying": 6, "kv_tying_gqa": 3, "kv_tying_mqa": 1}
+    R.check({n: c["kv_heads"] for n, c in confs.items()} == want,
+            f"decode configurations for 6 heads: every table row, GQA and MQA for QKV and KV tying: "
+            f"{ {n: c['kv_heads'] for n, c in confs.items()} }")
+    R.check(all(confs[n]["overrides"].get("ATTN_KV_HEADS") == g for n, g in (("qkv_gqa", 3), ("kv_tying_mqa", 1))),
+            f"grouped configurations override CONFIG_ATTN_KV_HEADS: {confs.get('qkv_gqa')}")
+    names2 = [c["name"] for c in bench_mod.decode_configs(2)]
+    R.check("qkv_mqa" in names2 and "qkv_gqa" not in names2, f"2 heads: H/2 is MQA, no second GQA entry: {names2}")
+    # end to end through scripts/bench.py: tiny shape, one round, the variants whose caches differ
+    L, H, C, T, V, tokens, reps = 2, 4, 64, 160, 65, 8, 2
+    out, build = os.path.join(tmp, "bench-out"), os.path.join(tmp, "bench-build")
+    names = ["qkv", "k", "kv_tying", "qkv_mqa"]
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "decode", "--decode-shape"] +
+            [str(x) for x in (L, H, C, T, V)] + ["--tokens", str(tokens), "--reps", str(reps), "--rounds", "1",
+                                                "--threads", "1", "--configs", ",".join(names), "--out", out,
+                                                "--build", build])
+    if not R.check(r.returncode == 0, f"bench.py --only decode runs: {r.stdout[-2000:]}{r.stderr[-2000:]}"):
+        return
+    doc = json.load(open(os.path.join(out, "decode.json")))
+    recs = {x["config"]: x for x in doc["configurations"]}
+    R.check(sorted(recs) == sorted(names) and doc["baseline"] == "qkv", f"decode.json: one record each: {sorted(recs)}")
+    # bytes per token: layers x tensors x K/V heads x head dim x 4, tensors 1 where the key is the value
+    expect = {"qkv": (2, H), "k": (1, H), "kv_tying": (1, H), "qkv_mqa": (2, 1)}
+    for name, (tensors, kvh) in expect.items():
+        x = recs.get(name, {})
+        b = L * tensors * kvh * (C // H) * 4
+        R.check(x.get("kv_cache_bytes_per_token") == b and x.get("kv_cache_bytes_per_token_measured") == b and
+                x.get("cache_tensors") == tensors and x.get("kv_heads") == kvh,
+                f"{name}: cache {b} bytes/token ({tensors} tensor(s), {kvh} K/V heads), allocated as such: "
+                f"{ {k: x.get(k) for k in ('kv_cache_bytes_per_token', 'kv_cache_bytes_per_token_measured', 'cache_tensors', 'kv_heads')} }")
+        R.check(T * b <= x.get("kv_cache_bytes_allocated", -1) < T * b + b,
+                f"{name}: a cache of {T} positions allocates {T} x {b} bytes and less than a token more: "
+                f"{x.get('kv_cache_bytes_allocated')}")
+        ctxs = x.get("contexts", [])
+        R.check([c["context"] for c in ctxs] == [128, T], f"{name}: contexts 128 and the maximum {T}: {ctxs}")
+        R.check(all(isinstance(c["tokens_per_s"], (int, float)) and 0 < c["tokens_per_s_median"] <= c["tokens_per_s"]
+                    < 1e9 and len(c["ms_per_token"]) == reps and all(0 < ms for ms in c["ms_per_token"])
+                    for c in ctxs) and ctxs,
+                f"{name}: positive tokens/s, median no faster than the best, {reps} timings per context: {ctxs}")
+        R.check(x.get("tokens_timed") == tokens and x.get("shape") == {"L": L, "H": H, "C": C, "T": T, "V": V} and
+                x.get("threads") == 1, f"{name}: timed tokens, shape and --threads recorded: {x.get('tokens_timed')} "
+                f"{x.get('shape')} {x.get('threads')}")
+    R.check(recs["qkv_mqa"]["cache_vs_baseline"] == 1 / H and recs["k"]["cache_vs_baseline"] == 0.5,
+            f"cache against QKV: MQA 1/{H}, K 1/2: {recs['qkv_mqa']['cache_vs_baseline']} {recs['k']['cache_vs_baseline']}")
+    table = [line for line in r.stdout.splitlines() if line.startswith(("QKV", "K ", "KV tying"))]
+    R.check(len(table) == 4 and any("1 (MQA)" in line and f"{L * 2 * 1 * (C // H) * 4:,d}" in line for line in table),
+            f"the table has a row per configuration, MQA's with its cache bytes:\n{r.stdout[-1500:]}")
+    # refusals: an unknown configuration, arguments the binary cannot run
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "decode", "--configs", "qkv,nosuch", "--out",
+             out, "--build", build])
+    R.check(r.returncode == 2 and "nosuch" in r.stderr and "qkv_mqa" in r.stderr,
+            f"an unknown --configs name is refused with the list: {r.returncode} {r.stderr.strip()}")
+    binary = os.path.join(build, "decode", "qkv", "bench", "bench_decode")
+    r = run([binary, str(L), str(H), "66", str(T), str(V)])
+    R.check(r.returncode != 0 and "C=66" in r.stderr and not r.stdout, f"bench_decode refuses C not a multiple of H: "
+            f"{r.returncode} {r.stderr.strip()}")
+
+
 def main():
     # `make test` exports its own configuration and flags; the tests drive make themselves
     for var in ("KCONFIG_CONFIG", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "O", "SANITIZE", "FORCE"):
@@ -2259,6 +2324,8 @@ def main():
             guarded(test_wandb, tmp, build_root, args.sanitize)
         if want("mpi"):
             guarded(test_mpi, tmp, args.sanitize)
+        if want("bench-decode"):
+            guarded(test_bench_decode, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")

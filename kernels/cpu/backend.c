@@ -16,6 +16,7 @@
 void openblas_set_num_threads(int num_threads);
 
 static int g_threads = 1;
+static size_t g_alloc_total; /* dev_alloc_total() */
 
 void backend_init(int nthreads) {
     if (nthreads < 0) FATAL("backend_init: nthreads must be >= 0, got %d", nthreads);
@@ -30,6 +31,7 @@ const char *backend_name(void) { return "cpu (OpenBLAS sgemm + OpenMP)"; }
 int backend_threads(void) { return g_threads; }
 
 void *dev_alloc(size_t bytes) {
+    g_alloc_total += bytes;
     if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD)) return guard_alloc(bytes); /* zero-filled pages */
     /* 64-byte alignment for full-width vector loads */
     size_t rounded = (bytes + 63) / 64 * 64;
@@ -38,6 +40,8 @@ void *dev_alloc(size_t bytes) {
     memset(p, 0, rounded);
     return p;
 }
+
+size_t dev_alloc_total(void) { return g_alloc_total; }
 
 void dev_free(void *p) {
     if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD))
