@@ -179,8 +179,10 @@ DECODE_BASE = os.path.join("bench", "decode_base")
 # another configuration (a position-scheme fragment, say) is one more line here, e.g.
 #   (["QKV", "ROPE"], {}),
 DECODE_CONFIGS = [([row["id"]], {}) for row in attention_tbl.variants()] + [
+    # position schemes acting in attention: RoPE rotates every cached key as it is read, the biases add a term
+    (["QKV_ROPE"], {}), (["KV_ROPE"], {}), (["KV_RELB"], {}),
 ]
-# K/V head counts as functions of the head count H, added to every entry whose configuration Kconfig offers
+# K/V head counts as functions of the head count H, added to every table row's entry whose configuration Kconfig offers
 # CONFIG_ATTN_KV_HEADS in (QKV and KV tying: kernels/Kconfig); the standard count H is the entry itself.
 # 1 is multi-query attention (MQA), a count between 1 and H grouped-query attention (GQA).
 DECODE_KV_HEADS = [lambda H: H // 2, lambda H: 1]
@@ -211,8 +213,10 @@ def decode_configs(H):
             name += f"_{k.lower()}{v}"
         out.append({"name": name, "fragments": fragments, "overrides": dict(overrides), "kv_heads": H,
                     "kv_label": "standard"})
-        if "ATTN_KV_HEADS" in overrides or not kconfig_offers(fragments, "ATTN_KV_HEADS"):
-            continue
+        rows = {r["id"] for r in attention_tbl.variants()}
+        if "ATTN_KV_HEADS" in overrides or len(fragments) != 1 or fragments[0] not in rows or \
+                not kconfig_offers(fragments, "ATTN_KV_HEADS"):
+            continue  # grouped forms of the table's rows only (not of each position scheme)
         seen = {H}
         for count in DECODE_KV_HEADS:
             g = count(H)

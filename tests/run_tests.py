@@ -2187,9 +2187,11 @@ def test_bench_decode(tmp):
     import bench as bench_mod  # scripts/bench.py
     # GQA (H/2) and MQA (1) exactly where Kconfig offers K/V heads: QKV and KV tying (known answers)
     confs = {c["name"]: c for c in bench_mod.decode_configs(6)}
-    want = {"qkv": 6, "qkv_gqa": 3, "qkv_mqa": 1, "kv": 6, "k": 6, "kv_tying": 6, "kv_tying_gqa": 3, "kv_tying_mqa": 1}
+    want = {"qkv": 6, "qkv_gqa": 3, "qkv_mqa": 1, "kv": 6, "k": 6, "kv_tying": 6, "kv_tying_gqa": 3, "kv_tying_mqa": 1,
+            "qkv_rope": 6, "kv_rope": 6, "kv_relb": 6}
     R.check({n: c["kv_heads"] for n, c in confs.items()} == want,
-            f"decode configurations for 6 heads: every table row, GQA and MQA for QKV and KV tying: "
+            f"decode configurations for 6 heads: every table row, GQA and MQA for QKV and KV tying, the position "
+            f"schemes: "
             f"{ {n: c['kv_heads'] for n, c in confs.items()} }")
     R.check(all(confs[n]["overrides"].get("ATTN_KV_HEADS") == g for n, g in (("qkv_gqa", 3), ("kv_tying_mqa", 1))),
             f"grouped configurations override CONFIG_ATTN_KV_HEADS: {confs.get('qkv_gqa')}")
