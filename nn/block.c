@@ -1,5 +1,6 @@
 #include "block.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,14 +372,15 @@ float *block_rope_table_dev(int T, int hd) {
     return ATTN_POSITION == ATTN_POSITION_ROPE ? attn_rope_table_dev(T, hd, (double)CONFIG_POSITION_ROPE_BASE) : NULL;
 }
 
+/* The scheme's Kconfig symbol after CONFIG_POSITION_, in lower case (the table row's kconfig column). */
 const char *block_position_kind(const char *learned_kind) {
-    switch (ATTN_POSITION) {
-    case ATTN_POSITION_SINUSOIDAL: return "sinusoidal";
-    case ATTN_POSITION_ROPE: return "rope";
-    case ATTN_POSITION_ALIBI: return "alibi";
-    case ATTN_POSITION_REL_BIAS: return "rel_bias";
-    default: return learned_kind;
+    static char kind[32];
+    if (ATTN_POSITION == ATTN_POSITION_ABSOLUTE) return learned_kind;
+    if (!kind[0]) {
+        const char *sym = attn_positions[ATTN_POSITION].kconfig + strlen("CONFIG_POSITION_");
+        for (size_t i = 0; sym[i] && i + 1 < sizeof kind; i++) kind[i] = (char)tolower((unsigned char)sym[i]);
     }
+    return kind;
 }
 
 /* ------------------------------------------------------------------ descriptions */

@@ -48,6 +48,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
 
 
+def round_robin(rounds, names, run, describe):
+    """run(name) for every name, round after round, so that machine noise hits them alike; prints
+    describe(name, record) after each. Returns {name: [its records, one per round]}."""
+    runs = {name: [] for name in names}
+    for rnd in range(rounds):
+        for name in names:
+            rec = run(name)
+            runs[name].append(rec)
+            print(f"  round {rnd + 1}/{rounds} {describe(name, rec)}", flush=True)
+    return runs
+
+
 def bench_variants():
     """(name, step fragment, name without +Pos or None) of every row of kernels/attention.tbl, each followed by
     its +Pos form where defconfigs/steps/ has a fragment for it (<ID>_POS)."""
@@ -114,14 +126,12 @@ def bench_dp(args):
         return 1
     print("  building bench_dp (MPI)", flush=True)
     binary = build_dp()
-    runs = {label: [] for label, _, _ in DP_SETUPS}
+    setups = {label: (procs, threads) for label, procs, threads in DP_SETUPS}
     try:
-        for rnd in range(args.rounds):
-            for label, procs, threads in DP_SETUPS:
-                rec = run_dp(binary, procs, threads, args.shape, args.steps)
-                runs[label].append(rec)
-                print(f"  round {rnd + 1}/{args.rounds} {label:24s} best {min(rec['step_ms']):8.1f} ms/step, "
-                      f"all-reduce median {statistics.median(rec['allreduce_ms']):7.2f} ms", flush=True)
+        runs = round_robin(args.rounds, list(setups),
+                           lambda label: run_dp(binary, *setups[label], args.shape, args.steps),
+                           lambda label, rec: f"{label:24s} best {min(rec['step_ms']):8.1f} ms/step, all-reduce "
+                                              f"median {statistics.median(rec['allreduce_ms']):7.2f} ms")
     except RuntimeError as e:
         print(f"error: data-parallel benchmark: {e}", file=sys.stderr)
         return 1
@@ -281,14 +291,11 @@ def bench_decode(args):
         for c in confs:
             print(f"  building {c['name']}", flush=True)
             binaries[c["name"]] = build_decode(c, shape, args.build)
-        runs = {c["name"]: [] for c in confs}
-        for rnd in range(args.rounds):
-            for c in confs:
-                rec = run_decode(binaries[c["name"]], shape, args.tokens, args.reps, args.threads)
-                runs[c["name"]].append(rec)
-                speeds = ", ".join(f"{x['context']}: {x['tokens_per_s']:.0f}" for x in rec["contexts"])
-                print(f"  round {rnd + 1}/{args.rounds} {c['name']:16s} tok/s at context {speeds} "
-                      f"({rec['seconds']:.1f} s)", flush=True)
+        runs = round_robin(args.rounds, [c["name"] for c in confs],
+                           lambda name: run_decode(binaries[name], shape, args.tokens, args.reps, args.threads),
+                           lambda name, rec: f"{name:16s} tok/s at context " +
+                                             ", ".join(f"{x['context']}: {x['tokens_per_s']:.0f}" for x in rec["contexts"]) +
+                                             f" ({rec['seconds']:.1f} s)")
     except RuntimeError as e:
         print(f"error: decode benchmark: {e}", file=sys.stderr)
         return 1

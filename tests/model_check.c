@@ -25,16 +25,6 @@ float *perturb_params(Params *w, float scale) {
     return p;
 }
 
-static double central_difference(double *P, size_t j, double h, double (*loss)(void *ctx), void *ctx) {
-    double old = P[j];
-    P[j] = old + h;
-    double lp = loss(ctx);
-    P[j] = old - h;
-    double lm = loss(ctx);
-    P[j] = old;
-    return (lp - lm) / (2.0 * h);
-}
-
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,
               double *worst_rel) {
     float *g = params_to_host(w, w->grads);
@@ -51,9 +41,9 @@ int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void 
              * within reach of its kink (the char-GPT with RoPE crossed kinks in 7 of 31 tensors at 1e-5, none
              * at 1e-7), and the closer of the two counts. Both estimate the same derivative: a wrong gradient
              * is off at both. (1e-7 alone is too noisy for gradients near 0, e.g. a key bias's.) */
-            double fd = central_difference(P, j, 1e-5, loss, ctx);
+            double fd = ref_central_difference(P, j, 1e-5, loss, ctx);
             if (fabs(fd - g[j]) > 2e-3 * fabs(fd) + 1e-6) {
-                double fd2 = central_difference(P, j, 1e-7, loss, ctx);
+                double fd2 = ref_central_difference(P, j, 1e-7, loss, ctx);
                 if (fabs(fd2 - g[j]) < fabs(fd - g[j])) fd = fd2;
             }
             err[i] = fmax(err[i], fabs(fd - g[j]));

@@ -209,3 +209,13 @@ double ref_crossentropy(const double *logits, const int *targets, int N, int V, 
     }
     return count ? total / count : 0.0;
 }
+
+double ref_central_difference(double *x, size_t k, double h, double (*f)(void *ctx), void *ctx) {
+    double old = x[k];
+    x[k] = old + h;
+    double fp = f(ctx);
+    x[k] = old - h;
+    double fm = f(ctx);
+    x[k] = old;
+    return (fp - fm) / (2.0 * h);
+}

@@ -35,6 +35,9 @@ int ref_proj_width(int variant, int H, int hd, int kv_heads);
 void ref_cross_attention(double *out, const double *q, const double *kv, int B, int Tq, int Tk, int H, int hd,
                          const unsigned char *key_pad, double dropout, uint64_t seed);
 
+/* (f(x + h e_k) - f(x - h e_k)) / 2h, with x[k] restored: the finite difference every gradient check uses. */
+double ref_central_difference(double *x, size_t k, double h, double (*f)(void *ctx), void *ctx);
+
 void ref_layernorm(double *out, const double *inp, const double *w, const double *b, int N, int C);
 void ref_linear(double *out, const double *inp, const double *w, const double *b, int N, int C, int OC);
 void ref_gelu(double *out, const double *inp, size_t n);

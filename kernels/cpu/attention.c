@@ -118,16 +118,21 @@ static float head_dot(const float *a, const float *b, int hd) {
     return ATTN_HEAD_DIM > 0 && hd == ATTN_HEAD_DIM ? dot_n(a, b, ATTN_HEAD_DIM) : dot_n(a, b, hd);
 }
 
-/* Per-thread scratch, grown on demand (calls come from serial code). */
+/* A buffer that grows on demand, one per use (calls come from serial code). */
+static float *grown(float **buf, size_t *cap, size_t floats) {
+    if (floats > *cap) {
+        dev_free(*buf);
+        *buf = dev_alloc(floats * sizeof(float));
+        *cap = floats;
+    }
+    return *buf;
+}
+
+/* Per-thread scratch (calls come from serial code). */
 static float *workspace(size_t floats) {
     static float *buf;
     static size_t cap;
-    if (floats > cap) {
-        dev_free(buf);
-        buf = dev_alloc(floats * sizeof(float));
-        cap = floats;
-    }
-    return buf;
+    return grown(&buf, &cap, floats);
 }
 
 static float *scratch_for(const Problem *p, size_t *per_thread) {
@@ -142,11 +147,7 @@ static float *pad_floats(const unsigned char *key_pad, int B, int Tk) {
     static float *buf;
     static size_t cap;
     size_t n = (size_t)B * Tk;
-    if (n > cap) {
-        dev_free(buf);
-        buf = dev_alloc(n * sizeof(float));
-        cap = n;
-    }
+    grown(&buf, &cap, n);
     for (size_t i = 0; i < n; i++) buf[i] = key_pad && key_pad[i] ? 0.0f : 1.0f;
     return buf;
 }
@@ -156,13 +157,7 @@ static float *pos_prepare(Problem *p, const AttnPos *P, int T) {
     static float *buf;
     static size_t cap;
     int G = P->groups, m = P->m, c = attn_pos_channels(m), ci = attn_pos_query_channels(m);
-    size_t n = (size_t)G * (2 * T + 2);
-    if (n > cap) {
-        dev_free(buf);
-        buf = dev_alloc(n * sizeof(float));
-        cap = n;
-    }
-    float *f = buf, *g = f + (size_t)G * T, *alpha = g + (size_t)G * T, *bias = alpha + G;
+    float *f = grown(&buf, &cap, (size_t)G * (2 * T + 2)), *g = f + (size_t)G * T, *alpha = g + (size_t)G * T, *bias = alpha + G;
     for (int gi = 0; gi < G; gi++) {
         const float *w = P->w + (size_t)gi * m;
         float a = 0.0f;
@@ -475,16 +470,6 @@ static void pos_reduce(const Problem *p, const AttnPos *P, AttnPosGrad *dP) {
 
 /* ------------------------------------------------------------------ position schemes */
 
-/* A buffer that grows on demand, one per use (calls come from serial code). */
-static float *grown(float **buf, size_t *cap, size_t floats) {
-    if (floats > *cap) {
-        dev_free(*buf);
-        *buf = dev_alloc(floats * sizeof(float));
-        *cap = floats;
-    }
-    return *buf;
-}
-
 /* The bias of every head at every offset d = j - i in [-(T-1), T-1]: (H, 2T-1). */
 static float *bias_table(const AttnPos *P, int H, int T, int causal) {
     static float *buf;
@@ -502,6 +487,12 @@ static float *bias_table(const AttnPos *P, int H, int T, int causal) {
     return tab;
 }
 
+/* One channel pair (x0, x1) turned by the angle whose cos and sin are cs[0], cs[1]. */
+static inline void rope_pair(const float *cs, float x0, float x1, float *y0, float *y1) {
+    *y0 = cs[0] * x0 - cs[1] * x1;
+    *y1 = cs[1] * x0 + cs[0] * x1;
+}
+
 /* RoPE over rows of `heads` heads of hd channels: dst = R_t src (inverse: R_t^T src, added to dst), row r at
  * position r % T; pairs (2k, 2k+1) rotated by the table's angle of (t, k). */
 static void rope_rows(float *dst, int dst_ld, const float *src, int src_ld, int rows, int T, int heads, int hd,
@@ -515,13 +506,14 @@ static void rope_rows(float *dst, int dst_ld, const float *src, int src_ld, int 
         for (int h = 0; h < heads; h++)
             for (int k = 0; k < half; k++) {
                 size_t c = (size_t)h * hd + 2 * (size_t)k;
-                float co = cs[2 * k], si = cs[2 * k + 1], x0 = x[c], x1 = x[c + 1];
-                if (inverse) {
-                    y[c] += co * x0 + si * x1;
-                    y[c + 1] += -si * x0 + co * x1;
+                if (inverse) { /* R^T: the angle negated */
+                    const float back[2] = {cs[2 * k], -cs[2 * k + 1]};
+                    float y0, y1;
+                    rope_pair(back, x[c], x[c + 1], &y0, &y1);
+                    y[c] += y0;
+                    y[c + 1] += y1;
                 } else {
-                    y[c] = co * x0 - si * x1;
-                    y[c + 1] = si * x0 + co * x1;
+                    rope_pair(cs + 2 * k, x[c], x[c + 1], &y[c], &y[c + 1]);
                 }
             }
     }
@@ -658,13 +650,8 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
     static size_t cap;
     if (ATTN_POS) {
         size_t n = (size_t)a->B * a->H * (2 + 2 * (size_t)a->T);
-        if (n > cap) {
-            dev_free(acc);
-            acc = dev_alloc(n * sizeof(float));
-            cap = n;
-        }
-        memset(acc, 0, n * sizeof(float));
-        p.pos_acc = acc;
+        p.pos_acc = grown(&acc, &cap, n);
+        memset(p.pos_acc, 0, n * sizeof(float));
     }
     int rel = pos && pos->scheme == ATTN_POSITION_REL_BIAS;
     if (rel) {
@@ -774,17 +761,14 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
              * R_t and each cached key by R_j as it is read, s_j = scale * (R_j k_j) . (R_t q) */
             float *qr = s + n;
             const float *ct = pos->rope + (size_t)t * hd;
-            for (int k = 0; k < hd / 2; k++) {
-                float co = ct[2 * k], si = ct[2 * k + 1], x0 = qh[2 * k], x1 = qh[2 * k + 1];
-                qr[2 * k] = co * x0 - si * x1;
-                qr[2 * k + 1] = si * x0 + co * x1;
-            }
+            for (int k = 0; k < hd / 2; k++) rope_pair(ct + 2 * k, qh[2 * k], qh[2 * k + 1], &qr[2 * k], &qr[2 * k + 1]);
             for (int j = 0; j < n; j++) {
                 const float *cj = pos->rope + (size_t)j * hd, *kj = kh + (size_t)j * kvC;
                 float acc = 0.0f;
                 for (int k = 0; k < hd / 2; k++) {
-                    float co = cj[2 * k], si = cj[2 * k + 1], x0 = kj[2 * k], x1 = kj[2 * k + 1];
-                    acc += qr[2 * k] * (co * x0 - si * x1) + qr[2 * k + 1] * (si * x0 + co * x1);
+                    float k0, k1;
+                    rope_pair(cj + 2 * k, kj[2 * k], kj[2 * k + 1], &k0, &k1);
+                    acc += qr[2 * k] * k0 + qr[2 * k + 1] * k1;
                 }
                 s[j] = scale * acc;
             }
