@@ -372,12 +372,13 @@ float *block_rope_table_dev(int T, int hd) {
     return ATTN_POSITION == ATTN_POSITION_ROPE ? attn_rope_table_dev(T, hd, (double)CONFIG_POSITION_ROPE_BASE) : NULL;
 }
 
-/* The scheme's Kconfig symbol after CONFIG_POSITION_, in lower case (the table row's kconfig column). */
+/* The scheme's Kconfig symbol (the table row's kconfig column) after its second underscore, in lower case:
+ * "rope", "alibi", "rel_bias", "sinusoidal". */
 const char *block_position_kind(const char *learned_kind) {
     static char kind[32];
     if (ATTN_POSITION == ATTN_POSITION_ABSOLUTE) return learned_kind;
     if (!kind[0]) {
-        const char *sym = attn_positions[ATTN_POSITION].kconfig + strlen("CONFIG_POSITION_");
+        const char *sym = strchr(strchr(attn_positions[ATTN_POSITION].kconfig, '_') + 1, '_') + 1;
         for (size_t i = 0; sym[i] && i + 1 < sizeof kind; i++) kind[i] = (char)tolower((unsigned char)sym[i]);
     }
     return kind;
