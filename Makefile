@@ -75,9 +75,25 @@ FORCE:
 deps:
 	@scripts/deps.sh
 
+# A sweep (Kconfig "Sweep": a grid, or more than one seed): scripts/sweep.py plans every (step, point, seed),
+# builds each distinct build-time configuration once and runs them; SHARD=K/N takes one N-th of the runs.
+SWEEPING := $(if $(or $(call cfg-string,SWEEP),$(filter-out 1,$(CONFIG_SWEEP_SEEDS))),y)
+SWEEP_RUN = $(PYTHON) scripts/sweep.py --config $(KCONFIG_CONFIG) --build $(call shq,$(BUILD)/$(RUN)) \
+            --out $(call shq,$(OUTDIR)/$(RUN)) --steps $(call shq,$(STEPS)) \
+            --steps-dir $(call shq,$(or $(STEPS_DIR),defconfigs/steps)) $(if $(SHARD),--shard $(call shq,$(SHARD))) \
+            $(if $(filter 1,$(FORCE)),--force) $(if $(filter 1,$(SANITIZE)),--sanitize 1)
+
 RUN_STEPS = $(PYTHON) scripts/run_steps.py --build $(call shq,$(BUILD)/$(RUN)) --out $(call shq,$(OUTDIR)/$(RUN)) \
             --steps $(call shq,$(STEPS)) $(if $(filter 1,$(FORCE)),--force)
 
+ifeq ($(SWEEPING),y)
+all run: deps
+	@$(SWEEP_RUN)
+
+build: deps
+	@$(SWEEP_RUN) --build-only
+
+else
 all: build
 	@$(RUN_STEPS)
 
@@ -85,6 +101,7 @@ run:
 	@$(RUN_STEPS)
 
 build: $(addprefix build-step-,$(STEPS))
+endif
 
 # One specialised build per step: its configuration is the base .config with
 # the step's fragment merged over it, its headers and objects its own.
@@ -184,6 +201,7 @@ help:
 	@echo "                   completed steps are skipped (FORCE=1 redoes them)"
 	@echo "  build            build only"
 	@echo "  run              run only (after build)"
+	@echo "                   a sweep (Kconfig Sweep) builds as it goes; SHARD=K/N runs one N-th of its runs"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
 	@echo "  bench            kernel benchmark: output/bench/bench.json (AGAINST=DIR: beside another checkout)"
 	@echo "  bench-decode     cached-generation tok/s and KV-cache bytes/token of every variant and K/V head"

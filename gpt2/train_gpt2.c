@@ -3,6 +3,7 @@
  * from the build configuration).
  *
  *   train_gpt2 train --out DIR --step NAME      train (resuming if DIR holds a checkpoint of this step)
+ *       [--set NAME=VALUE]...                   with run-time symbols replaced (lib/runconfig.h, docs/sweeps.md)
  *   train_gpt2 sample --ckpt FILE [options]     generate text with the KV cache
  *   train_gpt2 info                             configuration, parameters, FLOPs, cache size
  *
@@ -21,6 +22,7 @@
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
+#include "runconfig.h"
 #include "data.h"
 #include "dist.h"
 #include "kernels.h"
@@ -275,7 +277,7 @@ static int train(Run *r) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: train_gpt2 train --out DIR --step NAME\n"
+            "usage: train_gpt2 train --out DIR --step NAME [--set NAME=VALUE]...\n"
             "       train_gpt2 sample --ckpt FILE [--prompt TEXT] [--length N] [--temperature T] [--top-k K]\n"
             "                         [--seed S] [--no-cache]\n"
             "       train_gpt2 info\n");
@@ -332,6 +334,8 @@ static int cmd_train(int argc, char **argv) {
             out = argv[++i];
         else if (!strcmp(argv[i], "--step") && i + 1 < argc)
             step = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc)
+            kconfig_runtime_set(argv[++i]); /* a run-time symbol's value for this run (lib/runconfig.h) */
         else
             usage();
     }

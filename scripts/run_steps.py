@@ -136,11 +136,12 @@ def training_identity(text):
     """The configuration that decides a step's training: every line but the MECHINT_* analysis options, which
     the trainers never read (changing how checkpoints are analysed must not retrain them), and the DIST_*
     options of the Distributed menu (how many processes train a step does not change its results, and its
-    state file continues with any number of them)."""
+    state file continues with any number of them), and the SWEEP* options (a run of a sweep has its point and seed
+    in its own configuration; growing the grid or the seed count must not redo the runs already done)."""
     if text is None:
         return None
     # prefixes, not symbols (check-symbols reads this file)
-    ignored = re.compile(r"^(# )?CONFIG_(" + "MECHINT_" + "|" + "DIST_" + ")")
+    ignored = re.compile(r"^(# )?CONFIG_(" + "MECHINT_" + "|" + "DIST_" + "|" + "SWEEP" + ")")
     return [x for x in text.splitlines() if not ignored.match(x)]
 
 
@@ -313,7 +314,9 @@ def mpi_failure(text):
     return None
 
 
-def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
+def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force, extra=()):
+    """Runs one step's trainer (extra: more arguments, scripts/sweep.py's --set NAME=VALUE) unless complete;
+    returns "done", "skipped", "failed", "stopped" or "not started"."""
     files = step_files(out, sid, family["name"])
     metrics = load_json(files["metrics"]) or {}
     same_config = training_identity(read_text(files["config"])) == training_identity(cfg_text)
@@ -337,9 +340,12 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force):
     write_atomic(files["config"], cfg_text)
     binary = os.path.join(build_dir, family["binary"])
     tmp = f"{files['binary']}.tmp.{os.getpid()}"
-    shutil.copy2(binary, tmp)
+    try:  # a hard link where it can (a sweep has many runs of one build; the linker writes a new file, never
+        os.link(binary, tmp)  # into this one), else a copy
+    except OSError:
+        shutil.copy2(binary, tmp)
     os.replace(tmp, files["binary"])
-    cmd, note = distributed_command(cfg, [files["binary"], "train", "--out", out, "--step", sid])
+    cmd, note = distributed_command(cfg, [files["binary"], "train", "--out", out, "--step", sid] + list(extra))
     if cmd is None:
         say(f"step {sid}: FAILED: {note}")
         return "failed"

@@ -1,6 +1,7 @@
 /* train_seq2seq: the seq2seq family for the configured task and variant.
  *
  *   train_seq2seq train --out DIR --step NAME    train (resuming from DIR's checkpoint of the step)
+ *       [--set NAME=VALUE]...                    with run-time symbols replaced (lib/runconfig.h)
  *   train_seq2seq translate --ckpt FILE [--beam K] [--n N]   translate the first N test sentences
  *   train_seq2seq info
  *
@@ -21,6 +22,7 @@
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
+#include "runconfig.h"
 #include "data.h"
 #include "dist.h"
 #include "kernels.h"
@@ -489,7 +491,7 @@ static int train(Run *r) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: train_seq2seq train --out DIR --step NAME\n"
+            "usage: train_seq2seq train --out DIR --step NAME [--set NAME=VALUE]...\n"
             "       train_seq2seq translate --ckpt FILE [--beam K] [--n N]   (translation models)\n"
             "       train_seq2seq info\n");
     exit(2);
@@ -548,6 +550,8 @@ static int cmd_train(int argc, char **argv) {
             out = argv[++i];
         else if (!strcmp(argv[i], "--step") && i + 1 < argc)
             step = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc)
+            kconfig_runtime_set(argv[++i]); /* a run-time symbol's value for this run (lib/runconfig.h) */
         else
             usage();
     }

@@ -25,6 +25,7 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import select
@@ -2247,6 +2248,190 @@ def test_bench_decode(tmp):
             f"{r.returncode} {r.stderr.strip()}")
 
 
+# ---------------------------------------------------------------- sweeps (scripts/sweep.py, docs/sweeps.md)
+
+TINY_SWEEP = """# CONFIG_GPT2 is not set
+CONFIG_SEQ2SEQ=y
+CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
+CONFIG_SEQ2SEQ_DIM=16
+CONFIG_SEQ2SEQ_HEADS=2
+CONFIG_SEQ2SEQ_MLP=32
+CONFIG_SEQ2SEQ_TASKS="copy,sub"
+CONFIG_SEQ2SEQ_SEQ_LEN=8
+CONFIG_SEQ2SEQ_TRAIN_SEQS=256
+CONFIG_SEQ2SEQ_VAL_SEQS=64
+CONFIG_SEQ2SEQ_TEST_SEQS=64
+CONFIG_SEQ2SEQ_BATCH_SIZE=64
+CONFIG_SEQ2SEQ_EPOCHS=2
+CONFIG_SEQ2SEQ_LOG_INTERVAL=2
+CONFIG_NUM_THREADS=1
+CONFIG_ABLATION=y
+CONFIG_ABLATION_STEPS="QKV,KV"
+CONFIG_RUN_NAME="tinysweep"
+"""
+
+
+def test_sweep_logic():
+    section("sweep: grid expansion, names, sharding and aggregation against hand-computed numbers")
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import sweep
+    g = sweep.parse_grid(" SEQ2SEQ_DIM=32,64,256; CONFIG_SEQ2SEQ_ENC_LAYERS=2,4 ;SEQ2SEQ_LR=1e-3;")
+    R.check(g == [("SEQ2SEQ_DIM", ["32", "64", "256"]), ("SEQ2SEQ_ENC_LAYERS", ["2", "4"]), ("SEQ2SEQ_LR", ["1e-3"])],
+            f"parse_grid: {g}")
+    pts = sweep.expand(g)
+    R.check(len(pts) == 6 and pts[0] == [("SEQ2SEQ_DIM", "32"), ("SEQ2SEQ_ENC_LAYERS", "2"), ("SEQ2SEQ_LR", "1e-3")]
+            and pts[1][1] == ("SEQ2SEQ_ENC_LAYERS", "4") and pts[2][0] == ("SEQ2SEQ_DIM", "64"),
+            f"expand: 3 x 2 x 1 points, the first symbol slowest: {pts[:3]}")
+    R.check(sweep.expand([]) == [[]], "expand: no grid is one empty point")
+    names = [sweep.point_name(p) for p in pts]
+    R.check(names[0] == "dim32-enc_layers2-lr1e-3" and len(set(names)) == len(names),
+            f"point names are readable and distinct: {names}")
+    R.check(sweep.point_name([]) == "default" and sweep.point_name([("GPT2_DROPOUT", "0.1")]) == "dropout0.1",
+            "point names: default, family prefix dropped")
+    for bad, why in (("SEQ2SEQ_DIM", "no '='"), ("SEQ2SEQ_DIM=32,,64", "an empty value"),
+                     ("SEQ2SEQ_DIM=1;SEQ2SEQ_DIM=2", "a symbol twice"), ("SEED=1,2", "the seed (SWEEP_SEEDS)"),
+                     ("SEQ2SEQ_DIM=32,32", "a value twice"), ("RUN_NAME=a,b", "the run name")):
+        try:
+            sweep.parse_grid(bad)
+            R.check(False, f"parse_grid refuses {why}: {bad!r}")
+        except sweep.SweepError as e:
+            R.check("CONFIG_SWEEP" in str(e), f"parse_grid refuses {why} with a message naming CONFIG_SWEEP: {e}")
+    runs = list(range(23))
+    for n in range(1, 6):
+        shares = [sweep.shard(runs, k, n) for k in range(1, n + 1)]
+        got = sorted(x for sh in shares for x in sh)
+        R.check(got == runs and max(map(len, shares)) - min(map(len, shares)) <= 1,
+                f"shards 1..{n} of 23 runs cover every run exactly once, balanced: {list(map(len, shares))}")
+    for bad in ("0/2", "3/2", "x", "1/0"):
+        try:
+            k, n = sweep.parse_shard(bad)
+            sweep.shard(runs, k, n)
+            R.check(False, f"SHARD={bad} refused")
+        except sweep.SweepError as e:
+            R.check("SHARD" in str(e), f"SHARD={bad} refused: {e}")
+    m, sd, n = sweep.mean_std([1.0, 2.0, 4.0])
+    R.check(abs(m - 7 / 3) < 1e-12 and abs(sd - math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2))
+            < 1e-12 and n == 3, f"mean_std of 1, 2, 4: {m}, {sd}, {n}")
+    R.check(sweep.mean_std([5.0]) == (5.0, None, 1) and sweep.mean_std([None, float("nan")]) == (None, None, 0),
+            "mean_std: one value has no std; nothing finite is n = 0")
+    res = [{"step": "A", "variant": "QKV", "point": "p1", "seed": s, "metrics": {"acc": v}}
+           for s, v in ((1, 0.5), (2, 0.7), (3, 0.9))]
+    res += [{"step": "A", "variant": "QKV", "point": "p2", "seed": s, "metrics": {"acc": v}} for s, v in ((1, 0.2), (2, 0.4))]
+    res += [{"step": "B", "variant": "KV", "point": "p1", "seed": 1, "metrics": {"acc": 0.3, "loss": 1.5}}]
+    agg = sweep.aggregate(res)
+    p1, p2, ga = agg["A"]["points"]["p1"]["acc"], agg["A"]["points"]["p2"]["acc"], agg["A"]["grid"]["acc"]
+    R.check(abs(p1["mean"] - 0.7) < 1e-12 and abs(p1["std"] - 0.2) < 1e-12 and p1["n"] == 3,
+            f"aggregate: point p1 = 0.7 +- 0.2 (n 3): {p1}")
+    R.check(abs(p2["mean"] - 0.3) < 1e-12 and abs(p2["std"] - math.sqrt(0.02)) < 1e-12 and p2["n"] == 2,
+            f"aggregate: point p2 = 0.3 +- 0.1414 (n 2): {p2}")
+    R.check(abs(ga["mean"] - 0.5) < 1e-12 and abs(ga["pooled_std"] - math.sqrt((0.04 + 0.02) / 2)) < 1e-12 and
+            abs(ga["spread"] - math.sqrt(0.08)) < 1e-12 and ga["points"] == 2 and ga["runs"] == 5,
+            f"aggregate: grid mean 0.5 of the point means (not 0.54 of the runs), pooled std sqrt(0.03): {ga}")
+    gb = agg["B"]["grid"]
+    R.check(gb["acc"]["mean"] == 0.3 and gb["acc"]["pooled_std"] is None and gb["loss"]["runs"] == 1,
+            f"aggregate: one run per point has no std: {gb}")
+    rm = sweep.run_metrics({"best_val_loss": 1.0, "test_accuracy": 0.5, "synthetic_test_accuracy": {"copy": 0.9},
+                            "metrics": {"val_losses": [2.0, 1.5], "train_losses": [3.0]}})
+    R.check(rm == {"best_val_loss": 1.0, "final_val_loss": 1.5, "test_accuracy": 0.5, "final_train_loss": 3.0,
+                   "synthetic.copy": 0.9}, f"run_metrics: {rm}")
+
+
+def sweep_logs(out):
+    """{run folder (relative): number of trainer starts in its logs} of a sweep's output."""
+    got = {}
+    for log in glob.glob(os.path.join(out, "runs", "*", "seed*", "train_step*.log")):
+        key = os.path.relpath(log, out)
+        with open(log) as f:
+            got[key] = sum(1 for line in f if line.startswith("==== "))
+    return got
+
+
+def test_sweep_end_to_end(tmp, sanitize):
+    section("sweep: builds once per build-time point, --set for run-time symbols, skip/resume, shards")
+    ws = Workspace(tmp, "sweep", TINY_SWEEP + 'CONFIG_SWEEP="SEQ2SEQ_DIM=16,32;SEQ2SEQ_LR=1e-3,5e-3"\n'
+                   "CONFIG_SWEEP_SEEDS=2\n", sanitize)
+    out = ws.run_dir("tinysweep")
+    r = ws.make("SHARD=1/2")
+    if not R.check(r.returncode == 0, f"make SHARD=1/2 runs half the sweep:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    R.check("2 step(s) x 4 grid point(s) x 2 seed(s) = 16 run(s); 4 build(s); shard 1/2: 8 run(s)" in r.stdout,
+            f"the plan is printed: {r.stdout[:400]}")
+    half = sweep_logs(out)
+    R.check(len(half) == 8 and set(half.values()) == {1}, f"shard 1/2 ran 8 runs once each: {half}")
+    builds = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ws.dir, "build*", "tinysweep", "*"))
+                    if os.path.isdir(p) and os.path.basename(p) != "sweep")
+    R.check(builds == ["KV@dim16", "KV@dim32", "QKV@dim16", "QKV@dim32"],
+            f"one build per step and build-time value (SEQ2SEQ_DIM), none per learning rate or seed: {builds}")
+    binary = glob.glob(os.path.join(ws.dir, "build*", "tinysweep", "KV@dim16", "seq2seq", "train_seq2seq"))[0]
+    stamp = os.stat(binary).st_mtime_ns
+    r = ws.make()  # the rest of the sweep: a partly done sweep resumes
+    if not R.check(r.returncode == 0, f"make runs the rest:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    full = sweep_logs(out)
+    R.check(len(full) == 16 and set(full.values()) == {1} and r.stdout.count("already complete") == 8,
+            f"the full make skipped shard 1's 8 runs and ran the other 8 once: {r.stdout.count('already complete')}")
+    R.check(os.stat(binary).st_mtime_ns == stamp, "the second make did not relink a build (run-time values only)")
+    summ = json.load(open(os.path.join(out, "sweep_summary.json")))
+    R.check(summ["complete"] == 16 and summ["missing"] == 0 and len(summ["runs"]) == 16, "the summary has 16 runs")
+    a = summ["steps"]["KV"]
+    R.check(set(a["points"]) == {"dim16-lr1e-3", "dim16-lr5e-3", "dim32-lr1e-3", "dim32-lr5e-3"} and
+            all(p["test_accuracy"]["n"] == 2 for p in a["points"].values()), f"KV: 4 points of 2 seeds: {a['points']}")
+    # the aggregate recomputed from the single runs
+    accs = {}
+    for run_ in summ["runs"]:
+        if run_["step"] == "KV":
+            accs.setdefault(run_["point"], []).append(run_["metrics"]["test_accuracy"])
+    means = [sum(v) / 2 for v in accs.values()]
+    R.check(abs(a["grid"]["test_accuracy"]["mean"] - sum(means) / 4) < 1e-12,
+            "the grid mean is the mean of the point means of the runs")
+    R.check(os.path.isfile(os.path.join(out, "sweep_curves.png")) and "± " in open(os.path.join(out, "sweep_summary.md")).read(),
+            "sweep_summary.md has mean ± std and sweep_curves.png exists")
+    # what each run ran: its point and seed in its recorded configuration, the run-time ones through --set
+    m = metrics(os.path.join(out, "runs", "dim32-lr1e-3", "seed1338", "training_metrics_stepKV.json"))
+    cfg = json.loads(m["config"]) if isinstance(m["config"], str) else m["config"]
+    R.check(cfg["SEQ2SEQ_DIM"] == 32 and cfg["SEQ2SEQ_LR"] == "1e-3" and cfg["SEED"] == 1338 and
+            cfg["SEQ2SEQ_SEEDS"] == "1338", f"the run's recorded configuration: dim 32, lr 1e-3, seed 1338: {cfg}")
+    log = open(os.path.join(out, "runs", "dim32-lr1e-3", "seed1338", "train_stepKV.log")).read()
+    R.check("--set SEED=1338" in log and "--set SEQ2SEQ_LR=1e-3" in log and "--set SEQ2SEQ_DIM" not in log,
+            "the trainer got the run-time values on its command line, the build-time one compiled in")
+    m2 = metrics(os.path.join(out, "runs", "dim32-lr5e-3", "seed1338", "training_metrics_stepKV.json"))
+    R.check(m["metrics"]["train_losses"] != m2["metrics"]["train_losses"], "another learning rate trains differently")
+    m3 = metrics(os.path.join(out, "runs", "dim32-lr1e-3", "seed1337", "training_metrics_stepKV.json"))
+    R.check(m["metrics"]["train_losses"] != m3["metrics"]["train_losses"], "another seed trains differently")
+    # a third seed: only the 8 new runs
+    ws.set("SWEEP_SEEDS=3")
+    r = ws.make()
+    R.check(r.returncode == 0 and r.stdout.count("already complete") == 16 and len(sweep_logs(out)) == 24,
+            f"a third seed runs only its 8 runs: {r.stdout.count('already complete')} skipped")
+    # the same seed twice gives the same numbers (determinism across runs of one build)
+    b = os.path.join(ws.dir, "again")
+    r = run([binary, "train", "--out", b, "--step", "KV", "--set", "SEED=1338", "--set", "SEQ2SEQ_SEEDS=1338",
+             "--set", "SEQ2SEQ_LR=1e-3"])
+    m4 = metrics(os.path.join(b, "training_metrics_stepKV.json")) if r.returncode == 0 else {}
+    m5 = metrics(os.path.join(out, "runs", "dim16-lr1e-3", "seed1338", "training_metrics_stepKV.json"))
+    R.check(m4.get("metrics", {}).get("train_losses") == m5["metrics"]["train_losses"],
+            "the binary run by hand with the same --set values repeats the sweep's run exactly")
+    # bad values on the command line and in the grid
+    for args_, want in ((["--set", "SEQ2SEQ_DIM=64"], "not a run-time symbol"), (["--set", "SEED=x"], "whole number"),
+                        (["--set", "SEQ2SEQ_LR=fast"], "must be a number"), (["--set", "SEED"], "NAME=VALUE"),
+                        (["--set", "SEQ2SEQ_TASKS=a;b"], "comma-separated list")):
+        r = run([binary, "train", "--out", os.path.join(ws.dir, "bad"), "--step", "KV"] + args_)
+        R.check(r.returncode != 0 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+                f"--set {args_[1]}: one line ({want}): {r.stderr}")
+    for grid, want in (("SEQ2SEQ_NOPE=1,2", "unknown symbol CONFIG_SEQ2SEQ_NOPE"),
+                       ("SEQ2SEQ_DIM=16,abc", "SEQ2SEQ_DIM"), ("SEQ2SEQ_EPOCHS=0", "SEQ2SEQ_EPOCHS")):
+        ws.set(f"SWEEP={grid}")
+        r = ws.make()
+        R.check(r.returncode != 0 and want in r.stderr and "Traceback" not in r.stderr,
+                f"CONFIG_SWEEP={grid}: make fails naming it: {r.stderr[-600:]}")
+    # a grid over run-time symbols only: one build per step, the plain step folders
+    ws.set("SWEEP=SEQ2SEQ_EPOCHS=1,2", "SWEEP_SEEDS=1")
+    r = ws.make("build")
+    R.check(r.returncode == 0 and "4 run(s); 2 build(s)" in r.stdout and
+            os.path.isdir(glob.glob(os.path.join(ws.dir, "build*", "tinysweep"))[0] + "/KV"),
+            f"a run-time-only grid: 2 steps x 2 points, 2 builds (build/<run>/<step>): {r.stdout[-800:]}{r.stderr[-800:]}")
+
+
 def main():
     # `make test` exports its own configuration and flags; the tests drive make themselves
     for var in ("KCONFIG_CONFIG", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "O", "SANITIZE", "FORCE"):
@@ -2328,6 +2513,9 @@ def main():
             guarded(test_mpi, tmp, args.sanitize)
         if want("bench-decode"):
             guarded(test_bench_decode, tmp)
+        if want("sweep"):
+            guarded(test_sweep_logic)
+            guarded(test_sweep_end_to_end, tmp, args.sanitize)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")

@@ -4,6 +4,7 @@
 #ifndef KVLAB_BUILDINFO_H
 #define KVLAB_BUILDINFO_H
 
+/* The resolved configuration as JSON, with the run-time symbols' values replaced by --set (lib/runconfig.h). */
 const char *build_config_json(void);
 const char *build_git_commit(void);
 /* A string Kconfig option holding a number, checked against [lo, hi]; stops

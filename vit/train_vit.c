@@ -2,7 +2,8 @@
  * binary per ablation step; everything comes from the build configuration).
  *
  *   train_vit train --out DIR --step NAME     train (resuming from DIR's checkpoint of the step),
- *                                             then test the final and the best-validation model
+ *                                             then test the final and the best-validation model; --set NAME=VALUE
+ *                                             replaces a run-time symbol (lib/runconfig.h)
  *   train_vit eval --ckpt FILE                test accuracy and confusion matrix of a checkpoint
  *   train_vit info                            configuration, parameters, FLOPs
  *
@@ -19,6 +20,7 @@
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
+#include "runconfig.h"
 #include "data.h"
 #include "dist.h"
 #include "kernels.h"
@@ -279,7 +281,7 @@ static int train(Run *r) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: train_vit train --out DIR --step NAME\n"
+            "usage: train_vit train --out DIR --step NAME [--set NAME=VALUE]...\n"
             "       train_vit eval --ckpt FILE\n"
             "       train_vit info\n");
     exit(2);
@@ -329,6 +331,8 @@ static int cmd_train(int argc, char **argv) {
             out = argv[++i];
         else if (!strcmp(argv[i], "--step") && i + 1 < argc)
             step = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc)
+            kconfig_runtime_set(argv[++i]); /* a run-time symbol's value for this run (lib/runconfig.h) */
         else
             usage();
     }

@@ -1,0 +1,469 @@
+#!/usr/bin/python3
+"""Runs a sweep: every (ablation step, grid point, seed) of the configuration, then aggregates them.
+
+CONFIG_SWEEP is a grid over any symbols, "SYM=v1,v2;SYM2=w1,w2" (every combination is a grid point), and
+CONFIG_SWEEP_SEEDS the number of seeds per point (seed k is CONFIG_SEED + k; for the synthetic seq2seq tasks,
+whose jobs take their seeds from CONFIG_SEQ2SEQ_SEEDS, that list becomes the one seed). Each run has its own
+resolved configuration (base + step fragment + point + seed) and its own folder,
+<output>/<run>/runs/<point>/seed<N>/, holding the usual per-step files; a run already complete with the same
+configuration is skipped, one that stopped continues from its checkpoint.
+
+Builds: a run-time symbol (scripts/kconfig.py RUNTIME) is handed to the trainer as `--set NAME=VALUE`; only the
+other symbols of a point are compiled in, so each step is built once per distinct build-time part of the grid
+(build/<run>/<step> when the grid has none, build/<run>/<step>@<build point> otherwise).
+
+Sharding: --shard K/N (make SHARD=K/N) runs every N-th run starting at the K-th, so N processes or machines
+sharing the output folder cover every run exactly once; each writes the summary of what is complete so far.
+
+Aggregation (sweep_summary.json, sweep_summary.md, sweep_curves.png): per step and grid point the mean, standard
+deviation and n of every final metric over seeds; per step the average of the point means over the grid (as the
+paper averages over its sweeps) with the pooled seed standard deviation; every single run's numbers are kept.
+
+Called by `make` when CONFIG_SWEEP is set or CONFIG_SWEEP_SEEDS > 1 (docs/sweeps.md).
+"""
+import argparse
+import fcntl
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import kconfig
+import run_steps
+from run_steps import REPO, FAMILIES, Stop, say, load_json, write_atomic, fmt
+
+FAMILY_PREFIXES = ("GPT2_", "VIT_", "SEQ2SEQ_")
+# symbols a grid may not name: the sweep's own, the ones that say where things go, and the seed (SWEEP_SEEDS)
+NOT_SWEPT = re.compile(r"^(SWEEP|SEED$|RUN_NAME$|OUTPUT_DIR$|DATA_DIR$|DATA_MIRROR$|ABLATION)")
+
+
+class SweepError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- the grid
+
+def parse_grid(text):
+    """[(symbol, [values])] of "SYM=v1,v2;SYM2=w1" (CONFIG_ prefixes allowed, spaces around items ignored). Syntax
+    only: the values are checked when each point's configuration is resolved."""
+    grid = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, eq, values = part.partition("=")
+        name = name.strip()
+        name = name[7:] if name.startswith("CONFIG_") else name
+        vals = [v.strip() for v in values.split(",")]
+        if not eq or not re.match(r"^[A-Z0-9_]+$", name) or not all(vals):
+            raise SweepError(f"CONFIG_SWEEP: {part!r} is not SYMBOL=value,value,... (hint: e.g. "
+                             "\"SEQ2SEQ_DIM=32,64;SEQ2SEQ_LR=1e-3,1e-2\")")
+        if any(n == name for n, _ in grid):
+            raise SweepError(f"CONFIG_SWEEP: {name} is named twice (hint: one SYMBOL=values per symbol)")
+        if NOT_SWEPT.match(name):
+            raise SweepError(f"CONFIG_SWEEP: {name} cannot be swept (hint: seeds come from CONFIG_SWEEP_SEEDS; steps "
+                             "from CONFIG_ABLATION_STEPS; where outputs go is one per run)")
+        if len(set(vals)) != len(vals):
+            raise SweepError(f"CONFIG_SWEEP: {name} lists a value twice")
+        grid.append((name, vals))
+    return grid
+
+
+def expand(grid):
+    """Every grid point, the first symbol varying slowest: [[(symbol, value), ...], ...] ([[]] for no grid)."""
+    names = [n for n, _ in grid]
+    return [list(zip(names, combo)) for combo in itertools.product(*[v for _, v in grid])]
+
+
+def short_name(symbol):
+    for p in FAMILY_PREFIXES:
+        if symbol.startswith(p):
+            symbol = symbol[len(p):]
+            break
+    return symbol.lower()
+
+
+def point_name(point):
+    """A readable folder name: "dim32-enc_layers2-lr1e-3"; "default" for the empty point."""
+    if not point:
+        return "default"
+    return "-".join(short_name(s) + re.sub(r"[^A-Za-z0-9_.+-]", "_", v) for s, v in point)
+
+
+def shard(runs, k, n):
+    """The K-th of N shares (1-based): every N-th run from the K-th. The shares are disjoint and cover all runs."""
+    if not (1 <= k <= n):
+        raise SweepError(f"SHARD={k}/{n}: K must be from 1 to N (hint: e.g. make SHARD=1/2 on one machine and "
+                         "SHARD=2/2 on another)")
+    return runs[k - 1::n]
+
+
+def parse_shard(text):
+    m = re.match(r"^(\d+)/(\d+)$", text or "")
+    if not m:
+        raise SweepError(f"SHARD={text}: expected K/N, e.g. 1/2")
+    return int(m.group(1)), int(m.group(2))
+
+
+# ---------------------------------------------------------------- planning
+
+def fragment_text(assignments, kconf):
+    lines = []
+    for name, value in assignments:
+        sym = kconf.syms.get(name)
+        if sym is None or not sym.nodes:
+            raise SweepError(f"CONFIG_SWEEP: unknown symbol CONFIG_{name} (hint: `make menuconfig` shows every symbol)")
+        if sym.orig_type == kconfig.kconfiglib.STRING:
+            value = '"' + kconfig.kconfiglib.escape(value) + '"'
+        lines.append(f"CONFIG_{name}={value}\n")
+    return "".join(lines)
+
+
+def resolve(kconf, path_base, fragments, origin):
+    """(config text, config dict) of base + fragment files, strictly checked."""
+    try:
+        kconfig.load_strict(kconf, path_base, replace=True, check_values=False)
+        for f in fragments:
+            kconfig.load_strict(kconf, f, replace=False)
+        kconfig.check_values(kconf, origin)
+    except kconfig.ConfigError as e:
+        raise SweepError(f"{origin}: {e}")
+    tmp = os.path.join(os.path.dirname(fragments[-1]) if fragments else ".", f".resolved.{os.getpid()}")
+    kconfig.write_config(kconf, tmp)
+    with open(tmp, encoding="utf-8") as f:
+        text = f.read()
+    os.remove(tmp)
+    return text, kconfig.resolved_json(kconf)
+
+
+def seed_assignments(cfg, seed):
+    out = [("SEED", str(seed))]
+    if cfg.get("SEQ2SEQ") and cfg.get("SEQ2SEQ_TASK_SYNTHETIC"):
+        out.append(("SEQ2SEQ_SEEDS", str(seed)))
+    return out
+
+
+def plan(config, steps, steps_dir, build_root, out_root, work):
+    """Every run: dict(step, point, seed, build (folder), build_fragments, out, assignments (the run-time ones),
+    config text and dict). work is a scratch folder for fragment files."""
+    kconf = kconfig.load_kconfig()
+    base_text, base_cfg = resolve(kconf, config, [], config)
+    grid = parse_grid(base_cfg.get("SWEEP", ""))
+    seeds = [base_cfg["SEED"] + k for k in range(base_cfg.get("SWEEP_SEEDS", 1))]
+    runtime = set(kconfig.RUNTIME)
+    os.makedirs(work, exist_ok=True)
+    runs = []
+    for step in steps:
+        step_frag = [] if step == "base" else [os.path.join(REPO, steps_dir, step)]
+        for point in expand(grid):
+            build_part = [(s, v) for s, v in point if s not in runtime]
+            bname = point_name(build_part) if build_part else ""
+            bdir = os.path.join(build_root, step + ("@" + bname if bname else ""))
+            frags = list(step_frag)
+            if build_part:
+                f = os.path.join(work, f"build-{step}@{bname}")
+                write_atomic(f, fragment_text(build_part, kconf))
+                frags.append(f)
+            for seed in seeds:
+                run_part = [(s, v) for s, v in point if s in runtime]
+                f = os.path.join(work, f"run-{step}-{point_name(point)}-{seed}")
+                probe = run_part + [("SEED", str(seed))]
+                write_atomic(f, fragment_text(probe, kconf))
+                _t, probe_cfg = resolve(kconf, config, frags + [f], f"step {step}, point {point_name(point)}")
+                assigns = run_part + seed_assignments(probe_cfg, seed)
+                write_atomic(f, fragment_text(assigns, kconf))
+                text, cfg = resolve(kconf, config, frags + [f],
+                                    f"step {step}, point {point_name(point)}, seed {seed}")
+                runs.append({"step": step, "point": point, "point_name": point_name(point), "seed": seed,
+                             "build": bdir, "build_fragments": frags, "assignments": assigns,
+                             "out": os.path.join(out_root, "runs", point_name(point), f"seed{seed}"),
+                             "config_text": text, "config": cfg})
+    return runs, grid, seeds
+
+
+# ---------------------------------------------------------------- building and running
+
+def build(run, config, sanitize):
+    """Builds the run's binary tree once (a lock keeps concurrent shards from building the same tree twice)."""
+    bdir = run["build"]
+    os.makedirs(os.path.dirname(bdir), exist_ok=True)
+    with open(bdir + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        py = sys.executable
+        if subprocess.call([py, os.path.join(REPO, "scripts", "kconfig.py"), "step", bdir, config] +
+                           run["build_fragments"], cwd=REPO) != 0:
+            return False
+        return subprocess.call(["make", "-f", "scripts/Makefile.build", f"B={bdir}", f"SANITIZE={sanitize}",
+                                f"-j{len(os.sched_getaffinity(0))}"], cwd=REPO) == 0
+
+
+def set_args(run, build_cfg):
+    """--set NAME=VALUE for every run-time symbol whose value differs from the one compiled in."""
+    out = []
+    for name in kconfig.RUNTIME:
+        if name in run["config"] and run["config"][name] != build_cfg.get(name):
+            out += ["--set", f"{name}={run['config'][name]}"]
+    return out
+
+
+# ---------------------------------------------------------------- aggregation
+
+def mean_std(xs):
+    """(mean, sample standard deviation or None for n < 2, n) of the finite numbers in xs; (None, None, 0) if none."""
+    xs = [x for x in xs if run_steps.finite(x)]
+    n = len(xs)
+    if not n:
+        return None, None, 0
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else None), n
+
+
+METRICS = ["best_val_loss", "final_val_loss", "final_val_accuracy", "test_accuracy", "test_bleu", "final_train_loss"]
+
+
+def run_metrics(metrics_json):
+    """The final numbers of one run's metrics file: {name: value}, synthetic tasks as "synthetic.<task>"."""
+    m = metrics_json or {}
+    s = m.get("metrics", {})
+    out = {"best_val_loss": m.get("best_val_loss"), "final_val_loss": run_steps.last(s.get("val_losses", [])),
+           "final_val_accuracy": run_steps.last(s.get("val_accuracies", [])), "test_accuracy": m.get("test_accuracy"),
+           "test_bleu": m.get("test_bleu"), "final_train_loss": run_steps.last(s.get("train_losses", []))}
+    for task, acc in (m.get("synthetic_test_accuracy") or {}).items():
+        out["synthetic." + task] = acc
+    return {k: v for k, v in out.items() if run_steps.finite(v)}
+
+
+def aggregate(results):
+    """results: [{step, variant, point, seed, metrics {name: value}}] of complete runs. Returns {step: {variant,
+    points: {point: {metric: {mean, std, n}}}, grid: {metric: {mean, pooled_std, spread, points, runs}}}}:
+    per point the mean and sample standard deviation over seeds; per step the mean of the point means (every point
+    weighs the same, as in the paper's averages), the pooled standard deviation over seeds (square root of the mean
+    per-point variance, over points with two seeds or more) and the standard deviation of the point means."""
+    out = {}
+    for r in results:
+        step = out.setdefault(r["step"], {"variant": r["variant"], "points": {}, "grid": {}})
+        pt = step["points"].setdefault(r["point"], {})
+        for k, v in r["metrics"].items():
+            pt.setdefault(k, []).append(v)
+    for step in out.values():
+        names = sorted({k for pt in step["points"].values() for k in pt})
+        for pname, pt in step["points"].items():
+            step["points"][pname] = {k: dict(zip(("mean", "std", "n"), mean_std(v))) for k, v in pt.items()}
+        for k in names:
+            cells = [pt[k] for pt in step["points"].values() if k in pt and pt[k]["n"]]
+            mean, spread, npts = mean_std([c["mean"] for c in cells])
+            variances = [c["std"] ** 2 for c in cells if c["std"] is not None]
+            step["grid"][k] = {"mean": mean, "pooled_std": math.sqrt(sum(variances) / len(variances)) if variances
+                               else None, "spread": spread, "points": npts, "runs": sum(c["n"] for c in cells)}
+    return out
+
+
+def pm(mean, std, spec):
+    return fmt(mean, spec) + (f" ± {format(std, spec)}" if std is not None else "")
+
+
+def summarise(out_root, runs, grid, seeds, steps_order):
+    """Writes sweep_summary.json and .md from the complete runs, prints the table; returns the aggregate."""
+    results, missing = [], 0
+    for run in runs:
+        for fam in [f for sym, f in FAMILIES.items() if run["config"].get(sym)]:
+            sid = run["sid"][fam["name"]]
+            m = load_json(os.path.join(run["out"], f"training_metrics_step{sid}.json"))
+            if not m or m.get("status") != "complete":
+                missing += 1
+                continue
+            results.append({"step": sid, "variant": m.get("variant_label", run_steps.variant_label(run["config"])),
+                            "point": run["point_name"], "seed": run["seed"], "out": os.path.relpath(run["out"], REPO),
+                            "metrics": run_metrics(m), "curve": curve(m)})
+    agg = aggregate(results)
+    summary = {"run": os.path.basename(os.path.normpath(out_root)), "grid": [[n, v] for n, v in grid],
+               "seeds": seeds, "complete": len(results), "missing": missing, "steps": agg,
+               "runs": [{k: r[k] for k in ("step", "variant", "point", "seed", "out", "metrics")} for r in results],
+               "created_unix": time.time()}
+    write_atomic(os.path.join(out_root, "sweep_summary.json"), json.dumps(summary, indent=1) + "\n")
+    order = [s for s in steps_order if s in agg] + [s for s in agg if s not in steps_order]
+    names = [k for k in METRICS + sorted({k for s in agg.values() for k in s["grid"] if k.startswith("synthetic.")})
+             if any(k in agg[s]["grid"] for s in order)]
+    head = ["step", "variant", "points", "runs"] + [k.replace("synthetic.", "") for k in names]
+    rows = []
+    for s in order:
+        g = agg[s]["grid"]
+        any_k = next(iter(g.values()), {"points": 0, "runs": 0})
+        rows.append([s, agg[s]["variant"], str(any_k["points"]), str(any_k["runs"])] +
+                    [pm(g[k]["mean"], g[k]["pooled_std"], ".4f") if k in g else "-" for k in names])
+    grid_text = "; ".join(f"{n} = {', '.join(v)}" for n, v in grid) or "none"
+    md = [f"# Sweep summary: {summary['run']}", "",
+          f"Grid: {grid_text}. Seeds: {', '.join(map(str, seeds))}. Complete runs: {len(results)}"
+          f"{f' ({missing} not complete)' if missing else ''}.", "",
+          "Each cell: the mean over grid points of the per-point means over seeds, ± the pooled standard deviation "
+          "over seeds (no ± with one seed). Per point below; every run's numbers in sweep_summary.json.", "",
+          "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    for s in order:
+        md += ["", f"## {s} ({agg[s]['variant']}): per grid point (mean ± std over seeds, n)", "",
+               "| point | " + " | ".join(h for h in head[4:]) + " |", "|---|" + "|".join("---" for _ in names) + "|"]
+        for pname, pt in agg[s]["points"].items():
+            md.append(f"| {pname} | " + " | ".join(
+                f"{pm(pt[k]['mean'], pt[k]['std'], '.4f')} ({pt[k]['n']})" if k in pt else "-" for k in names) + " |")
+    write_atomic(os.path.join(out_root, "sweep_summary.md"), "\n".join(md) + "\n")
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    say("")
+    say(f"Sweep summary ({os.path.relpath(out_root, REPO)}/sweep_summary.md): {len(results)} complete run(s)"
+        f"{f', {missing} not complete' if missing else ''}; mean over the grid ± pooled std over seeds")
+    for r in [head] + rows:
+        say("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    plot(out_root, results, order)
+    return agg
+
+
+def curve(m):
+    s = (m or {}).get("metrics", {})
+    unit = (m or {}).get("unit", "tokens")
+    return {"x": s.get("val_" + unit, []), "y": s.get("val_losses", []), "unit": unit}
+
+
+def band(results, step):
+    """(x, mean, std or None) of a step's validation curves: per point the mean over seeds, then the mean of those
+    over the grid; the band is the pooled per-point std over seeds. Curves are cut to the shortest; x is the first
+    run's when every run has the same, else the evaluation index."""
+    rs = [r for r in results if r["step"] == step and r["curve"]["y"]]
+    if not rs:
+        return None
+    n = min(len(r["curve"]["y"]) for r in rs)
+    xs = [tuple(r["curve"]["x"][:n]) for r in rs]
+    x = list(xs[0]) if len(set(xs)) == 1 and len(xs[0]) == n else list(range(1, n + 1))
+    by_point = {}
+    for r in rs:
+        by_point.setdefault(r["point"], []).append(r["curve"]["y"][:n])
+    mean, std = [], []
+    for i in range(n):
+        cells = [mean_std([c[i] for c in curves]) for curves in by_point.values()]
+        mean.append(sum(c[0] for c in cells) / len(cells))
+        var = [c[1] ** 2 for c in cells if c[1] is not None]
+        std.append(math.sqrt(sum(var) / len(var)) if var else None)
+    return x, mean, std if all(v is not None for v in std) else None
+
+
+def plot(out_root, results, order):
+    plt = run_steps.pyplot()
+    if plt is None or not results:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    unit = results[0]["curve"]["unit"]
+    for i, s in enumerate(order):
+        b = band(results, s)
+        if not b:
+            continue
+        x, mean, std = b
+        variant = next(r["variant"] for r in results if r["step"] == s)
+        ax.plot(x, mean, color=f"C{i % 10}", marker="o", markersize=3, label=f"{s} ({variant})")
+        if std:
+            ax.fill_between(x, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
+                            color=f"C{i % 10}", alpha=0.2)
+    ax.set_xlabel(f"training {unit}")
+    ax.set_ylabel("validation loss (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{os.path.basename(os.path.normpath(out_root))}: mean over the grid, band ± pooled std over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out_root, "sweep_curves.png")
+    run_steps.save_figure(plt, fig, path)
+    say(f"Plot: {os.path.relpath(path, REPO)}")
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    for sig in (run_steps.signal.SIGINT, run_steps.signal.SIGTERM, run_steps.signal.SIGHUP):
+        run_steps.signal.signal(sig, run_steps.on_stop_signal)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="the .config")
+    ap.add_argument("--build", required=True, help="build/<run name>")
+    ap.add_argument("--out", required=True, help="<output folder>/<run name>")
+    ap.add_argument("--steps", required=True)
+    ap.add_argument("--steps-dir", default="defconfigs/steps")
+    ap.add_argument("--shard", default="1/1", help="K/N: this process's share of the runs")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--sanitize", default="")
+    ap.add_argument("--plan", action="store_true", help="print the runs (and their builds) and stop")
+    ap.add_argument("--build-only", action="store_true", help="build what this shard's runs need and stop")
+    args = ap.parse_args()
+    try:
+        k, n = parse_shard(args.shard)
+        out_root = os.path.abspath(args.out)
+        build_root = os.path.abspath(args.build)
+        steps = args.steps.split()
+        runs, grid, seeds = plan(args.config, steps, args.steps_dir, build_root, out_root,
+                                 os.path.join(build_root, "sweep"))
+        mine = shard(runs, k, n)
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    builds = sorted({r["build"] for r in mine})
+    for run in runs:
+        fams = [f for sym, f in FAMILIES.items() if run["config"].get(sym)]
+        if not fams:
+            print(f"error: step {run['step']} enables no model family (hint: enable one under 'Model families')",
+                  file=sys.stderr)
+            return 1
+        run["sid"] = {f["name"]: run["step"] if len(fams) == 1 else f"{run['step']}-{f['name']}" for f in fams}
+    say(f"kvlab sweep '{os.path.basename(out_root)}': {len(steps)} step(s) x {len(expand(grid))} grid point(s) x "
+        f"{len(seeds)} seed(s) = {len(runs)} run(s); {len({r['build'] for r in runs})} build(s)" +
+        (f"; shard {k}/{n}: {len(mine)} run(s), {len(builds)} build(s)" if n > 1 else ""))
+    if args.plan:
+        for r in mine:
+            say(f"  {r['step']}  {r['point_name']}  seed{r['seed']}  build {os.path.relpath(r['build'], REPO)}  "
+                f"-> {os.path.relpath(r['out'], REPO)}")
+        return 0
+    if args.build_only:
+        for b in builds:
+            say(f"  BUILD   {os.path.relpath(b, REPO)}")
+            if not build(next(r for r in mine if r["build"] == b), args.config, args.sanitize):
+                return 1
+        return 0
+    build_cfgs, failed, t0 = {}, 0, time.time()
+    for i, run in enumerate(mine, 1):
+        if Stop.signal:
+            break
+        if run["build"] not in build_cfgs:
+            say(f"  BUILD   {os.path.relpath(run['build'], REPO)}")
+            ok = build(run, args.config, args.sanitize)
+            build_cfgs[run["build"]] = load_json(os.path.join(run["build"], "include", "generated", "config.json")) \
+                if ok else None
+        bcfg = build_cfgs[run["build"]]
+        for fam in [f for sym, f in FAMILIES.items() if run["config"].get(sym)]:
+            sid = run["sid"][fam["name"]]
+            say(f"run {i}/{len(mine)}: step {sid}, {run['point_name']}, seed {run['seed']}")
+            if bcfg is None:
+                say(f"step {sid}: FAILED: the build {os.path.relpath(run['build'], REPO)} failed (see above)")
+                failed += 1
+                continue
+            os.makedirs(run["out"], exist_ok=True)
+            run_steps.remove_stale_temp_files(run["out"])
+            status = run_steps.run_step(run["step"], sid, fam, run["build"], run["config"], run["config_text"],
+                                        run["out"], args.force, extra=set_args(run, bcfg))
+            if Stop.signal:
+                say(run_steps.stopped_message(sid, run_steps.step_files(run["out"], sid, fam["name"]), status))
+                return 128 + Stop.signal
+            failed += status == "failed"
+    summarise(out_root, runs, grid, seeds, [sid for s in steps for r in runs[:1] for sid in
+                                             ([s] if len(r["sid"]) == 1 else [f"{s}-{f}" for f in r["sid"]])])
+    say(f"Sweep time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out_root, REPO)}/")
+    if failed:
+        say(f"error: {failed} run(s) failed (hint: their logs are train_step<STEP>.log in the run folders under "
+            f"{os.path.relpath(out_root, REPO)}/runs/)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except OSError as e:
+        print(f"error: {e.filename or 'output'}: {e.strerror} (hint: CONFIG_OUTPUT_DIR must be a folder you can "
+              "write to, with space left)", file=sys.stderr)
+        sys.exit(1)
