@@ -81,7 +81,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")
 PATH_RE = re.compile(r"^[A-Za-z0-9_./+,@:][A-Za-z0-9_./+,@:-]*$")
 GLOB_RE = re.compile(r"^[A-Za-z0-9_.+,@:*?\[\]][A-Za-z0-9_./+,@:*?\[\]-]*$")
 LIST_RE = re.compile(r"^[A-Za-z0-9_.,+ -]*$")
-GRID_RE = re.compile(r"^[A-Za-z0-9_.+=,; -]*$")
+GRID_RE = re.compile(r"^[A-Za-z0-9_.+=,;: -]*$")
 URL_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9_./~%+-]*)?$")
 PATH_MAX = 1024
 NAME_CHARS = "letters, digits, '-', '_' and '.', not starting with '-', and not '.' or '..'"
@@ -233,8 +233,8 @@ STRING_CHECKS = {
     "project": lambda v: f"must be at most 128 characters, none of / \\ # ? % : (hint: {KINDS_HINT})" if len(v) > 128
                          or any(c in v for c in "/\\#?%:") else None,
     "text": lambda v: None,  # free text, only ever passed as data
-    "grid": lambda v: None if GRID_RE.match(v) else "must be SYMBOL=value,value;SYMBOL=value,... of letters, digits "
-                                                    f"and . _ + - (hint: e.g. SEQ2SEQ_DIM=32,64;SEQ2SEQ_LR=1e-3,1e-2; "
+    "grid": lambda v: None if GRID_RE.match(v) else "must be SYMBOL=value,value;SYMBOL:SYMBOL=a:b,c:d of letters, "
+                                                    f"digits and . _ + - (hint: e.g. SEQ2SEQ_DIM=32,64;SEQ2SEQ_LR=1e-3,1e-2; "
                                                     f"{KINDS_HINT})",
 }
 

@@ -48,34 +48,43 @@ class SweepError(Exception):
 # ---------------------------------------------------------------- the grid
 
 def parse_grid(text):
-    """[(symbol, [values])] of "SYM=v1,v2;SYM2=w1" (CONFIG_ prefixes allowed, spaces around items ignored). Syntax
-    only: the values are checked when each point's configuration is resolved."""
-    grid = []
+    """The axes of "SYM=v1,v2;SYM2=w1,w2" (CONFIG_ prefixes allowed, spaces around items ignored): [(names,
+    [values])], names a list of symbols and each value a list of one value per name. Symbols that must change
+    together are one axis, "SYM:SYM2=v1:w1,v2:w2" (a width and the MLP that is twice it). Syntax only: the values
+    are checked when each point's configuration is resolved."""
+    grid, seen = [], set()
     for part in (p.strip() for p in text.split(";")):
         if not part:
             continue
-        name, eq, values = part.partition("=")
-        name = name.strip()
-        name = name[7:] if name.startswith("CONFIG_") else name
-        vals = [v.strip() for v in values.split(",")]
-        if not eq or not re.match(r"^[A-Z0-9_]+$", name) or not all(vals):
-            raise SweepError(f"CONFIG_SWEEP: {part!r} is not SYMBOL=value,value,... (hint: e.g. "
-                             "\"SEQ2SEQ_DIM=32,64;SEQ2SEQ_LR=1e-3,1e-2\")")
-        if any(n == name for n, _ in grid):
-            raise SweepError(f"CONFIG_SWEEP: {name} is named twice (hint: one SYMBOL=values per symbol)")
-        if NOT_SWEPT.match(name):
-            raise SweepError(f"CONFIG_SWEEP: {name} cannot be swept (hint: seeds come from CONFIG_SWEEP_SEEDS; steps "
-                             "from CONFIG_ABLATION_STEPS; where outputs go is one per run)")
-        if len(set(vals)) != len(vals):
-            raise SweepError(f"CONFIG_SWEEP: {name} lists a value twice")
-        grid.append((name, vals))
+        left, eq, values = part.partition("=")
+        names = [n.strip()[7:] if n.strip().startswith("CONFIG_") else n.strip() for n in left.split(":")]
+        vals = [[x.strip() for x in v.split(":")] for v in values.split(",")]
+        if not eq or not all(re.match(r"^[A-Z0-9_]+$", n) for n in names) or \
+                not all(len(v) == len(names) and all(v) for v in vals):
+            raise SweepError(f"CONFIG_SWEEP: {part!r} is not SYMBOL=value,value,... (or SYMBOL:SYMBOL=a:b,c:d for "
+                             "symbols that change together) (hint: e.g. \"SEQ2SEQ_DIM:SEQ2SEQ_MLP=32:64,64:128;"
+                             "SEQ2SEQ_LR=1e-3,1e-2\")")
+        for name in names:
+            if name in seen:
+                raise SweepError(f"CONFIG_SWEEP: {name} is named twice (hint: one SYMBOL=values per symbol)")
+            seen.add(name)
+            if NOT_SWEPT.match(name):
+                raise SweepError(f"CONFIG_SWEEP: {name} cannot be swept (hint: seeds come from CONFIG_SWEEP_SEEDS; "
+                                 "steps from CONFIG_ABLATION_STEPS; where outputs go is one per run)")
+        if len({tuple(v) for v in vals}) != len(vals):
+            raise SweepError(f"CONFIG_SWEEP: {':'.join(names)} lists a value twice")
+        grid.append((names, vals))
     return grid
 
 
 def expand(grid):
-    """Every grid point, the first symbol varying slowest: [[(symbol, value), ...], ...] ([[]] for no grid)."""
-    names = [n for n, _ in grid]
-    return [list(zip(names, combo)) for combo in itertools.product(*[v for _, v in grid])]
+    """Every grid point, the first axis varying slowest: [[(symbol, value), ...], ...] ([[]] for no grid)."""
+    return [[(n, v) for (names, _), vals in zip(grid, combo) for n, v in zip(names, vals)]
+            for combo in itertools.product(*[values for _, values in grid])]
+
+
+def grid_text(grid):
+    return "; ".join(f"{':'.join(names)} = {', '.join(':'.join(v) for v in vals)}" for names, vals in grid)
 
 
 def short_name(symbol):
@@ -294,14 +303,17 @@ def summarise(out_root, runs, grid, seeds, steps_order):
         any_k = next(iter(g.values()), {"points": 0, "runs": 0})
         rows.append([s, agg[s]["variant"], str(any_k["points"]), str(any_k["runs"])] +
                     [pm(g[k]["mean"], g[k]["pooled_std"], ".4f") if k in g else "-" for k in names])
-    grid_text = "; ".join(f"{n} = {', '.join(v)}" for n, v in grid) or "none"
     md = [f"# Sweep summary: {summary['run']}", "",
-          f"Grid: {grid_text}. Seeds: {', '.join(map(str, seeds))}. Complete runs: {len(results)}"
+          f"Grid: {grid_text(grid) or 'none'}. Seeds: {', '.join(map(str, seeds))}. Complete runs: {len(results)}"
           f"{f' ({missing} not complete)' if missing else ''}.", "",
           "Each cell: the mean over grid points of the per-point means over seeds, ± the pooled standard deviation "
           "over seeds (no ± with one seed). Per point below; every run's numbers in sweep_summary.json.", "",
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(r) + " |" for r in rows]
+    paper_md, paper_lines = synthetic_paper(agg, order, summary)
+    if paper_md:
+        write_atomic(os.path.join(out_root, "sweep_summary.json"), json.dumps(summary, indent=1) + "\n")
+        md += [""] + paper_md
     for s in order:
         md += ["", f"## {s} ({agg[s]['variant']}): per grid point (mean ± std over seeds, n)", "",
                "| point | " + " | ".join(h for h in head[4:]) + " |", "|---|" + "|".join("---" for _ in names) + "|"]
@@ -315,8 +327,82 @@ def summarise(out_root, runs, grid, seeds, steps_order):
         f"{f', {missing} not complete' if missing else ''}; mean over the grid ± pooled std over seeds")
     for r in [head] + rows:
         say("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    for line in paper_lines:
+        say("  " + line)
     plot(out_root, results, order)
     return agg
+
+
+def kendall_tau(x, y):
+    """Kendall's tau-a of two scorings of the same items ({item: score}): concordant minus discordant pairs over all
+    pairs (a pair tied in either counts as neither); None for fewer than two items."""
+    items = sorted(x)
+    pairs = [(a, b) for i, a in enumerate(items) for b in items[i + 1:]]
+    if not pairs:
+        return None
+    sign = lambda v: (v > 0) - (v < 0)  # noqa: E731
+    return sum(sign(x[a] - x[b]) * sign(y[a] - y[b]) for a, b in pairs) / len(pairs)
+
+
+def discordant(x, y):
+    """The pairs of items that the two scorings order the opposite way (ties in either are not discordant)."""
+    items = sorted(x)
+    return [(a, b) for i, a in enumerate(items) for b in items[i + 1:] if (x[a] - x[b]) * (y[a] - y[b]) < 0]
+
+
+def ranking(scores):
+    """Names by decreasing score; ties keep the given order."""
+    return [n for n, _ in sorted(scores.items(), key=lambda kv: -kv[1])]
+
+
+def synthetic_paper(agg, order, summary):
+    """The paper's synthetic table (run_steps.PAPER_SYNTH) beside the sweep's: per task and variant the mean over
+    the grid ± pooled std over seeds (the paper's number), the average over tasks, and whether the variants rank
+    the same (Kendall's tau of the averages). Returns (markdown, console lines); nothing without synthetic runs."""
+    cols = [s for s in order if any(k.startswith("synthetic.") for k in agg[s]["grid"])
+            and agg[s]["variant"] in run_steps.SYNTH_VARIANTS]
+    if not cols:
+        return [], []
+    tasks = [t for t in run_steps.SYNTH_TASKS if any("synthetic." + t in agg[s]["grid"] for s in cols)]
+    head = ["task"] + [agg[s]["variant"] for s in cols]
+    rows, measured, paper = [], {}, {}
+    for t in tasks:
+        row = [t]
+        for s in cols:
+            g = agg[s]["grid"].get("synthetic." + t)
+            ref = run_steps.PAPER_SYNTH[t][run_steps.SYNTH_VARIANTS.index(agg[s]["variant"])]
+            row.append((pm(g["mean"], g["pooled_std"], ".3f") if g else "-") + f" ({ref:.3f})")
+        rows.append(row)
+    row = ["average"]
+    for s in cols:
+        v = agg[s]["variant"]
+        got = [agg[s]["grid"]["synthetic." + t]["mean"] for t in tasks if "synthetic." + t in agg[s]["grid"]]
+        refs = [run_steps.PAPER_SYNTH[t][run_steps.SYNTH_VARIANTS.index(v)] for t in tasks]
+        measured[v] = sum(got) / len(got) if len(got) == len(tasks) else None
+        paper[v] = sum(refs) / len(refs)
+        row.append(fmt(measured[v], ".3f") + f" ({paper[v]:.3f})")
+    rows.append(row)
+    ok = {v: m for v, m in measured.items() if m is not None}
+    ref = {v: paper[v] for v in ok}
+    ours, theirs = ranking(ok), ranking(ref)
+    tau, against = kendall_tau(ok, ref), discordant(ok, ref)
+    verdict = ("the ranking of the variants agrees with the paper's (no pair in the opposite order)" if not against
+               else f"the ranking differs from the paper's in {len(against)} of {len(ok) * (len(ok) - 1) // 2} pairs "
+                    f"({', '.join(f'{a} vs {b}' for a, b in against)}; Kendall's tau {fmt(tau, '.2f')})")
+    summary["paper"] = {"table": "synthetic", "tasks": tasks, "measured_average": measured, "paper_average": paper,
+                        "ranking": ours, "paper_ranking": theirs, "kendall_tau": tau,
+                        "discordant_pairs": against, "agrees": not against}
+    md = ["## Synthetic tasks beside the paper's Table 2", "",
+          "Test token accuracy: mean over the grid ± pooled std over seeds, the paper's number in parentheses.", "",
+          "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["", f"Ranking by the average over tasks, best first: measured {', '.join(ours)}; paper "
+               f"{', '.join(theirs)}: {verdict}."]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = ["Synthetic tasks, test token accuracy (paper in parentheses):"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head] + rows]
+    lines.append(f"ranking: measured {', '.join(ours)}; paper {', '.join(theirs)}: {verdict}")
+    return md, lines
 
 
 def curve(m):

@@ -2276,8 +2276,14 @@ def test_sweep_logic():
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     import sweep
     g = sweep.parse_grid(" SEQ2SEQ_DIM=32,64,256; CONFIG_SEQ2SEQ_ENC_LAYERS=2,4 ;SEQ2SEQ_LR=1e-3;")
-    R.check(g == [("SEQ2SEQ_DIM", ["32", "64", "256"]), ("SEQ2SEQ_ENC_LAYERS", ["2", "4"]), ("SEQ2SEQ_LR", ["1e-3"])],
-            f"parse_grid: {g}")
+    R.check(g == [(["SEQ2SEQ_DIM"], [["32"], ["64"], ["256"]]), (["SEQ2SEQ_ENC_LAYERS"], [["2"], ["4"]]),
+                  (["SEQ2SEQ_LR"], [["1e-3"]])], f"parse_grid: {g}")
+    linked = sweep.parse_grid("SEQ2SEQ_DIM:SEQ2SEQ_MLP=32:64,64:128;SEQ2SEQ_HEADS=2,4")
+    lp = sweep.expand(linked)
+    R.check(len(lp) == 4 and lp[0] == [("SEQ2SEQ_DIM", "32"), ("SEQ2SEQ_MLP", "64"), ("SEQ2SEQ_HEADS", "2")] and
+            lp[3] == [("SEQ2SEQ_DIM", "64"), ("SEQ2SEQ_MLP", "128"), ("SEQ2SEQ_HEADS", "4")] and
+            sweep.point_name(lp[3]) == "dim64-mlp128-heads4",
+            f"linked symbols change together: 2 x 2 points, not 2 x 2 x 2: {lp}")
     pts = sweep.expand(g)
     R.check(len(pts) == 6 and pts[0] == [("SEQ2SEQ_DIM", "32"), ("SEQ2SEQ_ENC_LAYERS", "2"), ("SEQ2SEQ_LR", "1e-3")]
             and pts[1][1] == ("SEQ2SEQ_ENC_LAYERS", "4") and pts[2][0] == ("SEQ2SEQ_DIM", "64"),
@@ -2290,7 +2296,9 @@ def test_sweep_logic():
             "point names: default, family prefix dropped")
     for bad, why in (("SEQ2SEQ_DIM", "no '='"), ("SEQ2SEQ_DIM=32,,64", "an empty value"),
                      ("SEQ2SEQ_DIM=1;SEQ2SEQ_DIM=2", "a symbol twice"), ("SEED=1,2", "the seed (SWEEP_SEEDS)"),
-                     ("SEQ2SEQ_DIM=32,32", "a value twice"), ("RUN_NAME=a,b", "the run name")):
+                     ("SEQ2SEQ_DIM=32,32", "a value twice"), ("RUN_NAME=a,b", "the run name"),
+                     ("SEQ2SEQ_DIM:SEQ2SEQ_MLP=32:64,64", "a linked value with one part"),
+                     ("SEQ2SEQ_DIM:SEQ2SEQ_DIM=1:1", "a symbol twice in a linked axis")):
         try:
             sweep.parse_grid(bad)
             R.check(False, f"parse_grid refuses {why}: {bad!r}")
@@ -2330,6 +2338,14 @@ def test_sweep_logic():
     gb = agg["B"]["grid"]
     R.check(gb["acc"]["mean"] == 0.3 and gb["acc"]["pooled_std"] is None and gb["loss"]["runs"] == 1,
             f"aggregate: one run per point has no std: {gb}")
+    R.check(sweep.kendall_tau({"a": 3, "b": 2, "c": 1}, {"a": 30, "b": 20, "c": 10}) == 1.0 and
+            sweep.kendall_tau({"a": 3, "b": 2, "c": 1}, {"a": 1, "b": 2, "c": 3}) == -1.0 and
+            sweep.kendall_tau({"a": 3, "b": 2, "c": 1}, {"a": 1, "b": 1, "c": 1}) == 0.0 and
+            abs(sweep.kendall_tau({"a": 3, "b": 2, "c": 1}, {"a": 3, "b": 1, "c": 2}) - 1 / 3) < 1e-12,
+            "kendall_tau: same order 1, reversed -1, all tied 0, one swapped pair of three 1/3")
+    R.check(sweep.discordant({"a": 3, "b": 2, "c": 1}, {"a": 3, "b": 1, "c": 2}) == [("b", "c")] and
+            sweep.discordant({"a": 1, "b": 2}, {"a": 1, "b": 1}) == [],
+            "discordant: the pair in the opposite order; a tie is not discordant")
     rm = sweep.run_metrics({"best_val_loss": 1.0, "test_accuracy": 0.5, "synthetic_test_accuracy": {"copy": 0.9},
                             "metrics": {"val_losses": [2.0, 1.5], "train_losses": [3.0]}})
     R.check(rm == {"best_val_loss": 1.0, "final_val_loss": 1.5, "test_accuracy": 0.5, "final_train_loss": 3.0,
