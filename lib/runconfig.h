@@ -21,5 +21,8 @@ int kconfig_runtime_count(void);
 const char *kconfig_runtime_name(int id);
 int kconfig_runtime_replaced(int id);
 int kconfig_runtime_is_int(int id);
+/* Its value: the int (int symbols) or the text (numbers and lists). */
+int kconfig_runtime_value(int id);
+const char *kconfig_runtime_text(int id);
 
 #endif

@@ -158,13 +158,13 @@ def pid_alive(pid):
     return True
 
 
-def remove_stale_temp_files(out):
+def remove_stale_temp_files(out, only=None):
     """Removes the temporary files that writes killed midway left in the run folder (those of processes that no
-    longer exist; a live one may still be writing)."""
+    longer exist; a live one may still be writing); only: just the temporary files of these file names."""
     for folder, _dirs, names in os.walk(out):
         for name in names:
             m = TEMP_RE.search(name)
-            if m and not pid_alive(int(m.group(1))):
+            if m and (only is None or name[:m.start()] in only) and not pid_alive(int(m.group(1))):
                 os.remove(os.path.join(folder, name))
                 say(f"removed {os.path.relpath(os.path.join(folder, name), REPO)}: left by a write that was killed")
 
@@ -345,6 +345,8 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force, extra=()):
     except OSError:
         shutil.copy2(binary, tmp)
     os.replace(tmp, files["binary"])
+    if os.path.lexists(tmp):  # both names were links to one file already: rename() leaves them as they are
+        os.remove(tmp)
     cmd, note = distributed_command(cfg, [files["binary"], "train", "--out", out, "--step", sid] + list(extra))
     if cmd is None:
         say(f"step {sid}: FAILED: {note}")

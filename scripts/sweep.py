@@ -28,6 +28,8 @@ import json
 import math
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -131,8 +133,8 @@ def fragment_text(assignments, kconf):
     return "".join(lines)
 
 
-def resolve(kconf, path_base, fragments, origin):
-    """(config text, config dict) of base + fragment files, strictly checked."""
+def resolve(kconf, path_base, fragments, origin, work):
+    """(config text, config dict) of base + fragment files, strictly checked (work: a scratch folder)."""
     try:
         kconfig.load_strict(kconf, path_base, replace=True, check_values=False)
         for f in fragments:
@@ -140,7 +142,7 @@ def resolve(kconf, path_base, fragments, origin):
         kconfig.check_values(kconf, origin)
     except kconfig.ConfigError as e:
         raise SweepError(f"{origin}: {e}")
-    tmp = os.path.join(os.path.dirname(fragments[-1]) if fragments else ".", f".resolved.{os.getpid()}")
+    tmp = os.path.join(work, f"resolved.tmp.{os.getpid()}")
     kconfig.write_config(kconf, tmp)
     with open(tmp, encoding="utf-8") as f:
         text = f.read()
@@ -148,25 +150,37 @@ def resolve(kconf, path_base, fragments, origin):
     return text, kconfig.resolved_json(kconf)
 
 
-def seed_assignments(cfg, seed):
+def seed_assignments(cfg, seed, point):
+    """The seed of a run: CONFIG_SEED, and the synthetic tasks' seed list unless the grid sets that itself."""
     out = [("SEED", str(seed))]
-    if cfg.get("SEQ2SEQ") and cfg.get("SEQ2SEQ_TASK_SYNTHETIC"):
+    if cfg.get("SEQ2SEQ") and cfg.get("SEQ2SEQ_TASK_SYNTHETIC") and "SEQ2SEQ_SEEDS" not in dict(point):
         out.append(("SEQ2SEQ_SEEDS", str(seed)))
     return out
+
+
+# Every build and run of a sweep has the sweep options off: they only say which runs exist, so growing the grid
+# or the seed count changes no build and no run's configuration (which its checkpoints record and resume checks).
+SWEEP_OFF = [("SWEEP", ""), ("SWEEP_SEEDS", "1")]
 
 
 def plan(config, steps, steps_dir, build_root, out_root, work):
     """Every run: dict(step, point, seed, build (folder), build_fragments, out, assignments (the run-time ones),
     config text and dict). work is a scratch folder for fragment files."""
     kconf = kconfig.load_kconfig()
-    base_text, base_cfg = resolve(kconf, config, [], config)
+    os.makedirs(work, exist_ok=True)
+    _base_text, base_cfg = resolve(kconf, config, [], config, work)
     grid = parse_grid(base_cfg.get("SWEEP", ""))
     seeds = [base_cfg["SEED"] + k for k in range(base_cfg.get("SWEEP_SEEDS", 1))]
     runtime = set(kconfig.RUNTIME)
-    os.makedirs(work, exist_ok=True)
     runs = []
+    off = os.path.join(work, "sweep-off")
+    write_atomic(off, fragment_text(SWEEP_OFF, kconf))
     for step in steps:
         step_frag = [] if step == "base" else [os.path.join(REPO, steps_dir, step)]
+        if step_frag and not os.path.isfile(step_frag[0]):
+            raise SweepError(f"{step_frag[0]}: step fragment not found (hint: create it with the CONFIG_ lines of "
+                             "this step, see defconfigs/steps/)")
+        step_frag.append(off)
         for point in expand(grid):
             build_part = [(s, v) for s, v in point if s not in runtime]
             bname = point_name(build_part) if build_part else ""
@@ -181,11 +195,11 @@ def plan(config, steps, steps_dir, build_root, out_root, work):
                 f = os.path.join(work, f"run-{step}-{point_name(point)}-{seed}")
                 probe = run_part + [("SEED", str(seed))]
                 write_atomic(f, fragment_text(probe, kconf))
-                _t, probe_cfg = resolve(kconf, config, frags + [f], f"step {step}, point {point_name(point)}")
-                assigns = run_part + seed_assignments(probe_cfg, seed)
+                _t, probe_cfg = resolve(kconf, config, frags + [f], f"step {step}, point {point_name(point)}", work)
+                assigns = run_part + seed_assignments(probe_cfg, seed, point)
                 write_atomic(f, fragment_text(assigns, kconf))
                 text, cfg = resolve(kconf, config, frags + [f],
-                                    f"step {step}, point {point_name(point)}, seed {seed}")
+                                    f"step {step}, point {point_name(point)}, seed {seed}", work)
                 runs.append({"step": step, "point": point, "point_name": point_name(point), "seed": seed,
                              "build": bdir, "build_fragments": frags, "assignments": assigns,
                              "out": os.path.join(out_root, "runs", point_name(point), f"seed{seed}"),
@@ -386,12 +400,13 @@ def synthetic_paper(agg, order, summary):
     ref = {v: paper[v] for v in ok}
     ours, theirs = ranking(ok), ranking(ref)
     tau, against = kendall_tau(ok, ref), discordant(ok, ref)
-    verdict = ("the ranking of the variants agrees with the paper's (no pair in the opposite order)" if not against
+    verdict = ("fewer than two variants have every task: nothing to rank yet" if len(ok) < 2 else
+               "the ranking of the variants agrees with the paper's (no pair in the opposite order)" if not against
                else f"the ranking differs from the paper's in {len(against)} of {len(ok) * (len(ok) - 1) // 2} pairs "
                     f"({', '.join(f'{a} vs {b}' for a, b in against)}; Kendall's tau {fmt(tau, '.2f')})")
     summary["paper"] = {"table": "synthetic", "tasks": tasks, "measured_average": measured, "paper_average": paper,
                         "ranking": ours, "paper_ranking": theirs, "kendall_tau": tau,
-                        "discordant_pairs": against, "agrees": not against}
+                        "discordant_pairs": against, "agrees": (not against) if len(ok) >= 2 else None}
     md = ["## Synthetic tasks beside the paper's Table 2", "",
           "Test token accuracy: mean over the grid ± pooled std over seeds, the paper's number in parentheses.", "",
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -426,7 +441,10 @@ def band(results, step):
         by_point.setdefault(r["point"], []).append(r["curve"]["y"][:n])
     mean, std = [], []
     for i in range(n):
-        cells = [mean_std([c[i] for c in curves]) for curves in by_point.values()]
+        cells = [c for c in (mean_std([c[i] for c in curves]) for curves in by_point.values()) if c[2]]
+        if not cells:  # no finite value at this evaluation: the curve ends before it
+            x = x[:i]
+            break
         mean.append(sum(c[0] for c in cells) / len(cells))
         var = [c[1] ** 2 for c in cells if c[1] is not None]
         std.append(math.sqrt(sum(var) / len(var)) if var else None)
@@ -483,12 +501,20 @@ def main():
         out_root = os.path.abspath(args.out)
         build_root = os.path.abspath(args.build)
         steps = args.steps.split()
-        runs, grid, seeds = plan(args.config, steps, args.steps_dir, build_root, out_root,
-                                 os.path.join(build_root, "sweep"))
+        # fragments of this process's plan: shards may plan at the same time
+        work = os.path.join(build_root, "sweep", f"{socket.gethostname()}-{os.getpid()}")
+        runs, grid, seeds = plan(args.config, steps, args.steps_dir, build_root, out_root, work)
         mine = shard(runs, k, n)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    try:
+        return execute(args, runs, grid, seeds, mine, k, n, steps, out_root)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def execute(args, runs, grid, seeds, mine, k, n, steps, out_root):
     builds = sorted({r["build"] for r in mine})
     for run in runs:
         fams = [f for sym, f in FAMILIES.items() if run["config"].get(sym)]
@@ -529,13 +555,18 @@ def main():
                 failed += 1
                 continue
             os.makedirs(run["out"], exist_ok=True)
-            run_steps.remove_stale_temp_files(run["out"])
+            # this step's files only: another machine's shard may be writing another step's in this folder
+            run_steps.remove_stale_temp_files(run["out"], only=set(
+                os.path.basename(p) for p in run_steps.step_files(run["out"], sid, fam["name"]).values()))
             status = run_steps.run_step(run["step"], sid, fam, run["build"], run["config"], run["config_text"],
                                         run["out"], args.force, extra=set_args(run, bcfg))
             if Stop.signal:
                 say(run_steps.stopped_message(sid, run_steps.step_files(run["out"], sid, fam["name"]), status))
                 return 128 + Stop.signal
             failed += status == "failed"
+    if Stop.signal:  # between two runs
+        say(f"kvlab: stopped by {run_steps.signal.Signals(Stop.signal).name} between runs; run make again to go on")
+        return 128 + Stop.signal
     summarise(out_root, runs, grid, seeds, [sid for s in steps for r in runs[:1] for sid in
                                              ([s] if len(r["sid"]) == 1 else [f"{s}-{f}" for f in r["sid"]])])
     say(f"Sweep time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out_root, REPO)}/")

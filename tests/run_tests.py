@@ -905,8 +905,9 @@ def test_rebuild_tracking(ws):
     r = ws.make("build")
     R.check(r.returncode == 0 and " CC " not in r.stdout, f"nothing to rebuild without changes:\n{r.stdout}")
     compiled = rebuild_after(ws, "SEED=99")
-    R.check(compiled == ["gpt2/train_gpt2.c", "train/buildinfo.c"],
-            f"changing CONFIG_SEED recompiles only the files that read it: {compiled}")
+    R.check(compiled == ["gpt2/train_gpt2.c", "lib/runconfig.c", "train/buildinfo.c"],
+            f"changing CONFIG_SEED recompiles only the files that read it (a run-time symbol: also the table of "
+            f"compiled values, lib/runconfig.c): {compiled}")
     compiled = rebuild_after(ws, "GPT2_N_LAYER=2")
     R.check("gpt2/model.c" in compiled and "kernels/cpu/attention.c" not in compiled,
             f"changing the depth recompiles the model, not the kernels: {compiled}")
@@ -1011,8 +1012,10 @@ def test_resume(ws):
     rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)
     R.check(seen and rc == 128 + signal.SIGTERM, f"SIGTERM stops the run with status 143 (rc {rc}) {rest[-500:]}")
     mc = metrics(os.path.join(c, "training_metrics_stepV0.json"))
-    R.check(mc["status"] == "stopped" and mc["error"] == "stopped by SIGTERM at iteration 10"
-            and "stopped by SIGTERM at iteration 10; state saved to" in rest,
+    # the signal lands at iteration 10 or, on a busy machine, a few iterations later: the run stops where it got
+    m = re.match(r"^stopped by SIGTERM at iteration (\d+)$", mc.get("error") or "")
+    R.check(mc["status"] == "stopped" and m and 10 <= int(m.group(1)) < 30
+            and f"stopped by SIGTERM at iteration {m.group(1)}; state saved to" in rest,
             f"a stopped run says so in its metrics and in one line: {mc['status']} {mc.get('error')} {rest[-300:]}")
     r = run_binary(binary, c, "V0")
     R.check(r.returncode == 0 and "resuming" in r.stdout, f"continued after SIGTERM: {r.stderr}")
@@ -2406,7 +2409,9 @@ def test_sweep_end_to_end(tmp, sanitize):
     m = metrics(os.path.join(out, "runs", "dim32-lr1e-3", "seed1338", "training_metrics_stepKV.json"))
     cfg = json.loads(m["config"]) if isinstance(m["config"], str) else m["config"]
     R.check(cfg["SEQ2SEQ_DIM"] == 32 and cfg["SEQ2SEQ_LR"] == "1e-3" and cfg["SEED"] == 1338 and
-            cfg["SEQ2SEQ_SEEDS"] == "1338", f"the run's recorded configuration: dim 32, lr 1e-3, seed 1338: {cfg}")
+            cfg["SEQ2SEQ_SEEDS"] == "1338" and cfg["SWEEP"] == "" and cfg["SWEEP_SEEDS"] == 1,
+            f"the run's recorded configuration: dim 32, lr 1e-3, seed 1338, the sweep options off: {cfg}")
+    R.check(not glob.glob(os.path.join(out, "runs", "*", "seed*", "*.tmp.*")), "no temporary file is left in the runs")
     log = open(os.path.join(out, "runs", "dim32-lr1e-3", "seed1338", "train_stepKV.log")).read()
     R.check("--set SEED=1338" in log and "--set SEQ2SEQ_LR=1e-3" in log and "--set SEQ2SEQ_DIM" not in log,
             "the trainer got the run-time values on its command line, the build-time one compiled in")
@@ -2419,6 +2424,7 @@ def test_sweep_end_to_end(tmp, sanitize):
     r = ws.make()
     R.check(r.returncode == 0 and r.stdout.count("already complete") == 16 and len(sweep_logs(out)) == 24,
             f"a third seed runs only its 8 runs: {r.stdout.count('already complete')} skipped")
+    R.check(os.stat(binary).st_mtime_ns == stamp, "a third seed relinks no build (the sweep options are off in them)")
     # the same seed twice gives the same numbers (determinism across runs of one build)
     b = os.path.join(ws.dir, "again")
     r = run([binary, "train", "--out", b, "--step", "KV", "--set", "SEED=1338", "--set", "SEQ2SEQ_SEEDS=1338",
@@ -2430,7 +2436,10 @@ def test_sweep_end_to_end(tmp, sanitize):
     # bad values on the command line and in the grid
     for args_, want in ((["--set", "SEQ2SEQ_DIM=64"], "not a run-time symbol"), (["--set", "SEED=x"], "whole number"),
                         (["--set", "SEQ2SEQ_LR=fast"], "must be a number"), (["--set", "SEED"], "NAME=VALUE"),
-                        (["--set", "SEQ2SEQ_TASKS=a;b"], "comma-separated list")):
+                        (["--set", "SEQ2SEQ_TASKS=a;b"], "comma-separated list"),
+                        (["--set", "SEED=0x10"], "whole number"), (["--set", "SEED=-1"], "whole number"),
+                        (["--set", "SEQ2SEQ_LR= 1e-3"], "must be a number"),
+                        (["--set", "SEQ2SEQ_LR=0x1p3"], "must be a number"), (["--set", "SEQ2SEQ_LR=inf"], "must be a number")):
         r = run([binary, "train", "--out", os.path.join(ws.dir, "bad"), "--step", "KV"] + args_)
         R.check(r.returncode != 0 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
                 f"--set {args_[1]}: one line ({want}): {r.stderr}")

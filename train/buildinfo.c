@@ -24,8 +24,8 @@ const char *build_config_json(void) {
     for (int i = 0; i < kconfig_runtime_count(); i++) {
         if (!kconfig_runtime_replaced(i)) continue;
         const char *name = kconfig_runtime_name(i);
-        cJSON *v = kconfig_runtime_is_int(i) ? cJSON_CreateNumber(kconfig_runtime_int(i))
-                                             : cJSON_CreateString(kconfig_runtime_str(i));
+        cJSON *v = kconfig_runtime_is_int(i) ? cJSON_CreateNumber(kconfig_runtime_value(i))
+                                             : cJSON_CreateString(kconfig_runtime_text(i));
         if (!v || !cJSON_ReplaceItemInObjectCaseSensitive(cfg, name, v))
             FATAL("the compiled configuration has no %s (hint: rebuild)", name);
     }
