@@ -431,15 +431,17 @@ def curve(m):
 
 
 def band(results, step):
-    """(x, mean, std or None) of a step's validation curves: per point the mean over seeds, then the mean of those
-    over the grid; the band is the pooled per-point std over seeds. Curves are cut to the shortest; x is the first
-    run's when every run has the same, else the evaluation index."""
+    """(x, mean, std or None, whether x is the evaluation index) of a step's validation curves: per point the mean
+    over seeds, then the mean of those over the grid; the band is the pooled per-point std over seeds. Curves are
+    cut to the shortest; x is the first run's when every run has the same, else the evaluation index (points with
+    other batch shapes see other numbers of examples by the same evaluation)."""
     rs = [r for r in results if r["step"] == step and r["curve"]["y"]]
     if not rs:
         return None
     n = min(len(r["curve"]["y"]) for r in rs)
     xs = [tuple(r["curve"]["x"][:n]) for r in rs]
-    x = list(xs[0]) if len(set(xs)) == 1 and len(xs[0]) == n else list(range(1, n + 1))
+    indexed = not (len(set(xs)) == 1 and len(xs[0]) == n)
+    x = list(range(1, n + 1)) if indexed else list(xs[0])
     by_point = {}
     for r in rs:
         by_point.setdefault(r["point"], []).append(r["curve"]["y"][:n])
@@ -452,7 +454,7 @@ def band(results, step):
         mean.append(sum(c[0] for c in cells) / len(cells))
         var = [c[1] ** 2 for c in cells if c[1] is not None]
         std.append(math.sqrt(sum(var) / len(var)) if var else None)
-    return x, mean, std if all(v is not None for v in std) else None
+    return x, mean, (std if all(v is not None for v in std) else None), indexed
 
 
 def plot(out_root, results, order):
@@ -461,17 +463,19 @@ def plot(out_root, results, order):
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     unit = results[0]["curve"]["unit"]
+    indexed = False
     for i, s in enumerate(order):
         b = band(results, s)
         if not b:
             continue
-        x, mean, std = b
+        x, mean, std, ix = b
+        indexed |= ix
         variant = next(r["variant"] for r in results if r["step"] == s)
         ax.plot(x, mean, color=f"C{i % 10}", marker="o", markersize=3, label=f"{s} ({variant})")
         if std:
             ax.fill_between(x, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
                             color=f"C{i % 10}", alpha=0.2)
-    ax.set_xlabel(f"training {unit}")
+    ax.set_xlabel("evaluation (n-th of each run)" if indexed else f"training {unit}")
     ax.set_ylabel("validation loss (nats)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
