@@ -7,7 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-static inline uint32_t mix32(uint32_t x) { /* murmur3 finaliser */
+/* The same functions in host and CUDA device code (kernels/cuda/): masks agree on every target. */
+#ifdef __CUDACC__
+#define KV_HASH_FN static inline __host__ __device__
+#else
+#define KV_HASH_FN static inline
+#endif
+
+KV_HASH_FN uint32_t mix32(uint32_t x) { /* murmur3 finaliser */
     x ^= x >> 16;
     x *= 0x85ebca6bu;
     x ^= x >> 13;
@@ -16,7 +23,7 @@ static inline uint32_t mix32(uint32_t x) { /* murmur3 finaliser */
     return x;
 }
 
-static inline uint64_t mix64(uint64_t x) { /* splitmix64 finaliser */
+KV_HASH_FN uint64_t mix64(uint64_t x) { /* splitmix64 finaliser */
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 27;
@@ -26,7 +33,7 @@ static inline uint64_t mix64(uint64_t x) { /* splitmix64 finaliser */
 }
 
 /* Keep element i with probability 1 - threshold / 2^24. */
-static inline int dropout_keep(uint64_t seed, size_t i, uint32_t threshold) {
+KV_HASH_FN int dropout_keep(uint64_t seed, size_t i, uint32_t threshold) {
     uint32_t h = mix32((uint32_t)i ^ (uint32_t)seed) ^ (uint32_t)(seed >> 32);
     h = mix32(h + (uint32_t)((uint64_t)i >> 32));
     return (h >> 8) >= threshold;

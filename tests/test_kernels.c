@@ -1022,8 +1022,10 @@ static void test_adamw_and_clip(void) {
 
 /* ------------------------------------------------------------------ argument errors */
 
-/* Runs fn in a child; it must exit 1 with a message naming op on stderr. */
-static void expect_error(const char *op, void (*fn)(void)) {
+/* Runs the bad call named `name` in a child, which must exit 1 with a message naming op on stderr. The child
+ * is this program started again (--bad-call NAME, see main), not a fork: a forked child cannot use the
+ * parent's GPU context, so every backend gets a fresh process that sets itself up. */
+static void expect_error(const char *op, const char *name) {
     int fds[2];
     if (pipe(fds) != 0) FATAL("pipe failed");
     fflush(stdout);
@@ -1031,8 +1033,8 @@ static void expect_error(const char *op, void (*fn)(void)) {
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        fn();
-        _exit(0);
+        execl("/proc/self/exe", "test_kernels", "--bad-call", name, (char *)NULL);
+        _exit(127);
     }
     close(fds[1]);
     char buf[1024] = {0};
@@ -1043,12 +1045,13 @@ static void expect_error(const char *op, void (*fn)(void)) {
     int status;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(buf, op) != NULL,
-          "bad arguments to %s: exit status %d, message '%s'", op, WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
+          "bad arguments to %s (%s): exit status %d, message '%s'", op, name,
+          WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
 }
 
 /* The bad calls get device buffers like any call: the kernels may read them
- * (token ids, targets) before they find the error. Made by
- * test_argument_errors before the children fork, freed after. */
+ * (token ids, targets) before they find the error. Made by the child
+ * (run_bad_call) before the call. */
 static float *dummy; /* 64 floats */
 static int *bad_ids; /* {0, 7, 9}: token 7 of a vocabulary of 5, target 9 of 4 classes */
 
@@ -1068,18 +1071,14 @@ static void bad_cross_attention(void) {
 }
 
 static void test_argument_errors(void) {
-    dummy = dev_alloc(64 * sizeof(float));
-    bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));
-    expect_error("linear_forward", bad_linear);
-    expect_error("layernorm_forward", bad_layernorm);
-    expect_error("attention_forward", bad_attention);
-    expect_error("dropout_forward", bad_dropout);
-    expect_error("embedding_forward", bad_embedding);
-    expect_error("crossentropy_forward", bad_crossentropy);
-    expect_error("cross_attention_forward", bad_cross_attention);
-    expect_error("pool_tokens_forward", bad_pool);
-    dev_free(dummy);
-    dev_free(bad_ids);
+    expect_error("linear_forward", "linear");
+    expect_error("layernorm_forward", "layernorm");
+    expect_error("attention_forward", "attention");
+    expect_error("dropout_forward", "dropout");
+    expect_error("embedding_forward", "embedding");
+    expect_error("crossentropy_forward", "crossentropy");
+    expect_error("cross_attention_forward", "cross_attention");
+    expect_error("pool_tokens_forward", "pool");
 }
 
 /* ------------------------------------------------------------------ grouped K/V heads */
@@ -1227,15 +1226,12 @@ static void bad_kv_heads_decode(void) {
  * K refuse grouping; every variant refuses a K/V head count that does not divide H. */
 static void test_grouped_kv(void) {
     int H = 4, hd = 4;
-    dummy = dev_alloc(64 * sizeof(float));
-    expect_error("attention_forward", bad_kv_heads_divide);
+    expect_error("attention_forward", "kv_heads_divide");
     if (attn_symmetric(ATTN_VARIANT)) {
-        expect_error("attention_forward", bad_kv_heads_symmetric);
-        dev_free(dummy);
+        expect_error("attention_forward", "kv_heads_symmetric");
         return;
     }
-    expect_error("attention_decode", bad_kv_heads_decode);
-    dev_free(dummy);
+    expect_error("attention_decode", "kv_heads_decode");
     for (int G = 1; G < H; G *= 2) { /* 1 (MQA) and 2 (GQA) */
         attention_case_kv("causal", G, 2, 9, H, hd, 1, 0, 0.0f);
         attention_case_kv("bidirectional", G, 2, 9, H, hd, 0, 0, 0.0f);
@@ -1251,8 +1247,30 @@ static void test_grouped_kv(void) {
     for (int G = 1; G <= H; G *= 2) grouped_decode(G);
 }
 
-int main(void) {
+/* The child of expect_error: sets up the buffers the bad calls get, makes the call named name and exits 0 if
+ * the call returned (the parent then reports that it did not stop). */
+static int run_bad_call(const char *name) {
+    static const struct {
+        const char *name;
+        void (*fn)(void);
+    } calls[] = {{"linear", bad_linear}, {"layernorm", bad_layernorm}, {"attention", bad_attention},
+                 {"dropout", bad_dropout}, {"embedding", bad_embedding}, {"crossentropy", bad_crossentropy},
+                 {"cross_attention", bad_cross_attention}, {"pool", bad_pool},
+                 {"kv_heads_divide", bad_kv_heads_divide}, {"kv_heads_symmetric", bad_kv_heads_symmetric},
+                 {"kv_heads_decode", bad_kv_heads_decode}};
+    dummy = dev_alloc(64 * sizeof(float));
+    bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
+        if (!strcmp(calls[i].name, name)) {
+            calls[i].fn();
+            return 0;
+        }
+    FATAL("no bad call named '%s'", name);
+}
+
+int main(int argc, char **argv) {
     backend_init(0);
+    if (argc == 3 && !strcmp(argv[1], "--bad-call")) return run_bad_call(argv[2]);
     printf("kernels test: attention variant %s (m=%d, %s), %d threads\n", attn_variant_label(ATTN_VARIANT, ATTN_POS),
            ATTN_POS_DIM, ATTN_POS_PER_HEAD ? "per head" : "per layer", backend_threads());
     test_vecmath();

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "backend.h"
 #include "common.h"
 #include "hash.h"
 #include "kernels.h"
@@ -519,50 +520,14 @@ static void rope_rows(float *dst, int dst_ld, const float *src, int src_ld, int 
     }
 }
 
-/* Checks an AttnPos against the call and the build; returns its scheme. */
-static int check_pos(const char *op, const AttnPos *pos, int H, int hd, int T) {
-    if (ATTN_POS) {
-        if (!pos || !pos->w || !pos->b || !pos->feat) FATAL("%s: +Pos is configured but no positional weights given", op);
-        if (pos->m != ATTN_POS_DIM) FATAL("%s: positional dim %d, configured %d", op, pos->m, ATTN_POS_DIM);
-        if (pos->groups != (ATTN_POS_PER_HEAD ? H : 1))
-            FATAL("%s: %d +Pos weight groups, configured %d", op, pos->groups, ATTN_POS_PER_HEAD ? H : 1);
-        if (pos->T < T) FATAL("%s: +Pos basis has %d positions, sequence has %d", op, pos->T, T);
-    } else if (pos && (pos->w || pos->b)) {
-        FATAL("%s: +Pos weights given but +Pos is not configured", op);
-    }
-    int scheme = pos ? pos->scheme : ATTN_POSITION_ABSOLUTE;
-    if (scheme < 0 || scheme >= ATTN_NUM_POSITIONS) FATAL("%s: position scheme %d is not in the table", op, scheme);
-    if (attn_positions[scheme].where == ATTN_PE_ROTARY) {
-        if (!pos->rope || pos->rope_hd != hd || pos->T < T)
-            FATAL("%s: RoPE table for head dim %d and %d positions, the call has head dim %d and %d positions", op,
-                  pos->rope ? pos->rope_hd : 0, pos->rope ? pos->T : 0, hd, T);
-    }
-    if (scheme == ATTN_POSITION_REL_BIAS && (!pos->rel || pos->rel_buckets < 4 || pos->rel_max_distance < 2))
-        FATAL("%s: relative bias without its weights or with %d buckets / max distance %d (at least 4 / 2)", op,
-              pos->rel_buckets, pos->rel_max_distance);
-    return scheme;
-}
-
 /* ------------------------------------------------------------------ entry points */
-
-static void check_args(const char *op, int B, int Tq, int Tk, int H, int hd, float dropout) {
-    if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || hd <= 0)
-        FATAL("%s: bad shape B=%d Tq=%d Tk=%d H=%d head_dim=%d (all must be positive)", op, B, Tq, Tk, H, hd);
-    if (!(dropout >= 0.0f && dropout < 1.0f)) FATAL("%s: dropout must be in [0, 1), got %g", op, (double)dropout);
-}
 
 static void self_problem(Problem *p, const char *op, float *out, float *lse, const float *proj, float *dproj,
                          const float *dout, const AttnPos *pos, const AttnArgs *a) {
-    check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
+    attn_check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
     if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
-    int scheme = check_pos(op, pos, a->H, a->hd, a->T);
-    int G = attn_kv_count(a->H, a->kv_heads);
-    if (G < 1 || G > a->H || a->H % G != 0)
-        FATAL("%s: %d K/V heads for %d query heads (the K/V head count must divide the query head count)", op, G,
-              a->H);
-    if (G != a->H && attn_symmetric(ATTN_VARIANT))
-        FATAL("%s: %d K/V heads for %d query heads in variant %s, whose key also plays the query role (grouped K/V "
-              "heads are defined for QKV and KV tying only)", op, G, a->H, attn_variant_label(ATTN_VARIANT, 0));
+    int scheme = attn_check_pos(op, pos, a->H, a->hd, a->T);
+    int G = attn_check_kv_heads(op, a->H, a->kv_heads);
     int C = a->H * a->hd, kvC = G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
     int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
     int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
@@ -682,7 +647,7 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
 
 static void cross_problem(Problem *p, const char *op, float *out, float *lse, const float *q, const float *kv,
                           float *dq, float *dkv, const float *dout, const CrossAttnArgs *a) {
-    check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
+    attn_check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
     if (!q || !kv || !out || !lse) FATAL("%s: NULL buffer", op);
     int C = a->H * a->hd;
     memset(p, 0, sizeof *p);
@@ -742,7 +707,7 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
         FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
     int kvC = G * hd, group = H / G;
     int n = t + 1;
-    int scheme = check_pos("attention_decode", pos, H, hd, n);
+    int scheme = attn_check_pos("attention_decode", pos, H, hd, n);
     int rope = attn_positions[scheme].where == ATTN_PE_ROTARY;
     /* position bias of (t, j): the table's row t (causal) */
     const float *bias = attn_positions[scheme].where == ATTN_PE_BIAS ? bias_table(pos, H, n, 1) : NULL;

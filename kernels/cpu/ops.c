@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "backend.h"
 #include "common.h"
 #include "hash.h"
 #include "kernels.h"
@@ -305,38 +306,10 @@ void residual_forward(float *out, const float *a, const float *b, size_t n) {
 
 /* ------------------------------------------------------------------ dropout */
 
-uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site) {
-    return mix64(mix64(run_seed * 0x9e3779b97f4a7c15ull + step) ^ (site * 0xd1b54a32d192ed03ull));
-}
-
-static uint32_t dropout_threshold(float p, const char *op) {
-    if (!(p >= 0.0f && p < 1.0f)) FATAL("%s: dropout probability must be in [0, 1), got %g", op, (double)p);
-    return (uint32_t)(p * 16777216.0f);
-}
-
-static int g_batch_first, g_batch_count; /* dropout_batch_rows */
-
-void dropout_batch_rows(int first, int count) {
-    if (first < 0 || count < 0 || (first > 0 && count == 0))
-        FATAL("dropout_batch_rows: rows [%d, %d + %d) of a global batch", first, first, count);
-    g_batch_first = first;
-    g_batch_count = count;
-}
-
-int dropout_batch_first(void) { return g_batch_first; }
-
-/* The global index of element 0 of an n-value buffer of this process's batch rows. */
-static size_t batch_offset(size_t n, const char *op) {
-    if (!g_batch_count) return 0;
-    if (n % (size_t)g_batch_count)
-        FATAL("%s: %zu values are not %d batch rows (dropout_batch_rows)", op, n, g_batch_count);
-    return (size_t)g_batch_first * (n / (size_t)g_batch_count);
-}
-
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
     uint32_t thr = dropout_threshold(p, "dropout_forward");
     float scale = 1.0f / (1.0f - p);
-    size_t off = batch_offset(n, "dropout_forward");
+    size_t off = dropout_batch_offset(n, "dropout_forward");
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = dropout_keep(seed, off + i, thr) ? inp[i] * scale : 0.0f;
 }
@@ -344,7 +317,7 @@ void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t s
 void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
     uint32_t thr = dropout_threshold(p, "dropout_backward");
     float scale = 1.0f / (1.0f - p);
-    size_t off = batch_offset(n, "dropout_backward");
+    size_t off = dropout_batch_offset(n, "dropout_backward");
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] += dropout_keep(seed, off + i, thr) ? dout[i] * scale : 0.0f;
 }
