@@ -19,6 +19,7 @@ MAY_IMPORT = {
     "lib": [],
     "kernels": ["lib"],
     "kernels/cpu": ["kernels", "lib"],
+    "kernels/cuda": ["kernels", "lib"],
     "nn": ["kernels", "lib"],
     "wandb": ["lib"],
     "train": ["nn", "kernels", "wandb", "lib"],
@@ -36,7 +37,7 @@ def headers(repo):
     found = {}
     for folder in MAY_IMPORT:
         for name in os.listdir(os.path.join(repo, folder)):
-            if name.endswith(".h"):
+            if name.endswith((".h", ".cuh")):
                 found.setdefault(name, []).append(folder)
     return found
 
@@ -46,7 +47,7 @@ def check(repo):
     problems = []
     for folder, allowed in MAY_IMPORT.items():
         for name in sorted(os.listdir(os.path.join(repo, folder))):
-            if not name.endswith((".c", ".h")):
+            if not name.endswith((".c", ".h", ".cu", ".cuh")):
                 continue
             path = os.path.join(folder, name)
             with open(os.path.join(repo, path), encoding="utf-8") as f:

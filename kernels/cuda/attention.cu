@@ -1,0 +1,973 @@
+/* CUDA attention: every variant through one set of fused kernels, as the CPU
+ * backend (kernels/cpu/attention.c, the reference) runs them through one code
+ * path. docs/cuda.md describes the kernels.
+ *
+ *  1. pack: the query, key and value roles are copied out of the projection
+ *     into head-major buffers (B, heads, T, hd), rotated on the way when the
+ *     position scheme is RoPE. A variant whose roles share a block simply
+ *     packs that block more than once.
+ *  2. forward: one block per (batch, query head, 32 query rows) walks the keys
+ *     in tiles of 32 held in shared memory with an online softmax (running
+ *     max and sum), so the T x T scores never reach GPU memory; it writes the
+ *     output and the row log-sum-exp.
+ *  3. backward: the probabilities are recomputed from the log-sum-exp twice,
+ *     once per query row block (dQ and the +Pos row sums), once per key
+ *     column block (dK, dV and the +Pos column sums), so each gradient value
+ *     has one writer and no floating-point atomics are needed: a run repeats
+ *     bit for bit. A K/V head's block walks its query heads in order (grouped
+ *     heads). The relative-bias gradient sums each diagonal in one warp.
+ *  4. unpack: each role's gradient is added back into the projection gradient
+ *     (rotated back for RoPE); roles that share a block add in turn.
+ *
+ * Order of operations per score, as on the CPU: rotation, scale, +Pos,
+ * position bias, masks, softmax, dropout (the same hash of the same global
+ * index as the CPU backend, so the masks agree), times values. */
+#include <cmath>
+#include <cstring>
+
+#include "cuda.cuh"
+
+#define BR 32          /* query rows per block */
+#define BC 32          /* keys per tile (= lanes) */
+#define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
+#define ATT_THREADS 256
+
+/* The symmetric (each pair once) path is a CPU optimisation; the GPU kernels take one path for every variant,
+ * so the switch changes nothing here and tests and benchmarks that flip it run unchanged. */
+void attention_set_symmetric_path(int on) { (void)on; }
+
+/* One attention call on packed roles. */
+struct AttnDev {
+    int B, Tq, Tk, H, G, group, hd, causal;
+    float scale;
+    const float *Q, *K, *V;       /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
+    const unsigned char *pad;     /* (B, Tk) nonzero = padding key, or NULL */
+    float dropout, dscale;
+    uint32_t thr;
+    uint64_t seed;
+    int batch_first;
+    int pos, pos_groups;          /* +Pos */
+    const float *f, *g, *alpha, *bias;
+    const float *pe_bias;         /* (H, pe_nd) at d + Tq - 1, or NULL */
+    int pe_nd;
+};
+
+__device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
+    float x = s;
+    if (ATTN_POS && p.pos) {
+        int gi = p.pos_groups == 1 ? 0 : h;
+        x = p.alpha[gi] * s + p.g[(size_t)gi * p.Tk + j] + (p.f[(size_t)gi * p.Tq + i] + p.bias[gi]);
+    }
+    if (p.pe_bias) x += p.pe_bias[(size_t)h * p.pe_nd + (j - i) + p.Tq - 1];
+    return x;
+}
+
+__device__ __forceinline__ bool visible(const AttnDev &p, int b, int i, int j) {
+    return j < p.Tk && i < p.Tq && (!p.causal || j <= i) && (!p.pad || !p.pad[(size_t)b * p.Tk + j]);
+}
+
+/* The inverted-dropout factor of probability (i, j) of batch b, head h (1 without dropout). */
+__device__ __forceinline__ float keep_factor(const AttnDev &p, int b, int h, int i, int j) {
+    if (p.dropout <= 0.0f) return 1.0f;
+    size_t idx = (((size_t)(p.batch_first + b) * p.H + h) * p.Tq + i) * p.Tk + j;
+    return dropout_keep(p.seed, idx, p.thr) ? p.dscale : 0.0f;
+}
+
+/* ------------------------------------------------------------------ pack and unpack */
+
+/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
+ * table (T rows of hd/2 (cos, sin) pairs) when rope is given. */
+__global__ void pack_kernel(float *dst, const float *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+                            const float *rope) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * heads * T * hd) return;
+    int d = (int)(idx % hd);
+    size_t r = idx / hd;
+    int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
+    const float *x = src + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
+    if (rope) {
+        int k = d / 2;
+        float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
+        float x0 = x[2 * k], x1 = x[2 * k + 1];
+        dst[idx] = d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1;
+    } else {
+        dst[idx] = x[d];
+    }
+}
+
+/* dst rows += src (packed), rotated back (R^T) when rope is given. */
+__global__ void unpack_add_kernel(float *dst, int ld, size_t bstride, const float *src, int B, int T, int heads,
+                                  int hd, const float *rope) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * heads * T * hd) return;
+    int d = (int)(idx % hd);
+    size_t r = idx / hd;
+    int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
+    float *y = dst + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
+    if (rope) {
+        int k = d / 2;
+        float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
+        const float *x = src + (idx - d);
+        float x0 = x[2 * k], x1 = x[2 * k + 1];
+        y[d] += d % 2 == 0 ? c * x0 + s * x1 : -s * x0 + c * x1;
+    } else {
+        y[d] += src[idx];
+    }
+}
+
+static void pack(float *dst, const float *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+                 const float *rope) {
+    size_t n = (size_t)B * heads * T * hd;
+    pack_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, ld, bstride, B, T, heads, hd, rope);
+    CUDA_LAUNCHED(pack);
+}
+
+static void unpack_add(float *dst, int ld, size_t bstride, const float *src, int B, int T, int heads, int hd,
+                       const float *rope) {
+    size_t n = (size_t)B * heads * T * hd;
+    unpack_add_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, ld, bstride, src, B, T, heads, hd, rope);
+    CUDA_LAUNCHED(unpack_add);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+                                                              float *lse) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldk = hd + 1;
+    float *Qs = sm, *Ks = Qs + BR * hd, *Vs = Ks + BC * ldk;
+    int tiles = (p.Tq + BR - 1) / BR;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
+        Qs[e] = i0 + e / hd < p.Tq ? Q[(size_t)i0 * hd + e] : 0.0f;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float m[RPW], l[RPW], o[RPW][NPL];
+    for (int r = 0; r < RPW; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        for (int k = 0; k < NPL; k++) o[r][k] = 0.0f;
+    }
+    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += BC) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+            int c = e / hd, d = e % hd;
+            bool in = j0 + c < p.Tk;
+            Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
+            Vs[c * hd + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
+        }
+        __syncthreads();
+        int j = j0 + lane;
+        for (int rr = 0; rr < RPW; rr++) {
+            int r = warp * RPW + rr, i = i0 + r;
+            if (i >= p.Tq) continue; /* the same for the whole warp */
+            float s = 0.0f;
+            for (int d = 0; d < hd; d++) s += Qs[r * hd + d] * Ks[lane * ldk + d];
+            s *= p.scale;
+            bool vis = visible(p, b, i, j);
+            float x = vis ? score_x(p, h, i, j, s) : -INFINITY;
+            float mnew = fmaxf(m[rr], warp_max(x));
+            if (mnew == -INFINITY) continue; /* every key so far masked */
+            float corr = expf(m[rr] - mnew);
+            float e = vis ? expf(x - mnew) : 0.0f;
+            l[rr] = l[rr] * corr + warp_sum(e);
+            float pe = vis ? e * keep_factor(p, b, h, i, j) : 0.0f;
+            for (int k = 0; k < NPL; k++) o[rr][k] *= corr;
+            for (int jj = 0; jj < BC; jj++) {
+                float pj = __shfl_sync(0xffffffffu, pe, jj);
+                for (int k = 0; k < NPL; k++) {
+                    int d = lane + 32 * k;
+                    if (d < hd) o[rr][k] += pj * Vs[jj * hd + d];
+                }
+            }
+            m[rr] = mnew;
+        }
+    }
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        if (i >= p.Tq) continue;
+        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) orow[d] = o[rr][k] * inv;
+        }
+        if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* D[b, h, i] = dO_i . O_i, one warp per row */
+__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int o_ld, size_t o_bstride, int B, int H,
+                              int Tq, int hd) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)B * H * Tq) return;
+    int i = (int)(row % Tq), h = (int)(row / Tq % H), b = (int)(row / Tq / H);
+    size_t off = (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+    float s = 0.0f;
+    for (int d = lane; d < hd; d += 32) s += dout[off + d] * out[off + d];
+    s = warp_sum(s);
+    if (lane == 0) D[row] = s;
+}
+
+/* dQ (packed, written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij S_ij and sum_j G'_ij (+Pos). */
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                         const float *lse, const float *D, float *dQ,
+                                                         float *rowacc) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldk = hd + 1;
+    float *Qs = sm, *dOs = Qs + BR * hd, *Ks = dOs + BR * hd, *Vs = Ks + BC * ldk;
+    int tiles = (p.Tq + BR - 1) / BR;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
+        int r = e / hd, d = e % hd;
+        bool in = i0 + r < p.Tq;
+        Qs[e] = in ? Q[(size_t)i0 * hd + e] : 0.0f;
+        dOs[e] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+    float li[RPW], Di[RPW], dq[RPW][NPL], gs[RPW], rs[RPW];
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        li[rr] = i < p.Tq ? lse[(size_t)bh * p.Tq + i] : -INFINITY;
+        Di[rr] = i < p.Tq ? D[(size_t)bh * p.Tq + i] : 0.0f;
+        gs[rr] = rs[rr] = 0.0f;
+        for (int k = 0; k < NPL; k++) dq[rr][k] = 0.0f;
+    }
+    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += BC) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+            int c = e / hd, d = e % hd;
+            bool in = j0 + c < p.Tk;
+            Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
+            Vs[c * ldk + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
+        }
+        __syncthreads();
+        int j = j0 + lane;
+        for (int rr = 0; rr < RPW; rr++) {
+            int r = warp * RPW + rr, i = i0 + r;
+            if (i >= p.Tq || li[rr] == -INFINITY) continue; /* a fully masked row has no gradient */
+            float s = 0.0f, dA = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                s += Qs[r * hd + d] * Ks[lane * ldk + d];
+                dA += dOs[r * hd + d] * Vs[lane * ldk + d];
+            }
+            s *= p.scale;
+            bool vis = visible(p, b, i, j);
+            float a = vis ? expf(score_x(p, h, i, j, s) - li[rr]) : 0.0f;
+            float gp = vis ? a * (dA * keep_factor(p, b, h, i, j) - Di[rr]) : 0.0f;
+            gs[rr] += gp * s;
+            rs[rr] += gp;
+            float dS = alpha * gp;
+            for (int jj = 0; jj < BC; jj++) {
+                float gj = __shfl_sync(0xffffffffu, dS, jj);
+                for (int k = 0; k < NPL; k++) {
+                    int d = lane + 32 * k;
+                    if (d < hd) dq[rr][k] += gj * Ks[jj * ldk + d];
+                }
+            }
+        }
+    }
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        if (i >= p.Tq) continue;
+        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) row[d] = p.scale * dq[rr][k];
+        }
+        if (rowacc) {
+            float a = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
+            if (lane == 0) {
+                rowacc[((size_t)bh * p.Tq + i) * 2] = a;
+                rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = c;
+            }
+        }
+    }
+}
+
+/* dK, dV (packed, written) per block of 32 keys of one K/V head, over its query heads in order; colacc
+ * (B*H*Tk): sum_i G'_ij per query head (+Pos). */
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                          const float *lse, const float *D, float *dK, float *dV,
+                                                          float *colacc) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldq = hd + 1;
+    float *Ks = sm, *Vs = Ks + BC * hd, *Qs = Vs + BC * hd, *dOs = Qs + BR * ldq, *ls = dOs + BR * ldq, *Ds = ls + BR;
+    int tiles = (p.Tk + BC - 1) / BC;
+    int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
+    int b = bg / p.G, g = bg % p.G;
+    const float *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
+    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+        bool in = j0 + e / hd < p.Tk;
+        Ks[e] = in ? K[(size_t)j0 * hd + e] : 0.0f;
+        Vs[e] = in ? V[(size_t)j0 * hd + e] : 0.0f;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float dk[RPW][NPL], dv[RPW][NPL];
+    for (int cc = 0; cc < RPW; cc++)
+        for (int k = 0; k < NPL; k++) dk[cc][k] = dv[cc][k] = 0.0f;
+    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
+        int bh = b * p.H + h;
+        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+        float cs[RPW] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i0 = p.causal ? j0 / BR * BR : 0; i0 < p.Tq; i0 += BR) {
+            __syncthreads();
+            for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
+                int r = e / hd, d = e % hd;
+                bool in = i0 + r < p.Tq;
+                Qs[r * ldq + d] = in ? Q[(size_t)(i0 + r) * hd + d] : 0.0f;
+                dOs[r * ldq + d] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+            }
+            for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
+                bool in = i0 + r < p.Tq;
+                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+            }
+            __syncthreads();
+            int i = i0 + lane;
+            for (int cc = 0; cc < RPW; cc++) {
+                int c = warp * RPW + cc, j = j0 + c;
+                if (j >= p.Tk) continue; /* the same for the whole warp */
+                float s = 0.0f, dA = 0.0f;
+                for (int d = 0; d < hd; d++) {
+                    s += Qs[lane * ldq + d] * Ks[c * hd + d];
+                    dA += dOs[lane * ldq + d] * Vs[c * hd + d];
+                }
+                s *= p.scale;
+                bool vis = visible(p, b, i, j) && ls[lane] != -INFINITY;
+                float a = vis ? expf(score_x(p, h, i, j, s) - ls[lane]) : 0.0f;
+                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
+                float gp = vis ? a * (dA * kf - Ds[lane]) : 0.0f;
+                float pa = a * kf, gk = alpha * gp;
+                cs[cc] += gp;
+                for (int ii = 0; ii < BR; ii++) {
+                    float pi = __shfl_sync(0xffffffffu, pa, ii), gi = __shfl_sync(0xffffffffu, gk, ii);
+                    for (int k = 0; k < NPL; k++) {
+                        int d = lane + 32 * k;
+                        if (d < hd) {
+                            dv[cc][k] += pi * dOs[ii * ldq + d];
+                            dk[cc][k] += gi * Qs[ii * ldq + d];
+                        }
+                    }
+                }
+            }
+        }
+        if (colacc)
+            for (int cc = 0; cc < RPW; cc++) {
+                int j = j0 + warp * RPW + cc;
+                float t = warp_sum(cs[cc]);
+                if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
+            }
+    }
+    for (int cc = 0; cc < RPW; cc++) {
+        int j = j0 + warp * RPW + cc;
+        if (j >= p.Tk) continue;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) {
+                dK[((size_t)bg * p.Tk + j) * hd + d] = p.scale * dk[cc][k];
+                dV[((size_t)bg * p.Tk + j) * hd + d] = dv[cc][k];
+            }
+        }
+    }
+}
+
+/* racc[bh, d + Tq - 1] = sum over the diagonal j - i = d of G'_ij (relative bias), one warp per diagonal */
+__global__ void diag_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride, const float *lse,
+                            const float *D, float *racc) {
+    size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)p.B * p.H * p.pe_nd) return;
+    int dd = (int)(w % p.pe_nd), bh = (int)(w / p.pe_nd), b = bh / p.H, h = bh % p.H, g = h / p.group;
+    int d = dd - (p.Tq - 1), hd = p.hd;
+    float sum = 0.0f;
+    for (int i = lane; i < p.Tq; i += 32) {
+        int j = i + d;
+        if (j < 0 || !visible(p, b, i, j)) continue;
+        float li = lse[(size_t)bh * p.Tq + i];
+        if (li == -INFINITY) continue;
+        const float *q = p.Q + ((size_t)bh * p.Tq + i) * hd;
+        const float *k = p.K + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
+        const float *v = p.V + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
+        const float *o = dout + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        float s = 0.0f, dA = 0.0f;
+        for (int c = 0; c < hd; c++) {
+            s += q[c] * k[c];
+            dA += o[c] * v[c];
+        }
+        s *= p.scale;
+        float a = expf(score_x(p, h, i, j, s) - li);
+        sum += a * (dA * keep_factor(p, b, h, i, j) - D[(size_t)bh * p.Tq + i]);
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) racc[w] = sum;
+}
+
+/* drel[h, k] += the diagonals' sums over the batch, for every offset in bucket k (fixed order) */
+__global__ void rel_reduce_kernel(float *drel, const float *racc, const int *bucket, int B, int H, int nd,
+                                  int buckets) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= H * buckets) return;
+    int h = idx / buckets, k = idx % buckets;
+    float acc = drel[idx];
+    for (int dd = 0; dd < nd; dd++) {
+        if (bucket[dd] != k) continue;
+        double s = 0.0;
+        for (int b = 0; b < B; b++) s += racc[((size_t)b * H + h) * nd + dd];
+        acc += (float)s;
+    }
+    drel[idx] = acc;
+}
+
+/* ------------------------------------------------------------------ +Pos */
+
+/* f (groups, T), g (groups, T), alpha (groups), bias (groups) from the weights and the basis */
+__global__ void pos_prepare_kernel(float *f, float *g, float *alpha, float *bias, const float *w, const float *b,
+                                   const float *feat, int groups, int m, int c, int ci, int T) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= groups * T) return;
+    int gi = idx / T, t = idx % T;
+    const float *wg = w + (size_t)gi * m, *ft = feat + (size_t)t * c;
+    float fi = 0.0f, gj = 0.0f;
+    for (int k = 0; k < ci; k++) fi += wg[k] * ft[k];
+    for (int k = ci; k < m; k++) gj += wg[k] * ft[k - ci];
+    f[idx] = fi;
+    g[idx] = gj;
+    if (t == 0) {
+        float a = 0.0f;
+        for (int k = 0; k < m; k++) a += wg[k];
+        alpha[gi] = a;
+        bias[gi] = b[gi];
+    }
+}
+
+/* per group: the row sums, G'S sums and column sums over its (batch, head) pairs, in order */
+__global__ void pos_gather_kernel(float *rowagg, float *gsagg, float *colagg, const float *rowacc,
+                                  const float *colacc, int B, int H, int groups, int Tq, int Tk) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int Tm = Tq > Tk ? Tq : Tk;
+    if (idx >= groups * Tm) return;
+    int gi = idx / Tm, t = idx % Tm;
+    float r = 0.0f, s = 0.0f, c = 0.0f;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            if ((groups == 1 ? 0 : h) != gi) continue;
+            size_t bh = (size_t)b * H + h;
+            if (t < Tq) {
+                s += rowacc[(bh * Tq + t) * 2];
+                r += rowacc[(bh * Tq + t) * 2 + 1];
+            }
+            if (t < Tk) c += colacc[bh * Tk + t];
+        }
+    if (t < Tq) {
+        rowagg[(size_t)gi * Tq + t] = r;
+        gsagg[(size_t)gi * Tq + t] = s;
+    }
+    if (t < Tk) colagg[(size_t)gi * Tk + t] = c;
+}
+
+/* dw_k = sum G'S + sum_i feat_k(i) rowsum_i (query channels) or sum_j feat_k(j) colsum_j (key channels);
+ * db = sum G'. One block per group. */
+__global__ void pos_reduce_kernel(float *dw, float *db, const float *rowagg, const float *gsagg, const float *colagg,
+                                  const float *feat, int m, int c, int ci, int Tq, int Tk) {
+    int gi = blockIdx.x;
+    const float *ra = rowagg + (size_t)gi * Tq, *ga = gsagg + (size_t)gi * Tq, *ca = colagg + (size_t)gi * Tk;
+    double gsum = 0.0, rsum = 0.0;
+    for (int i = 0; i < Tq; i++) {
+        gsum += ga[i];
+        rsum += ra[i];
+    }
+    for (int k = threadIdx.x; k < m; k += blockDim.x) {
+        double s = gsum;
+        if (k < ci)
+            for (int i = 0; i < Tq; i++) s += (double)feat[(size_t)i * c + k] * ra[i];
+        else
+            for (int j = 0; j < Tk; j++) s += (double)feat[(size_t)j * c + (k - ci)] * ca[j];
+        dw[(size_t)gi * m + k] += (float)s;
+    }
+    if (threadIdx.x == 0) db[gi] += (float)rsum;
+}
+
+/* ------------------------------------------------------------------ position bias table */
+
+/* tab (H, 2T-1) at d + T - 1: ALiBi -slope_h |d| (slopes given), or the learned rel[h, bucket(d)] */
+__global__ void bias_table_kernel(float *tab, const double *slopes, const float *rel, const int *bucket, int H, int T,
+                                  int buckets) {
+    int nd = 2 * T - 1;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= H * nd) return;
+    int h = idx / nd, dd = idx % nd, d = dd - (T - 1);
+    tab[idx] = slopes ? (float)(-slopes[h] * (d < 0 ? -d : d)) : rel[(size_t)h * buckets + bucket[dd]];
+}
+
+/* The host-computed inputs of the table (ALiBi slopes or the bucket of each offset), uploaded once per shape. */
+struct BiasInputs {
+    int scheme, H, T, causal, buckets, maxd;
+    double *slopes;
+    int *bucket;
+};
+
+static const BiasInputs *bias_inputs(const AttnPos *P, int H, int T, int causal) {
+    static BiasInputs c;
+    int alibi = P->scheme == ATTN_POSITION_ALIBI;
+    if (c.slopes || c.bucket) {
+        if (c.scheme == P->scheme && c.H == H && c.T == T && c.causal == causal &&
+            (alibi || (c.buckets == P->rel_buckets && c.maxd == P->rel_max_distance)))
+            return &c;
+        dev_free(c.slopes);
+        dev_free(c.bucket);
+        c.slopes = NULL;
+        c.bucket = NULL;
+    }
+    c.scheme = P->scheme;
+    c.H = H;
+    c.T = T;
+    c.causal = causal;
+    c.buckets = P->rel_buckets;
+    c.maxd = P->rel_max_distance;
+    if (alibi) {
+        double *s = (double *)xmalloc((size_t)H * sizeof(double));
+        for (int h = 0; h < H; h++) s[h] = attn_alibi_slope(h, H);
+        c.slopes = (double *)dev_alloc((size_t)H * sizeof(double));
+        dev_upload(c.slopes, s, (size_t)H * sizeof(double));
+        free(s);
+    } else {
+        int nd = 2 * T - 1;
+        int *k = (int *)xmalloc((size_t)nd * sizeof(int));
+        for (int dd = 0; dd < nd; dd++) k[dd] = attn_rel_bucket(dd - (T - 1), causal, P->rel_buckets, P->rel_max_distance);
+        c.bucket = (int *)dev_alloc((size_t)nd * sizeof(int));
+        dev_upload(c.bucket, k, (size_t)nd * sizeof(int));
+        free(k);
+    }
+    return &c;
+}
+
+static float *bias_table(const AttnPos *P, int H, int T, int causal) {
+    static float *buf;
+    static size_t cap;
+    const BiasInputs *in = bias_inputs(P, H, T, causal);
+    float *tab = cuda_scratch(&buf, &cap, (size_t)H * (2 * T - 1));
+    int n = H * (2 * T - 1);
+    bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel, in->bucket, H, T,
+                                                                  P->rel_buckets);
+    CUDA_LAUNCHED(bias_table);
+    return tab;
+}
+
+/* ------------------------------------------------------------------ problems */
+
+/* A call: the device description plus where its roles come from and where their gradients go. */
+typedef struct {
+    AttnDev d;
+    const float *rope;
+    /* sources of the roles: base pointer, row stride, batch stride */
+    const float *src[3];
+    int ld[3];
+    size_t bstride[3];
+    float *out;
+    int o_ld;
+    size_t o_bstride;
+    float *lse;
+} Call;
+
+enum { ROLE_Q, ROLE_K, ROLE_V };
+
+static float *g_pack, *g_grad, *g_misc;
+static size_t g_pack_cap, g_grad_cap, g_misc_cap;
+
+/* Packs the three roles into scratch (rotating Q and K under RoPE). */
+static void pack_roles(Call *c) {
+    AttnDev *d = &c->d;
+    size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
+    float *q = cuda_scratch(&g_pack, &g_pack_cap, nq + 2 * nk), *k = q + nq, *v = k + nk;
+    pack(q, c->src[ROLE_Q], c->ld[ROLE_Q], c->bstride[ROLE_Q], d->B, d->Tq, d->H, d->hd, c->rope);
+    pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
+    pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
+    d->Q = q;
+    d->K = k;
+    d->V = v;
+}
+
+static void common_setup(AttnDev *d, int B, int Tq, int Tk, int H, int G, int hd, float dropout, uint64_t seed) {
+    memset(d, 0, sizeof *d);
+    d->B = B;
+    d->Tq = Tq;
+    d->Tk = Tk;
+    d->H = H;
+    d->G = G;
+    d->group = H / G;
+    d->hd = hd;
+    d->scale = 1.0f / sqrtf((float)hd);
+    d->dropout = dropout;
+    d->dscale = 1.0f / (1.0f - dropout);
+    d->thr = (uint32_t)(dropout * 16777216.0f);
+    d->seed = seed;
+    d->batch_first = dropout_batch_first();
+}
+
+static void self_call(Call *c, const char *op, float *out, float *lse, const float *proj, const AttnPos *pos,
+                      const AttnArgs *a) {
+    attn_check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
+    if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
+    int scheme = attn_check_pos(op, pos, a->H, a->hd, a->T);
+    int G = attn_check_kv_heads(op, a->H, a->kv_heads);
+    if (a->hd > 256) FATAL("%s: head dim %d, the CUDA kernels take at most 256 (hint: more heads)", op, a->hd);
+    cuda_ready();
+    memset(c, 0, sizeof *c);
+    common_setup(&c->d, a->B, a->T, a->T, a->H, G, a->hd, a->dropout, a->seed);
+    AttnDev *d = &c->d;
+    d->causal = a->causal;
+    d->pad = a->key_pad;
+    int C = a->H * a->hd, kvC = G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
+    const int blocks[3] = {attn_query_block(ATTN_VARIANT), attn_key_block(ATTN_VARIANT), attn_value_block(ATTN_VARIANT)};
+    for (int r = 0; r < 3; r++) {
+        c->src[r] = proj + attn_block_offset(ATTN_VARIANT, blocks[r], C, kvC);
+        c->ld[r] = W;
+        c->bstride[r] = (size_t)a->T * W;
+    }
+    if (attn_positions[scheme].where == ATTN_PE_ROTARY) c->rope = pos->rope;
+    if (attn_positions[scheme].where == ATTN_PE_BIAS) {
+        d->pe_bias = bias_table(pos, a->H, a->T, a->causal);
+        d->pe_nd = 2 * a->T - 1;
+    }
+    if (ATTN_POS) {
+        static float *buf;
+        static size_t cap;
+        int Gp = pos->groups, T = a->T;
+        float *f = cuda_scratch(&buf, &cap, (size_t)Gp * (2 * T + 2));
+        pos_prepare_kernel<<<cuda_blocks((size_t)Gp * T, 256), 256, 0, kv_stream>>>(
+            f, f + (size_t)Gp * T, f + (size_t)2 * Gp * T, f + (size_t)2 * Gp * T + Gp, pos->w, pos->b, pos->feat, Gp,
+            pos->m, attn_pos_channels(pos->m), attn_pos_query_channels(pos->m), T);
+        CUDA_LAUNCHED(pos_prepare);
+        d->pos = 1;
+        d->pos_groups = Gp;
+        d->f = f;
+        d->g = f + (size_t)Gp * T;
+        d->alpha = f + (size_t)2 * Gp * T;
+        d->bias = d->alpha + Gp;
+    }
+    c->out = out;
+    c->o_ld = C;
+    c->o_bstride = (size_t)a->T * C;
+    c->lse = lse;
+    pack_roles(c);
+}
+
+static void cross_call(Call *c, const char *op, float *out, float *lse, const float *q, const float *kv,
+                       const CrossAttnArgs *a) {
+    attn_check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
+    if (!q || !kv || !out || !lse) FATAL("%s: NULL buffer", op);
+    if (a->hd > 256) FATAL("%s: head dim %d, the CUDA kernels take at most 256 (hint: more heads)", op, a->hd);
+    cuda_ready();
+    memset(c, 0, sizeof *c);
+    common_setup(&c->d, a->B, a->Tq, a->Tk, a->H, a->H, a->hd, a->dropout, a->seed);
+    c->d.pad = a->key_pad;
+    int C = a->H * a->hd;
+    c->src[ROLE_Q] = q;
+    c->ld[ROLE_Q] = C;
+    c->bstride[ROLE_Q] = (size_t)a->Tq * C;
+    c->src[ROLE_K] = kv;
+    c->src[ROLE_V] = kv + C;
+    c->ld[ROLE_K] = c->ld[ROLE_V] = 2 * C;
+    c->bstride[ROLE_K] = c->bstride[ROLE_V] = (size_t)a->Tk * 2 * C;
+    c->out = out;
+    c->o_ld = C;
+    c->o_bstride = (size_t)a->Tq * C;
+    c->lse = lse;
+    pack_roles(c);
+}
+
+/* Launches a kernel template for the head dim: NPL = values per lane (hd <= 32 NPL). */
+#define DISPATCH(hd, KERNEL, grid, smem, ...)                                                                 \
+    do {                                                                                                      \
+        int npl_ = ((hd) + 31) / 32;                                                                          \
+        if (npl_ <= 1) launch(KERNEL<1>, grid, smem, __VA_ARGS__);                                            \
+        else if (npl_ <= 2) launch(KERNEL<2>, grid, smem, __VA_ARGS__);                                       \
+        else if (npl_ <= 4) launch(KERNEL<4>, grid, smem, __VA_ARGS__);                                       \
+        else launch(KERNEL<8>, grid, smem, __VA_ARGS__);                                                      \
+    } while (0)
+
+template <typename... KArgs, typename... Args>
+static void launch(void (*kernel)(KArgs...), unsigned grid, size_t smem, Args... args) {
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, ATT_THREADS, smem, kv_stream>>>(args...);
+    CUDA_LAUNCHED(attention);
+}
+
+static void run_forward(Call *c) {
+    AttnDev *d = &c->d;
+    unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
+    size_t smem = (size_t)(BR * d->hd + BC * (d->hd + 1) + BC * d->hd) * sizeof(float);
+    DISPATCH(d->hd, forward_kernel, grid, smem, *d, c->out, c->o_ld, c->o_bstride, c->lse);
+}
+
+/* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. */
+static void run_backward(Call *c, const float *dout, float **dq, float **dk, float **dv, const AttnPos *pos,
+                         AttnPosGrad *dpos) {
+    AttnDev *d = &c->d;
+    size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
+    *dq = cuda_scratch(&g_grad, &g_grad_cap, nq + 2 * nk);
+    *dk = *dq + nq;
+    *dv = *dk + nk;
+    size_t nrow = (size_t)d->B * d->H * d->Tq, ncol = (size_t)d->B * d->H * d->Tk;
+    int rel = d->pe_bias && pos->scheme == ATTN_POSITION_REL_BIAS;
+    size_t nmisc = nrow + (d->pos ? 2 * nrow + ncol : 0) + (rel ? (size_t)d->B * d->H * d->pe_nd : 0);
+    float *D = cuda_scratch(&g_misc, &g_misc_cap, nmisc);
+    float *rowacc = d->pos ? D + nrow : NULL, *colacc = d->pos ? rowacc + 2 * nrow : NULL;
+    float *racc = rel ? D + nrow + (d->pos ? 2 * nrow + ncol : 0) : NULL;
+    rowdot_kernel<<<cuda_blocks(nrow * 32, 256), 256, 0, kv_stream>>>(D, dout, c->out, c->o_ld, c->o_bstride, d->B,
+                                                                      d->H, d->Tq, d->hd);
+    CUDA_LAUNCHED(rowdot);
+    int hd = d->hd;
+    unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
+    size_t sq = (size_t)(2 * BR * hd + 2 * BC * (hd + 1)) * sizeof(float);
+    DISPATCH(hd, dq_kernel, gq, sq, *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq,
+             rowacc);
+    unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
+    size_t sk = (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR) * sizeof(float);
+    DISPATCH(hd, dkv_kernel, gk, sk, *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk,
+             *dv, colacc);
+    if (d->pos) {
+        static float *buf;
+        static size_t cap;
+        int Gp = d->pos_groups, m = pos->m;
+        float *agg = cuda_scratch(&buf, &cap, (size_t)Gp * (2 * d->Tq + d->Tk));
+        float *rowagg = agg, *gsagg = agg + (size_t)Gp * d->Tq, *colagg = gsagg + (size_t)Gp * d->Tq;
+        int Tm = d->Tq > d->Tk ? d->Tq : d->Tk;
+        pos_gather_kernel<<<cuda_blocks((size_t)Gp * Tm, 256), 256, 0, kv_stream>>>(rowagg, gsagg, colagg, rowacc,
+                                                                                    colacc, d->B, d->H, Gp, d->Tq,
+                                                                                    d->Tk);
+        CUDA_LAUNCHED(pos_gather);
+        pos_reduce_kernel<<<Gp, 256, 0, kv_stream>>>(dpos->dw, dpos->db, rowagg, gsagg, colagg, pos->feat, m,
+                                                     attn_pos_channels(m), attn_pos_query_channels(m), d->Tq, d->Tk);
+        CUDA_LAUNCHED(pos_reduce);
+    }
+    if (rel) {
+        size_t warps = (size_t)d->B * d->H * d->pe_nd;
+        diag_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, kv_stream>>>(*d, dout, c->o_ld, c->o_bstride, c->lse, D,
+                                                                         racc);
+        CUDA_LAUNCHED(diag);
+        const BiasInputs *in = bias_inputs(pos, d->H, d->Tq, d->causal);
+        rel_reduce_kernel<<<cuda_blocks((size_t)d->H * pos->rel_buckets, 128), 128, 0, kv_stream>>>(
+            dpos->drel, racc, in->bucket, d->B, d->H, d->pe_nd, pos->rel_buckets);
+        CUDA_LAUNCHED(rel_reduce);
+    }
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos, const AttnArgs *a) {
+    Call c;
+    self_call(&c, "attention_forward", out, lse, proj, pos, a);
+    run_forward(&c);
+}
+
+void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
+                        const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
+    if (!dproj || !dout) FATAL("attention_backward: NULL gradient buffer");
+    if (ATTN_POS && (!dpos || !dpos->dw || !dpos->db))
+        FATAL("attention_backward: +Pos is configured but no positional gradient buffers given");
+    if (pos && pos->scheme == ATTN_POSITION_REL_BIAS && (!dpos || !dpos->drel))
+        FATAL("attention_backward: relative bias without its gradient buffer");
+    Call c;
+    self_call(&c, "attention_backward", (float *)out, (float *)lse, proj, pos, a);
+    float *dq, *dk, *dv;
+    run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
+    AttnDev *d = &c.d;
+    int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
+    size_t bs = (size_t)a->T * W;
+    /* each role's gradient into its block; roles sharing a block add in turn */
+    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC), W, bs, dq, a->B, a->T,
+               a->H, a->hd, c.rope);
+    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC), W, bs, dk, a->B, a->T,
+               d->G, a->hd, c.rope);
+    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC), W, bs, dv, a->B, a->T,
+               d->G, a->hd, NULL);
+}
+
+void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
+    Call c;
+    cross_call(&c, "cross_attention_forward", out, lse, q, kv, a);
+    run_forward(&c);
+}
+
+void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
+                              const float *out, const float *lse, const CrossAttnArgs *a) {
+    if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
+    Call c;
+    cross_call(&c, "cross_attention_backward", (float *)out, (float *)lse, q, kv, a);
+    float *gq, *gk, *gv;
+    run_backward(&c, dout, &gq, &gk, &gv, NULL, NULL);
+    int C = a->H * a->hd;
+    unpack_add(dq, C, (size_t)a->Tq * C, gq, a->B, a->Tq, a->H, a->hd, NULL);
+    unpack_add(dkv, 2 * C, (size_t)a->Tk * 2 * C, gk, a->B, a->Tk, a->H, a->hd, NULL);
+    unpack_add(dkv + C, 2 * C, (size_t)a->Tk * 2 * C, gv, a->B, a->Tk, a->H, a->hd, NULL);
+}
+
+/* ------------------------------------------------------------------ decoding */
+
+/* One warp per (sequence, query head): scores of the cached rows 0..t in shared memory, softmax, weighted sum. */
+__global__ void decode_kernel(float *out, const float *q, int q_ld, const float *keys, const float *values, int T,
+                              int t, int H, int hd, int G, const float *rope, AttnDev p, const float *w,
+                              const float *pb, const float *feat, int m) {
+    extern __shared__ float sm[];
+    int n = t + 1, r = blockIdx.x / H, h = blockIdx.x % H, lane = threadIdx.x;
+    float *s = sm, *qr = sm + n;
+    int kvC = G * hd, group = H / G;
+    const float *qh = q + (size_t)r * q_ld + (size_t)h * hd;
+    size_t kvo = (size_t)r * T * kvC + (size_t)(h / group) * hd;
+    const float *kh = keys + kvo, *vh = values + kvo;
+    for (int d = lane; d < hd; d += 32) {
+        if (rope) {
+            int k = d / 2;
+            float c = rope[(size_t)t * hd + 2 * k], sn = rope[(size_t)t * hd + 2 * k + 1];
+            qr[d] = d % 2 == 0 ? c * qh[2 * k] - sn * qh[2 * k + 1] : sn * qh[2 * k] + c * qh[2 * k + 1];
+        } else {
+            qr[d] = qh[d];
+        }
+    }
+    __syncwarp();
+    float alpha = 1.0f, ft = 0.0f, pbias = 0.0f;
+    int c = 0, ci = 0, gi = 0;
+    if (ATTN_POS && w) {
+        gi = p.pos_groups == 1 ? 0 : h;
+        c = (m + 3) / 4 * 2;
+        ci = c < m ? c : m;
+        const float *wg = w + (size_t)gi * m;
+        alpha = 0.0f;
+        for (int k = 0; k < m; k++) alpha += wg[k];
+        for (int k = 0; k < ci; k++) ft += wg[k] * feat[(size_t)t * c + k];
+        pbias = pb[gi];
+    }
+    float mx = -INFINITY;
+    for (int j = lane; j < n; j += 32) {
+        const float *kj = kh + (size_t)j * kvC;
+        float acc = 0.0f;
+        if (rope) {
+            for (int k = 0; k < hd / 2; k++) {
+                float cc = rope[(size_t)j * hd + 2 * k], sn = rope[(size_t)j * hd + 2 * k + 1];
+                float k0 = cc * kj[2 * k] - sn * kj[2 * k + 1], k1 = sn * kj[2 * k] + cc * kj[2 * k + 1];
+                acc += qr[2 * k] * k0 + qr[2 * k + 1] * k1;
+            }
+        } else {
+            for (int d = 0; d < hd; d++) acc += qr[d] * kj[d];
+        }
+        float x = p.scale * acc;
+        if (ATTN_POS && w) {
+            const float *wg = w + (size_t)gi * m;
+            float g = 0.0f;
+            for (int k = ci; k < m; k++) g += wg[k] * feat[(size_t)j * c + (k - ci)];
+            x = alpha * x + g + ft + pbias;
+        }
+        if (p.pe_bias) x += p.pe_bias[(size_t)h * p.pe_nd + (n - 1 - t) + j];
+        s[j] = x;
+        mx = fmaxf(mx, x);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+        float e = expf(s[j] - mx);
+        s[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    float inv = 1.0f / sum;
+    for (int d = lane; d < hd; d += 32) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) acc += s[j] * vh[(size_t)j * kvC + d];
+        out[(size_t)r * H * hd + (size_t)h * hd + d] = acc * inv;
+    }
+}
+
+void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
+                      int N, int H, int hd, int kv_heads, const AttnPos *pos) {
+    int C = H * hd, G = attn_kv_count(H, kv_heads);
+    if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
+        FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
+    if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
+        FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
+    int n = t + 1;
+    int scheme = attn_check_pos("attention_decode", pos, H, hd, n);
+    cuda_ready();
+    AttnDev p;
+    common_setup(&p, N, 1, n, H, G, hd, 0.0f, 0);
+    if (attn_positions[scheme].where == ATTN_PE_BIAS) {
+        p.pe_bias = bias_table(pos, H, n, 1);
+        p.pe_nd = 2 * n - 1;
+    }
+    if (ATTN_POS) p.pos_groups = pos->groups;
+    const float *rope = attn_positions[scheme].where == ATTN_PE_ROTARY ? pos->rope : NULL;
+    size_t smem = (size_t)(n + hd) * sizeof(float);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    decode_kernel<<<N * H, 32, smem, kv_stream>>>(out, q, q_ld, keys, values, T, t, H, hd, G, rope, p,
+                                                  ATTN_POS ? pos->w : NULL, ATTN_POS ? pos->b : NULL,
+                                                  ATTN_POS ? pos->feat : NULL, ATTN_POS ? pos->m : 0);
+    CUDA_LAUNCHED(decode);
+}
+
+/* ------------------------------------------------------------------ dense views */
+
+/* S[i, j] of one (b, h), before masks */
+__global__ void dense_scores_kernel(float *S, AttnDev p, int b, int h) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= p.Tq * p.Tk) return;
+    int i = idx / p.Tk, j = idx % p.Tk, hd = p.hd;
+    const float *q = p.Q + (((size_t)b * p.H + h) * p.Tq + i) * hd;
+    const float *k = p.K + (((size_t)b * p.G + h / p.group) * p.Tk + j) * hd;
+    float s = 0.0f;
+    for (int c = 0; c < hd; c++) s += q[c] * k[c];
+    S[idx] = score_x(p, h, i, j, p.scale * s);
+}
+
+/* rows of S turned into probabilities with the masks (one block of 32 threads per row) */
+__global__ void dense_softmax_kernel(float *A, AttnDev p, int b) {
+    int i = blockIdx.x, lane = threadIdx.x;
+    float *row = A + (size_t)i * p.Tk;
+    float mx = -INFINITY;
+    for (int j = lane; j < p.Tk; j += 32)
+        if (visible(p, b, i, j)) mx = fmaxf(mx, row[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j < p.Tk; j += 32) {
+        float e = mx != -INFINITY && visible(p, b, i, j) ? expf(row[j] - mx) : 0.0f;
+        row[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    for (int j = lane; j < p.Tk; j += 32) row[j] = sum > 0.0f ? row[j] / sum : 0.0f;
+}
+
+void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    Call c;
+    float *dummy = (float *)&c; /* out and lse are not used */
+    self_call(&c, "attention_scores", dummy, dummy, proj, pos, a);
+    if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_scores: (b, h) = (%d, %d) out of range", b, h);
+    int n = a->T * a->T;
+    dense_scores_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(S, c.d, b, h);
+    CUDA_LAUNCHED(dense_scores);
+}
+
+void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    attention_scores(A, proj, pos, a, b, h);
+    Call c;
+    self_call(&c, "attention_probs", A, A, proj, pos, a);
+    dense_softmax_kernel<<<a->T, 32, 0, kv_stream>>>(A, c.d, b);
+    CUDA_LAUNCHED(dense_softmax);
+}

@@ -1,0 +1,155 @@
+/* CUDA backend: device memory, transfers, the stream and the cuBLAS handle.
+ * Everything runs in order on one stream; host calls return before the GPU is
+ * done except those that hand back a host value (a norm, a count) or copy to
+ * the host, which wait for it. */
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda.cuh"
+
+cudaStream_t kv_stream;
+cublasHandle_t kv_cublas;
+static int g_ready;
+static size_t g_alloc_total; /* dev_alloc_total() */
+
+void cuda_fail(const char *file, int line, const char *call, const char *what) {
+    fatal_at(file, line, "CUDA: %s failed: %s (hint: nvidia-smi shows whether the GPU is visible and busy; "
+             "CUDA_LAUNCH_BLOCKING=1 pins an asynchronous error to its launch)", call, what);
+}
+
+void cuda_ready(void) {
+    if (g_ready) return;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0)
+        FATAL("CUDA target: no usable GPU (%s) (hint: this binary was built for the GPU target; run it where "
+              "nvidia-smi lists a GPU, or build for the CPU target in make menuconfig)",
+              err != cudaSuccess ? cudaGetErrorString(err) : "no devices");
+    if (CONFIG_CUDA_DEVICE >= n)
+        FATAL("CUDA target: GPU index %d configured, this machine has %d (hint: set CUDA_DEVICE in make "
+              "menuconfig, Compute target)", CONFIG_CUDA_DEVICE, n);
+    CUDA_CHECK(cudaSetDevice(CONFIG_CUDA_DEVICE));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&kv_stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&kv_cublas));
+    CUBLAS_CHECK(cublasSetStream(kv_cublas, kv_stream));
+    CUBLAS_CHECK(cublasSetMathMode(kv_cublas, IS_ENABLED(CONFIG_CUDA_TF32) ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                            : CUBLAS_PEDANTIC_MATH));
+    g_ready = 1;
+}
+
+void backend_init(int nthreads) {
+    if (nthreads < 0) FATAL("backend_init: nthreads must be >= 0, got %d", nthreads);
+    cuda_ready();
+}
+
+const char *backend_name(void) {
+    static char name[320];
+    if (!name[0]) {
+        cuda_ready();
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, CONFIG_CUDA_DEVICE));
+        snprintf(name, sizeof name, "cuda (%s, sm_%d%d, %s, cuBLAS)", prop.name, prop.major, prop.minor,
+                 IS_ENABLED(CONFIG_CUDA_TF32) ? "tf32 matmuls" : "fp32");
+    }
+    return name;
+}
+
+/* Host threads that drive the GPU: one. */
+int backend_threads(void) { return 1; }
+
+void *dev_alloc(size_t bytes) {
+    cuda_ready();
+    g_alloc_total += bytes;
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        FATAL("dev_alloc: out of GPU memory allocating %zu bytes (%zu of %zu MiB free) (hint: a smaller batch or "
+              "model, or a GPU with more memory)", bytes, free_b >> 20, total_b >> 20);
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
+    return p;
+}
+
+size_t dev_alloc_total(void) { return g_alloc_total; }
+
+void dev_free(void *p) {
+    if (!p) return;
+    /* the stream may still use it: frees wait for the work queued before them */
+    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+    CUDA_CHECK(cudaFree(p));
+}
+
+void dev_zero(void *p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
+}
+
+void dev_upload(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cuda_ready();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
+    CUDA_CHECK(cudaStreamSynchronize(kv_stream)); /* the host buffer may be reused at once */
+}
+
+void dev_download(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kv_stream));
+    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+}
+
+void dev_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kv_stream));
+}
+
+void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
+    if (rows < 0 || cols > dst_ld || cols > src_ld)
+        FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
+    if (rows == 0 || cols == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), cols * sizeof(float),
+                                 (size_t)rows, cudaMemcpyDeviceToDevice, kv_stream));
+}
+
+__global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n,
+                                   size_t cols) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    const float *s = src + (size_t)idx[i] * src_ld;
+    float *d = dst + (size_t)i * dst_ld;
+    for (size_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
+    if (n < 0 || cols > dst_ld || cols > src_ld)
+        FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
+    if (n == 0 || cols == 0) return;
+    rows_gather_kernel<<<n, 256, 0, kv_stream>>>(dst, dst_ld, src, src_ld, idx, n, cols);
+    CUDA_LAUNCHED(rows_gather);
+}
+
+/* ------------------------------------------------------------------ helpers for the other sources */
+
+float *cuda_scratch(float **buf, size_t *cap, size_t floats) {
+    if (floats > *cap) {
+        dev_free(*buf);
+        *buf = (float *)dev_alloc(floats * sizeof(float));
+        *cap = floats;
+    }
+    return *buf;
+}
+
+static int *g_flag;
+
+int *cuda_flag_reset(void) {
+    if (!g_flag) g_flag = (int *)dev_alloc(sizeof(int));
+    static const int none = INT_MAX;
+    CUDA_CHECK(cudaMemcpyAsync(g_flag, &none, sizeof none, cudaMemcpyHostToDevice, kv_stream));
+    return g_flag;
+}
+
+long cuda_flag_read(void) {
+    int v = INT_MAX;
+    dev_download(&v, g_flag, sizeof v);
+    return v == INT_MAX ? -1 : (long)v;
+}

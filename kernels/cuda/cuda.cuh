@@ -1,0 +1,65 @@
+/* Shared by the CUDA backend's sources (kernels/cuda/): the C headers with C
+ * linkage, error-check macros that name the file, the line, the CUDA error and
+ * a hint, and the backend's stream and cuBLAS handle. */
+#ifndef KVLAB_CUDA_CUH
+#define KVLAB_CUDA_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "attention.h"
+#include "backend.h"
+#include "common.h"
+#include "hash.h"
+#include "kernels.h"
+}
+
+/* Every CUDA runtime call goes through CUDA_CHECK; every launch is followed by CUDA_LAUNCHED(name). */
+#define CUDA_CHECK(call)                                                                                    \
+    do {                                                                                                    \
+        cudaError_t err_ = (call);                                                                          \
+        if (err_ != cudaSuccess) cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(err_));           \
+    } while (0)
+#define CUDA_LAUNCHED(name) CUDA_CHECK(cudaGetLastError())
+#define CUBLAS_CHECK(call)                                                                                  \
+    do {                                                                                                    \
+        cublasStatus_t st_ = (call);                                                                        \
+        if (st_ != CUBLAS_STATUS_SUCCESS) cuda_fail(__FILE__, __LINE__, #call, cublasGetStatusString(st_)); \
+    } while (0)
+
+/* Stops the program: "error: CUDA: <call> failed: <error> [file:line] (hint: ...)". */
+[[noreturn]] void cuda_fail(const char *file, int line, const char *call, const char *what);
+
+/* The stream every kernel and copy of the backend runs on (in order), and the cuBLAS handle bound to it. */
+extern cudaStream_t kv_stream;
+extern cublasHandle_t kv_cublas;
+/* Starts the backend on first use (backend_init may be skipped by tests that call ops directly). */
+void cuda_ready(void);
+
+/* Scratch device memory that grows on demand, one per use site (calls come from one host thread). */
+float *cuda_scratch(float **buf, size_t *cap, size_t floats);
+
+/* Launch shapes. */
+static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* Warp reductions in a fixed order (the same result on every run). */
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ double warp_sum_d(double x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* A check of device-resident values (token ids, targets): kernels set *flag to 1 + the first bad index they
+ * see (atomicMin); the host reads it once after the launch. Returns -1 when all were good. */
+int *cuda_flag_reset(void);
+long cuda_flag_read(void);
+
+#endif

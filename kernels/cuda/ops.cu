@@ -1,0 +1,612 @@
+/* CUDA implementations of the non-attention ops in kernels/kernels.h, forward
+ * and backward side by side, as in kernels/cpu/ops.c (the reference they are
+ * tested against). Every reduction runs in a fixed order (per-thread loops,
+ * fixed-size partial sums, warp shuffles), never through floating-point
+ * atomics, so a run repeats bit for bit. */
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include "cuda.cuh"
+
+#define ARG_CHECK(cond, op, ...)                 \
+    do {                                         \
+        if (!(cond)) FATAL(op ": " __VA_ARGS__); \
+    } while (0)
+
+#define THREADS 256
+
+/* Sum of one value per thread over a block of THREADS threads, in a fixed order; every thread gets it. */
+template <typename F>
+__device__ F block_sum(F x) {
+    __shared__ F part[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) part[w] = x;
+    __syncthreads();
+    F s = 0;
+    for (int i = 0; i < THREADS / 32; i++) s += part[i];
+    return s;
+}
+
+__device__ float block_max(float x) {
+    __shared__ float part[THREADS / 32];
+    x = warp_max(x);
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) part[w] = x;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < THREADS / 32; i++) m = fmaxf(m, part[i]);
+    return m;
+}
+
+/* ------------------------------------------------------------------ device-side checks of ids */
+
+/* Sets flag[0] to the smallest index whose id is outside [0, V) (ids equal to skip pass), flag[1] to the
+ * number of ids that are not skip. */
+__global__ void check_ids_kernel(int *flag, const int *ids, int n, int V, int skip) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int t = ids[i];
+    if (t == skip) return;
+    atomicAdd(&flag[1], 1);
+    if (t < 0 || t >= V) atomicMin(&flag[0], i);
+}
+
+static int *g_ids_flag;
+
+/* Returns the number of ids that are not skip; stops naming op if one is outside [0, V). */
+static int check_ids(const char *op, const char *what, const int *ids, int n, int V, int skip) {
+    if (!g_ids_flag) g_ids_flag = (int *)dev_alloc(2 * sizeof(int));
+    const int init[2] = {INT_MAX, 0};
+    CUDA_CHECK(cudaMemcpyAsync(g_ids_flag, init, sizeof init, cudaMemcpyHostToDevice, kv_stream));
+    check_ids_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(g_ids_flag, ids, n, V, skip);
+    CUDA_LAUNCHED(check_ids);
+    int got[2];
+    dev_download(got, g_ids_flag, sizeof got);
+    if (got[0] != INT_MAX) {
+        int bad;
+        dev_download(&bad, ids + got[0], sizeof bad);
+        FATAL("%s: %s %d at position %d is outside [0, %d)", op, what, bad, got[0], V);
+    }
+    return got[1];
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+__global__ void embedding_forward_kernel(float *out, const int *tokens, const float *wte, const float *wpe, int BT,
+                                         int T, int C, float scale) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * C) return;
+    int i = (int)(idx / C), c = (int)(idx % C);
+    float v = scale * wte[(size_t)tokens[i] * C + c];
+    if (wpe) v += wpe[(size_t)(i % T) * C + c];
+    out[idx] = v;
+}
+
+void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                       int B, int T, int C, int V, float scale) {
+    ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
+    check_ids("embedding_forward", "token", tokens, B * T, V, INT_MIN);
+    size_t n = (size_t)B * T * C;
+    embedding_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, tokens, wte, wpe, B * T, T, C,
+                                                                                 scale);
+    CUDA_LAUNCHED(embedding_forward);
+}
+
+/* dwte: one thread per channel walks every token in order (tokens repeat: no two threads touch one value and
+ * the order is fixed); dwpe: one thread per (position, channel) sums over the batch. */
+__global__ void embedding_backward_wte_kernel(float *dwte, const float *dout, const int *tokens, int BT, int C,
+                                              float scale) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int i = 0; i < BT; i++) dwte[(size_t)tokens[i] * C + c] += scale * dout[(size_t)i * C + c];
+}
+
+__global__ void embedding_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * C) return;
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + idx];
+    dwpe[idx] += s;
+}
+
+void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                        int B, int T, int C, float scale) {
+    ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    embedding_backward_wte_kernel<<<cuda_blocks(C, 64), 64, 0, kv_stream>>>(dwte, dout, tokens, B * T, C, scale);
+    CUDA_LAUNCHED(embedding_backward_wte);
+    if (dwpe) {
+        embedding_backward_wpe_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(dwpe, dout, B,
+                                                                                                      T, C);
+        CUDA_LAUNCHED(embedding_backward_wpe);
+    }
+}
+
+/* ------------------------------------------------------------------ token assembly */
+
+__global__ void tokens_embed_forward_kernel(float *out, const float *x, const float *cls, const float *pos, int B,
+                                            int T, int C, int off) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * C) return;
+    int c = (int)(idx % C);
+    int bt = (int)(idx / C), b = bt / T, t = bt % T;
+    float v = t < off ? cls[c] : x[((size_t)b * (T - off) + (size_t)(t - off)) * C + c];
+    if (pos) v += pos[(size_t)t * C + c];
+    out[idx] = v;
+}
+
+void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
+    ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
+    size_t n = (size_t)B * T * C;
+    tokens_embed_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, x, cls, pos, B, T, C,
+                                                                                    cls ? 1 : 0);
+    CUDA_LAUNCHED(tokens_embed_forward);
+}
+
+/* one thread per (token row, channel): its batch sum in order */
+__global__ void tokens_embed_backward_kernel(float *dx, float *dcls, float *dpos, const float *dout, int B, int T,
+                                             int C, int off) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * C) return;
+    int t = (int)(idx / C), c = (int)(idx % C);
+    float sum = 0.0f;
+    for (int b = 0; b < B; b++) {
+        float d = dout[((size_t)b * T + t) * C + c];
+        if (t >= off) dx[((size_t)b * (T - off) + (size_t)(t - off)) * C + c] += d;
+        sum += d;
+    }
+    if (t < off) dcls[c] += sum;
+    if (dpos) dpos[idx] += sum;
+}
+
+void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
+    ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    tokens_embed_backward_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(
+        dx, dcls, dpos, dout, B, T, C, dcls ? 1 : 0);
+    CUDA_LAUNCHED(tokens_embed_backward);
+}
+
+/* ------------------------------------------------------------------ pooling */
+
+__global__ void pool_forward_kernel(float *out, const float *inp, int B, int T, int C, int first, int count) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * C) return;
+    int b = (int)(idx / C), c = (int)(idx % C);
+    float s = 0.0f;
+    for (int t = first; t < first + count; t++) s += inp[((size_t)b * T + t) * C + c];
+    out[idx] = s * (1.0f / count);
+}
+
+__global__ void pool_backward_kernel(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * count * C) return;
+    int c = (int)(idx % C);
+    int bt = (int)(idx / C), b = bt / count, t = first + bt % count;
+    dinp[((size_t)b * T + t) * C + c] += dout[(size_t)b * C + c] * (1.0f / count);
+}
+
+void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
+    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
+              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    pool_forward_kernel<<<cuda_blocks((size_t)B * C, THREADS), THREADS, 0, kv_stream>>>(out, inp, B, T, C, first,
+                                                                                        count);
+    CUDA_LAUNCHED(pool_forward);
+}
+
+void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
+              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    pool_backward_kernel<<<cuda_blocks((size_t)B * count * C, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, B, T,
+                                                                                                 C, first, count);
+    CUDA_LAUNCHED(pool_backward);
+}
+
+/* ------------------------------------------------------------------ layernorm */
+
+/* one warp per row */
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                         const float *b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float *x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += x[c];
+    float m = warp_sum(s) / C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+    v = warp_sum(v) / C;
+    float r = 1.0f / sqrtf(v + 1e-5f);
+    float *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
+    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, inp,
+                                                                                              w, b, N, C);
+    CUDA_LAUNCHED(layernorm_forward);
+}
+
+__global__ void layernorm_backward_dx_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+                                             const float *mean, const float *rstd, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    float *dx = dinp + (size_t)row * C;
+    float m = mean[row], s = rstd[row];
+    float sum_d = 0.0f, sum_dx = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * s, dxh = d[c] * w[c];
+        sum_d += dxh;
+        sum_dx += dxh * xh;
+    }
+    sum_d = warp_sum(sum_d) / C;
+    sum_dx = warp_sum(sum_dx) / C;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * s;
+        dx[c] += s * (d[c] * w[c] - sum_d - xh * sum_dx);
+    }
+}
+
+#define COLSUM_ROWS 64 /* rows per partial sum of the column reductions */
+
+/* partial[chunk][c] (and partial[chunk][C + c]) over the chunk's rows: sum of dout * xhat and of dout */
+__global__ void layernorm_backward_dw_kernel(float *partial, const float *dout, const float *inp, const float *mean,
+                                             const float *rstd, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (c >= C) return;
+    float sw = 0.0f, sb = 0.0f;
+    int r1 = min(N, (chunk + 1) * COLSUM_ROWS);
+    for (int r = chunk * COLSUM_ROWS; r < r1; r++) {
+        float d = dout[(size_t)r * C + c];
+        sw += d * (inp[(size_t)r * C + c] - mean[r]) * rstd[r];
+        sb += d;
+    }
+    partial[(size_t)chunk * 2 * C + c] = sw;
+    partial[(size_t)chunk * 2 * C + C + c] = sb;
+}
+
+/* a[c] += sum over chunks of partial[chunk][off + c] (a may be NULL) */
+__global__ void colsum_finish_kernel(float *a, const float *partial, int chunks, size_t stride, int off, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C || !a) return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++) s += partial[(size_t)k * stride + off + c];
+    a[c] += s;
+}
+
+static float *g_partial;
+static size_t g_partial_cap;
+
+void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
+    layernorm_backward_dx_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, inp, w,
+                                                                                                  mean, rstd, N, C);
+    CUDA_LAUNCHED(layernorm_backward_dx);
+    int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * 2 * C);
+    layernorm_backward_dw_kernel<<<dim3(cuda_blocks(C, 128), chunks), 128, 0, kv_stream>>>(part, dout, inp, mean,
+                                                                                           rstd, N, C);
+    CUDA_LAUNCHED(layernorm_backward_dw);
+    colsum_finish_kernel<<<cuda_blocks(C, 128), 128, 0, kv_stream>>>(dw, part, chunks, (size_t)2 * C, 0, C);
+    CUDA_LAUNCHED(colsum_finish);
+    if (db) {
+        colsum_finish_kernel<<<cuda_blocks(C, 128), 128, 0, kv_stream>>>(db, part, chunks, (size_t)2 * C, C, C);
+        CUDA_LAUNCHED(colsum_finish);
+    }
+}
+
+/* ------------------------------------------------------------------ linear */
+
+__global__ void add_bias_kernel(float *out, const float *b, size_t N, int OC) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < N * OC) out[idx] += b[idx % OC];
+}
+
+void linear_forward(float *out, const float *inp, const float *w, const float *b,
+                    int N, int C, int OC) {
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
+    cuda_ready();
+    /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, w, C, inp, C, &zero, out, OC));
+    if (b) {
+        add_bias_kernel<<<cuda_blocks((size_t)N * OC, THREADS), THREADS, 0, kv_stream>>>(out, b, (size_t)N, OC);
+        CUDA_LAUNCHED(add_bias);
+    }
+}
+
+__global__ void bias_grad_partial_kernel(float *partial, const float *dout, int N, int OC) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (c >= OC) return;
+    float s = 0.0f;
+    int r1 = min(N, (chunk + 1) * COLSUM_ROWS);
+    for (int r = chunk * COLSUM_ROWS; r < r1; r++) s += dout[(size_t)r * OC + c];
+    partial[(size_t)chunk * OC + c] = s;
+}
+
+void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC) {
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    cuda_ready();
+    const float one = 1.0f;
+    /* dinp (N, C) += dout W: column-major dinp' = W' dout' */
+    if (dinp)
+        CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w, C, dout, OC, &one, dinp, C));
+    /* dW (OC, C) += dout^T inp: column-major dW' = inp' dout'^T */
+    CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dw, C));
+    if (db) {
+        int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
+        float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * OC);
+        bias_grad_partial_kernel<<<dim3(cuda_blocks(OC, 128), chunks), 128, 0, kv_stream>>>(part, dout, N, OC);
+        CUDA_LAUNCHED(bias_grad_partial);
+        colsum_finish_kernel<<<cuda_blocks(OC, 128), 128, 0, kv_stream>>>(db, part, chunks, (size_t)OC, 0, OC);
+        CUDA_LAUNCHED(colsum_finish);
+    }
+}
+
+/* ------------------------------------------------------------------ activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = inp[i];
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+}
+
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = inp[i];
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] += g * dout[i];
+}
+
+__global__ void relu_forward_kernel(float *out, const float *inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+__global__ void relu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+__global__ void residual_kernel(float *out, const float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+#define ELEMENTWISE(kernel, n, ...)                                                          \
+    do {                                                                                     \
+        if ((n) == 0) break;                                                                 \
+        kernel<<<cuda_blocks((n), THREADS), THREADS, 0, kv_stream>>>(__VA_ARGS__, (n));      \
+        CUDA_LAUNCHED(kernel);                                                               \
+    } while (0)
+
+void gelu_forward(float *out, const float *inp, size_t n) { ELEMENTWISE(gelu_forward_kernel, n, out, inp); }
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    ELEMENTWISE(gelu_backward_kernel, n, dinp, inp, dout);
+}
+void relu_forward(float *out, const float *inp, size_t n) { ELEMENTWISE(relu_forward_kernel, n, out, inp); }
+void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    ELEMENTWISE(relu_backward_kernel, n, dinp, inp, dout);
+}
+void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    ELEMENTWISE(residual_kernel, n, out, a, b);
+}
+
+/* ------------------------------------------------------------------ dropout */
+
+__global__ void dropout_kernel(float *out, const float *inp, size_t off, uint32_t thr, float scale, uint64_t seed,
+                               int accumulate, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = dropout_keep(seed, off + i, thr) ? inp[i] * scale : 0.0f;
+    out[i] = accumulate ? out[i] + v : v;
+}
+
+void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
+    uint32_t thr = dropout_threshold(p, "dropout_forward");
+    size_t off = dropout_batch_offset(n, "dropout_forward");
+    ELEMENTWISE(dropout_kernel, n, out, inp, off, thr, 1.0f / (1.0f - p), seed, 0);
+}
+
+void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
+    uint32_t thr = dropout_threshold(p, "dropout_backward");
+    size_t off = dropout_batch_offset(n, "dropout_backward");
+    ELEMENTWISE(dropout_kernel, n, dinp, dout, off, thr, 1.0f / (1.0f - p), seed, 1);
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+
+/* one block per row */
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const float *logits, const int *targets,
+                                            int V, int ignore_index, float smoothing) {
+    int i = blockIdx.x;
+    const float *x = logits + (size_t)i * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, x[j]);
+    mx = block_max(mx);
+    float s = 0.0f, sx = 0.0f;
+    for (int j = threadIdx.x; j < V; j += THREADS) {
+        s += expf(x[j] - mx);
+        sx += x[j];
+    }
+    s = block_sum(s);
+    sx = block_sum(sx);
+    if (threadIdx.x == 0) {
+        float l = mx + logf(s);
+        lse[i] = l;
+        int t = targets[i];
+        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * x[t] - smoothing * sx / V;
+    }
+}
+
+int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+                         int N, int V, int ignore_index, float smoothing) {
+    ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
+    ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
+              "label smoothing must be in [0, 1), got %g", (double)smoothing);
+    int counted = check_ids("crossentropy_forward", "target", targets, N, V, ignore_index);
+    crossentropy_forward_kernel<<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
+                                                             smoothing);
+    CUDA_LAUNCHED(crossentropy_forward);
+    return counted;
+}
+
+__global__ void crossentropy_backward_kernel(float *dlogits, const float *logits, const float *lse,
+                                             const int *targets, int V, int ignore_index, float smoothing,
+                                             float scale) {
+    int i = blockIdx.x;
+    const float *x = logits + (size_t)i * V;
+    float *d = dlogits + (size_t)i * V;
+    int t = targets[i];
+    int inplace = d == x;
+    if (t == ignore_index) {
+        if (inplace)
+            for (int j = threadIdx.x; j < V; j += THREADS) d[j] = 0.0f;
+        return;
+    }
+    float l = lse[i], off = smoothing / V;
+    for (int j = threadIdx.x; j < V; j += THREADS) {
+        float g = (expf(x[j] - l) - off) * scale - (j == t ? (1.0f - smoothing) * scale : 0.0f);
+        d[j] = inplace ? g : d[j] + g;
+    }
+}
+
+void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                           const int *targets, int N, int V, int ignore_index,
+                           float smoothing, float scale) {
+    ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
+    crossentropy_backward_kernel<<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
+                                                              smoothing, scale);
+    CUDA_LAUNCHED(crossentropy_backward);
+}
+
+/* one block per row: the first index of the maximum, as the CPU loop finds it */
+__global__ void argmax_kernel(int *correct, const float *logits, const int *targets, int V, int ignore_index) {
+    int i = blockIdx.x;
+    int t = targets[i];
+    if (t == ignore_index) return;
+    const float *x = logits + (size_t)i * V;
+    float best = -INFINITY;
+    int bi = INT_MAX;
+    for (int j = threadIdx.x; j < V; j += THREADS)
+        if (x[j] > best || bi == INT_MAX) {
+            best = x[j];
+            bi = j;
+        }
+    __shared__ float sv[THREADS];
+    __shared__ int si[THREADS];
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float v2 = sv[threadIdx.x + s];
+            int i2 = si[threadIdx.x + s];
+            if (i2 != INT_MAX && (v2 > sv[threadIdx.x] || (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x]) ||
+                                  si[threadIdx.x] == INT_MAX)) {
+                sv[threadIdx.x] = v2;
+                si[threadIdx.x] = i2;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && si[0] == t) atomicAdd(correct, 1);
+}
+
+int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+    ARG_CHECK(N > 0 && V > 0, "argmax_correct", "bad shape N=%d V=%d", N, V);
+    static int *count;
+    if (!count) count = (int *)dev_alloc(sizeof(int));
+    dev_zero(count, sizeof(int));
+    argmax_kernel<<<N, THREADS, 0, kv_stream>>>(count, logits, targets, V, ignore_index);
+    CUDA_LAUNCHED(argmax);
+    int c;
+    dev_download(&c, count, sizeof c);
+    return c;
+}
+
+/* ------------------------------------------------------------------ optimiser */
+
+__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, float lr, float beta1, float beta2,
+                             float eps, float weight_decay, float bc1, float bc2, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grad[i];
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+}
+
+void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+    ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    ELEMENTWISE(adamw_kernel, n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+}
+
+#define NORM_BLOCKS 1024
+
+/* sum of squares in double: a fixed grid of partial sums, then one block adds them in order */
+__global__ void sumsq_partial_kernel(double *partial, const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (size_t)NORM_BLOCKS * THREADS)
+        s += (double)x[i] * x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_partials_kernel(double *out, const double *partial) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < NORM_BLOCKS; i += THREADS) s += partial[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+double grad_norm(const float *grad, size_t n) {
+    static double *partial;
+    if (!partial) partial = (double *)dev_alloc((NORM_BLOCKS + 1) * sizeof(double));
+    sumsq_partial_kernel<<<NORM_BLOCKS, THREADS, 0, kv_stream>>>(partial, grad, n);
+    CUDA_LAUNCHED(sumsq_partial);
+    sum_partials_kernel<<<1, THREADS, 0, kv_stream>>>(partial + NORM_BLOCKS, partial);
+    CUDA_LAUNCHED(sum_partials);
+    double s;
+    dev_download(&s, partial + NORM_BLOCKS, sizeof s);
+    return sqrt(s);
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+void scale_inplace(float *x, size_t n, float s) { ELEMENTWISE(scale_kernel, n, x, s); }
+
+double clip_grad_norm(float *grad, size_t n, double max_norm) {
+    ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
+    double norm = grad_norm(grad, n);
+    if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
+    return norm;
+}
