@@ -460,6 +460,145 @@ def parse_counts(output):
     return (int(m[-1][1]), int(m[-1][2])) if m else None
 
 
+def nvcc_path():
+    """The CUDA compiler as kernels/Makefile finds it (CUDA_HOME, PATH, /usr/local/cuda), or None."""
+    for cand in (os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"), shutil.which("nvcc") or "",
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def gpu_visible():
+    """nvidia-smi lists a GPU."""
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+CUDA = "CONFIG_TARGET_CUDA=y\n"
+
+
+def test_cuda(build_root, tmp, sanitize):
+    """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; its unit tests (every variant, the same
+    programs as the CPU's) and a CPU-against-GPU training comparison run where a GPU is visible."""
+    section("CUDA target")
+    if sanitize:
+        print("  skipped under --sanitize (the CUDA runtime and AddressSanitizer do not mix; make test covers it)")
+        return
+    if not nvcc_path():
+        print("  skipped: no CUDA toolkit (nvcc) on this machine, nothing of the CUDA target was built or run")
+        return
+    gpu = gpu_visible()
+    configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
+    if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
+        configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
+    env = dict(os.environ)
+    data = os.path.join(REPO, "data")
+    env.setdefault("KVLAB_DATA_DIR", data)
+    env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
+    env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
+    env.setdefault("KVLAB_MNIST_DIR", os.path.join(data, "mnist"))
+    for name, frags in configs:
+        bdir = os.path.join(build_root, "tests-cuda", name)
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
+                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")])
+        if not R.check(r.returncode == 0, f"CUDA test configuration {name}: {r.stderr.strip()}"):
+            continue
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"])
+        if not R.check(r.returncode == 0, f"CUDA build of {name}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+            continue
+        if not gpu:
+            continue
+        for prog in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint"):
+            path = os.path.join(bdir, "tests", prog)
+            t0 = time.time()
+            r = run([path], env=env)
+            counts = parse_counts(r.stdout)
+            label = f"cuda/{name}/{prog}"
+            if counts is None or r.returncode not in (0, 1):
+                R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+                continue
+            R.add(*counts)
+            fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)")
+            for ln in fails[:20]:
+                print(f"    {ln}")
+    cuda_kconfig(build_root, gpu)
+    if not gpu:
+        prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
+        r = run([prog])
+        R.check(r.returncode == 1 and r.stderr.count("\n") == 1 and "CUDA target: no usable GPU" in r.stderr and
+                "hint:" in r.stderr, f"a CUDA binary on a machine without a GPU stops with one line and a hint: "
+                f"{r.returncode} {r.stderr!r}")
+        print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
+              "were not run")
+        return
+    cuda_against_cpu(tmp)
+
+
+def cuda_kconfig(build_root, gpu):
+    """Each GPU architecture choice reaches nvcc as its -gencode; native asks nvidia-smi and, without a GPU,
+    stops the build with one line."""
+    for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
+                      ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
+        bdir = os.path.join(build_root, "tests-cuda", "arch-" + sym.lower())
+        frag = os.path.join(bdir + ".frag")
+        os.makedirs(os.path.dirname(frag), exist_ok=True)
+        with open(frag, "w") as f:
+            f.write(f"CONFIG_TARGET_CUDA=y\nCONFIG_{sym}=y\n")
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
+        if not R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
+            continue
+        r = run(["make", "-f", "scripts/Makefile.build", f"B={bdir}", os.path.join(bdir, ".cflags")])
+        if arch is None and not gpu:
+            R.check(r.returncode != 0 and "no GPU architecture" in r.stderr and "hint:" in r.stderr,
+                    f"{sym} without a GPU: the build stops naming the problem: {r.stderr.strip()[-400:]}")
+            continue
+        flags = open(os.path.join(bdir, ".cflags")).read() if r.returncode == 0 else ""
+        want = f"arch=compute_{arch}" if arch else "arch=compute_"
+        R.check(r.returncode == 0 and want in flags and (arch is None or f"sm_{arch}" in flags),
+                f"{sym}: nvcc gets {want}: {flags[-300:]}{r.stderr[-300:]}")
+
+
+def cuda_against_cpu(tmp):
+    """The same tiny runs on both targets from the same seed: train losses agree to float32 rounding grown over
+    the steps; a checkpoint written on the GPU samples the same text on both; cached = uncached on the GPU."""
+    section("CUDA against CPU: GPT-2 and seq2seq training, checkpoints across targets")
+    tol = 2e-3
+    for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("seq2seq", TINY_SYNTH, "tinysynth", "seq2seq")):
+        wc = Workspace(tmp, f"cmp-cpu-{label}", text, False)
+        wg = Workspace(tmp, f"cmp-gpu-{label}", text + CUDA, False)
+        rc, rg = wc.make(), wg.make()
+        if not R.check(rc.returncode == 0 and rg.returncode == 0, f"{label} on both targets:\n"
+                       f"{rc.stdout[-1500:]}{rc.stderr[-1500:]}\n{rg.stdout[-1500:]}{rg.stderr[-1500:]}"):
+            continue
+        for step in ("V0", "V1") if family == "gpt2" else ("V0", "KV"):
+            mc = metrics(os.path.join(wc.run_dir(run_name), f"training_metrics_step{step}.json"))
+            mg = metrics(os.path.join(wg.run_dir(run_name), f"training_metrics_step{step}.json"))
+            lc, lg = mc["metrics"].get("train_losses", []), mg["metrics"].get("train_losses", [])
+            worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(lc, lg)), default=float("inf"))
+            R.check(len(lc) == len(lg) > 0 and worst <= tol, f"{label} {step}: CPU and GPU train losses agree "
+                    f"over {len(lc)} logged steps (worst relative difference {worst:.2e}, tolerance {tol:g})")
+            print(f"  {label} {step}: {len(lc)} train losses, worst relative difference CPU/GPU {worst:.2e}; "
+                  f"backend {mg.get('backend', '?')}")
+            if family != "gpt2":
+                continue
+            ck = os.path.join(wg.run_dir(run_name), f"final_model_step{step}.safetensors")
+            args = ["sample", "--ckpt", ck, "--prompt", "one hundred", "--length", "24", "--temperature", "0"]
+            s_gpu = run([wg.binary(step)] + args)
+            s_gpu_nc = run([wg.binary(step)] + args + ["--no-cache"])
+            s_cpu = run([wc.binary(step)] + args)
+            R.check(s_gpu.returncode == 0 and s_gpu.stdout == s_gpu_nc.stdout,
+                    f"{step}: cached and uncached greedy samples agree on the GPU: {s_gpu.stdout!r} / "
+                    f"{s_gpu_nc.stdout!r} {s_gpu.stderr[-500:]}")
+            R.check(s_cpu.returncode == 0 and s_cpu.stdout == s_gpu.stdout,
+                    f"{step}: the GPU's checkpoint samples the same greedy text on the CPU: {s_cpu.stdout!r} / "
+                    f"{s_gpu.stdout!r} {s_cpu.stderr[-500:]}")
+
+
 def test_units(build_root, sanitize, only):
     section("C unit tests" + (" (sanitizers)" if sanitize else ""))
     env = dict(os.environ)
@@ -2542,6 +2681,8 @@ def main():
             guarded(test_mpi, tmp, args.sanitize)
         if want("bench-decode"):
             guarded(test_bench_decode, tmp)
+        if want("cuda"):
+            guarded(test_cuda, build_root, tmp, args.sanitize)
         if want("sweep"):
             guarded(test_sweep_logic)
             guarded(test_sweep_end_to_end, tmp, args.sanitize)
