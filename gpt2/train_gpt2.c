@@ -180,8 +180,8 @@ static void log_step(Run *r, double loss, double lr, double norm, double ms, dou
     if (h->max_time > 0 && h->max_time - t->train_seconds < left) left = h->max_time - t->train_seconds;
     char eta[32];
     format_eta(eta, sizeof eta, left);
-    printf("step %6d/%d | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s | ETA %s\n", t->iter,
-           h->max_iters, loss, lr, norm, ms, tps, eta);
+    printf("step %6d/%d | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s%s | ETA %s\n", t->iter,
+           h->max_iters, loss, lr, norm, ms, tps, run_gpu_memory_note(), eta);
     fflush(stdout);
 }
 

@@ -33,6 +33,11 @@ void *dev_alloc(size_t bytes);          /* zero-filled */
  * the memory it needs (the KV cache). Host code only, not thread-safe. */
 size_t dev_alloc_total(void);
 void dev_free(void *p);
+/* Memory of a GPU backend: the most bytes held at once in live dev_alloc buffers since the start, and the
+ * device's capacity. Both 0 on a backend whose device memory is host memory (the CPU: there it is part of
+ * the process's peak RSS). Host code only. */
+size_t dev_mem_peak(void);
+size_t dev_mem_capacity(void);
 void dev_zero(void *p, size_t bytes);
 void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);

@@ -439,6 +439,7 @@ def summarise(out, rows):
             "synthetic": m.get("synthetic_test_accuracy"),
             "ms_per_step": m.get("ms_per_iter"),
             "peak_memory_mib": m.get("peak_memory_mib"),
+            "gpu_memory_peak_mib": m.get("gpu_memory_peak_mib"),
             "train_seconds": m.get("train_seconds"),
             "dataset": m.get("dataset"),
         })
@@ -463,9 +464,10 @@ def summarise(out, rows):
     has_bleu = any(s["test_bleu"] is not None for s in steps)
     has_cache = any(s["kv_cache_bytes_per_token"] is not None for s in steps)
     has_decode = any(s["decode_tokens_per_s"] is not None for s in steps)
+    has_gpu = any(s["gpu_memory_peak_mib"] is not None for s in steps)
     head = (["step", "variant", "params", "MFLOP/tok", "best val", "final val", "val acc"] +
             (["test acc"] if has_test else []) + (["test BLEU"] if has_bleu else []) +
-            ["speed", "ms/step", "peak MiB"] +
+            ["speed", "ms/step", "peak MiB"] + (["GPU MiB"] if has_gpu else []) +
             (["cache B/tok"] if has_cache else []) + (["decode tok/s"] if has_decode else []) + ["status"])
     short = {"tokens": "tok/s", "images": "img/s", "sequences": "seq/s"}
     table = []
@@ -481,6 +483,8 @@ def summarise(out, rows):
                      ([fmt(s["test_accuracy"], ".4f")] if has_test else []) +
                      ([fmt(s["test_bleu"], ".2f")] if has_bleu else []) +
                      [speed, fmt(s["ms_per_step"], ".1f"), fmt(s["peak_memory_mib"], ".0f")] +
+                     ([fmt(s["gpu_memory_peak_mib"], ",.0f" if (s["gpu_memory_peak_mib"] or 0) >= 100 else ".1f")]
+                      if has_gpu else []) +
                      ([fmt(s["kv_cache_bytes_per_token"], ",.0f")] if has_cache else []) +
                      ([fmt(s["decode_tokens_per_s"], ",.0f")] if has_decode else []) + [s["status"]])
     widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
@@ -489,7 +493,8 @@ def summarise(out, rows):
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
     md += ["", "Parameters and training FLOPs per token in parentheses relative to the first step; val = validation "
-               "loss in nats" + ("; cache = KV-cache bytes per generated token" if has_cache else "") +
+               "loss in nats" + ("; peak MiB = the process's peak RSS, GPU MiB = the most GPU memory held at once"
+                                 if has_gpu else "") + ("; cache = KV-cache bytes per generated token" if has_cache else "") +
                ("; decode = tokens/s of greedy generation with the KV cache, batch 1, from one token until the "
                 "context is full, timed once at the end of training" if has_decode else "") + ".",
            "Curves: ablation_curves.png (loss against training examples and against wall time)."]

@@ -449,9 +449,9 @@ static int train(Run *r) {
             run_write_metrics(t);
             char eta[32];
             format_eta(eta, sizeof eta, (total - t->iter) * ms / 1e3);
-            printf("step %7d/%d | %s | loss %.4f | acc %.3f | lr %.2e | %6.1f ms/step | %7.0f tok/s | ETA %s\n",
+            printf("step %7d/%d | %s | loss %.4f | acc %.3f | lr %.2e | %6.1f ms/step | %7.0f tok/s%s | ETA %s\n",
                    t->iter, total, TRANSLATION ? "translate" : task_name((SynthTask)r->jobs[job].task), loss,
-                   (double)correct / (counted ? counted : 1), lr, ms, tps, eta);
+                   (double)correct / (counted ? counted : 1), lr, ms, tps, run_gpu_memory_note(), eta);
             fflush(stdout);
             interval_t = interval_tok = 0.0;
             interval_n = 0;

@@ -575,6 +575,8 @@ def cuda_against_cpu(tmp):
         if not R.check(rc.returncode == 0 and rg.returncode == 0, f"{label} on both targets:\n"
                        f"{rc.stdout[-1500:]}{rc.stderr[-1500:]}\n{rg.stdout[-1500:]}{rg.stderr[-1500:]}"):
             continue
+        summ = open(os.path.join(wg.run_dir(run_name), "ablation_summary.md")).read()
+        R.check("GPU MiB" in summ, f"{label}: the GPU run's ablation summary has a GPU memory column: {summ[:600]}")
         for step in ("V0", "V1") if family == "gpt2" else ("V0", "KV"):
             mc = metrics(os.path.join(wc.run_dir(run_name), f"training_metrics_step{step}.json"))
             mg = metrics(os.path.join(wg.run_dir(run_name), f"training_metrics_step{step}.json"))
@@ -584,6 +586,12 @@ def cuda_against_cpu(tmp):
                     f"over {len(lc)} logged steps (worst relative difference {worst:.2e}, tolerance {tol:g})")
             print(f"  {label} {step}: {len(lc)} train losses, worst relative difference CPU/GPU {worst:.2e}; "
                   f"backend {mg.get('backend', '?')}")
+            R.check("gpu_memory_peak_mib" not in mc and 0 < mg.get("gpu_memory_peak_mib", 0) <
+                    mg.get("gpu_memory_total_mib", 0), f"{label} {step}: the GPU run's metrics report its GPU memory "
+                    f"(peak {mg.get('gpu_memory_peak_mib')} of {mg.get('gpu_memory_total_mib')} MiB), the CPU's none")
+            log = open(os.path.join(wg.run_dir(run_name), f"train_step{step}.log")).read()
+            R.check(re.search(r"tok/s \| GPU [\d.]+/\d+ MiB \|", log) is not None,
+                    f"{label} {step}: the GPU run's progress lines show its GPU memory: {log[-400:]}")
             if family != "gpt2":
                 continue
             ck = os.path.join(wg.run_dir(run_name), f"final_model_step{step}.safetensors")
@@ -597,6 +605,12 @@ def cuda_against_cpu(tmp):
             R.check(s_cpu.returncode == 0 and s_cpu.stdout == s_gpu.stdout,
                     f"{step}: the GPU's checkpoint samples the same greedy text on the CPU: {s_cpu.stdout!r} / "
                     f"{s_gpu.stdout!r} {s_cpu.stderr[-500:]}")
+            ck_cpu = os.path.join(wc.run_dir(run_name), f"final_model_step{step}.safetensors")
+            args_cpu = ["sample", "--ckpt", ck_cpu] + args[3:]
+            t_cpu, t_gpu = run([wc.binary(step)] + args_cpu), run([wg.binary(step)] + args_cpu)
+            R.check(t_gpu.returncode == 0 and t_cpu.stdout == t_gpu.stdout,
+                    f"{step}: the CPU's checkpoint samples the same greedy text on the GPU: {t_cpu.stdout!r} / "
+                    f"{t_gpu.stdout!r} {t_gpu.stderr[-500:]}")
 
 
 def test_units(build_root, sanitize, only):

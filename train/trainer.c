@@ -325,6 +325,10 @@ void run_write_metrics(TrainRun *r) {
     metrics_set_number(m, "ms_per_iter", trained > 0 ? 1e3 * r->train_seconds / trained : 0.0);
     metrics_set_number(m, "trained_iterations", trained);
     metrics_set_number(m, "peak_memory_mib", peak_rss_mib()); /* rank 0's */
+    if (dev_mem_capacity()) { /* a GPU backend: its memory, which the RSS does not show */
+        metrics_set_number(m, "gpu_memory_peak_mib", dev_mem_peak() / 1048576.0);
+        metrics_set_number(m, "gpu_memory_total_mib", dev_mem_capacity() / 1048576.0);
+    }
     if (r->rank != 0) return;
     if (metrics_write(m, &e) != 0) run_die(&e);
     tracking_log(r);
@@ -506,3 +510,12 @@ void format_eta(char *buf, size_t n, double s) {
 }
 
 double perplexity(double loss) { return exp(loss < 20.0 ? loss : 20.0); }
+
+const char *run_gpu_memory_note(void) {
+    static char note[64];
+    size_t cap = dev_mem_capacity();
+    if (!cap) return "";
+    double peak = dev_mem_peak() / 1048576.0;
+    snprintf(note, sizeof note, " | GPU %.*f/%.0f MiB", peak < 100 ? 1 : 0, peak, cap / 1048576.0);
+    return note;
+}

@@ -82,6 +82,9 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
                       const char *const *val_series, int nval);
 /* Updates the running totals (iterations, best validation, speed, memory) and writes the file. */
 void run_write_metrics(TrainRun *r);
+/* " | GPU <peak>/<capacity> MiB" for the progress lines on a GPU backend (peak of live device buffers), "" on
+ * the CPU. */
+const char *run_gpu_memory_note(void);
 /* Marks the metrics complete, writes them and removes the state file. */
 void run_finish(TrainRun *r, const char *stopped_by);
 void run_fail(TrainRun *r, const char *status, const char *msg);

@@ -250,8 +250,9 @@ static int train(Run *r) {
             if (h->max_time > 0 && h->max_time - t->train_seconds < left) left = h->max_time - t->train_seconds;
             char eta[32];
             format_eta(eta, sizeof eta, left);
-            printf("step %6d/%d | epoch %2d | loss %.4f | acc %.3f | lr %.2e | %6.1f ms/step | %6.0f img/s | ETA %s\n",
-                   t->iter, r->max_iters, epoch + 1, loss, (double)correct / h->B, lr, ms, ips, eta);
+            printf("step %6d/%d | epoch %2d | loss %.4f | acc %.3f | lr %.2e | %6.1f ms/step | %6.0f img/s%s | ETA %s\n",
+                   t->iter, r->max_iters, epoch + 1, loss, (double)correct / h->B, lr, ms, ips, run_gpu_memory_note(),
+                   eta);
             fflush(stdout);
             interval_t = interval_images = 0.0;
             interval_n = 0;

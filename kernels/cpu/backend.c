@@ -43,6 +43,10 @@ void *dev_alloc(size_t bytes) {
 
 size_t dev_alloc_total(void) { return g_alloc_total; }
 
+size_t dev_mem_peak(void) { return 0; }
+
+size_t dev_mem_capacity(void) { return 0; }
+
 void dev_free(void *p) {
     if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD))
         guard_free(p);

@@ -13,6 +13,59 @@ cublasHandle_t kv_cublas;
 static int g_ready;
 static size_t g_alloc_total; /* dev_alloc_total() */
 
+/* Live buffers and their sizes (open addressing on the pointer), for dev_mem_peak. */
+static struct Live {
+    void *p;
+    size_t bytes;
+} *g_live;
+static size_t g_live_cap, g_live_n, g_live_bytes, g_live_peak;
+
+static size_t live_slot(void *p) {
+    size_t h = ((uintptr_t)p >> 8) * 0x9e3779b97f4a7c15ull;
+    for (size_t i = h & (g_live_cap - 1);; i = (i + 1) & (g_live_cap - 1))
+        if (g_live[i].p == p || !g_live[i].p) return i;
+}
+
+static void live_add(void *p, size_t bytes) {
+    if (2 * (g_live_n + 1) > g_live_cap) { /* grow and rehash */
+        struct Live *old = g_live;
+        size_t oc = g_live_cap;
+        g_live_cap = oc ? 2 * oc : 1024;
+        g_live = (struct Live *)xcalloc(g_live_cap, sizeof *g_live);
+        for (size_t i = 0; i < oc; i++)
+            if (old[i].p) g_live[live_slot(old[i].p)] = old[i];
+        free(old);
+    }
+    g_live[live_slot(p)] = (struct Live){p, bytes};
+    g_live_n++;
+    g_live_bytes += bytes;
+    if (g_live_bytes > g_live_peak) g_live_peak = g_live_bytes;
+}
+
+/* removes p and re-inserts the rest of its cluster (deletion in linear probing) */
+static void live_remove(void *p) {
+    if (!g_live_cap) return;
+    size_t i = live_slot(p);
+    if (g_live[i].p != p) return;
+    g_live_bytes -= g_live[i].bytes;
+    g_live[i].p = NULL;
+    g_live_n--;
+    for (size_t j = (i + 1) & (g_live_cap - 1); g_live[j].p; j = (j + 1) & (g_live_cap - 1)) {
+        struct Live e = g_live[j];
+        g_live[j].p = NULL;
+        g_live[live_slot(e.p)] = e;
+    }
+}
+
+size_t dev_mem_peak(void) { return g_live_peak; }
+
+size_t dev_mem_capacity(void) {
+    cuda_ready();
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return total_b;
+}
+
 void cuda_fail(const char *file, int line, const char *call, const char *what) {
     fatal_at(file, line, "CUDA: %s failed: %s (hint: nvidia-smi shows whether the GPU is visible and busy; "
              "CUDA_LAUNCH_BLOCKING=1 pins an asynchronous error to its launch)", call, what);
@@ -70,6 +123,7 @@ void *dev_alloc(size_t bytes) {
               "model, or a GPU with more memory)", bytes, free_b >> 20, total_b >> 20);
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
+    live_add(p, bytes);
     return p;
 }
 
@@ -80,6 +134,7 @@ void dev_free(void *p) {
     /* the stream may still use it: frees wait for the work queued before them */
     CUDA_CHECK(cudaStreamSynchronize(kv_stream));
     CUDA_CHECK(cudaFree(p));
+    live_remove(p);
 }
 
 void dev_zero(void *p, size_t bytes) {
