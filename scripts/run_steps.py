@@ -493,7 +493,7 @@ def summarise(out, rows):
           "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(str(c) for c in r) + " |" for r in table]
     md += ["", "Parameters and training FLOPs per token in parentheses relative to the first step; val = validation "
-               "loss in nats" + ("; peak MiB = the process's peak RSS, GPU MiB = the most GPU memory held at once"
+               "loss in nats" + ("; peak MiB = the process's peak RSS, GPU MiB = the most GPU memory held at once in kvlab's buffers (the CUDA context and cuBLAS workspace come on top)"
                                  if has_gpu else "") + ("; cache = KV-cache bytes per generated token" if has_cache else "") +
                ("; decode = tokens/s of greedy generation with the KV cache, batch 1, from one token until the "
                 "context is full, timed once at the end of training" if has_decode else "") + ".",

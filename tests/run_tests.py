@@ -462,7 +462,8 @@ def parse_counts(output):
 
 def nvcc_path():
     """The CUDA compiler as kernels/Makefile finds it (CUDA_HOME, PATH, /usr/local/cuda), or None."""
-    for cand in (os.path.join(os.environ.get("CUDA_HOME", ""), "bin", "nvcc"), shutil.which("nvcc") or "",
+    home = os.environ.get("CUDA_HOME")
+    for cand in (os.path.join(home, "bin", "nvcc") if home else "", shutil.which("nvcc") or "",
                  "/usr/local/cuda/bin/nvcc"):
         if cand and os.access(cand, os.X_OK):
             return cand
@@ -478,7 +479,7 @@ def gpu_visible():
     return r.returncode == 0 and "GPU" in r.stdout
 
 
-CUDA = "CONFIG_TARGET_CUDA=y\n"
+CUDA_NATIVE = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"  # the GPU runs: code for the GPU that is there
 
 
 def test_cuda(build_root, tmp, sanitize):
@@ -495,6 +496,10 @@ def test_cuda(build_root, tmp, sanitize):
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
         configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
+    # with a GPU, build for it (tests/configs/cuda names one generation, for the compile-only runs)
+    native = os.path.join(tmp, "cuda-native")
+    with open(native, "w") as f:
+        f.write(CUDA_NATIVE)
     env = dict(os.environ)
     data = os.path.join(REPO, "data")
     env.setdefault("KVLAB_DATA_DIR", data)
@@ -504,7 +509,8 @@ def test_cuda(build_root, tmp, sanitize):
     for name, frags in configs:
         bdir = os.path.join(build_root, "tests-cuda", name)
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
-                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")])
+                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")] +
+                ([native] if gpu else []))
         if not R.check(r.returncode == 0, f"CUDA test configuration {name}: {r.stderr.strip()}"):
             continue
         r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"])
@@ -570,7 +576,7 @@ def cuda_against_cpu(tmp):
     tol = 2e-3
     for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("seq2seq", TINY_SYNTH, "tinysynth", "seq2seq")):
         wc = Workspace(tmp, f"cmp-cpu-{label}", text, False)
-        wg = Workspace(tmp, f"cmp-gpu-{label}", text + CUDA, False)
+        wg = Workspace(tmp, f"cmp-gpu-{label}", text + CUDA_NATIVE, False)
         rc, rg = wc.make(), wg.make()
         if not R.check(rc.returncode == 0 and rg.returncode == 0, f"{label} on both targets:\n"
                        f"{rc.stdout[-1500:]}{rc.stderr[-1500:]}\n{rg.stdout[-1500:]}{rg.stderr[-1500:]}"):

@@ -1287,12 +1287,17 @@ int main(int argc, char **argv) {
         attention_case("causal, configured head dim", 1, 9, 1, ATTN_HEAD_DIM, 1, 0, 0.0f);
         attention_case("bidirectional, configured head dim", 1, 9, 1, ATTN_HEAD_DIM, 0, 1, 0.0f);
     }
+    /* head dims past one warp's worth of values per lane (the CUDA kernels' wider register tiles and larger
+     * shared-memory blocks) */
+    attention_case("causal, key padding, head dim 96", 1, 40, 1, 96, 1, 1, 0.0f);
+    attention_case("bidirectional, dropout, head dim 160", 1, 40, 1, 160, 0, 0, 0.1f);
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
     attention_set_symmetric_path(1);
     cross_case("plain", 2, 6, 11, 2, 4, 0, 0.0f);
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);
+    cross_case("key padding, head dim 160", 1, 7, 40, 1, 160, 1, 0.0f);
     test_layernorm(1);
     test_layernorm(0);
     test_linear(1);

@@ -704,6 +704,7 @@ static void cross_call(Call *c, const char *op, float *out, float *lse, const fl
 
 template <typename... KArgs, typename... Args>
 static void launch(void (*kernel)(KArgs...), unsigned grid, size_t smem, Args... args) {
+    cuda_check_smem("attention", smem, "a smaller head dim: more heads for the same width");
     if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, ATT_THREADS, smem, kv_stream>>>(args...);
     CUDA_LAUNCHED(attention);
@@ -914,6 +915,8 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
     if (ATTN_POS) p.pos_groups = pos->groups;
     const float *rope = attn_positions[scheme].where == ATTN_PE_ROTARY ? pos->rope : NULL;
     size_t smem = (size_t)(n + hd) * sizeof(float);
+    cuda_check_smem("attention_decode", smem, "a shorter context: decoding keeps the scores of every cached position "
+                    "in shared memory");
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     decode_kernel<<<N * H, 32, smem, kv_stream>>>(out, q, q_ld, keys, values, T, t, H, hd, G, rope, p,

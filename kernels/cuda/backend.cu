@@ -10,7 +10,11 @@
 
 cudaStream_t kv_stream;
 cublasHandle_t kv_cublas;
+size_t kv_smem_max;
 static int g_ready;
+
+__global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n,
+                                   size_t cols);
 static size_t g_alloc_total; /* dev_alloc_total() */
 
 /* Live buffers and their sizes (open addressing on the pointer), for dev_mem_peak. */
@@ -21,8 +25,8 @@ static struct Live {
 static size_t g_live_cap, g_live_n, g_live_bytes, g_live_peak;
 
 static size_t live_slot(void *p) {
-    size_t h = ((uintptr_t)p >> 8) * 0x9e3779b97f4a7c15ull;
-    for (size_t i = h & (g_live_cap - 1);; i = (i + 1) & (g_live_cap - 1))
+    size_t i = (size_t)mix64((uint64_t)(uintptr_t)p) & (g_live_cap - 1); /* all the pointer's bits mixed */
+    for (;; i = (i + 1) & (g_live_cap - 1))
         if (g_live[i].p == p || !g_live[i].p) return i;
 }
 
@@ -83,6 +87,19 @@ void cuda_ready(void) {
         FATAL("CUDA target: GPU index %d configured, this machine has %d (hint: set CUDA_DEVICE in make "
               "menuconfig, Compute target)", CONFIG_CUDA_DEVICE, n);
     CUDA_CHECK(cudaSetDevice(CONFIG_CUDA_DEVICE));
+    /* code for this GPU's generation in the binary (a build for another -gencode fails at the first launch) */
+    cudaFuncAttributes fa;
+    err = cudaFuncGetAttributes(&fa, rows_gather_kernel);
+    if (err != cudaSuccess) {
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, CONFIG_CUDA_DEVICE));
+        FATAL("CUDA target: this binary has no code for the %s (compute capability %d.%d): %s (hint: choose its "
+              "architecture, or native, in make menuconfig, Compute target, and rebuild)", prop.name, prop.major,
+              prop.minor, cudaGetErrorString(err));
+    }
+    int smem = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, CONFIG_CUDA_DEVICE));
+    kv_smem_max = (size_t)smem;
     CUDA_CHECK(cudaStreamCreateWithFlags(&kv_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&kv_cublas));
     CUBLAS_CHECK(cublasSetStream(kv_cublas, kv_stream));
@@ -194,17 +211,8 @@ float *cuda_scratch(float **buf, size_t *cap, size_t floats) {
     return *buf;
 }
 
-static int *g_flag;
-
-int *cuda_flag_reset(void) {
-    if (!g_flag) g_flag = (int *)dev_alloc(sizeof(int));
-    static const int none = INT_MAX;
-    CUDA_CHECK(cudaMemcpyAsync(g_flag, &none, sizeof none, cudaMemcpyHostToDevice, kv_stream));
-    return g_flag;
-}
-
-long cuda_flag_read(void) {
-    int v = INT_MAX;
-    dev_download(&v, g_flag, sizeof v);
-    return v == INT_MAX ? -1 : (long)v;
+void cuda_check_smem(const char *op, size_t bytes, const char *hint) {
+    if (bytes > kv_smem_max)
+        FATAL("%s: needs %zu bytes of shared memory per block, this GPU allows %zu (hint: %s)", op, bytes, kv_smem_max,
+              hint);
 }

@@ -57,9 +57,9 @@ __device__ __forceinline__ double warp_sum_d(double x) {
     return x;
 }
 
-/* A check of device-resident values (token ids, targets): kernels set *flag to 1 + the first bad index they
- * see (atomicMin); the host reads it once after the launch. Returns -1 when all were good. */
-int *cuda_flag_reset(void);
-long cuda_flag_read(void);
+/* The most dynamic shared memory a block may use on this GPU (the opt-in limit); cuda_ready reads it. */
+extern size_t kv_smem_max;
+/* Stops with one line naming op when a launch needs more shared memory than this GPU has. */
+void cuda_check_smem(const char *op, size_t bytes, const char *hint);
 
 #endif

@@ -44,32 +44,38 @@ __device__ float block_max(float x) {
 
 /* ------------------------------------------------------------------ device-side checks of ids */
 
-/* Sets flag[0] to the smallest index whose id is outside [0, V) (ids equal to skip pass), flag[1] to the
- * number of ids that are not skip. */
-__global__ void check_ids_kernel(int *flag, const int *ids, int n, int V, int skip) {
+/* Sets flag[0] to the smallest index whose id is outside [0, V) (ids equal to skip pass when has_skip),
+ * flag[1] to the number of ids that count (not skipped). */
+__global__ void check_ids_kernel(int *flag, const int *ids, int n, int V, int has_skip, int skip) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int t = ids[i];
-    if (t == skip) return;
-    atomicAdd(&flag[1], 1);
-    if (t < 0 || t >= V) atomicMin(&flag[0], i);
+    int counts = 0;
+    if (i < n) {
+        int t = ids[i];
+        if (!(has_skip && t == skip)) {
+            counts = 1;
+            if (t < 0 || t >= V) atomicMin(&flag[0], i);
+        }
+    }
+    counts = __syncthreads_count(counts); /* one atomic per block */
+    if (threadIdx.x == 0 && counts) atomicAdd(&flag[1], counts);
 }
 
 static int *g_ids_flag;
 
-/* Returns the number of ids that are not skip; stops naming op if one is outside [0, V). */
-static int check_ids(const char *op, const char *what, const int *ids, int n, int V, int skip) {
+/* Checks ids on the device (the host waits for the answer: once per batch). Returns how many count; stops with
+ * the CPU backend's message (fmt: the id, its index, V) if one is outside [0, V). */
+static int check_ids(const char *fmt, const int *ids, int n, int V, int has_skip, int skip) {
     if (!g_ids_flag) g_ids_flag = (int *)dev_alloc(2 * sizeof(int));
     const int init[2] = {INT_MAX, 0};
     CUDA_CHECK(cudaMemcpyAsync(g_ids_flag, init, sizeof init, cudaMemcpyHostToDevice, kv_stream));
-    check_ids_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(g_ids_flag, ids, n, V, skip);
+    check_ids_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(g_ids_flag, ids, n, V, has_skip, skip);
     CUDA_LAUNCHED(check_ids);
     int got[2];
     dev_download(got, g_ids_flag, sizeof got);
     if (got[0] != INT_MAX) {
         int bad;
         dev_download(&bad, ids + got[0], sizeof bad);
-        FATAL("%s: %s %d at position %d is outside [0, %d)", op, what, bad, got[0], V);
+        FATAL(fmt, bad, got[0], V);
     }
     return got[1];
 }
@@ -89,7 +95,7 @@ __global__ void embedding_forward_kernel(float *out, const int *tokens, const fl
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
-    check_ids("embedding_forward", "token", tokens, B * T, V, INT_MIN);
+    check_ids("embedding_forward: token %d at position %d is outside the vocabulary (size %d)", tokens, B * T, V, 0, 0);
     size_t n = (size_t)B * T * C;
     embedding_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, tokens, wte, wpe, B * T, T, C,
                                                                                  scale);
@@ -464,7 +470,7 @@ int crossentropy_forward(float *losses, float *lse, const float *logits, const i
     ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
     ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
               "label smoothing must be in [0, 1), got %g", (double)smoothing);
-    int counted = check_ids("crossentropy_forward", "target", targets, N, V, ignore_index);
+    int counted = check_ids("crossentropy_forward: target %d at row %d is outside [0, %d)", targets, N, V, 1, ignore_index);
     crossentropy_forward_kernel<<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
                                                              smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
