@@ -259,6 +259,14 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos);
 
+/* For backends (kernels/<backend>/attention.*), the checks every backend makes, with the same messages:
+ * shapes and dropout of a call; the K/V head count G of a self-attention call (kv_heads 0 = H), checked against
+ * H and the variant; an AttnPos against the call and the build (+Pos weights, RoPE table, relative bias),
+ * returning its scheme. */
+void attn_check_args(const char *op, int B, int Tq, int Tk, int H, int hd, float dropout);
+int attn_check_kv_heads(const char *op, int H, int kv_heads);
+int attn_check_pos(const char *op, const AttnPos *pos, int H, int hd, int T);
+
 /* Bidirectional KV and K attention compute each score pair once (ssyrk).
  * Turning that off sends them through the general path: for benchmarks
  * that measure the saving and tests that compare the two paths. Default on. */

@@ -31,7 +31,6 @@
 #include <string.h>
 
 #include "attention.h"
-#include "backend.h"
 #include "common.h"
 #include "hash.h"
 #include "kernels.h"
