@@ -169,3 +169,12 @@ int attn_check_pos(const char *op, const AttnPos *pos, int H, int hd, int T) {
               pos->rel_buckets, pos->rel_max_distance);
     return scheme;
 }
+
+int attn_check_decode(const AttnPos *pos, int q_ld, int T, int t, int N, int H, int hd, int kv_heads) {
+    int C = H * hd, G = attn_kv_count(H, kv_heads);
+    if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
+        FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
+    if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
+        FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
+    return attn_check_pos("attention_decode", pos, H, hd, t + 1);
+}

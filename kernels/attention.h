@@ -266,6 +266,8 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
 void attn_check_args(const char *op, int B, int Tq, int Tk, int H, int hd, float dropout);
 int attn_check_kv_heads(const char *op, int H, int kv_heads);
 int attn_check_pos(const char *op, const AttnPos *pos, int H, int hd, int T);
+/* The arguments of attention_decode (shapes, K/V heads, positions); returns the position scheme. */
+int attn_check_decode(const AttnPos *pos, int q_ld, int T, int t, int N, int H, int hd, int kv_heads);
 
 /* Bidirectional KV and K attention compute each score pair once (ssyrk).
  * Turning that off sends them through the general path: for benchmarks

@@ -460,6 +460,30 @@ def parse_counts(output):
     return (int(m[-1][1]), int(m[-1][2])) if m else None
 
 
+def unit_test_env():
+    """The environment of the C test programs: where the data the tests read is."""
+    env = dict(os.environ)
+    data = os.path.join(REPO, "data")
+    env.setdefault("KVLAB_DATA_DIR", data)
+    env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
+    env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
+    env.setdefault("KVLAB_MNIST_DIR", os.path.join(data, "mnist"))
+    return env
+
+
+def run_test_program(prog, label, env):
+    """Runs one C test program and adds its counts; a crash (no summary line, or a status other than 0 or 1) is
+    one failure. Returns (result, (passed, failed) or None, seconds it ran)."""
+    t0 = time.time()
+    r = run([prog], env=env)
+    counts = parse_counts(r.stdout)
+    if counts is None or r.returncode not in (0, 1):
+        R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+        return r, None, time.time() - t0
+    R.add(*counts)
+    return r, counts, time.time() - t0
+
+
 def nvcc_path():
     """The CUDA compiler as kernels/Makefile finds it (CUDA_HOME, PATH, /usr/local/cuda), or None."""
     home = os.environ.get("CUDA_HOME")
@@ -500,12 +524,7 @@ def test_cuda(build_root, tmp, sanitize):
     native = os.path.join(tmp, "cuda-native")
     with open(native, "w") as f:
         f.write(CUDA_NATIVE)
-    env = dict(os.environ)
-    data = os.path.join(REPO, "data")
-    env.setdefault("KVLAB_DATA_DIR", data)
-    env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
-    env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
-    env.setdefault("KVLAB_MNIST_DIR", os.path.join(data, "mnist"))
+    env = unit_test_env()
     for name, frags in configs:
         bdir = os.path.join(build_root, "tests-cuda", name)
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
@@ -519,17 +538,12 @@ def test_cuda(build_root, tmp, sanitize):
         if not gpu:
             continue
         for prog in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint"):
-            path = os.path.join(bdir, "tests", prog)
-            t0 = time.time()
-            r = run([path], env=env)
-            counts = parse_counts(r.stdout)
             label = f"cuda/{name}/{prog}"
-            if counts is None or r.returncode not in (0, 1):
-                R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+            r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
+            if counts is None:
                 continue
-            R.add(*counts)
             fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
-            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)")
+            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
             for ln in fails[:20]:
                 print(f"    {ln}")
     cuda_kconfig(build_root, gpu)
@@ -621,12 +635,7 @@ def cuda_against_cpu(tmp):
 
 def test_units(build_root, sanitize, only):
     section("C unit tests" + (" (sanitizers)" if sanitize else ""))
-    env = dict(os.environ)
-    data = os.path.join(REPO, "data")
-    env.setdefault("KVLAB_DATA_DIR", data)
-    env.setdefault("KVLAB_BPE_DIR", os.path.join(data, "gpt2-bpe"))
-    env.setdefault("KVLAB_SHAKESPEARE", os.path.join(data, "tinyshakespeare", "input.txt"))
-    env.setdefault("KVLAB_MNIST_DIR", os.path.join(data, "mnist"))
+    env = unit_test_env()
     env["ASAN_OPTIONS"] = "detect_leaks=1"  # LeakSanitizer: the tests free what they allocate
     for i, (name, frags) in enumerate(TEST_CONFIGS):
         if only and only not in name and only not in "unit":
@@ -649,20 +658,16 @@ def test_units(build_root, sanitize, only):
                 continue
             if name == "guard" and os.path.basename(prog) == "test_mechint":
                 continue  # mechint runs under the guard end to end (test_guard_end_to_end)
-            t0 = time.time()
-            r = run([prog], env=env)
-            counts = parse_counts(r.stdout)
             label = f"{name}/{os.path.basename(prog)}"
-            if counts is None or r.returncode not in (0, 1):
-                R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+            r, counts, secs = run_test_program(prog, label, env)
+            if counts is None:
                 continue
-            R.add(*counts)
             for line in r.stdout.splitlines():
                 if line.startswith(("FAIL", "SKIP", "  got")):
                     print(f"  {label}: {line}")
             if r.returncode != 0 and counts[1] == 0:
                 R.check(False, f"{label} exited {r.returncode}: {r.stderr[-2000:]}")
-            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)", flush=True)
+            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
 
 
 # ---------------------------------------------------------------- 3. integration

@@ -699,14 +699,10 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
+    int scheme = attn_check_decode(pos, q_ld, T, t, N, H, hd, kv_heads);
     int C = H * hd, G = attn_kv_count(H, kv_heads);
-    if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
-        FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
-    if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
-        FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
     int kvC = G * hd, group = H / G;
     int n = t + 1;
-    int scheme = attn_check_pos("attention_decode", pos, H, hd, n);
     int rope = attn_positions[scheme].where == ATTN_PE_ROTARY;
     /* position bias of (t, j): the table's row t (causal) */
     const float *bias = attn_positions[scheme].where == ATTN_PE_BIAS ? bias_table(pos, H, n, 1) : NULL;

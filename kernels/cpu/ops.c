@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "adamw.h"
 #include "backend.h"
 #include "common.h"
 #include "hash.h"
@@ -403,15 +404,8 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        adamw_value(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 }
 
 double grad_norm(const float *grad, size_t n) {

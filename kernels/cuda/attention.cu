@@ -131,6 +131,17 @@ static void unpack_add(float *dst, int ld, size_t bstride, const float *src, int
 
 /* ------------------------------------------------------------------ forward */
 
+/* Keys and values j0 .. j0+BC-1 of one K/V head into shared memory (rows ldk and ldv apart), zeros past Tk. */
+__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const float *K, const float *V,
+                                             int j0, int Tk, int hd) {
+    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+        int c = e / hd, d = e % hd;
+        bool in = j0 + c < Tk;
+        Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
+        Vs[c * ldv + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
+    }
+}
+
 template <int NPL>
 __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
                                                               float *lse) {
@@ -154,12 +165,7 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *
     int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += BC) {
         __syncthreads();
-        for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
-            int c = e / hd, d = e % hd;
-            bool in = j0 + c < p.Tk;
-            Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
-            Vs[c * hd + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
-        }
+        load_kv_tile(Ks, ldk, Vs, hd, K, V, j0, p.Tk, hd);
         __syncthreads();
         int j = j0 + lane;
         for (int rr = 0; rr < RPW; rr++) {
@@ -248,12 +254,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
     int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += BC) {
         __syncthreads();
-        for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
-            int c = e / hd, d = e % hd;
-            bool in = j0 + c < p.Tk;
-            Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
-            Vs[c * ldk + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
-        }
+        load_kv_tile(Ks, ldk, Vs, ldk, K, V, j0, p.Tk, hd);
         __syncthreads();
         int j = j0 + lane;
         for (int rr = 0; rr < RPW; rr++) {
@@ -898,13 +899,8 @@ __global__ void decode_kernel(float *out, const float *q, int q_ld, const float 
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
-    int C = H * hd, G = attn_kv_count(H, kv_heads);
-    if (t < 0 || t >= T || N <= 0 || H <= 0 || hd <= 0 || q_ld < C)
-        FATAL("attention_decode: bad shape N=%d t=%d T=%d H=%d hd=%d q_ld=%d", N, t, T, H, hd, q_ld);
-    if (G < 1 || G > H || H % G != 0 || (G != H && attn_symmetric(ATTN_VARIANT)))
-        FATAL("attention_decode: %d K/V heads for %d query heads (must divide them; QKV and KV tying only)", G, H);
-    int n = t + 1;
-    int scheme = attn_check_pos("attention_decode", pos, H, hd, n);
+    int scheme = attn_check_decode(pos, q_ld, T, t, N, H, hd, kv_heads);
+    int G = attn_kv_count(H, kv_heads), n = t + 1;
     cuda_ready();
     AttnDev p;
     common_setup(&p, N, 1, n, H, G, hd, 0.0f, 0);

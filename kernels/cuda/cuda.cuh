@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "adamw.h"
 #include "attention.h"
 #include "backend.h"
 #include "common.h"

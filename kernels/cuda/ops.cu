@@ -556,14 +556,7 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, float lr, float beta1, float beta2,
                              float eps, float weight_decay, float bc1, float bc2, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = grad[i];
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float mhat = mi / bc1, vhat = vi / bc2;
-    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+    if (i < n) adamw_value(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
 }
 
 void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
