@@ -25,7 +25,7 @@ SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
 # Goals that work without a .config.
 no-config-goals := help menuconfig oldconfig olddefconfig savedefconfig defconfig-% clean mrproper \
-                   deps test bench bench-decode check-config
+                   deps test bench bench-decode check-config paper paper-report
 need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOALS)),all)
 
 # ---------------------------------------------------------------- configuration
@@ -109,6 +109,17 @@ build-step-%: deps FORCE
 	@$(KCONFIG) step $(call shq,$(call STEP_BUILD,$*)) $(KCONFIG_CONFIG) $(if $(filter base,$*),,$(call shq,$(STEPS_DIR)/$*))
 	@printf '  BUILD   step %s -> %s\n' $(call shq,$*) $(call shq,$(call STEP_BUILD,$*))
 	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(call shq,$(call STEP_BUILD,$*)) SANITIZE=$(SANITIZE)
+
+# The paper's experiments (scripts/paper.py): each one's sweep defconfig, once per row (data set, direction),
+# out of tree in build/paper/<run>; PAPER=full for the full forms, ONLY=table3,fig6 for some of them.
+PAPER_ARGS = --form $(or $(PAPER),quick) $(if $(ONLY),--only $(call shq,$(ONLY)))
+.PHONY: paper paper-report
+paper: deps
+	@$(PYTHON) scripts/paper.py run $(PAPER_ARGS)
+	@$(PYTHON) scripts/paper.py report $(PAPER_ARGS)
+
+paper-report: deps
+	@$(PYTHON) scripts/paper.py report $(PAPER_ARGS)
 
 # ---------------------------------------------------------------- configuration targets
 
@@ -208,6 +219,9 @@ help:
 	@echo "                   count: output/bench/decode.json (BENCH_ARGS=...: more scripts/bench.py options)"
 	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"
 	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
+	@echo "  paper            run the paper's experiments (quick forms; PAPER=full, ONLY=table3,fig6) and write"
+	@echo "                   output/paper/report.md beside the paper's numbers (docs/paper.md)"
+	@echo "  paper-report     only write that report from the runs done so far"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"
 	@echo "  clean            remove build trees (keeps .config and output/)"
 	@echo "  mrproper         clean, and remove .config and generated headers (keeps output/)"

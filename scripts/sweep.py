@@ -308,6 +308,7 @@ def summarise(out_root, runs, grid, seeds, steps_order):
     agg = aggregate(results)
     summary = {"run": os.path.basename(os.path.normpath(out_root)), "grid": [[n, v] for n, v in grid],
                "seeds": seeds, "complete": len(results), "missing": missing, "steps": agg,
+               "curves": curves(results, list(agg)),
                "runs": [{k: r[k] for k in ("step", "variant", "point", "seed", "out", "metrics")} for r in results],
                "created_unix": time.time()}
     write_atomic(os.path.join(out_root, "sweep_summary.json"), json.dumps(summary, indent=1) + "\n")
@@ -424,18 +425,25 @@ def synthetic_paper(agg, order, summary):
     return md, lines
 
 
+# The per-evaluation series a run's metrics file may hold (name in the summary: name in the metrics file).
+SERIES = {"val_loss": "val_losses", "val_accuracy": "val_accuracies", "val_bleu": "val_bleus"}
+
+
 def curve(m):
+    """A run's validation curves: x (examples seen at each evaluation), its unit, and {series: values}."""
     s = (m or {}).get("metrics", {})
     unit = (m or {}).get("unit", "tokens")
-    return {"x": s.get("val_" + unit, []), "y": s.get("val_losses", []), "unit": unit}
+    return {"x": s.get("val_" + unit, []), "unit": unit,
+            "series": {k: s[v] for k, v in SERIES.items() if s.get(v)}}
 
 
-def band(results, step):
-    """(x, mean, std or None, whether x is the evaluation index) of a step's validation curves: per point the mean
-    over seeds, then the mean of those over the grid; the band is the pooled per-point std over seeds. Curves are
-    cut to the shortest; x is the first run's when every run has the same, else the evaluation index (points with
-    other batch shapes see other numbers of examples by the same evaluation)."""
-    rs = [r for r in results if r["step"] == step and r["curve"]["y"]]
+def band(results, step, key="val_loss"):
+    """(x, mean, std or None, whether x is the evaluation index) of a step's validation curves of one series
+    (SERIES): per point the mean over seeds, then the mean of those over the grid; the band is the pooled per-point
+    std over seeds. Curves are cut to the shortest; x is the first run's when every run has the same, else the
+    evaluation index (points with other batch shapes see other numbers of examples by the same evaluation)."""
+    rs = [dict(r, curve=dict(r["curve"], y=r["curve"]["series"][key])) for r in results
+          if r["step"] == step and r["curve"]["series"].get(key)]
     if not rs:
         return None
     n = min(len(r["curve"]["y"]) for r in rs)
@@ -455,6 +463,20 @@ def band(results, step):
         var = [c[1] ** 2 for c in cells if c[1] is not None]
         std.append(math.sqrt(sum(var) / len(var)) if var else None)
     return x, mean, (std if all(v is not None for v in std) else None), indexed
+
+
+def curves(results, steps):
+    """{step: {series: {x, mean, std, indexed, unit}}}: every step's averaged validation curves (band), which the
+    paper report (scripts/paper.py) plots per evaluation, i.e. per epoch where a run evaluates once an epoch."""
+    out = {}
+    for s in steps:
+        for key in SERIES:
+            b = band(results, s, key)
+            if b and b[1]:
+                x, mean, std, indexed = b
+                out.setdefault(s, {})[key] = {"x": x, "mean": mean, "std": std, "indexed": indexed,
+                                              "unit": results[0]["curve"]["unit"]}
+    return out
 
 
 def plot(out_root, results, order):

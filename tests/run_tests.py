@@ -2521,6 +2521,117 @@ def test_sweep_logic():
                             "metrics": {"val_losses": [2.0, 1.5], "train_losses": [3.0]}})
     R.check(rm == {"test_accuracy": 0.5, "synthetic.copy": 0.9},
             f"run_metrics of synthetic tasks: the test accuracies, not the last job's losses: {rm}")
+    # per-epoch curves: point p1 has two seeds, p2 one; the curve is the mean over points of the seed means, cut
+    # to the shortest run, and the band the pooled std of the points with two seeds
+    cv = lambda loss, acc: sweep.curve({"unit": "images", "metrics": {  # noqa: E731
+        "val_images": [100, 200, 300][:len(loss)], "val_losses": loss, "val_accuracies": acc}})
+    res = [{"step": "A", "variant": "QKV", "point": "p1", "seed": 1, "curve": cv([3.0, 2.0, 1.0], [0.1, 0.5, 0.7])},
+           {"step": "A", "variant": "QKV", "point": "p1", "seed": 2, "curve": cv([5.0, 4.0, 3.0], [0.3, 0.7, 0.9])},
+           {"step": "A", "variant": "QKV", "point": "p2", "seed": 1, "curve": cv([1.0, 1.0], [0.2, 0.4])}]
+    c = sweep.curves(res, ["A"])["A"]
+    close = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-12 for x, y in zip(a, b))  # noqa: E731
+    R.check(close(c["val_loss"]["mean"], [2.5, 2.0]) and close(c["val_accuracy"]["mean"], [0.2, 0.5]) and
+            c["val_loss"]["x"] == [100, 200] and not c["val_loss"]["indexed"] and "val_bleu" not in c,
+            f"curves: per evaluation the mean over points (4+1)/2, (3+1)/2, cut to the shortest run: {c}")
+    R.check(close(c["val_loss"]["std"], [math.sqrt(2)] * 2) and close(c["val_accuracy"]["std"], [math.sqrt(0.02)] * 2),
+            f"curves: the band is the pooled seed std of p1 (sqrt 2 for the loss): {c}")
+
+
+def test_paper_logic(tmp):
+    section("paper: rows of each experiment, and the report against hand-made sweep summaries")
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import paper
+    for exp in paper.EXPERIMENTS:
+        for form in ("quick", "full"):
+            R.check(os.path.isfile(os.path.join(REPO, "defconfigs", exp["defconfig"][form])),
+                    f"{exp['id']} {form}: defconfigs/{exp['defconfig'][form]} exists")
+    t3 = paper.rows(next(e for e in paper.EXPERIMENTS if e["id"] == "table3"), "full")
+    R.check([r[2] for r in t3] == ["vit-paper-table3-fmnist", "vit-paper-table3-mnist", "vit-paper-table3-cifar10",
+                                   "vit-paper-table3-cifar100"] and t3[1][3] == {"VIT_DATA_MNIST": "y",
+                                                                                "RUN_NAME": "vit-paper-table3-mnist"}
+            and t3[2][3]["VIT_EPOCHS"] == "40" and "VIT_PATCH=4,8" in t3[2][3]["SWEEP"] and
+            t3[2][3]["VIT_PATCH"] == "8", f"table3 full: a run per data set, CIFAR with patch 8 and 40 epochs: {t3}")
+    f4 = paper.rows(next(e for e in paper.EXPERIMENTS if e["id"] == "fig4"), "quick")
+    R.check(f4 == [("", "numbers 1..9999", "gpt2-paper-fig4-quick", {}, None)],
+            f"fig4: one row, the defconfig's own run name: {f4}")
+    try:
+        paper.experiments("table3,fig9")
+        R.check(False, "an unknown experiment is refused")
+    except paper.PaperError as e:
+        R.check("fig9" in str(e) and "table2" in str(e), f"an unknown experiment is refused, naming them: {e}")
+    out = os.path.join(tmp, "paper-out")
+
+    def g(mean, std, runs):
+        return {"mean": mean, "pooled_std": std, "spread": None, "points": 1, "runs": runs}
+
+    def summary(run, steps, curves=None):
+        os.makedirs(os.path.join(out, run), exist_ok=True)
+        with open(os.path.join(out, run, "sweep_summary.json"), "w") as f:
+            json.dump({"run": run, "grid": [["VIT_HEADS", ["2", "4"]]], "seeds": [1337, 1338], "missing": 0,
+                       "complete": sum(next(iter(st["grid"].values()))["runs"] for st in steps.values()),
+                       "steps": steps, "curves": curves or {}}, f)
+    summary("vit-paper-table3-quick-fmnist", {
+        "QKV": {"variant": "QKV", "points": {}, "grid": {"test_accuracy": g(0.90, 0.01, 4)}},
+        "KV": {"variant": "KV", "points": {}, "grid": {"test_accuracy": g(0.88, 0.02, 4)}},
+        "K": {"variant": "K", "points": {}, "grid": {"test_accuracy": g(0.89, None, 4)}}})
+    summary("gpt2-paper-fig5-quick", {
+        "QKV": {"variant": "QKV", "points": {}, "grid": {"best_val_loss": g(2.10, 0.01, 8)}},
+        "KV": {"variant": "KV", "points": {}, "grid": {"best_val_loss": g(2.20, 0.01, 8)}},
+        "KV_POS": {"variant": "KV+Pos", "points": {}, "grid": {"best_val_loss": g(2.15, 0.02, 8)}}})
+    curve = {"val_loss": {"x": [1, 2], "mean": [3.0, 2.0], "std": [0.1, 0.1], "indexed": False, "unit": "tokens"},
+             "val_bleu": {"x": [1, 2], "mean": [5.0, 9.0], "std": [1.0, 1.0], "indexed": False, "unit": "tokens"}}
+    summary("seq2seq-paper-fig6-quick-de-en", {
+        "QKV": {"variant": "QKV", "points": {}, "grid": {"test_bleu": g(20.0, 1.0, 2)}},
+        "KV": {"variant": "KV", "points": {}, "grid": {"test_bleu": g(22.0, 1.5, 2)}}}, {"QKV": curve, "KV": curve})
+    os.makedirs(os.path.join(out, "paper"), exist_ok=True)
+    with open(os.path.join(out, "paper", "status-quick.json"), "w") as f:
+        json.dump({"vit-paper-table3-quick-mnist": {"status": "skipped", "why": "MNIST is not here (hint: get it)"}}, f)
+    r = run([sys.executable, os.path.join(REPO, "scripts", "paper.py"), "report", "--output", out])
+    if not R.check(r.returncode == 0, f"paper.py report: {r.stdout}{r.stderr}"):
+        return
+    md = open(os.path.join(out, "paper", "report.md")).read()
+    facts = json.load(open(os.path.join(out, "paper", "report.json")))
+    R.check("| Fashion-MNIST | 0.900 ± 0.010 (n 4) (0.887) | 0.880 ± 0.020 (n 4) (0.885) |" in md and
+            "0.890 (n 4) (0.877)" in md, f"table3: measured ± std (n) beside the paper's, per variant:\n{md}")
+    R.check("1 of 3 pairs in the opposite order (K vs KV; Kendall's tau 0.33)" in md and
+            abs(facts["experiments"]["table3"]["rows"]["fashion-mnist"]["kendall_tau"] - 1 / 3) < 1e-12,
+            "table3: the ranking against the paper's (K and KV swapped: tau 1/3)")
+    R.check("| MNIST | not run |" in md and "MNIST (`vit-paper-table3-quick-mnist`): MNIST is not here (hint: get it)"
+            in md, "a skipped data set says why and how to get it")
+    R.check("2.1000 ± 0.0100 (n 8) (1.5143)" in md and "measured QKV, KV+Pos, KV; paper QKV, KV+Pos, KV: the same "
+            "order" in md, "fig5: best val loss beside the paper's char-GPT means, ranked lower-is-better")
+    R.check("### German to English" in md and "Ranking by test bleu, best first: KV, QKV" in md and
+            "English to German (`seq2seq-paper-fig6-quick-en-de`): not run yet (hint: make paper ONLY=fig6)" in md,
+            "fig6: per direction; BLEU ranks higher-is-better; the missing direction says how to run it")
+    R.check("synthetic tasks (`seq2seq-paper-table2-quick`): not run yet" in md, "table2 not run: said so")
+    R.check(os.path.isfile(os.path.join(out, "paper", "fig6-quick.png")) and
+            not os.path.exists(os.path.join(out, "paper", "fig4-quick.png")),
+            "a figure per experiment with curves, none without runs")
+
+
+def test_paper_rows(tmp):
+    section("paper: each row configured out of tree; a data set that cannot be fetched is skipped, not failed")
+    env = dict(os.environ, KVLAB_DATA_MIRROR=os.path.join(tmp, "empty-mirror"), https_proxy="http://127.0.0.1:9",
+               http_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
+    os.makedirs(env["KVLAB_DATA_MIRROR"], exist_ok=True)
+    r = run([sys.executable, os.path.join(REPO, "scripts", "paper.py"), "run", "--dry-run", "--only", "table3,fig6",
+             "--build", os.path.join(tmp, "paper-build"), "--output", os.path.join(tmp, "paper-out2")], env=env)
+    R.check(r.returncode == 0, f"paper.py run --dry-run: {r.stdout[-3000:]}{r.stderr[-2000:]}")
+    for label in ("MNIST", "CIFAR-10", "CIFAR-100"):
+        R.check(f"paper: {label}: skipped: the data set {label} is not on this machine and could not be fetched "
+                f"(hint: scripts/get_data.sh" in r.stdout, f"{label} skipped with a hint: {r.stdout[-3000:]}")
+    R.check("paper: Fashion-MNIST: planned" in r.stdout and "paper: German to English: planned" in r.stdout and
+            "paper: English to German: planned" in r.stdout, f"the rows with data are planned: {r.stdout[-2000:]}")
+    cfg = json.load(open(os.path.join(tmp, "paper-build", "seq2seq-paper-fig6-quick-en-de", "include", "generated",
+                                      "config.json")))
+    R.check(cfg.get("SEQ2SEQ_EN_DE") and not cfg.get("SEQ2SEQ_DE_EN") and
+            cfg.get("RUN_NAME") == "seq2seq-paper-fig6-quick-en-de",
+            f"the en-de row's configuration: the direction and its own run name: {cfg.get('RUN_NAME')}")
+    cfg = json.load(open(os.path.join(tmp, "paper-build", "vit-paper-table3-quick-cifar10", "include", "generated",
+                                      "config.json")))
+    R.check(cfg.get("VIT_DATA_CIFAR10") and cfg.get("VIT_PATCH") == 8 and cfg.get("VIT_BATCH_SIZE") == 128,
+            "the CIFAR-10 row: patch 8, batch 128")
+    R.check(not os.path.exists(os.path.join(tmp, "paper-out2", "paper")), "a dry run writes no status")
 
 
 def sweep_logs(out):
@@ -2711,6 +2822,9 @@ def main():
         if want("sweep"):
             guarded(test_sweep_logic)
             guarded(test_sweep_end_to_end, tmp, args.sanitize)
+        if want("paper"):
+            guarded(test_paper_logic, tmp)
+            guarded(test_paper_rows, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")
