@@ -426,15 +426,17 @@ def synthetic_paper(agg, order, summary):
 
 
 # The per-evaluation series a run's metrics file may hold (name in the summary: name in the metrics file).
-SERIES = {"val_loss": "val_losses", "val_accuracy": "val_accuracies", "val_bleu": "val_bleus"}
+SERIES = {"val_loss": "val_losses", "val_accuracy": "val_accuracies", "val_bleu": "val_bleus",
+          "test_bleu": "test_bleus"}
 
 
 def curve(m):
-    """A run's validation curves: x (examples seen at each evaluation), its unit, and {series: values}."""
+    """A run's validation curves: x (examples seen at each evaluation), its unit, and {series: values} of the
+    series with a number (a series of nulls, such as BLEU of a synthetic task, is left out)."""
     s = (m or {}).get("metrics", {})
     unit = (m or {}).get("unit", "tokens")
     return {"x": s.get("val_" + unit, []), "unit": unit,
-            "series": {k: s[v] for k, v in SERIES.items() if s.get(v)}}
+            "series": {k: s[v] for k, v in SERIES.items() if any(run_steps.finite(x) for x in s.get(v) or [])}}
 
 
 def band(results, step, key="val_loss"):

@@ -89,7 +89,8 @@ typedef struct {
 static const char *const TRAIN_SERIES[] = {"train_losses", "train_accuracies", "learning_rates", "timestamps",
                                            "tokens", "tokens_per_s", "ms_per_iter", "grad_norms", "jobs"};
 static const char *const VAL_SERIES[] = {"val_losses", "val_accuracies", "val_timestamps", "val_tokens",
-                                         "val_bleus", "val_jobs", "train_epoch_losses", "train_epoch_accuracies"};
+                                         "val_bleus", "val_jobs", "train_epoch_losses", "train_epoch_accuracies",
+                                         "test_bleus"};
 
 /* ------------------------------------------------------------------ configuration */
 
@@ -267,10 +268,12 @@ static void start_job(Run *r, int job) {
 
 static void end_of_epoch(Run *r, int job) {
     TrainRun *t = &r->run;
-    double t0 = wall_seconds(), acc, val, bleu = NAN;
+    double t0 = wall_seconds(), acc, val, bleu = NAN, test_bleu = NAN;
     if (TRANSLATION) {
         val = trans_eval(r, &r->td.val, &acc);
         bleu = translate_bleu(r, &r->td.val, &r->td.val_lines, r->td.val.n, 1, 0);
+        if (IS_ENABLED(CONFIG_SEQ2SEQ_TEST_BLEU_EPOCHS)) /* the paper's Figure 6: test BLEU per epoch */
+            test_bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, 0);
         if (val < t->best_val) {
             t->best_val = val;
             t->best_iter = t->iter;
@@ -294,8 +297,12 @@ static void end_of_epoch(Run *r, int job) {
     metrics_append(t->metrics, "val_jobs", job);
     metrics_append(t->metrics, "train_epoch_losses", tl);
     metrics_append(t->metrics, "train_epoch_accuracies", ta);
+    metrics_append(t->metrics, "test_bleus", test_bleu);
     run_write_metrics(t);
-    if (TRANSLATION)
+    if (TRANSLATION && IS_ENABLED(CONFIG_SEQ2SEQ_TEST_BLEU_EPOCHS))
+        printf("epoch %3d | train loss %.4f acc %.4f | val loss %.4f acc %.4f BLEU %.2f | test BLEU %.2f (greedy)\n",
+               (t->iter - 1) / r->steps_per_epoch + 1, tl, ta, val, acc, bleu, test_bleu);
+    else if (TRANSLATION)
         printf("epoch %3d | train loss %.4f acc %.4f | val loss %.4f acc %.4f BLEU %.2f (greedy)\n",
                (t->iter - 1) / r->steps_per_epoch + 1, tl, ta, val, acc, bleu);
     else
@@ -568,7 +575,7 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "skipped_iterations", &t->skipped_iters);
     int resumed = run_try_resume(t);
     banner(&r);
-    run_open_metrics(t, resumed, TRAIN_SERIES, 9, VAL_SERIES, 8);
+    run_open_metrics(t, resumed, TRAIN_SERIES, 9, VAL_SERIES, 9);
     const S2SConfig *c = &r.cfg;
     metrics_set_string(t->metrics, "variant_label", attn_variant_label(ATTN_VARIANT, ATTN_POS));
     metrics_set_string(t->metrics, "task", TRANSLATION ? "translation" : "synthetic");

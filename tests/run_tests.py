@@ -745,6 +745,7 @@ CONFIG_SEQ2SEQ_MLP=32
 CONFIG_SEQ2SEQ_MIN_FREQ=5
 CONFIG_SEQ2SEQ_MAX_LEN=24
 CONFIG_SEQ2SEQ_BEAM=2
+CONFIG_SEQ2SEQ_TEST_BLEU_EPOCHS=y
 CONFIG_SEQ2SEQ_BATCH_SIZE=500
 CONFIG_SEQ2SEQ_EPOCHS=1
 CONFIG_SEQ2SEQ_WARMUP_ITERS=20
@@ -1723,6 +1724,9 @@ def test_synthetic_end_to_end(tmp, sanitize):
                 abs(acc["copy"] - (jobs[0] + jobs[1]) / 2) < 1e-6,
                 f"synthetic {step}: per-task means over the seeds of the per-job test accuracies: {acc}")
         R.check(all(0.5 < j <= 1.0 for j in jobs), f"synthetic {step}: copy and sub are learned (chance 0.1): {jobs}")
+        R.check(len(m["metrics"].get("test_bleus", [])) == 4 * 2 and
+                all(v is None for v in m["metrics"]["test_bleus"]),
+                f"synthetic {step}: no test BLEU per epoch (null per epoch, as val_bleus)")
         for t in ("copy", "sub"):
             R.check(os.path.isfile(os.path.join(out, f"final_model_step{step}-{t}-seed2.safetensors")),
                     f"synthetic {step}: the final model of job {t}/seed 2 is kept")
@@ -1763,6 +1767,10 @@ def test_translation_end_to_end(tmp, sanitize):
             f"translation: one epoch of batches of 500 pairs ({m.get('final_iteration')})")
     R.check(m.get("test_bleu") is not None and 0.0 <= m["test_bleu"] <= 100.0 and m.get("test_bleu_greedy") is not None
             and len(m["metrics"].get("val_bleus", [])) == 1, f"translation: BLEU recorded ({m.get('test_bleu')})")
+    tb = m["metrics"].get("test_bleus", [])
+    R.check(len(tb) == 1 and tb[0] is not None and abs(tb[0] - m["test_bleu_greedy"]) < 1e-9,
+            f"SEQ2SEQ_TEST_BLEU_EPOCHS: the test BLEU after the one epoch is the final model's greedy test BLEU "
+            f"({tb} vs {m.get('test_bleu_greedy')})")
     log = open(os.path.join(out, "train_stepbase.log")).read()
     R.check(log.count("  src: ") == 5 and "  hyp: " in log and "test: BLEU" in log,
             "translation: sample translations and the test BLEU in the log")
