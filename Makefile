@@ -111,15 +111,16 @@ build-step-%: deps FORCE
 	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(call shq,$(call STEP_BUILD,$*)) SANITIZE=$(SANITIZE)
 
 # The paper's experiments (scripts/paper.py): each one's sweep defconfig, once per row (data set, direction),
-# out of tree in build/paper/<run>; PAPER=full for the full forms, ONLY=table3,fig6 for some of them.
-PAPER_ARGS = --form $(or $(PAPER),quick) $(if $(ONLY),--only $(call shq,$(ONLY)))
+# out of tree in build/paper/<run>; PAPER=full for the full forms, ONLY=table3,fig6 for some of them, SHARD=K/N
+# for one share of each sweep. The report covers every experiment, and is written even when a row failed.
+PAPER_FORM = --form $(call shq,$(or $(PAPER),quick))
 .PHONY: paper paper-report
 paper: deps
-	@$(PYTHON) scripts/paper.py run $(PAPER_ARGS)
-	@$(PYTHON) scripts/paper.py report $(PAPER_ARGS)
+	@rc=0; $(PYTHON) scripts/paper.py run $(PAPER_FORM) $(if $(ONLY),--only $(call shq,$(ONLY))) || rc=$$?; \
+	 $(PYTHON) scripts/paper.py report $(PAPER_FORM) || rc=$$?; exit $$rc
 
 paper-report: deps
-	@$(PYTHON) scripts/paper.py report $(PAPER_ARGS)
+	@$(PYTHON) scripts/paper.py report $(PAPER_FORM)
 
 # ---------------------------------------------------------------- configuration targets
 

@@ -575,7 +575,8 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "skipped_iterations", &t->skipped_iters);
     int resumed = run_try_resume(t);
     banner(&r);
-    run_open_metrics(t, resumed, TRAIN_SERIES, 9, VAL_SERIES, 9);
+    run_open_metrics(t, resumed, TRAIN_SERIES, (int)(sizeof TRAIN_SERIES / sizeof *TRAIN_SERIES), VAL_SERIES,
+                     (int)(sizeof VAL_SERIES / sizeof *VAL_SERIES));
     const S2SConfig *c = &r.cfg;
     metrics_set_string(t->metrics, "variant_label", attn_variant_label(ATTN_VARIANT, ATTN_POS));
     metrics_set_string(t->metrics, "task", TRANSLATION ? "translation" : "synthetic");

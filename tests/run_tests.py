@@ -2575,7 +2575,7 @@ def test_paper_logic(tmp):
     def summary(run, steps, curves=None):
         os.makedirs(os.path.join(out, run), exist_ok=True)
         with open(os.path.join(out, run, "sweep_summary.json"), "w") as f:
-            json.dump({"run": run, "grid": [["VIT_HEADS", ["2", "4"]]], "seeds": [1337, 1338], "missing": 0,
+            json.dump({"run": run, "grid": [[["VIT_HEADS"], [["2"], ["4"]]]], "seeds": [1337, 1338], "missing": 0,
                        "complete": sum(next(iter(st["grid"].values()))["runs"] for st in steps.values()),
                        "steps": steps, "curves": curves or {}}, f)
     summary("vit-paper-table3-quick-fmnist", {
@@ -2583,9 +2583,9 @@ def test_paper_logic(tmp):
         "KV": {"variant": "KV", "points": {}, "grid": {"test_accuracy": g(0.88, 0.02, 4)}},
         "K": {"variant": "K", "points": {}, "grid": {"test_accuracy": g(0.89, None, 4)}}})
     summary("gpt2-paper-fig5-quick", {
-        "QKV": {"variant": "QKV", "points": {}, "grid": {"best_val_loss": g(2.10, 0.01, 8)}},
-        "KV": {"variant": "KV", "points": {}, "grid": {"best_val_loss": g(2.20, 0.01, 8)}},
-        "KV_POS": {"variant": "KV+Pos", "points": {}, "grid": {"best_val_loss": g(2.15, 0.02, 8)}}})
+        "QKV": {"variant": "QKV", "points": {}, "grid": {"final_val_loss": g(2.10, 0.01, 8)}},
+        "KV": {"variant": "KV", "points": {}, "grid": {"final_val_loss": g(2.20, 0.01, 8)}},
+        "KV_POS": {"variant": "KV+Pos", "points": {}, "grid": {"final_val_loss": g(2.15, 0.02, 8)}}})
     curve = {"val_loss": {"x": [1, 2], "mean": [3.0, 2.0], "std": [0.1, 0.1], "indexed": False, "unit": "tokens"},
              "val_bleu": {"x": [1, 2], "mean": [5.0, 9.0], "std": [1.0, 1.0], "indexed": False, "unit": "tokens"}}
     summary("seq2seq-paper-fig6-quick-de-en", {
@@ -2602,14 +2602,26 @@ def test_paper_logic(tmp):
     R.check("| Fashion-MNIST | 0.900 ± 0.010 (n 4) (0.887) | 0.880 ± 0.020 (n 4) (0.885) |" in md and
             "0.890 (n 4) (0.877)" in md, f"table3: measured ± std (n) beside the paper's, per variant:\n{md}")
     R.check("1 of 3 pairs in the opposite order (K vs KV; Kendall's tau 0.33)" in md and
-            abs(facts["experiments"]["table3"]["rows"]["fashion-mnist"]["kendall_tau"] - 1 / 3) < 1e-12,
+            abs(facts["experiments"]["table3"]["rows"]["fmnist"]["kendall_tau"] - 1 / 3) < 1e-12,
             "table3: the ranking against the paper's (K and KV swapped: tau 1/3)")
-    R.check("| MNIST | not run |" in md and "MNIST (`vit-paper-table3-quick-mnist`): MNIST is not here (hint: get it)"
-            in md, "a skipped data set says why and how to get it")
+    R.check("| MNIST | not run |" in md and "MNIST (`vit-paper-table3-quick-mnist`) (this row sets VIT_DATA_MNIST=y): "
+            "skipped: MNIST is not here (hint: get it)" in md, "a skipped data set says why and how to get it")
+    R.check("Fashion-MNIST (`vit-paper-table3-quick-fmnist`) (this row sets VIT_DATA_FMNIST=y): Grid: VIT_HEADS = "
+            "2, 4. Seeds: 1337, 1338. Complete runs: 12." in md, "a measured row: its grid, seeds and runs")
+    R.check("CIFAR-10 (`vit-paper-table3-quick-cifar10`) (this row sets VIT_PATCH=8, VIT_BATCH_SIZE=128, "
+            "VIT_DATA_CIFAR10=y): not run yet" in md, "a row says the settings it changes")
+    text, det = paper.verdict({"A": 0.90, "B": 0.895, "C": 0.5}, {"A": 0.8, "B": 0.9, "C": 0.1},
+                              stds={"A": 0.01, "B": 0.0}, missing=3)
+    R.check("1 of 3 pairs in the opposite order (A vs B; Kendall's tau 0.33), 1 of them within one pooled seed std "
+            "(noise) (provisional: 3 runs not complete)" in text and det["within_noise"] == [("A", "B")],
+            f"verdict: a swapped pair closer than the seed std is noise; missing runs make it provisional: {text}")
+    text, _ = paper.verdict({"A": 2.0, "B": 2.5}, {"A": 1.0, "B": 1.5}, higher_better=False)
+    R.check(text.endswith("measured A, B; paper A, B: the same order"), f"verdict: lower is better for losses: {text}")
     R.check("2.1000 ± 0.0100 (n 8) (1.5143)" in md and "measured QKV, KV+Pos, KV; paper QKV, KV+Pos, KV: the same "
-            "order" in md, "fig5: best val loss beside the paper's char-GPT means, ranked lower-is-better")
+            "order" in md, "fig5: final val loss beside the paper's char-GPT final means, ranked lower-is-better")
     R.check("### German to English" in md and "Ranking by test bleu, best first: KV, QKV" in md and
-            "English to German (`seq2seq-paper-fig6-quick-en-de`): not run yet (hint: make paper ONLY=fig6)" in md,
+            "English to German (`seq2seq-paper-fig6-quick-en-de`) (this row sets SEQ2SEQ_EN_DE=y): not run yet (hint: "
+            "make paper ONLY=fig6)" in md,
             "fig6: per direction; BLEU ranks higher-is-better; the missing direction says how to run it")
     R.check("synthetic tasks (`seq2seq-paper-table2-quick`): not run yet" in md, "table2 not run: said so")
     R.check(os.path.isfile(os.path.join(out, "paper", "fig6-quick.png")) and
@@ -2619,17 +2631,22 @@ def test_paper_logic(tmp):
 
 def test_paper_rows(tmp):
     section("paper: each row configured out of tree; a data set that cannot be fetched is skipped, not failed")
-    env = dict(os.environ, KVLAB_DATA_MIRROR=os.path.join(tmp, "empty-mirror"), https_proxy="http://127.0.0.1:9",
-               http_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9")
-    os.makedirs(env["KVLAB_DATA_MIRROR"], exist_ok=True)
+    # no network (a proxy that refuses), an empty data folder and mirror: only Fashion-MNIST (a Debian package) is here
+    env = dict(os.environ, https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
+               HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
+    env.pop("KVLAB_DATA_MIRROR", None)
+    empty, data = os.path.join(tmp, "empty-mirror"), os.path.join(tmp, "paper-data")
+    os.makedirs(empty, exist_ok=True)
     r = run([sys.executable, os.path.join(REPO, "scripts", "paper.py"), "run", "--dry-run", "--only", "table3,fig6",
-             "--build", os.path.join(tmp, "paper-build"), "--output", os.path.join(tmp, "paper-out2")], env=env)
+             "--build", os.path.join(tmp, "paper-build"), "--output", os.path.join(tmp, "paper-out2"),
+             "--set", f"DATA_DIR={data}", "--set", f"DATA_MIRROR={empty}"], env=env)
     R.check(r.returncode == 0, f"paper.py run --dry-run: {r.stdout[-3000:]}{r.stderr[-2000:]}")
-    for label in ("MNIST", "CIFAR-10", "CIFAR-100"):
+    for label, name in (("MNIST", "mnist"), ("CIFAR-10", "cifar10"), ("CIFAR-100", "cifar100"),
+                        ("German to English", "multi30k"), ("English to German", "multi30k")):
         R.check(f"paper: {label}: skipped: the data set {label} is not on this machine and could not be fetched "
-                f"(hint: scripts/get_data.sh" in r.stdout, f"{label} skipped with a hint: {r.stdout[-3000:]}")
-    R.check("paper: Fashion-MNIST: planned" in r.stdout and "paper: German to English: planned" in r.stdout and
-            "paper: English to German: planned" in r.stdout, f"the rows with data are planned: {r.stdout[-2000:]}")
+                f"(hint: scripts/get_data.sh {name} with the network" in r.stdout,
+                f"{label} skipped with a hint: {r.stdout[-3000:]}")
+    R.check("paper: Fashion-MNIST: planned" in r.stdout, f"the row with its data is planned: {r.stdout[-2000:]}")
     cfg = json.load(open(os.path.join(tmp, "paper-build", "seq2seq-paper-fig6-quick-en-de", "include", "generated",
                                       "config.json")))
     R.check(cfg.get("SEQ2SEQ_EN_DE") and not cfg.get("SEQ2SEQ_DE_EN") and
@@ -2637,8 +2654,8 @@ def test_paper_rows(tmp):
             f"the en-de row's configuration: the direction and its own run name: {cfg.get('RUN_NAME')}")
     cfg = json.load(open(os.path.join(tmp, "paper-build", "vit-paper-table3-quick-cifar10", "include", "generated",
                                       "config.json")))
-    R.check(cfg.get("VIT_DATA_CIFAR10") and cfg.get("VIT_PATCH") == 8 and cfg.get("VIT_BATCH_SIZE") == 128,
-            "the CIFAR-10 row: patch 8, batch 128")
+    R.check(cfg.get("VIT_DATA_CIFAR10") and cfg.get("VIT_PATCH") == 8 and cfg.get("VIT_BATCH_SIZE") == 128 and
+            cfg.get("DATA_DIR") == data, "the CIFAR-10 row: patch 8, batch 128, and --set applied to it")
     R.check(not os.path.exists(os.path.join(tmp, "paper-out2", "paper")), "a dry run writes no status")
 
 
