@@ -84,7 +84,7 @@ EXPERIMENTS = [
               "test BLEU per epoch as the paper plots it (attention-variants.md 7.6)."},
 ]
 
-SERIES_LABEL = {"val_loss": "validation loss (nats)", "val_accuracy": "validation token accuracy",
+SERIES_LABEL = {"val_loss": "validation loss (nats)", "val_accuracy": "validation accuracy (tokens; images for ViT)",
                 "val_bleu": "validation BLEU (greedy)", "test_bleu": "test BLEU (greedy)"}
 
 
