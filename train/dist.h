@@ -7,9 +7,11 @@
  *
  * Implementations, one per build (kbuild style, train/Makefile):
  *   CONFIG_DIST_NONE  the inline single-process stubs below (nothing linked)
- *   CONFIG_DIST_MPI   train/dist_mpi.c, OpenMPI, host memory
- *   (next: NCCL for the CUDA target, bootstrapped over MPI: the *_dev
- *    collectives then run on device memory, the host ones stay on MPI)
+ *   CONFIG_DIST_MPI   train/dist_mpi.c: OpenMPI for the launch and the host
+ *                     collectives; the device ones staged through host
+ *                     memory on the CPU target, and on the CUDA target
+ *                     (CONFIG_DIST_NCCL) NCCL on the GPU buffers
+ *                     (kernels/comm.h), bootstrapped over MPI
  *
  * Two kinds of collectives:
  *  - host: small arrays of doubles or bytes in host memory (losses, counts,
@@ -59,7 +61,7 @@ int dist_size(void);
 int dist_local_size(void);
 /* This machine's name, as the launcher reports it. */
 const char *dist_host(void);
-/* "mpi" or "none". */
+/* "mpi", "mpi + nccl" (the CUDA target) or "none". */
 const char *dist_transport(void);
 /* Ends every rank of the job at once with exit status `status` (a fatal error on one rank). */
 void dist_abort(int status) KV_NORETURN;

@@ -1,8 +1,13 @@
-/* The MPI transport of train/dist.h (CONFIG_DIST_MPI): OpenMPI on host
- * memory. Device buffers are staged through one host buffer with
- * dev_download / dev_upload, so the code is the same whatever the backend
- * and the device-memory guard holds; on the CPU backend that costs two
- * memcpys of the buffer, small beside MPI's own copies.
+/* The MPI transport of train/dist.h (CONFIG_DIST_MPI): OpenMPI starts the
+ * ranks and carries the host collectives. The device collectives:
+ *  - CPU target: staged through one host buffer with dev_download /
+ *    dev_upload, so the device-memory guard holds; that costs two memcpys
+ *    of the buffer, small beside MPI's own copies;
+ *  - CUDA target (CONFIG_DIST_NCCL): NCCL on the GPU buffers themselves
+ *    (kernels/comm.h), bootstrapped here: every rank takes its GPU by its
+ *    rank on the machine, rank 0 makes NCCL's id and MPI sends it to all.
+ *    Only gather/scatter (whole state files, rank 0's host memory) stay
+ *    staged through MPI.
  *
  * Errors: MPI_COMM_WORLD keeps MPI_ERRORS_ARE_FATAL, so a failed collective
  * ends the job; a rank that dies is noticed by mpirun (or srun), which
@@ -17,18 +22,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "dist.h"
 #include "kernels.h"
 
-static int g_rank, g_size = 1, g_local = 1, g_on;
+static int g_rank, g_size = 1, g_local = 1, g_local_rank, g_on, g_nccl;
+/* NCCL carries the device collectives (a constant 0 on the CPU target: its calls are not compiled in) */
+#define NCCL_ON (IS_ENABLED(CONFIG_DIST_NCCL) && g_nccl)
 static char g_host[MPI_MAX_PROCESSOR_NAME + 1] = "localhost";
 static float *g_stage, *g_part; /* host staging: a whole buffer, and one rank's slice */
 static size_t g_stage_cap, g_part_cap;
 
 static float *stage(size_t n) {
-    if (n > g_stage_cap) {
+    if (n > g_stage_cap || !g_stage) { /* never NULL, even for 0 values (memcpy's arguments) */
         free(g_stage);
-        g_stage = xmalloc(n * sizeof(float));
+        g_stage = xmalloc((n ? n : 1) * sizeof(float));
         g_stage_cap = n;
     }
     return g_stage;
@@ -60,6 +68,7 @@ void dist_init(void) {
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
     MPI_Comm_size(local, &g_local);
+    MPI_Comm_rank(local, &g_local_rank);
     MPI_Comm_free(&local);
     int len = 0;
     MPI_Get_processor_name(g_host, &len);
@@ -71,10 +80,19 @@ void dist_init(void) {
         /* only rank 0 reports; the others' errors still go to stderr */
         if (g_rank != 0 && !freopen("/dev/null", "w", stdout)) FATAL("cannot send stdout to /dev/null");
     }
+    if (IS_ENABLED(CONFIG_DIST_NCCL)) { /* even as a job of one: the same code path on any number of GPUs */
+        unsigned char id[DEV_COMM_ID_BYTES];
+        dev_comm_select_gpu(g_local_rank, g_local);
+        if (g_rank == 0) dev_comm_make_id(id);
+        MPI_Bcast(id, DEV_COMM_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD);
+        dev_comm_join(id, g_rank, g_size);
+        g_nccl = 1;
+    }
 }
 
 void dist_finalize(void) {
     if (!g_on) return;
+    if (NCCL_ON) dev_comm_leave(), g_nccl = 0;
     MPI_Finalize();
     g_on = 0;
     free(g_stage), free(g_part);
@@ -90,7 +108,7 @@ const char *dist_host(void) {
         strcpy(g_host, "localhost");
     return g_host;
 }
-const char *dist_transport(void) { return "mpi"; }
+const char *dist_transport(void) { return NCCL_ON ? "mpi + nccl" : "mpi"; }
 void dist_abort(int status) { abort_job(status); }
 
 /* MPI counts are ints: kvlab's buffers stay far below 2^31 floats (8 GiB); say so rather than overflow. */
@@ -113,7 +131,19 @@ void dist_bcast(void *buf, size_t bytes) {
     if (active()) MPI_Bcast(buf, count_of(bytes, "dist_bcast"), MPI_BYTE, 0, MPI_COMM_WORLD);
 }
 
+/* The slices of n values (dist_split) as NCCL's per-rank offsets and counts. */
+static void dev_slices(size_t n, size_t *lo, size_t *cnt) {
+    for (int r = 0; r < g_size; r++) {
+        DistRange s = dist_split(n, r, g_size);
+        lo[r] = s.lo, cnt[r] = s.n;
+    }
+}
+
 void dist_allreduce_dev(float *buf, size_t n) {
+    if (NCCL_ON) {
+        dev_comm_allreduce(buf, n);
+        return;
+    }
     if (!active()) return;
     float *h = stage(n);
     dev_download(h, buf, n * sizeof(float));
@@ -131,6 +161,13 @@ static void slices(size_t n, int *counts, int *displs) {
 }
 
 void dist_reduce_scatter_dev(float *buf, size_t n) {
+    if (NCCL_ON) {
+        size_t *lo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
+        dev_slices(n, lo, cnt);
+        dev_comm_reduce_scatter(buf, lo, cnt);
+        free(lo), free(cnt);
+        return;
+    }
     if (!active()) return;
     count_of(n, "dist_reduce_scatter_dev");
     DistRange mine = dist_split(n, g_rank, g_size);
@@ -144,6 +181,13 @@ void dist_reduce_scatter_dev(float *buf, size_t n) {
 }
 
 void dist_allgather_dev(float *buf, size_t n) {
+    if (NCCL_ON) {
+        size_t *lo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
+        dev_slices(n, lo, cnt);
+        dev_comm_allgather(buf, lo, cnt);
+        free(lo), free(cnt);
+        return;
+    }
     if (!active()) return;
     count_of(n, "dist_allgather_dev");
     DistRange mine = dist_split(n, g_rank, g_size);
@@ -157,6 +201,10 @@ void dist_allgather_dev(float *buf, size_t n) {
 }
 
 void dist_bcast_dev(float *buf, size_t n) {
+    if (NCCL_ON) {
+        dev_comm_bcast(buf, n);
+        return;
+    }
     if (!active()) return;
     float *h = stage(n);
     if (g_rank == 0) dev_download(h, buf, n * sizeof(float));

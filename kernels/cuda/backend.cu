@@ -11,6 +11,7 @@
 cudaStream_t kv_stream;
 cublasHandle_t kv_cublas;
 size_t kv_smem_max;
+int kv_device = CONFIG_CUDA_DEVICE;
 static int g_ready;
 
 __global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n,
@@ -83,22 +84,27 @@ void cuda_ready(void) {
         FATAL("CUDA target: no usable GPU (%s) (hint: this binary was built for the GPU target; run it where "
               "nvidia-smi lists a GPU, or build for the CPU target in make menuconfig)",
               err != cudaSuccess ? cudaGetErrorString(err) : "no devices");
-    if (CONFIG_CUDA_DEVICE >= n)
+    if (kv_device >= n) {
+        if (kv_device != CONFIG_CUDA_DEVICE) /* dev_comm_select_gpu: one GPU per rank of this machine */
+            FATAL("CUDA target: this rank needs GPU %d (GPU index %d + its rank on this machine), this machine "
+                  "has %d (hint: NCCL needs one GPU per rank: start at most as many ranks per machine as it has "
+                  "GPUs, Processes per machine in make menuconfig, Distributed)", kv_device, CONFIG_CUDA_DEVICE, n);
         FATAL("CUDA target: GPU index %d configured, this machine has %d (hint: set CUDA_DEVICE in make "
               "menuconfig, Compute target)", CONFIG_CUDA_DEVICE, n);
-    CUDA_CHECK(cudaSetDevice(CONFIG_CUDA_DEVICE));
+    }
+    CUDA_CHECK(cudaSetDevice(kv_device));
     /* code for this GPU's generation in the binary (a build for another -gencode fails at the first launch) */
     cudaFuncAttributes fa;
     err = cudaFuncGetAttributes(&fa, rows_gather_kernel);
     if (err != cudaSuccess) {
         cudaDeviceProp prop;
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, CONFIG_CUDA_DEVICE));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, kv_device));
         FATAL("CUDA target: this binary has no code for the %s (compute capability %d.%d): %s (hint: choose its "
               "architecture, or native, in make menuconfig, Compute target, and rebuild)", prop.name, prop.major,
               prop.minor, cudaGetErrorString(err));
     }
     int smem = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, CONFIG_CUDA_DEVICE));
+    CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, kv_device));
     kv_smem_max = (size_t)smem;
     CUDA_CHECK(cudaStreamCreateWithFlags(&kv_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&kv_cublas));
@@ -118,7 +124,7 @@ const char *backend_name(void) {
     if (!name[0]) {
         cuda_ready();
         cudaDeviceProp prop;
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, CONFIG_CUDA_DEVICE));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, kv_device));
         snprintf(name, sizeof name, "cuda (%s, sm_%d%d, %s, cuBLAS)", prop.name, prop.major, prop.minor,
                  IS_ENABLED(CONFIG_CUDA_TF32) ? "tf32 matmuls" : "fp32");
     }

@@ -35,6 +35,9 @@ extern "C" {
 /* The stream every kernel and copy of the backend runs on (in order), and the cuBLAS handle bound to it. */
 extern cudaStream_t kv_stream;
 extern cublasHandle_t kv_cublas;
+/* The GPU this process drives: CUDA_DEVICE, plus the rank on this machine in a data-parallel job
+ * (dev_comm_select_gpu, before cuda_ready). */
+extern int kv_device;
 /* Starts the backend on first use (backend_init may be skipped by tests that call ops directly). */
 void cuda_ready(void);
 

@@ -1,0 +1,120 @@
+/* Device collectives over NCCL (kernels/comm.h): the gradient sum of
+ * data-parallel training on the CUDA target, and ZeRO-1's reduce-scatter and
+ * all-gather, on the device buffers themselves, queued on the backend's
+ * stream. The communicator is made once per process from an id that the
+ * caller (train/dist_mpi.c) sends over MPI.
+ *
+ * ZeRO-1's slices are those of dist_split: as even as possible, so not equal
+ * when the buffer's length is not a multiple of the ranks, while
+ * ncclReduceScatter and ncclAllGather want equal parts. Both are therefore
+ * one group of per-rank calls, each rank the root of its own slice: a
+ * reduce (to its owner) or a broadcast (from its owner) per slice; NCCL runs
+ * a group as one launch. */
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <nccl.h>
+
+#include "cuda.cuh"
+
+extern "C" {
+#include "comm.h"
+}
+
+static_assert(DEV_COMM_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "kernels/comm.h: DEV_COMM_ID_BYTES is NCCL's id size");
+
+/* "error: NCCL: <call> failed: <NCCL's message> [file:line] (hint: ...)" */
+#define NCCL_CHECK(call)                                                                                    \
+    do {                                                                                                    \
+        ncclResult_t r_ = (call);                                                                           \
+        if (r_ != ncclSuccess) nccl_fail(__FILE__, __LINE__, #call, r_);                                  \
+    } while (0)
+
+static ncclComm_t g_comm;
+static int g_size; /* the ranks of the communicator */
+
+[[noreturn]] static void nccl_fail(const char *file, int line, const char *call, ncclResult_t r) {
+    const char *last = g_comm ? ncclGetLastError(g_comm) : ncclGetLastError(NULL);
+    fatal_at(file, line, "NCCL: %s failed: %s%s%s (hint: NCCL_DEBUG=WARN in the environment says more; every "
+             "rank needs a GPU of its own, and the machines of a job must reach each other over the network "
+             "NCCL picks, NCCL_SOCKET_IFNAME names it)", call, ncclGetErrorString(r), last && *last ? ": " : "",
+             last ? last : "");
+}
+
+void dev_comm_select_gpu(int local_rank, int local_size) {
+    if (local_rank < 0 || local_rank >= local_size)
+        FATAL("dev_comm_select_gpu: local rank %d of %d", local_rank, local_size);
+    /* a launcher that gives every rank its own GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES of one
+     * GPU per rank) leaves each rank one device to see: that one */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (local_size > 1 && vis && *vis && !strchr(vis, ',')) {
+        kv_device = 0;
+        return;
+    }
+    kv_device = CONFIG_CUDA_DEVICE + local_rank;
+}
+
+void dev_comm_make_id(unsigned char id[DEV_COMM_ID_BYTES]) {
+    ncclUniqueId u;
+    NCCL_CHECK(ncclGetUniqueId(&u));
+    memcpy(id, u.internal, DEV_COMM_ID_BYTES);
+}
+
+void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size) {
+    if (g_comm) FATAL("dev_comm_join: this process already joined a communicator");
+    if (size < 1 || rank < 0 || rank >= size) FATAL("dev_comm_join: rank %d of %d", rank, size);
+    cuda_ready(); /* the GPU (kv_device) and the stream */
+    ncclUniqueId u;
+    memcpy(u.internal, id, DEV_COMM_ID_BYTES);
+    NCCL_CHECK(ncclCommInitRank(&g_comm, size, u, rank));
+    g_size = size;
+}
+
+void dev_comm_leave(void) {
+    if (!g_comm) return;
+    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+    NCCL_CHECK(ncclCommDestroy(g_comm));
+    g_comm = NULL;
+}
+
+const char *dev_comm_version(void) {
+    static char v[32];
+    if (!v[0]) {
+        int code = 0;
+        NCCL_CHECK(ncclGetVersion(&code));
+        /* NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 */
+        snprintf(v, sizeof v, "NCCL %d.%d.%d", code / 10000, code / 100 % 100, code % 100);
+    }
+    return v;
+}
+
+static void need_comm(const char *op) {
+    if (!g_comm) FATAL("%s: no NCCL communicator (hint: dist_init joins one before training)", op);
+}
+
+void dev_comm_allreduce(float *buf, size_t n) {
+    need_comm("dev_comm_allreduce");
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_comm, kv_stream));
+}
+
+void dev_comm_reduce_scatter(float *buf, const size_t *lo, const size_t *cnt) {
+    need_comm("dev_comm_reduce_scatter");
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < g_size; r++)
+        if (cnt[r]) NCCL_CHECK(ncclReduce(buf + lo[r], buf + lo[r], cnt[r], ncclFloat, ncclSum, r, g_comm, kv_stream));
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt) {
+    need_comm("dev_comm_allgather");
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < g_size; r++)
+        if (cnt[r]) NCCL_CHECK(ncclBroadcast(buf + lo[r], buf + lo[r], cnt[r], ncclFloat, r, g_comm, kv_stream));
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+void dev_comm_bcast(float *buf, size_t n) {
+    need_comm("dev_comm_bcast");
+    if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, 0, g_comm, kv_stream));
+}
