@@ -29,6 +29,12 @@ MAY_IMPORT = {
     "mechint": ["gpt2", "vit", "seq2seq", "train", "nn", "kernels", "lib"],
     "bench": ["gpt2", "train", "nn", "kernels", "lib"],
 }
+# Headers of a layer that only some folders above it may use: the backends' own bookkeeping, and the device
+# collectives that only the trainer's transport calls (model code never sees either).
+HEADER_USERS = {
+    "kernels/backend.h": ["kernels", "kernels/cpu", "kernels/cuda"],
+    "kernels/comm.h": ["kernels/cuda", "train"],
+}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -68,7 +74,12 @@ def check(repo):
                         targets = where.get(inc, [])
                     if not targets:
                         continue  # a system or library header
-                    if not any(t == folder or t in allowed for t in targets):
+                    users = HEADER_USERS.get(f"{targets[0]}/{os.path.basename(inc)}") if len(targets) == 1 else None
+                    if users is not None and folder not in users:
+                        problems.append(f"{path}:{lineno}: includes \"{inc}\", which only {', '.join(users)}/ may "
+                                        "use (hint: model code goes through kernels.h and attention.h, data "
+                                        "parallelism through train/dist.h)")
+                    elif not any(t == folder or t in allowed for t in targets):
                         problems.append(f"{path}:{lineno}: includes \"{inc}\" from {' or '.join(targets)}/, but "
                                         f"{folder}/ may import only {', '.join(allowed) or 'nothing'} (hint: layers "
                                         "import downward, docs/architecture.md; move the code or the header)")

@@ -97,6 +97,15 @@ def test_kconfig(tmp):
     r = run([PY, os.path.join(copy, "scripts", "check_layers.py")])
     R.check(r.returncode == 1 and "kernels/attention.c" in r.stderr and "may import only" in r.stderr,
             f"check_layers names a kernel that includes a family header: {r.stderr}")
+    # ... and model code that includes a header reserved for the layers below (the device collectives)
+    with open(os.path.join(copy, "kernels", "attention.c"), "w") as f:
+        f.write(open(os.path.join(REPO, "kernels", "attention.c")).read())
+    with open(os.path.join(copy, "gpt2", "model.c"), "a") as f:
+        f.write('#include "comm.h"\n')
+    r = run([PY, os.path.join(copy, "scripts", "check_layers.py")])
+    R.check(r.returncode == 1 and "gpt2/model.c" in r.stderr and "only kernels/cuda, train/ may use" in r.stderr
+            and "kernels/attention.c" not in r.stderr,
+            f"check_layers names a family that includes the device collectives' header: {r.stderr}")
     defconfigs = sorted(p for p in glob.glob(os.path.join(REPO, "defconfigs", "*")) if os.path.isfile(p))
     R.check(len(defconfigs) >= 3, "defconfigs exist")
     for path in defconfigs:
@@ -547,6 +556,7 @@ def test_cuda(build_root, tmp, sanitize):
             for ln in fails[:20]:
                 print(f"    {ln}")
     cuda_kconfig(build_root, gpu)
+    cuda_nccl(tmp, gpu)
     if not gpu:
         prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
         r = run([prog])
@@ -581,6 +591,63 @@ def cuda_kconfig(build_root, gpu):
         want = f"arch=compute_{arch}" if arch else "arch=compute_"
         R.check(r.returncode == 0 and want in flags and (arch is None or f"sm_{arch}" in flags),
                 f"{sym}: nvcc gets {want}: {flags[-300:]}{r.stderr[-300:]}")
+
+
+def gpu_count():
+    r = run(["nvidia-smi", "-L"])
+    return sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU ")) if r.returncode == 0 else 0
+
+
+def cuda_nccl(tmp, gpu):
+    """MPI data parallel on the CUDA target: NCCL carries the device collectives (kernels/cuda/nccl.cu). Compiled
+    wherever nvcc and NCCL are; where a GPU is, the collectives (tests/test_dist.c) and every family under
+    mpirun -np 1 against the single-process GPU build (the NCCL code path with one rank), and 2 ranks: equal to
+    one process on a machine with 2 GPUs, one clear line where there is one GPU (NCCL needs a GPU per rank)."""
+    target = CUDA_NATIVE if gpu else "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n"
+    t0 = time.time()
+    nccl = mpi_build(tmp, "cuda-nccl", target + "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\n", False, dist_tests=True)
+    if not nccl:
+        return
+    libs = run(["ldd", nccl["gpt2"]]).stdout
+    R.check("libnccl" in libs and "libmpi" in libs and "libopenblas" not in libs,
+            f"the MPI build of the CUDA target links NCCL and MPI, and no OpenBLAS: {libs}")
+    print(f"  MPI + NCCL build (CUDA target, every family, test_dist): {time.time() - t0:.1f} s")
+    if not gpu:
+        print("  no GPU: the NCCL transport was compiled, not run")
+        return
+    if not R.check(shutil.which("mpirun") is not None, "mpirun is installed (scripts/deps.sh: openmpi-bin)"):
+        return
+    env = mpi_env()
+    dist_collectives(nccl["test_dist"], (1,), env, "NCCL transport")
+    one = mpi_build(tmp, "cuda-none", target, False)
+    if not one:
+        return
+    gpus = gpu_count()
+    base = os.path.join(tmp, "nccl-runs")
+    for fam in ("gpt2", "vit", "seq2seq"):
+        out1 = os.path.join(base, f"{fam}-single")
+        r = run([one[fam], "train", "--out", out1, "--step", "mpi"], env=env)
+        if not R.check(r.returncode == 0, f"{fam} on the GPU, one process:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+            continue
+        ref = curve(out1)
+        for n in (1, 2) if gpus >= 2 else (1,):
+            out = os.path.join(base, f"{fam}-nccl{n}")
+            r = run(mpirun(n, nccl[fam], out), env=env)
+            if not R.check(r.returncode == 0, f"{fam}: mpirun -np {n} with NCCL:\n{r.stdout[-2000:]}{r.stderr[-1500:]}"):
+                continue
+            m = curve(out)
+            d = curves_close(ref, m)
+            R.check(d <= MPI_RTOL and "mpi + nccl" in r.stdout and m["processes"] == n,
+                    f"{fam}: {n} rank(s) over NCCL train as one process on the GPU within {MPI_RTOL:g} relative "
+                    f"(largest difference {d:.3g}), the banner names the transport")
+            print(f"  {fam}: mpirun -np {n} over NCCL against one process: largest relative difference {d:.2e}")
+    if gpus < 2:
+        # two ranks on one GPU: NCCL cannot (one GPU per rank); rank 1 asks for GPU 1 and says why it stops
+        t = time.time()
+        r = run(mpirun(2, nccl["gpt2"], os.path.join(base, "gpt2-two-on-one")), env=env)
+        R.check(r.returncode != 0 and "one GPU per rank" in r.stderr and time.time() - t < 60,
+                f"2 ranks on a machine with {gpus} GPU: a non-zero exit within a minute naming the problem: "
+                f"{r.returncode} {r.stderr[-800:]}")
 
 
 def cuda_against_cpu(tmp):
@@ -1857,8 +1924,9 @@ def mpirun(np_, binary, out, step="mpi"):
              binary, "train", "--out", out, "--step", step])
 
 
-def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY):
-    """A build of base (every family) plus extra in its own tree; returns {family: binary} or None."""
+def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False):
+    """A build of base (every family) plus extra in its own tree; returns {family: binary} or None (with
+    dist_tests, "test_dist" too: tests/test_dist.c)."""
     d = os.path.join(tmp, f"mpi-{name}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "defconfig"), "w") as f:
@@ -1869,10 +1937,29 @@ def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY):
     if r.returncode == 0:
         r = run(KCONFIG + ["step", bdir, cfg])
     if r.returncode == 0:
-        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", f"SANITIZE={1 if sanitize else ''}"])
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", f"SANITIZE={1 if sanitize else ''}"]
+                + (["DIST_TESTS=y"] if dist_tests else []))
     if not R.check(r.returncode == 0, f"MPI test build {name}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"):
         return None
-    return {f: os.path.join(bdir, f, f"train_{f}") for f in ("gpt2", "vit", "seq2seq")}
+    progs = {f: os.path.join(bdir, f, f"train_{f}") for f in ("gpt2", "vit", "seq2seq")}
+    if dist_tests:
+        progs["test_dist"] = os.path.join(bdir, "tests", "test_dist")
+    return progs
+
+
+def dist_collectives(binary, nps, env, label):
+    """tests/test_dist.c under mpirun -np n for each n: every collective of train/dist.h against known sums."""
+    for n in nps:
+        cmd = (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
+               ["-np", str(n), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1", binary])
+        r = run(cmd, env=env)
+        m = re.search(r"# test_dist: (\d+) passed, (\d+) failed", r.stdout)
+        ok = r.returncode == 0 and m is not None and int(m.group(1)) > 0 and int(m.group(2)) == 0
+        R.check(ok, f"{label}: the collectives on {n} process(es) (tests/test_dist.c):\n{r.stdout[-2000:]}"
+                f"{r.stderr[-2000:]}")
+        if m:
+            info = next((ln for ln in r.stdout.splitlines() if ln.startswith("test_dist: ")), "")
+            print(f"  {label}, mpirun -np {n}: {m.group(1)} passed, {m.group(2)} failed ({info[11:]})")
 
 
 def mpi_env():
@@ -1940,12 +2027,14 @@ def test_mpi(tmp, sanitize):
         return
     t0 = time.time()
     one = mpi_build(tmp, "none", "", sanitize)
-    two = mpi_build(tmp, "mpi", "CONFIG_DIST_MPI=y\n", sanitize)
+    two = mpi_build(tmp, "mpi", "CONFIG_DIST_MPI=y\n", sanitize, dist_tests=True)
     zero = mpi_build(tmp, "zero1", "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\n", sanitize)
     if not (one and two and zero):
         return
     print(f"  builds: {time.time() - t0:.1f} s", flush=True)
     env = mpi_env()
+    # the transport itself: every collective on 1, 2 and 3 processes (uneven slices of odd lengths)
+    dist_collectives(two["test_dist"], (1, 2, 3), env, "MPI transport")
     base = os.path.join(tmp, "mpi-runs")
     ref = {}
     t0 = time.time()

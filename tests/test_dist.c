@@ -1,0 +1,155 @@
+/* The collectives of train/dist.h against values every rank can compute:
+ * rank r's buffer holds f(r, i) = 1000 r + i (small integers, exact in
+ * float at every sum here), so the sum over N ranks is N i + 1000 N(N-1)/2.
+ * Run as a job of one (the DIST_NONE stubs, or mpirun -np 1) and under
+ * mpirun -np 2 and 3 (tests/run_tests.py -k mpi): the MPI transport on the
+ * CPU target, NCCL on the CUDA target (-k cuda, where a GPU is). Lengths
+ * include 0, fewer values than ranks and a length no rank count divides, so
+ * ZeRO-1's uneven slices are covered. Every rank checks its own results and
+ * the counts are summed, so one summary line covers the job. */
+#include <stdlib.h>
+
+#include "dist.h"
+#include "kernels.h"
+#include "test.h"
+
+static float f(int r, size_t i) { return (float)(1000 * r + (int)i); }
+
+static double sum_f(int size, size_t i) { return (double)size * (double)i + 1000.0 * size * (size - 1) / 2.0; }
+
+static float *filled(size_t n, int r) {
+    float *h = xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = f(r, i);
+    return h;
+}
+
+static float *to_dev(const float *h, size_t n) {
+    float *d = dev_alloc((n ? n : 1) * sizeof(float));
+    if (n) dev_upload(d, h, n * sizeof(float));
+    return d;
+}
+
+static float *to_host(const float *d, size_t n) {
+    float *h = xmalloc((n ? n : 1) * sizeof(float));
+    if (n) dev_download(h, d, n * sizeof(float));
+    return h;
+}
+
+/* The number of i in [0, n) where got[i] != want[i]; the first one printed to stderr (every rank's stderr
+ * reaches the terminal, only rank 0's stdout does). */
+static size_t count_wrong(const float *got, const float *want, size_t n, const char *what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i] && !bad++)
+            fprintf(stderr, "  rank %d of %d, %s, %zu values: [%zu] = %.9g, want %.9g\n", dist_rank(), dist_size(),
+                    what, n, i, (double)got[i], (double)want[i]);
+    return bad;
+}
+
+static void test_split(void) {
+    /* the slices partition [0, n) in rank order, sizes differ by at most one, the larger ones first */
+    for (int size = 1; size <= 9; size++)
+        for (size_t n = 0; n <= 40; n++) {
+            size_t next = 0;
+            int ok = 1;
+            for (int r = 0; r < size; r++) {
+                DistRange s = dist_split(n, r, size);
+                ok &= s.lo == next && (s.n == n / size || s.n == n / size + 1) &&
+                      (r == 0 || s.n <= dist_split(n, r - 1, size).n);
+                next = s.lo + s.n;
+            }
+            CHECK(ok && next == n, "dist_split(%zu, r, %d) partitions the range evenly in rank order", n, size);
+        }
+}
+
+static void test_collectives(size_t n) {
+    int rank = dist_rank(), size = dist_size();
+    DistRange mine = dist_split(n, rank, size);
+
+    /* host: sum, max, bcast */
+    double v[3] = {rank + 1.0, -rank, 0.5 * rank};
+    dist_sum(v, 3);
+    CHECK(v[0] == size * (size + 1) / 2.0 && v[1] == -size * (size - 1) / 2.0 && v[2] == size * (size - 1) / 4.0,
+          "dist_sum over %d ranks: %g %g %g", size, v[0], v[1], v[2]);
+    double mx[2] = {rank, -rank};
+    dist_max(mx, 2);
+    CHECK(mx[0] == size - 1 && mx[1] == 0, "dist_max over %d ranks: %g %g", size, mx[0], mx[1]);
+    char msg[16];
+    snprintf(msg, sizeof msg, "from rank %d", rank);
+    dist_bcast(msg, sizeof msg);
+    CHECK(strcmp(msg, "from rank 0") == 0, "dist_bcast: rank %d got \"%s\"", rank, msg);
+
+    /* device: all-reduce */
+    float *h = filled(n, rank), *want = xmalloc((n ? n : 1) * sizeof(float)), *d = to_dev(h, n), *g;
+    for (size_t i = 0; i < n; i++) want[i] = (float)sum_f(size, i);
+    dist_allreduce_dev(d, n);
+    g = to_host(d, n);
+    CHECK(count_wrong(g, want, n, "allreduce") == 0, "dist_allreduce_dev, n=%zu, %d ranks", n, size);
+    free(g);
+
+    /* reduce-scatter: this rank's slice summed, the rest as it was */
+    for (size_t i = 0; i < n; i++) want[i] = i >= mine.lo && i < mine.lo + mine.n ? (float)sum_f(size, i) : h[i];
+    if (n) dev_upload(d, h, n * sizeof(float));
+    dist_reduce_scatter_dev(d, n);
+    g = to_host(d, n);
+    CHECK(count_wrong(g, want, n, "reduce-scatter") == 0,
+          "dist_reduce_scatter_dev, n=%zu, %d ranks: slice [%zu, %zu) summed, the rest untouched", n, size, mine.lo,
+          mine.lo + mine.n);
+    free(g);
+
+    /* all-gather: rank r's slice holds f(r, i), from rank r; bcast: rank 0's values */
+    for (int r = 0; r < size; r++) {
+        DistRange s = dist_split(n, r, size);
+        for (size_t i = s.lo; i < s.lo + s.n; i++) want[i] = f(r, i);
+    }
+    if (n) dev_upload(d, h, n * sizeof(float));
+    dist_allgather_dev(d, n);
+    g = to_host(d, n);
+    CHECK(count_wrong(g, want, n, "allgather") == 0, "dist_allgather_dev, n=%zu, %d ranks: every slice from its "
+          "owner", n, size);
+    free(g);
+    for (size_t i = 0; i < n; i++) want[i] = f(0, i);
+    if (n) dev_upload(d, h, n * sizeof(float));
+    dist_bcast_dev(d, n);
+    g = to_host(d, n);
+    CHECK(count_wrong(g, want, n, "bcast") == 0, "dist_bcast_dev, n=%zu, %d ranks", n, size);
+    free(g);
+
+    /* gather each rank's slice of a buffer of f(r, i) into rank 0's host memory; scatter another one back */
+    float *slice = to_dev(h + mine.lo, mine.n);
+    float *full = rank == 0 ? xmalloc((n ? n : 1) * sizeof(float)) : NULL;
+    dist_gather_dev(full, slice, n);
+    if (rank == 0) {
+        for (int r = 0; r < size; r++) {
+            DistRange s = dist_split(n, r, size);
+            for (size_t i = s.lo; i < s.lo + s.n; i++) want[i] = f(r, i);
+        }
+        CHECK(count_wrong(full, want, n, "gather") == 0, "dist_gather_dev, n=%zu, %d ranks: every rank's slice in "
+              "place on rank 0", n, size);
+        for (size_t i = 0; i < n; i++) full[i] = -(float)i; /* what rank 0 scatters */
+    }
+    for (size_t i = 0; i < mine.n; i++) want[i] = -(float)(mine.lo + i);
+    dist_scatter_dev(slice, full, n);
+    g = to_host(slice, mine.n);
+    CHECK(count_wrong(g, want, mine.n, "scatter") == 0, "dist_scatter_dev, n=%zu, %d ranks: this rank's slice of "
+          "rank 0's buffer", n, size);
+    free(g), free(full), free(h), free(want);
+    dev_free(slice), dev_free(d);
+}
+
+int main(void) {
+    dist_init();
+    backend_init(1);
+    test_split();
+    /* 0 values, fewer than the ranks, odd, and one large enough for NCCL to take its bulk path */
+    const size_t lengths[] = {0, 1, 2, 5, 1001, 1 << 20};
+    for (size_t k = 0; k < sizeof lengths / sizeof *lengths; k++) test_collectives(lengths[k]);
+    /* one line for the job: every rank's counts summed on rank 0 (the others' stdout is /dev/null) */
+    double counts[2] = {test_passed_, test_failed_};
+    dist_sum(counts, 2);
+    test_passed_ = (int)counts[0], test_failed_ = (int)counts[1];
+    printf("test_dist: %d process(es), transport %s, backend %s\n", dist_size(), dist_transport(), backend_name());
+    int rc = TEST_SUMMARY("test_dist");
+    dist_finalize();
+    return rc;
+}
