@@ -19,15 +19,22 @@
 /* NCCL's unique id, as bytes the caller can send (NCCL_UNIQUE_ID_BYTES). */
 #define DEV_COMM_ID_BYTES 128
 
-/* This process's GPU: the configured GPU index (CUDA_DEVICE) plus local_rank, this process's rank among the
- * local_size ranks of its machine, so that every rank of a machine drives its own GPU. Call before the
- * backend's first use; stops with a hint when the machine has fewer GPUs than that. */
+/* This process's GPU, from local_rank, its rank among the local_size ranks of its machine: GPU CUDA_DEVICE +
+ * local_rank when the process sees that many GPUs; GPU 0 when it sees exactly one (a launcher that gives each
+ * rank a GPU of its own: Slurm's --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank); otherwise it stops with a
+ * hint. Call before the backend's first use (it stops if the backend already runs). Two ranks that end up on
+ * one GPU are found by comparing dev_comm_gpu_uuid over the machine's ranks. */
 void dev_comm_select_gpu(int local_rank, int local_size);
+#define DEV_COMM_UUID_BYTES 16
+/* The chosen GPU's UUID (the same bytes in every process that drives that GPU). */
+void dev_comm_gpu_uuid(unsigned char uuid[DEV_COMM_UUID_BYTES]);
 /* Rank 0: a new id for the job (ncclGetUniqueId). */
 void dev_comm_make_id(unsigned char id[DEV_COMM_ID_BYTES]);
 /* Every rank: joins the job's communicator (ncclCommInitRank) as rank of size. */
 void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size);
-/* Waits for the queued collectives and leaves the communicator (the end of a run). */
+/* Waits for the queued collectives and leaves the communicator (the end of a run). While it is up, every host
+ * wait of the backend also asks NCCL for an asynchronous error (a collective that failed without ending, a
+ * peer's network gone): it aborts the communicator and stops the process, which stops the job. */
 void dev_comm_leave(void);
 /* "NCCL 2.28.3" (the library the process runs with). */
 const char *dev_comm_version(void);

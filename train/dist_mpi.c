@@ -69,7 +69,6 @@ void dist_init(void) {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
     MPI_Comm_size(local, &g_local);
     MPI_Comm_rank(local, &g_local_rank);
-    MPI_Comm_free(&local);
     int len = 0;
     MPI_Get_processor_name(g_host, &len);
     g_host[len] = 0;
@@ -81,13 +80,26 @@ void dist_init(void) {
         if (g_rank != 0 && !freopen("/dev/null", "w", stdout)) FATAL("cannot send stdout to /dev/null");
     }
     if (IS_ENABLED(CONFIG_DIST_NCCL)) { /* even as a job of one: the same code path on any number of GPUs */
-        unsigned char id[DEV_COMM_ID_BYTES];
+        unsigned char id[DEV_COMM_ID_BYTES], mine[DEV_COMM_UUID_BYTES];
         dev_comm_select_gpu(g_local_rank, g_local);
+        /* one GPU per rank (NCCL cannot share one): compare the GPUs of this machine's ranks; the later rank of
+         * a pair reports, and its abort ends the job */
+        unsigned char *all = xmalloc((size_t)g_local * DEV_COMM_UUID_BYTES);
+        dev_comm_gpu_uuid(mine);
+        MPI_Allgather(mine, DEV_COMM_UUID_BYTES, MPI_BYTE, all, DEV_COMM_UUID_BYTES, MPI_BYTE, local);
+        for (int r = 0; r < g_local_rank; r++)
+            if (memcmp(all + (size_t)r * DEV_COMM_UUID_BYTES, mine, DEV_COMM_UUID_BYTES) == 0)
+                FATAL("ranks %d and %d of this machine (%s) drive the same GPU (hint: NCCL needs one GPU per rank: "
+                      "at most as many ranks per machine as it has GPUs, Processes per machine in make menuconfig, "
+                      "Distributed; or give each rank its own GPU with CUDA_VISIBLE_DEVICES)", r, g_local_rank,
+                      g_host);
+        free(all);
         if (g_rank == 0) dev_comm_make_id(id);
         MPI_Bcast(id, DEV_COMM_ID_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD);
         dev_comm_join(id, g_rank, g_size);
         g_nccl = 1;
     }
+    MPI_Comm_free(&local);
 }
 
 void dist_finalize(void) {

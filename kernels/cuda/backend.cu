@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "cuda.cuh"
 
 cudaStream_t kv_stream;
@@ -76,6 +78,25 @@ void cuda_fail(const char *file, int line, const char *call, const char *what) {
              "CUDA_LAUNCH_BLOCKING=1 pins an asynchronous error to its launch)", call, what);
 }
 
+int cuda_started(void) { return g_ready; }
+
+void (*kv_sync_check)(void);
+
+void cuda_sync(void) {
+    if (!kv_sync_check) {
+        CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+        return;
+    }
+    /* poll, asking the check between polls; after the first ~20 ms, every 100 us (a long wait burns no core) */
+    for (long polls = 0;; polls++) {
+        cudaError_t err = cudaStreamQuery(kv_stream);
+        if (err == cudaSuccess) return;
+        if (err != cudaErrorNotReady) CUDA_CHECK(err);
+        kv_sync_check();
+        if (polls > 10000) usleep(100);
+    }
+}
+
 void cuda_ready(void) {
     if (g_ready) return;
     int n = 0;
@@ -84,14 +105,9 @@ void cuda_ready(void) {
         FATAL("CUDA target: no usable GPU (%s) (hint: this binary was built for the GPU target; run it where "
               "nvidia-smi lists a GPU, or build for the CPU target in make menuconfig)",
               err != cudaSuccess ? cudaGetErrorString(err) : "no devices");
-    if (kv_device >= n) {
-        if (kv_device != CONFIG_CUDA_DEVICE) /* dev_comm_select_gpu: one GPU per rank of this machine */
-            FATAL("CUDA target: this rank needs GPU %d (GPU index %d + its rank on this machine), this machine "
-                  "has %d (hint: NCCL needs one GPU per rank: start at most as many ranks per machine as it has "
-                  "GPUs, Processes per machine in make menuconfig, Distributed)", kv_device, CONFIG_CUDA_DEVICE, n);
+    if (kv_device >= n)
         FATAL("CUDA target: GPU index %d configured, this machine has %d (hint: set CUDA_DEVICE in make "
-              "menuconfig, Compute target)", CONFIG_CUDA_DEVICE, n);
-    }
+              "menuconfig, Compute target)", kv_device, n);
     CUDA_CHECK(cudaSetDevice(kv_device));
     /* code for this GPU's generation in the binary (a build for another -gencode fails at the first launch) */
     cudaFuncAttributes fa;
@@ -155,7 +171,7 @@ size_t dev_alloc_total(void) { return g_alloc_total; }
 void dev_free(void *p) {
     if (!p) return;
     /* the stream may still use it: frees wait for the work queued before them */
-    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+    cuda_sync();
     CUDA_CHECK(cudaFree(p));
     live_remove(p);
 }
@@ -168,13 +184,13 @@ void dev_upload(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     cuda_ready();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
-    CUDA_CHECK(cudaStreamSynchronize(kv_stream)); /* the host buffer may be reused at once */
+    cuda_sync(); /* the host buffer may be reused at once */
 }
 
 void dev_download(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kv_stream));
-    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+    cuda_sync();
 }
 
 void dev_copy(void *dst, const void *src, size_t bytes) {

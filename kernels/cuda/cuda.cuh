@@ -40,6 +40,14 @@ extern cublasHandle_t kv_cublas;
 extern int kv_device;
 /* Starts the backend on first use (backend_init may be skipped by tests that call ops directly). */
 void cuda_ready(void);
+/* Whether it has started (the GPU is chosen for good then). */
+int cuda_started(void);
+/* Waits until the stream has done everything queued on it; every host wait of the backend goes through here.
+ * With kv_sync_check set (the NCCL transport, while a communicator is up) the wait polls the stream and calls
+ * it between polls, so that a collective that fails without ending (a peer's network gone) stops the process
+ * instead of blocking it for good. */
+void cuda_sync(void);
+extern void (*kv_sync_check)(void);
 
 /* Scratch device memory that grows on demand, one per use site (calls come from one host thread). */
 float *cuda_scratch(float **buf, size_t *cap, size_t floats);

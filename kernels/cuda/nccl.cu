@@ -45,14 +45,44 @@ static int g_size; /* the ranks of the communicator */
 void dev_comm_select_gpu(int local_rank, int local_size) {
     if (local_rank < 0 || local_rank >= local_size)
         FATAL("dev_comm_select_gpu: local rank %d of %d", local_rank, local_size);
-    /* a launcher that gives every rank its own GPU (Slurm's --gpus-per-task, a CUDA_VISIBLE_DEVICES of one
-     * GPU per rank) leaves each rank one device to see: that one */
-    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-    if (local_size > 1 && vis && *vis && !strchr(vis, ',')) {
-        kv_device = 0;
-        return;
-    }
-    kv_device = CONFIG_CUDA_DEVICE + local_rank;
+    if (cuda_started())
+        FATAL("dev_comm_select_gpu: the CUDA backend already runs on GPU %d (hint: dist_init comes before "
+              "anything else of the training)", kv_device);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return; /* cuda_ready says why */
+    if (local_size == 1 || CONFIG_CUDA_DEVICE + local_size <= n)
+        kv_device = CONFIG_CUDA_DEVICE + local_rank;
+    else if (n == 1)
+        kv_device = 0; /* the one GPU this process sees: its own, or shared, which dist_init's check names */
+    else
+        FATAL("rank %d of the %d on this machine would drive GPU %d (GPU index %d + its rank), this process sees "
+              "%d GPUs (hint: NCCL needs one GPU per rank: at most %d ranks per machine from GPU index %d, "
+              "Processes per machine in make menuconfig, Distributed; or give each rank one GPU of its own with "
+              "CUDA_VISIBLE_DEVICES)", local_rank, local_size, CONFIG_CUDA_DEVICE + local_rank,
+              CONFIG_CUDA_DEVICE, n, n - CONFIG_CUDA_DEVICE > 0 ? n - CONFIG_CUDA_DEVICE : 0, CONFIG_CUDA_DEVICE);
+}
+
+void dev_comm_gpu_uuid(unsigned char uuid[DEV_COMM_UUID_BYTES]) {
+    cuda_ready();
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, kv_device));
+    static_assert(sizeof prop.uuid.bytes == DEV_COMM_UUID_BYTES, "a CUDA UUID is 16 bytes");
+    memcpy(uuid, prop.uuid.bytes, DEV_COMM_UUID_BYTES);
+}
+
+/* kv_sync_check while the communicator is up: a collective that failed without ending stops the process. */
+static void check_async(void) {
+    ncclResult_t st = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(g_comm, &st));
+    if (st == ncclSuccess || st == ncclInProgress) return;
+    const char *last = ncclGetLastError(g_comm);
+    kv_sync_check = NULL;
+    ncclCommAbort(g_comm); /* frees the GPU work that waits for the failed peer */
+    g_comm = NULL;
+    FATAL("NCCL: a collective failed while the GPU waited for it: %s%s%s (hint: another rank or its network "
+          "failed; NCCL_DEBUG=WARN in the environment says more; the next make resumes the step from its last "
+          "checkpoint)",
+          ncclGetErrorString(st), last && *last ? ": " : "", last ? last : "");
 }
 
 void dev_comm_make_id(unsigned char id[DEV_COMM_ID_BYTES]) {
@@ -69,11 +99,13 @@ void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size
     memcpy(u.internal, id, DEV_COMM_ID_BYTES);
     NCCL_CHECK(ncclCommInitRank(&g_comm, size, u, rank));
     g_size = size;
+    kv_sync_check = check_async;
 }
 
 void dev_comm_leave(void) {
     if (!g_comm) return;
-    CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+    cuda_sync();
+    kv_sync_check = NULL;
     NCCL_CHECK(ncclCommDestroy(g_comm));
     g_comm = NULL;
 }
