@@ -594,8 +594,11 @@ def cuda_kconfig(build_root, gpu):
 
 
 def gpu_count():
+    """The GPUs this process may use: nvidia-smi's, narrowed by CUDA_VISIBLE_DEVICES when it is set."""
     r = run(["nvidia-smi", "-L"])
-    return sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU ")) if r.returncode == 0 else 0
+    n = sum(1 for ln in r.stdout.splitlines() if ln.startswith("GPU ")) if r.returncode == 0 else 0
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return n if vis is None else min(n, len([v for v in vis.split(",") if v.strip()]))
 
 
 def cuda_nccl(tmp, gpu):
@@ -618,11 +621,12 @@ def cuda_nccl(tmp, gpu):
     if not R.check(shutil.which("mpirun") is not None, "mpirun is installed (scripts/deps.sh: openmpi-bin)"):
         return
     env = mpi_env()
-    dist_collectives(nccl["test_dist"], (1,), env, "NCCL transport")
+    gpus = gpu_count()
+    # one rank per GPU: with one rank every collective is a copy onto itself, so more GPUs test more
+    dist_collectives(nccl["test_dist"], (1, 2, 3)[:max(1, gpus)], env, "NCCL transport")
     one = mpi_build(tmp, "cuda-none", target, False)
     if not one:
         return
-    gpus = gpu_count()
     base = os.path.join(tmp, "nccl-runs")
     for fam in ("gpt2", "vit", "seq2seq"):
         out1 = os.path.join(base, f"{fam}-single")
@@ -653,9 +657,14 @@ def cuda_nccl(tmp, gpu):
 def cuda_against_cpu(tmp):
     """The same tiny runs on both targets from the same seed: train losses agree to float32 rounding grown over
     the steps; a checkpoint written on the GPU samples the same text on both; cached = uncached on the GPU."""
-    section("CUDA against CPU: GPT-2 and seq2seq training, checkpoints across targets")
+    section("CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints across targets, TF32")
     tol = 2e-3
-    for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("seq2seq", TINY_SYNTH, "tinysynth", "seq2seq")):
+    cpu_losses = {}
+    for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("vit", TINY_VIT, "tinyvit", "vit"),
+                                          ("seq2seq", TINY_SYNTH, "tinysynth", "seq2seq")):
+        if family == "vit" and not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+            print("  vit: skipped, Fashion-MNIST is not on this machine (Debian's dataset-fashion-mnist)")
+            continue
         wc = Workspace(tmp, f"cmp-cpu-{label}", text, False)
         wg = Workspace(tmp, f"cmp-gpu-{label}", text + CUDA_NATIVE, False)
         rc, rg = wc.make(), wg.make()
@@ -668,6 +677,7 @@ def cuda_against_cpu(tmp):
             mc = metrics(os.path.join(wc.run_dir(run_name), f"training_metrics_step{step}.json"))
             mg = metrics(os.path.join(wg.run_dir(run_name), f"training_metrics_step{step}.json"))
             lc, lg = mc["metrics"].get("train_losses", []), mg["metrics"].get("train_losses", [])
+            cpu_losses[(label, step)] = lc
             worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(lc, lg)), default=float("inf"))
             R.check(len(lc) == len(lg) > 0 and worst <= tol, f"{label} {step}: CPU and GPU train losses agree "
                     f"over {len(lc)} logged steps (worst relative difference {worst:.2e}, tolerance {tol:g})")
@@ -679,6 +689,16 @@ def cuda_against_cpu(tmp):
             log = open(os.path.join(wg.run_dir(run_name), f"train_step{step}.log")).read()
             R.check(re.search(r"tok/s \| GPU [\d.]+/\d+ MiB \|", log) is not None,
                     f"{label} {step}: the GPU run's progress lines show its GPU memory: {log[-400:]}")
+            if family == "vit":
+                # the GPU's checkpoint evaluated on both targets: the same test accuracy and loss
+                ck = os.path.join(wg.run_dir(run_name), f"final_model_step{step}.safetensors")
+                ev = [run([w.binary(step, run_name, family), "eval", "--ckpt", ck]) for w in (wc, wg)]
+                got = [re.search(r"test accuracy ([\d.]+), loss ([\d.]+)", e.stdout) for e in ev]
+                R.check(all(e.returncode == 0 for e in ev) and all(got) and
+                        abs(float(got[0].group(1)) - float(got[1].group(1))) <= 2e-3 and
+                        abs(float(got[0].group(2)) - float(got[1].group(2))) <= tol * float(got[0].group(2)),
+                        f"vit {step}: the GPU's checkpoint evaluates alike on the CPU and the GPU: "
+                        f"{[e.stdout[-300:] + e.stderr[-300:] for e in ev]}")
             if family != "gpt2":
                 continue
             ck = os.path.join(wg.run_dir(run_name), f"final_model_step{step}.safetensors")
@@ -698,6 +718,20 @@ def cuda_against_cpu(tmp):
             R.check(t_gpu.returncode == 0 and t_cpu.stdout == t_gpu.stdout,
                     f"{step}: the CPU's checkpoint samples the same greedy text on the GPU: {t_cpu.stdout!r} / "
                     f"{t_gpu.stdout!r} {t_gpu.stderr[-500:]}")
+    # TF32 tensor-core matmuls (CUDA_TF32): every matmul input rounded to 10 mantissa bits, so the curves part
+    # from the CPU's by more than float32 rounding; the stated tolerance for 30 steps of the tiny GPT-2
+    tol_tf32 = 2e-2
+    wt = Workspace(tmp, "cmp-gpu-tf32-gpt2", TINY + CUDA_NATIVE + "CONFIG_CUDA_TF32=y\n", False)
+    rt = wt.make()
+    if R.check(rt.returncode == 0, f"gpt2 with TF32 matmuls on the GPU:\n{rt.stdout[-1500:]}{rt.stderr[-1500:]}"):
+        for step in ("V0", "V1"):
+            mt = metrics(os.path.join(wt.run_dir("tiny"), f"training_metrics_step{step}.json"))
+            lc, lt = cpu_losses.get(("gpt2", step), []), mt["metrics"].get("train_losses", [])
+            worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(lc, lt)), default=float("inf"))
+            R.check(len(lc) == len(lt) > 0 and worst <= tol_tf32 and "tf32" in mt.get("backend", ""),
+                    f"gpt2 {step}: TF32 GPU and fp32 CPU train losses agree within {tol_tf32:g} relative over "
+                    f"{len(lt)} steps (worst {worst:.2e}; backend {mt.get('backend')})")
+            print(f"  gpt2 {step}, TF32: worst relative difference from the CPU {worst:.2e} (tolerance {tol_tf32:g})")
 
 
 def test_units(build_root, sanitize, only):

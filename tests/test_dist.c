@@ -1,6 +1,9 @@
 /* The collectives of train/dist.h against values every rank can compute:
- * rank r's buffer holds f(r, i) = 1000 r + i (small integers, exact in
- * float at every sum here), so the sum over N ranks is N i + 1000 N(N-1)/2.
+ * rank r's buffer holds f(r, i) = 2^21 r + i (distinct over the ranks and
+ * exact in float at every sum here, N <= 3), so the sum over N ranks is
+ * N i + 2^21 N(N-1)/2. Each input is filled by a device copy queued just
+ * before the collective, and each result copied out by one queued just after
+ * it, so a collective that does not keep the stream's order fails too.
  * Run as a job of one (the DIST_NONE stubs, or mpirun -np 1) and under
  * mpirun -np 2 and 3 (tests/run_tests.py -k mpi): the MPI transport on the
  * CPU target, NCCL on the CUDA target (-k cuda, where a GPU is). Lengths
@@ -13,9 +16,11 @@
 #include "kernels.h"
 #include "test.h"
 
-static float f(int r, size_t i) { return (float)(1000 * r + (int)i); }
+#define RANK_STRIDE 2097152.0 /* 2^21, above the longest buffer */
 
-static double sum_f(int size, size_t i) { return (double)size * (double)i + 1000.0 * size * (size - 1) / 2.0; }
+static float f(int r, size_t i) { return (float)(RANK_STRIDE * r + (double)i); }
+
+static double sum_f(int size, size_t i) { return (double)size * (double)i + RANK_STRIDE * size * (size - 1) / 2.0; }
 
 static float *filled(size_t n, int r) {
     float *h = xmalloc((n ? n : 1) * sizeof(float));
@@ -29,9 +34,12 @@ static float *to_dev(const float *h, size_t n) {
     return d;
 }
 
+/* d's values, copied on the device first (queued behind the collective that wrote d), then downloaded */
 static float *to_host(const float *d, size_t n) {
-    float *h = xmalloc((n ? n : 1) * sizeof(float));
-    if (n) dev_download(h, d, n * sizeof(float));
+    float *h = xmalloc((n ? n : 1) * sizeof(float)), *out = dev_alloc((n ? n : 1) * sizeof(float));
+    dev_copy(out, d, n * sizeof(float));
+    if (n) dev_download(h, out, n * sizeof(float));
+    dev_free(out);
     return h;
 }
 
@@ -80,7 +88,9 @@ static void test_collectives(size_t n) {
     CHECK(strcmp(msg, "from rank 0") == 0, "dist_bcast: rank %d got \"%s\"", rank, msg);
 
     /* device: all-reduce */
-    float *h = filled(n, rank), *want = xmalloc((n ? n : 1) * sizeof(float)), *d = to_dev(h, n), *g;
+    float *h = filled(n, rank), *want = xmalloc((n ? n : 1) * sizeof(float)), *src = to_dev(h, n), *g;
+    float *d = dev_alloc((n ? n : 1) * sizeof(float));
+    dev_copy(d, src, n * sizeof(float)); /* queued: the collective must wait for it */
     for (size_t i = 0; i < n; i++) want[i] = (float)sum_f(size, i);
     dist_allreduce_dev(d, n);
     g = to_host(d, n);
@@ -89,7 +99,7 @@ static void test_collectives(size_t n) {
 
     /* reduce-scatter: this rank's slice summed, the rest as it was */
     for (size_t i = 0; i < n; i++) want[i] = i >= mine.lo && i < mine.lo + mine.n ? (float)sum_f(size, i) : h[i];
-    if (n) dev_upload(d, h, n * sizeof(float));
+    dev_copy(d, src, n * sizeof(float));
     dist_reduce_scatter_dev(d, n);
     g = to_host(d, n);
     CHECK(count_wrong(g, want, n, "reduce-scatter") == 0,
@@ -102,14 +112,14 @@ static void test_collectives(size_t n) {
         DistRange s = dist_split(n, r, size);
         for (size_t i = s.lo; i < s.lo + s.n; i++) want[i] = f(r, i);
     }
-    if (n) dev_upload(d, h, n * sizeof(float));
+    dev_copy(d, src, n * sizeof(float));
     dist_allgather_dev(d, n);
     g = to_host(d, n);
     CHECK(count_wrong(g, want, n, "allgather") == 0, "dist_allgather_dev, n=%zu, %d ranks: every slice from its "
           "owner", n, size);
     free(g);
     for (size_t i = 0; i < n; i++) want[i] = f(0, i);
-    if (n) dev_upload(d, h, n * sizeof(float));
+    dev_copy(d, src, n * sizeof(float));
     dist_bcast_dev(d, n);
     g = to_host(d, n);
     CHECK(count_wrong(g, want, n, "bcast") == 0, "dist_bcast_dev, n=%zu, %d ranks", n, size);
@@ -134,7 +144,7 @@ static void test_collectives(size_t n) {
     CHECK(count_wrong(g, want, mine.n, "scatter") == 0, "dist_scatter_dev, n=%zu, %d ranks: this rank's slice of "
           "rank 0's buffer", n, size);
     free(g), free(full), free(h), free(want);
-    dev_free(slice), dev_free(d);
+    dev_free(slice), dev_free(d), dev_free(src);
 }
 
 int main(void) {
