@@ -1,11 +1,14 @@
 /* One benchmark record: the training-step speed of the configured attention
- * variant at a fixed GPT-2 shape, next to this machine's sgemm rate measured
- * in the same process. Prints one JSON object (scripts/bench.py collects
- * them into output/bench/bench.json and prints the table).
+ * variant at a fixed GPT-2 shape, next to the backend's own matmul rate
+ * (linear_forward at 2048^3: OpenBLAS's sgemm on the CPU, cuBLAS on a GPU,
+ * TF32 tensor cores when CUDA_TF32 is on) measured in the same process.
+ * Only the interface of kernels.h is used, so one program times either
+ * target; every timing ends with a wait for the device (a download), so a
+ * GPU's asynchronous queue is timed whole. Prints one JSON object
+ * (scripts/bench.py collects them into output/bench/bench.json).
  *
  * usage: bench_step [L H C T B V steps] (defaults: the issue's shape
  * 6 6 384 256 12 65, 10 timed steps after 2 warm-up steps) */
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,22 +24,40 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* GFLOP/s of reps n^3 sgemm calls (all threads) into rates[]; returns the median. */
+/* Waits until the device has done everything queued (a download waits for the queue; free on the CPU). */
+static void device_wait(const float *any) {
+    float x;
+    dev_download(&x, any, sizeof x);
+}
+
+/* A device buffer of n floats from values made on the host. */
+static float *uploaded(const float *host, size_t n) {
+    float *d = dev_alloc(n * sizeof(float));
+    dev_upload(d, host, n * sizeof(float));
+    return d;
+}
+
+/* GFLOP/s of reps n^3 matmuls of the backend (linear_forward, no bias) into rates[]; returns the median. */
 static double sgemm_gflops(int n, int reps, double *rates) {
-    float *a = dev_alloc((size_t)n * n * sizeof(float)), *b = dev_alloc((size_t)n * n * sizeof(float));
-    float *c = dev_alloc((size_t)n * n * sizeof(float));
-    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+    size_t nn = (size_t)n * n;
+    float *h = xmalloc(nn * sizeof(float));
+    for (size_t i = 0; i < nn; i++) h[i] = (float)(i % 7) * 0.1f;
+    float *a = uploaded(h, nn);
+    for (size_t i = 0; i < nn; i++) h[i] = (float)(i % 5) * 0.1f;
+    float *b = uploaded(h, nn), *c = dev_alloc(nn * sizeof(float));
     double *t = xmalloc((size_t)reps * sizeof(double));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    linear_forward(c, a, b, NULL, n, n, n);
+    device_wait(c);
     for (int r = 0; r < reps; r++) {
         double t0 = wall_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        linear_forward(c, a, b, NULL, n, n, n);
+        device_wait(c);
         t[r] = wall_seconds() - t0;
     }
     for (int r = 0; r < reps; r++) rates[r] = 2.0 * n * n * (double)n / t[r] / 1e9;
     qsort(t, (size_t)reps, sizeof(double), cmp_double);
     double g = 2.0 * n * n * (double)n / t[reps / 2] / 1e9;
-    dev_free(a), dev_free(b), dev_free(c), free(t);
+    dev_free(a), dev_free(b), dev_free(c), free(t), free(h);
     return g;
 }
 
@@ -45,12 +66,14 @@ static double sgemm_gflops(int n, int reps, double *rates) {
 static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
     int hd = C / H, m = ATTN_POS_DIM, groups = ATTN_POS_PER_HEAD ? H : 1, G = attn_kv_heads(H);
     size_t np = (size_t)B * T * attn_proj_width(ATTN_VARIANT, C, G * hd), no = (size_t)B * T * C;
-    float *proj = dev_alloc(np * sizeof(float)), *dproj = dev_alloc(np * sizeof(float));
-    float *out = dev_alloc(no * sizeof(float)), *dout = dev_alloc(no * sizeof(float));
-    float *lse = dev_alloc((size_t)B * H * T * sizeof(float));
+    float *h = xmalloc((np > no ? np : no) * sizeof(float));
     Rng rng = rng_seeded(5, 6);
-    for (size_t i = 0; i < np; i++) proj[i] = (float)rng_normal(&rng);
-    for (size_t i = 0; i < no; i++) dout[i] = (float)rng_normal(&rng);
+    for (size_t i = 0; i < np; i++) h[i] = (float)rng_normal(&rng);
+    float *proj = uploaded(h, np), *dproj = dev_alloc(np * sizeof(float));
+    for (size_t i = 0; i < no; i++) h[i] = (float)rng_normal(&rng);
+    float *dout = uploaded(h, no), *out = dev_alloc(no * sizeof(float));
+    float *lse = dev_alloc((size_t)B * H * T * sizeof(float));
+    free(h);
     AttnPos pos = {0};
     AttnPosGrad dpos = {0};
     float *feat = NULL;
@@ -67,6 +90,7 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
         double t0 = wall_seconds();
         attention_forward(out, lse, proj, ATTN_POS ? &pos : NULL, &a);
         attention_backward(dproj, ATTN_POS ? &dpos : NULL, dout, proj, out, lse, ATTN_POS ? &pos : NULL, &a);
+        device_wait(dproj);
         if (r >= 0) t[r] = wall_seconds() - t0;
     }
     qsort(t, (size_t)reps, sizeof(double), cmp_double);
@@ -105,6 +129,7 @@ int main(int argc, char **argv) {
         params_zero_grad(&m.w);
         gpt2_backward(&m, 1.0f);
         params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+        device_wait(m.w.params);
         if (s >= 0) t[s] = wall_seconds() - t0;
     }
     double sg_after = sgemm_gflops(2048, 5, rates + 5);
@@ -123,17 +148,23 @@ int main(int argc, char **argv) {
         attn_general_ms = bidir_attention_ms(B, T, H, C, 10);
         attention_set_symmetric_path(1);
     }
+    /* a GPU's memory (the CPU backend does not count it): peak allocated during the steps, and the device's */
+    char memory[96] = "";
+    if (dev_mem_capacity() > 0)
+        snprintf(memory, sizeof memory, ", \"memory_peak_mib\": %.1f, \"memory_total_mib\": %.0f",
+                 dev_mem_peak() / 1048576.0, dev_mem_capacity() / 1048576.0);
     /* attention FLOPs counted over the causal triangle only, for reference */
     double fpt_causal = fpt - 6.0 * L * (double)T * C;
     printf("{\"variant\": \"%s\", \"label\": \"%s\", \"kv_heads\": %d, \"parameters\": %zu, \"flops_per_token\": %.0f, "
            "\"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
            "\"ratio\": %.4f, \"threads\": %d, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, "
            "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
-           "\"bidir_attention_ms_general_path\": %.2f, \"step_ms\": [",
+           "\"bidir_attention_ms_general_path\": %.2f, \"backend\": \"%s\"%s, \"step_ms\": [",
            attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), cfg.kv_heads,
            m.w.table.total, fpt,
            ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
-           fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms);
+           fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms, backend_name(),
+           memory);
     for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);
     printf("], \"sgemm_gflops_runs\": [");
     for (int r = 0; r < 10; r++) printf("%s%.2f", r ? ", " : "", rates[r]);

@@ -2,6 +2,12 @@
 """make bench: training-step speed of every attention variant against this
 machine's sgemm rate, measured in one run.
 
+On a GPU (--target cuda, make bench TARGET=cuda; --tf32 for TF32 matmuls)
+the same programs are built for the GPU of this machine (CUDA_NATIVE); the
+reference is then cuBLAS's matmul at 2048^3, and each record adds the GPU's
+peak memory and its MFU: achieved model FLOP/s over the dense peak of the
+GPU at the build's precision (GPU_PEAKS, named in the table and the JSON).
+
 Builds bench/bench_step once per variant of kernels/attention.tbl (and its
 +Pos form where a step fragment exists: KV+Pos, K+Pos), runs them
 round-robin for a few rounds so that machine noise hits every variant alike. Every bench process also measures this machine's
@@ -31,11 +37,13 @@ run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
 usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp|decode]
+                        [--target cpu|cuda] [--tf32]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -76,12 +84,51 @@ VARIANTS = bench_variants()
 BASELINE = attention_tbl.variants()[0]["name"]  # the first row (standard attention) is what the others are compared to
 
 
-def build(variant, fragment, repo=REPO):
+# Dense peak throughput in TFLOP/s of the GPUs kvlab knows, from NVIDIA's datasheets (their tensor-core
+# figures "with sparsity" halved): fp32 on the CUDA cores (kvlab's fp32 builds keep cuBLAS off the tensor
+# cores), tf32 and bf16 on the tensor cores. The first pattern that matches the device name wins.
+GPU_PEAKS = [
+    (r"H100 PCIe", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0}),
+    (r"H100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5}),
+    (r"H100", "H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"H200", "H200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0}),
+    (r"\bL4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0}),
+]
+
+
+def gpu_peak(backend):
+    """(GPU, precision, TFLOP/s) of a CUDA backend_name() ("cuda (NVIDIA H100 80GB HBM3, sm_90, fp32, cuBLAS)"),
+    or None for the CPU or a GPU without a known peak."""
+    if not backend.startswith("cuda ("):
+        return None
+    precision = "tf32" if "tf32" in backend else "bf16" if "bf16" in backend else "fp32"
+    for pattern, name, peaks in GPU_PEAKS:
+        if re.search(pattern, backend):
+            return name, precision, peaks[precision]
+    return None
+
+
+TARGETS = {"cpu": "", "cuda": "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"}
+
+
+def target_fragment(repo, target, tf32):
+    """The configuration fragment that picks the compute target (empty for the CPU, the base's)."""
+    text = TARGETS[target] + ("CONFIG_CUDA_TF32=y\n" if tf32 else "")
+    path = os.path.join(repo, "build", "bench", f"target-{target}{'-tf32' if tf32 else ''}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def build(variant, fragment, repo=REPO, target="cpu", tf32=False):
     """bench/bench_step of one variant, built in repo (this checkout, or the one --against names)."""
-    bdir = os.path.join(repo, "build", "bench", variant)
+    bdir = os.path.join(repo, "build", "bench", variant if target == "cpu" else f"{target}{'-tf32' if tf32 else ''}-"
+                        f"{variant}")
     base = os.path.join(repo, "tests", "configs", "base")
-    subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment)],
-                   cwd=repo, check=True)
+    subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment),
+                    target_fragment(repo, target, tf32)], cwd=repo, check=True)
     subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
                     "BENCH=y"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
     return os.path.join(bdir, "bench", "bench_step")
@@ -378,6 +425,9 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
                     "commit): its benchmark runs beside this one's in every round, and the step times are compared "
                     "(output/bench/against.json)")
+    ap.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="variants: the compute target to build "
+                    "for (cuda: this machine's GPU, CUDA_NATIVE)")
+    ap.add_argument("--tf32", action="store_true", help="variants, --target cuda: TF32 tensor-core matmuls (CUDA_TF32)")
     ap.add_argument("--only", choices=["variants", "dp", "decode"], help="run only the attention-variant benchmark, "
                     "only the data-parallel one (output/bench/dp.json) or only the decode one (make bench-decode: "
                     "output/bench/decode.json)")
@@ -389,7 +439,7 @@ def main():
                     "busy machine, where a descheduled thread stalls the others at every parallel region)")
     ap.add_argument("--configs", help="decode: only these configurations (comma-separated names, e.g. "
                     "qkv,qkv_mqa,k)")
-    ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="decode: output folder")
+    ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="output folder of bench.json (the variants) and decode.json")
     ap.add_argument("--build", default=os.path.join(REPO, "build", "bench"), help="decode: build folder")
     args = ap.parse_args()
     if args.only == "dp":
@@ -400,16 +450,19 @@ def main():
         print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
               file=sys.stderr)
         return 2
+    if args.tf32 and args.target != "cuda":
+        print("error: --tf32 is a GPU precision (hint: add --target cuda)", file=sys.stderr)
+        return 2
     coretype = os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS detects the CPU)")
     print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "
           f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
-          f"OPENBLAS_CORETYPE={coretype}", flush=True)
+          f"target {args.target}{' (TF32)' if args.tf32 else ''}; OPENBLAS_CORETYPE={coretype}", flush=True)
     binaries, others = {}, {}
     for variant, frag, _ in VARIANTS:
         print(f"  building {variant}", flush=True)
-        binaries[variant] = build(variant, frag)
+        binaries[variant] = build(variant, frag, target=args.target, tf32=args.tf32)
         if args.against:
-            others[variant] = build(variant, frag, os.path.abspath(args.against))
+            others[variant] = build(variant, frag, os.path.abspath(args.against), args.target, args.tf32)
     runs = {v: [] for v, _, _ in VARIANTS}
     against = {v: [] for v, _, _ in VARIANTS}
     try:
@@ -458,7 +511,17 @@ def main():
             "shape": first["shape"],
             "threads": first["threads"],
             "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+            "backend": first.get("backend"),
         }
+        if "memory_peak_mib" in first:
+            rec["memory_peak_mib"] = max(r["memory_peak_mib"] for r in rs)
+            rec["memory_total_mib"] = first["memory_total_mib"]
+        peak = gpu_peak(first.get("backend", ""))
+        if peak:
+            rec["peak"] = {"gpu": peak[0], "precision": peak[1], "tflops": peak[2],
+                           "source": "NVIDIA datasheet, dense (scripts/bench.py GPU_PEAKS)"}
+            rec["mfu"] = round(gflops / (peak[2] * 1e3), 4)
+            rec["mfu_median"] = round(gflops_median / (peak[2] * 1e3), 4)
         if first["bidir_attention_ms_general_path"] > 0:
             rec["bidir_attention_ms_general_path"] = statistics.median(
                 r["bidir_attention_ms_general_path"] for r in rs)
@@ -473,7 +536,7 @@ def main():
         if without_pos:
             base = by[without_pos]
             r["pos_overhead"] = round(r["ms_per_step"] / base["ms_per_step"] - 1, 4)
-    out = os.path.join(REPO, "output", "bench")
+    out = args.out
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "bench.json")
     with open(path + ".tmp", "w") as f:
@@ -481,12 +544,21 @@ def main():
         f.write("\n")
     os.replace(path + ".tmp", path)
 
-    print(f"\nsgemm (2048^3, {records[0]['threads']} threads, {len(all_sgemm)} calls in this run): best "
+    print(f"\nbackend: {records[0]['backend']}")
+    print(f"matmul reference (2048^3, {records[0]['threads']} threads, {len(all_sgemm)} calls in this run): best "
           f"{sgemm:.1f} GFLOP/s, median {sgemm_median:.1f}")
+    if "peak" in records[0]:
+        p = records[0]["peak"]
+        print(f"MFU: achieved model FLOP/s over the {p['gpu']}'s dense {p['precision']} peak, {p['tflops']} TFLOP/s "
+              f"({p['source']})")
+    elif args.target == "cuda":
+        print("MFU: no peak known for this GPU (hint: add it to GPU_PEAKS in scripts/bench.py)")
     print("ms/step and ratio: fastest step of each variant against the fastest sgemm (medians in bench.json)")
     print("model FLOPs per token = 6*N_matmul + 12*L*T*C (training; attention counted over the full T x T)")
     head = f"{'variant':10s} {'params':>10s} {'MFLOP/tok':>10s} {'ms/step':>9s} {'tok/s':>8s} {'GFLOP/s':>8s} " \
-           f"{'ratio':>6s} {'FLOPs/QKV':>9s} {'time/QKV':>9s} {'+Pos cost':>9s} {'bidir attn ms':>14s}"
+           f"{'ratio':>6s} {'FLOPs/QKV':>9s} {'time/QKV':>9s} {'+Pos cost':>9s} {'bidir attn ms':>14s}" + \
+           (f" {'MFU':>6s}" if "mfu" in records[0] else "") + (f" {'peak MiB':>9s}" if "memory_peak_mib" in records[0]
+                                                                 else "")
     print(head)
     for r in records:
         pos = f"{100 * r['pos_overhead']:+.1f}%" if "pos_overhead" in r else ""
@@ -495,11 +567,12 @@ def main():
             attn += f" ({r['bidir_attention_ms_general_path']:.1f} general, -{100 * r['symmetric_saving']:.0f}%)"
         print(f"{r['label']:10s} {r['parameters']:10,d} {r['flops_per_token'] / 1e6:10.2f} {r['ms_per_step']:9.1f} "
               f"{r['tokens_per_s']:8.0f} {r['gflops']:8.1f} {r['ratio']:6.3f} {r['flops_vs_qkv']:9.3f} "
-              f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}")
-    print(f"\nwritten {os.path.relpath(path, REPO)}")
+              f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}" + (f" {100 * r['mfu']:5.1f}%" if "mfu" in r else "") +
+              (f" {r['memory_peak_mib']:9.0f}" if "memory_peak_mib" in r else ""))
+    print(f"\nwritten {os.path.relpath(path)}")
     if args.against:
         compare(runs, against, os.path.join(out, "against.json"), args.against)
-    if args.only != "variants":
+    if args.only != "variants" and args.target == "cpu":
         print("\ndata-parallel scaling", flush=True)
         return bench_dp(args)
     return 0

@@ -541,8 +541,9 @@ def test_cuda(build_root, tmp, sanitize):
                 ([native] if gpu else []))
         if not R.check(r.returncode == 0, f"CUDA test configuration {name}: {r.stderr.strip()}"):
             continue
-        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"])
-        if not R.check(r.returncode == 0, f"CUDA build of {name}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y", "BENCH=y"])
+        if not R.check(r.returncode == 0, f"CUDA build of {name} (tests and benchmarks):\n{r.stdout[-3000:]}"
+                       f"{r.stderr[-3000:]}"):
             continue
         if not gpu:
             continue
@@ -556,6 +557,7 @@ def test_cuda(build_root, tmp, sanitize):
             for ln in fails[:20]:
                 print(f"    {ln}")
     cuda_kconfig(build_root, gpu)
+    cuda_bench(tmp, gpu)
     cuda_nccl(tmp, gpu)
     if not gpu:
         prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
@@ -591,6 +593,33 @@ def cuda_kconfig(build_root, gpu):
         want = f"arch=compute_{arch}" if arch else "arch=compute_"
         R.check(r.returncode == 0 and want in flags and (arch is None or f"sm_{arch}" in flags),
                 f"{sym}: nvcc gets {want}: {flags[-300:]}{r.stderr[-300:]}")
+
+
+def cuda_bench(tmp, gpu):
+    """make bench TARGET=cuda: the GPU's peak at the build's precision (known answers, no GPU needed); where a GPU
+    is, one tiny round of every variant on it with MFU and GPU memory in bench.json."""
+    import bench as bench_mod  # scripts/bench.py
+    cases = {"cuda (NVIDIA H100 80GB HBM3, sm_90, fp32, cuBLAS)": ("H100 SXM", "fp32", 67.0),
+             "cuda (NVIDIA H100 PCIe, sm_90, tf32 matmuls, cuBLAS)": ("H100 PCIe", "tf32", 378.0),
+             "cuda (NVIDIA H200, sm_90, tf32 matmuls, cuBLAS)": ("H200", "tf32", 494.5),
+             "cuda (NVIDIA A100-SXM4-80GB, sm_80, fp32, cuBLAS)": ("A100", "fp32", 19.5),
+             "cuda (NVIDIA L4, sm_89, fp32, cuBLAS)": ("L4", "fp32", 30.3),
+             "cuda (NVIDIA L40S, sm_89, fp32, cuBLAS)": None,
+             "cpu (OpenBLAS sgemm + OpenMP)": None}
+    got = {b: bench_mod.gpu_peak(b) for b in cases}
+    R.check(got == cases, f"bench: the GPU peak for MFU by device name and precision (an L40S is no L4): {got}")
+    if not gpu:
+        return
+    dest = os.path.join(tmp, "bench-cuda")
+    out = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--target", "cuda", "--only", "variants", "--rounds",
+               "1", "--steps", "3", "--shape", "2", "2", "64", "64", "4", "65", "--out", dest])
+    path = os.path.join(dest, "bench.json")
+    recs = json.load(open(path)) if out.returncode == 0 and os.path.isfile(path) else []
+    R.check(len(recs) == len(bench_mod.VARIANTS) and all(r["backend"].startswith("cuda (") and
+                                                         r.get("memory_peak_mib", 0) > 0 for r in recs),
+            f"make bench TARGET=cuda: every variant timed on the GPU with its memory:\n{out.stdout[-2000:]}"
+            f"{out.stderr[-1500:]}")
+    print("  " + "\n  ".join(out.stdout.strip().splitlines()[-len(bench_mod.VARIANTS) - 4:]))
 
 
 def gpu_count():
