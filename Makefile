@@ -162,7 +162,8 @@ bench: deps
 # Cached generation (tokens/s at context 128, 512 and the maximum) and KV-cache bytes per token of every
 # variant and K/V head count (scripts/bench.py --only decode; BENCH_ARGS passes more options to it).
 bench-decode: deps
-	@$(PYTHON) scripts/bench.py --only decode $(BENCH_ARGS)
+	@$(PYTHON) scripts/bench.py --only decode $(if $(TARGET),--target "$(TARGET)") $(if $(filter 1,$(TF32)),--tf32) \
+		$(BENCH_ARGS)
 
 # ---------------------------------------------------------------- analysis
 

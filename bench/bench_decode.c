@@ -129,10 +129,10 @@ int main(int argc, char **argv) {
            "\"kv_cache_bytes_allocated\": %zu, \"decoder_bytes_allocated\": %zu, \"tokens_timed\": %d, "
            "\"reps\": %d, \"timed_positions\": \"context-N .. context-1 (N = tokens_timed): the cache grows from "
            "context-N to context rows, the last token attends to context positions\", \"seconds\": %.3f, "
-           "\"contexts\": [",
+           "\"backend\": \"%s\", \"contexts\": [",
            attn_variant_id(cfg.variant, cfg.pos), attn_variant_label(cfg.variant, cfg.pos), cfg.H, cfg.kv_heads,
            d.cache.tensors, m.w.table.total, backend_threads(), cfg.L, cfg.H, cfg.C, cfg.T, cfg.V, formula, measured,
-           full, decoder_bytes, n, reps, total_s);
+           full, decoder_bytes, n, reps, total_s, backend_name());
     for (int k = 0; k < nctx; k++) {
         memcpy(sorted, secs + k * reps, (size_t)reps * sizeof(double));
         qsort(sorted, (size_t)reps, sizeof(double), cmp_double);

@@ -286,9 +286,11 @@ def decode_configs(H):
     return out
 
 
-def build_decode(conf, shape, build_root):
-    """bench/bench_decode of one configuration: DECODE_BASE, the shape, the fragments, then the overrides."""
-    bdir = os.path.join(build_root, "decode", conf["name"])
+def build_decode(conf, shape, build_root, target="cpu", tf32=False):
+    """bench/bench_decode of one configuration: DECODE_BASE, the shape, the fragments, then the overrides (and
+    the compute target)."""
+    bdir = os.path.join(build_root, "decode" if target == "cpu" else f"decode-{target}{'-tf32' if tf32 else ''}",
+                        conf["name"])
     os.makedirs(bdir, exist_ok=True)
     L, H, C, T, _ = shape
     extra = os.path.join(bdir, "bench.fragment")
@@ -298,8 +300,8 @@ def build_decode(conf, shape, build_root):
         for k, v in conf["overrides"].items():
             f.write(f"CONFIG_{k}={v}\n")
     frags = [os.path.join("defconfigs", "steps", x) for x in conf["fragments"]]
-    r = subprocess.run([PY, "scripts/kconfig.py", "step", bdir, DECODE_BASE] + frags + [extra], cwd=REPO,
-                       capture_output=True, text=True)
+    r = subprocess.run([PY, "scripts/kconfig.py", "step", bdir, DECODE_BASE] + frags +
+                       [extra, target_fragment(REPO, target, tf32)], cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"configuration {conf['name']}: {r.stderr.strip()}")
     binary = os.path.join(bdir, "bench", "bench_decode")
@@ -337,7 +339,7 @@ def bench_decode(args):
         binaries = {}
         for c in confs:
             print(f"  building {c['name']}", flush=True)
-            binaries[c["name"]] = build_decode(c, shape, args.build)
+            binaries[c["name"]] = build_decode(c, shape, args.build, args.target, args.tf32)
         runs = round_robin(args.rounds, [c["name"] for c in confs],
                            lambda name: run_decode(binaries[name], shape, args.tokens, args.reps, args.threads),
                            lambda name, rec: f"{name:16s} tok/s at context " +
@@ -353,7 +355,7 @@ def bench_decode(args):
         rec = {k: first[k] for k in ("variant", "label", "heads", "kv_heads", "cache_tensors", "parameters", "threads",
                                      "shape", "kv_cache_bytes_per_token", "kv_cache_bytes_per_token_measured",
                                      "kv_cache_bytes_allocated", "decoder_bytes_allocated", "tokens_timed", "reps",
-                                     "timed_positions")}
+                                     "timed_positions", "backend")}
         rec.update(config=c["name"], fragments=c["fragments"], overrides=c["overrides"], kv_label=c["kv_label"],
                    rounds=len(rs), contexts=[])
         for i, ctx in enumerate(first["contexts"]):
@@ -378,7 +380,7 @@ def bench_decode(args):
 
     ctxs = [x["context"] for x in base["contexts"]]
     print(f"\ncached generation (gpt2_decode, batch 1, greedy), GPT-2 L={shape[0]} H={shape[1]} C={shape[2]}, "
-          f"{base['threads']} threads; tok/s of the {base['tokens_timed']} tokens before each context, fastest of "
+          f"backend {base['backend']}, {base['threads']} threads; tok/s of the {base['tokens_timed']} tokens before each context, fastest of "
           f"{args.rounds} rounds x {args.reps} repetitions (medians in decode.json); (x) = speed against "
           f"{base['label']} standard")
     head = f"{'variant':10s} {'K/V heads':>12s} {'cache B/tok':>12s} {'cache/QKV':>9s}" + \
@@ -444,14 +446,14 @@ def main():
     args = ap.parse_args()
     if args.only == "dp":
         return bench_dp(args)
+    if args.tf32 and args.target != "cuda":
+        print("error: --tf32 is a GPU precision (hint: add --target cuda)", file=sys.stderr)
+        return 2
     if args.only == "decode":
         return bench_decode(args)
     if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
         print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
               file=sys.stderr)
-        return 2
-    if args.tf32 and args.target != "cuda":
-        print("error: --tf32 is a GPU precision (hint: add --target cuda)", file=sys.stderr)
         return 2
     coretype = os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS detects the CPU)")
     print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "

@@ -620,6 +620,16 @@ def cuda_bench(tmp, gpu):
             f"make bench TARGET=cuda: every variant timed on the GPU with its memory:\n{out.stdout[-2000:]}"
             f"{out.stderr[-1500:]}")
     print("  " + "\n  ".join(out.stdout.strip().splitlines()[-len(bench_mod.VARIANTS) - 4:]))
+    # cached decoding on the GPU: each run checks that the cache allocates kv_cache_bytes_per_token per token
+    out = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--target", "cuda", "--only", "decode",
+               "--decode-shape", "2", "4", "64", "160", "65", "--tokens", "8", "--reps", "2", "--rounds", "1",
+               "--configs", "qkv,k,kv_tying,qkv_mqa", "--out", dest, "--build", os.path.join(tmp, "bench-cuda-build")])
+    path = os.path.join(dest, "decode.json")
+    recs = json.load(open(path))["configurations"] if out.returncode == 0 and os.path.isfile(path) else []
+    R.check(len(recs) == 4 and all(r["backend"].startswith("cuda (") and r["kv_cache_bytes_per_token"] ==
+                                   r["kv_cache_bytes_per_token_measured"] for r in recs),
+            f"make bench-decode on the GPU: 4 configurations, their caches allocated as the formula says:\n"
+            f"{out.stdout[-2000:]}{out.stderr[-1500:]}")
 
 
 def gpu_count():
