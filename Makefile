@@ -154,16 +154,16 @@ test: deps
 	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
 
 # AGAINST=DIR: another checkout's benchmark runs beside this one's (scripts/bench.py --against).
-# TARGET=cuda: the variants on this machine's GPU, with MFU and GPU memory (TF32=1: TF32 matmuls).
+# TARGET=cuda: the variants on this machine's GPU, with MFU and GPU memory (PRECISION=tf32|bf16: the matmuls').
 bench: deps
 	@$(PYTHON) scripts/bench.py $(if $(AGAINST),--against "$(AGAINST)") $(if $(TARGET),--target "$(TARGET)") \
-		$(if $(filter 1,$(TF32)),--tf32)
+		$(if $(PRECISION),--precision "$(PRECISION)")
 
 # Cached generation (tokens/s at context 128, 512 and the maximum) and KV-cache bytes per token of every
 # variant and K/V head count (scripts/bench.py --only decode; BENCH_ARGS passes more options to it).
 bench-decode: deps
-	@$(PYTHON) scripts/bench.py --only decode $(if $(TARGET),--target "$(TARGET)") $(if $(filter 1,$(TF32)),--tf32) \
-		$(BENCH_ARGS)
+	@$(PYTHON) scripts/bench.py --only decode $(if $(TARGET),--target "$(TARGET)") \
+		$(if $(PRECISION),--precision "$(PRECISION)") $(BENCH_ARGS)
 
 # ---------------------------------------------------------------- analysis
 

@@ -2,7 +2,8 @@
 """make bench: training-step speed of every attention variant against this
 machine's sgemm rate, measured in one run.
 
-On a GPU (--target cuda, make bench TARGET=cuda; --tf32 for TF32 matmuls)
+On a GPU (--target cuda, make bench TARGET=cuda; --precision tf32 or bf16,
+make bench PRECISION=..., for tensor-core matmuls)
 the same programs are built for the GPU of this machine (CUDA_NATIVE); the
 reference is then cuBLAS's matmul at 2048^3, and each record adds the GPU's
 peak memory and its MFU: achieved model FLOP/s over the dense peak of the
@@ -37,7 +38,7 @@ run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
 usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp|decode]
-                        [--target cpu|cuda] [--tf32]
+                        [--target cpu|cuda] [--precision fp32|tf32|bf16]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
 import argparse
@@ -110,25 +111,31 @@ def gpu_peak(backend):
 
 
 TARGETS = {"cpu": "", "cuda": "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"}
+# the GPU precision choice of kernels/Kconfig per --precision
+PRECISIONS = {"fp32": "CONFIG_CUDA_FP32=y\n", "tf32": "CONFIG_CUDA_TF32=y\n", "bf16": "CONFIG_CUDA_BF16_MATMUL=y\n"}
 
 
-def target_fragment(repo, target, tf32):
-    """The configuration fragment that picks the compute target (empty for the CPU, the base's)."""
-    text = TARGETS[target] + ("CONFIG_CUDA_TF32=y\n" if tf32 else "")
-    path = os.path.join(repo, "build", "bench", f"target-{target}{'-tf32' if tf32 else ''}")
+def target_name(target, precision):
+    return target if target == "cpu" else f"{target}-{precision}"
+
+
+def target_fragment(repo, target, precision):
+    """The configuration fragment that picks the compute target (empty for the CPU, the base's) and precision."""
+    text = TARGETS[target] + (PRECISIONS[precision] if target != "cpu" else "")
+    path = os.path.join(repo, "build", "bench", f"target-{target_name(target, precision)}")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
     return path
 
 
-def build(variant, fragment, repo=REPO, target="cpu", tf32=False):
+def build(variant, fragment, repo=REPO, target="cpu", precision="fp32"):
     """bench/bench_step of one variant, built in repo (this checkout, or the one --against names)."""
-    bdir = os.path.join(repo, "build", "bench", variant if target == "cpu" else f"{target}{'-tf32' if tf32 else ''}-"
-                        f"{variant}")
+    bdir = os.path.join(repo, "build", "bench", variant if target == "cpu" else
+                        f"{target_name(target, precision)}-{variant}")
     base = os.path.join(repo, "tests", "configs", "base")
     subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment),
-                    target_fragment(repo, target, tf32)], cwd=repo, check=True)
+                    target_fragment(repo, target, precision)], cwd=repo, check=True)
     subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
                     "BENCH=y"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
     return os.path.join(bdir, "bench", "bench_step")
@@ -286,10 +293,10 @@ def decode_configs(H):
     return out
 
 
-def build_decode(conf, shape, build_root, target="cpu", tf32=False):
+def build_decode(conf, shape, build_root, target="cpu", precision="fp32"):
     """bench/bench_decode of one configuration: DECODE_BASE, the shape, the fragments, then the overrides (and
     the compute target)."""
-    bdir = os.path.join(build_root, "decode" if target == "cpu" else f"decode-{target}{'-tf32' if tf32 else ''}",
+    bdir = os.path.join(build_root, "decode" if target == "cpu" else f"decode-{target_name(target, precision)}",
                         conf["name"])
     os.makedirs(bdir, exist_ok=True)
     L, H, C, T, _ = shape
@@ -301,7 +308,7 @@ def build_decode(conf, shape, build_root, target="cpu", tf32=False):
             f.write(f"CONFIG_{k}={v}\n")
     frags = [os.path.join("defconfigs", "steps", x) for x in conf["fragments"]]
     r = subprocess.run([PY, "scripts/kconfig.py", "step", bdir, DECODE_BASE] + frags +
-                       [extra, target_fragment(REPO, target, tf32)], cwd=REPO, capture_output=True, text=True)
+                       [extra, target_fragment(REPO, target, precision)], cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"configuration {conf['name']}: {r.stderr.strip()}")
     binary = os.path.join(bdir, "bench", "bench_decode")
@@ -339,7 +346,7 @@ def bench_decode(args):
         binaries = {}
         for c in confs:
             print(f"  building {c['name']}", flush=True)
-            binaries[c["name"]] = build_decode(c, shape, args.build, args.target, args.tf32)
+            binaries[c["name"]] = build_decode(c, shape, args.build, args.target, args.precision)
         runs = round_robin(args.rounds, [c["name"] for c in confs],
                            lambda name: run_decode(binaries[name], shape, args.tokens, args.reps, args.threads),
                            lambda name, rec: f"{name:16s} tok/s at context " +
@@ -429,7 +436,8 @@ def main():
                     "(output/bench/against.json)")
     ap.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="variants: the compute target to build "
                     "for (cuda: this machine's GPU, CUDA_NATIVE)")
-    ap.add_argument("--tf32", action="store_true", help="variants, --target cuda: TF32 tensor-core matmuls (CUDA_TF32)")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), help="--target cuda: the matmuls' precision "
+                    "(kernels/Kconfig, GPU precision; default fp32)")
     ap.add_argument("--only", choices=["variants", "dp", "decode"], help="run only the attention-variant benchmark, "
                     "only the data-parallel one (output/bench/dp.json) or only the decode one (make bench-decode: "
                     "output/bench/decode.json)")
@@ -446,9 +454,10 @@ def main():
     args = ap.parse_args()
     if args.only == "dp":
         return bench_dp(args)
-    if args.tf32 and args.target != "cuda":
-        print("error: --tf32 is a GPU precision (hint: add --target cuda)", file=sys.stderr)
+    if args.precision and args.target != "cuda":
+        print(f"error: --precision {args.precision} is a GPU choice (hint: add --target cuda)", file=sys.stderr)
         return 2
+    args.precision = args.precision or "fp32"
     if args.only == "decode":
         return bench_decode(args)
     if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
@@ -458,13 +467,13 @@ def main():
     coretype = os.environ.get("OPENBLAS_CORETYPE", "(unset: OpenBLAS detects the CPU)")
     print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "
           f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
-          f"target {args.target}{' (TF32)' if args.tf32 else ''}; OPENBLAS_CORETYPE={coretype}", flush=True)
+          f"target {target_name(args.target, args.precision)}; OPENBLAS_CORETYPE={coretype}", flush=True)
     binaries, others = {}, {}
     for variant, frag, _ in VARIANTS:
         print(f"  building {variant}", flush=True)
-        binaries[variant] = build(variant, frag, target=args.target, tf32=args.tf32)
+        binaries[variant] = build(variant, frag, target=args.target, precision=args.precision)
         if args.against:
-            others[variant] = build(variant, frag, os.path.abspath(args.against), args.target, args.tf32)
+            others[variant] = build(variant, frag, os.path.abspath(args.against), args.target, args.precision)
     runs = {v: [] for v, _, _ in VARIANTS}
     against = {v: [] for v, _, _ in VARIANTS}
     try:

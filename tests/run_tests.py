@@ -573,7 +573,18 @@ def test_cuda(build_root, tmp, sanitize):
 
 def cuda_kconfig(build_root, gpu):
     """Each GPU architecture choice reaches nvcc as its -gencode; native asks nvidia-smi and, without a GPU,
-    stops the build with one line."""
+    stops the build with one line. Each precision choice compiles (the backend's matmuls and its name)."""
+    for sym in ("CUDA_TF32", "CUDA_BF16_MATMUL"):
+        bdir = os.path.join(build_root, "tests-cuda", "precision-" + sym.lower())
+        frag = bdir + ".frag"
+        os.makedirs(os.path.dirname(frag), exist_ok=True)
+        with open(frag, "w") as f:
+            f.write(f"CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_{sym}=y\n")
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
+        if R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
+            r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}",
+                     os.path.join(bdir, "kernels", "cuda", "ops.o"), os.path.join(bdir, "kernels", "cuda", "backend.o")])
+            R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls compile:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
     for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
                       ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
         bdir = os.path.join(build_root, "tests-cuda", "arch-" + sym.lower())
@@ -696,7 +707,7 @@ def cuda_nccl(tmp, gpu):
 def cuda_against_cpu(tmp):
     """The same tiny runs on both targets from the same seed: train losses agree to float32 rounding grown over
     the steps; a checkpoint written on the GPU samples the same text on both; cached = uncached on the GPU."""
-    section("CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints across targets, TF32")
+    section("CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints across targets, TF32 and bf16 matmuls")
     tol = 2e-3
     cpu_losses = {}
     for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("vit", TINY_VIT, "tinyvit", "vit"),
@@ -757,20 +768,23 @@ def cuda_against_cpu(tmp):
             R.check(t_gpu.returncode == 0 and t_cpu.stdout == t_gpu.stdout,
                     f"{step}: the CPU's checkpoint samples the same greedy text on the GPU: {t_cpu.stdout!r} / "
                     f"{t_gpu.stdout!r} {t_gpu.stderr[-500:]}")
-    # TF32 tensor-core matmuls (CUDA_TF32): every matmul input rounded to 10 mantissa bits, so the curves part
-    # from the CPU's by more than float32 rounding; the stated tolerance for 30 steps of the tiny GPT-2
-    tol_tf32 = 2e-2
-    wt = Workspace(tmp, "cmp-gpu-tf32-gpt2", TINY + CUDA_NATIVE + "CONFIG_CUDA_TF32=y\n", False)
-    rt = wt.make()
-    if R.check(rt.returncode == 0, f"gpt2 with TF32 matmuls on the GPU:\n{rt.stdout[-1500:]}{rt.stderr[-1500:]}"):
+    # tensor-core matmuls: every matmul input rounded to TF32 (10 mantissa bits) or bf16 (7), so the curves part
+    # from the CPU's by more than float32 rounding; the stated tolerances for 30 steps of the tiny GPT-2
+    for sym, name, tag, ptol in (("CUDA_TF32", "TF32", "tf32", 2e-2), ("CUDA_BF16_MATMUL", "bf16", "bf16", 5e-2)):
+        wt = Workspace(tmp, f"cmp-gpu-{tag}-gpt2", TINY + CUDA_NATIVE + f"CONFIG_{sym}=y\n", False)
+        rt = wt.make()
+        if not R.check(rt.returncode == 0, f"gpt2 with {name} matmuls on the GPU:\n{rt.stdout[-1500:]}"
+                       f"{rt.stderr[-1500:]}"):
+            continue
         for step in ("V0", "V1"):
             mt = metrics(os.path.join(wt.run_dir("tiny"), f"training_metrics_step{step}.json"))
             lc, lt = cpu_losses.get(("gpt2", step), []), mt["metrics"].get("train_losses", [])
             worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(lc, lt)), default=float("inf"))
-            R.check(len(lc) == len(lt) > 0 and worst <= tol_tf32 and "tf32" in mt.get("backend", ""),
-                    f"gpt2 {step}: TF32 GPU and fp32 CPU train losses agree within {tol_tf32:g} relative over "
+            R.check(len(lc) == len(lt) > 0 and worst <= ptol and f"{tag} matmuls" in mt.get("backend", ""),
+                    f"gpt2 {step}: {name} GPU and fp32 CPU train losses agree within {ptol:g} relative over "
                     f"{len(lt)} steps (worst {worst:.2e}; backend {mt.get('backend')})")
-            print(f"  gpt2 {step}, TF32: worst relative difference from the CPU {worst:.2e} (tolerance {tol_tf32:g})")
+            print(f"  gpt2 {step}, {name} matmuls: worst relative difference from the CPU {worst:.2e} "
+                  f"(tolerance {ptol:g})")
 
 
 def test_units(build_root, sanitize, only):

@@ -125,8 +125,11 @@ void cuda_ready(void) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&kv_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&kv_cublas));
     CUBLAS_CHECK(cublasSetStream(kv_cublas, kv_stream));
-    CUBLAS_CHECK(cublasSetMathMode(kv_cublas, IS_ENABLED(CONFIG_CUDA_TF32) ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                            : CUBLAS_PEDANTIC_MATH));
+    /* fp32: pedantic (no reduced precision anywhere); TF32: allowed on the tensor cores; bf16: the products ask
+     * for it themselves (ops.cu, gemm), the default mode lets them */
+    CUBLAS_CHECK(cublasSetMathMode(kv_cublas, IS_ENABLED(CONFIG_CUDA_TF32)          ? CUBLAS_TF32_TENSOR_OP_MATH
+                                              : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_DEFAULT_MATH
+                                                                                    : CUBLAS_PEDANTIC_MATH));
     g_ready = 1;
 }
 
@@ -142,7 +145,8 @@ const char *backend_name(void) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, kv_device));
         snprintf(name, sizeof name, "cuda (%s, sm_%d%d, %s, cuBLAS)", prop.name, prop.major, prop.minor,
-                 IS_ENABLED(CONFIG_CUDA_TF32) ? "tf32 matmuls" : "fp32");
+                 IS_ENABLED(CONFIG_CUDA_TF32) ? "tf32 matmuls" : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? "bf16 matmuls"
+                                                                                                   : "fp32");
     }
     return name;
 }

@@ -318,14 +318,26 @@ __global__ void add_bias_kernel(float *out, const float *b, size_t N, int OC) {
     if (idx < N * OC) out[idx] += b[idx % OC];
 }
 
+/* Column-major C = op(A) op(B) + beta C on float32 buffers: cublasSgemm (fp32, or TF32 by the handle's math
+ * mode), or with CUDA_BF16_MATMUL the same product with its inputs rounded to bf16 on the tensor cores and a
+ * float32 accumulator (cuBLAS's FAST_16BF compute type). */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *Cm, int ldc) {
+    const float one = 1.0f;
+    if (IS_ENABLED(CONFIG_CUDA_BF16_MATMUL))
+        CUBLAS_CHECK(cublasGemmEx(kv_cublas, ta, tb, m, n, k, &one, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, Cm,
+                                  CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    else
+        CUBLAS_CHECK(cublasSgemm(kv_cublas, ta, tb, m, n, k, &one, A, lda, B, ldb, &beta, Cm, ldc));
+}
+
 void linear_forward(float *out, const float *inp, const float *w, const float *b,
                     int N, int C, int OC) {
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
     cuda_ready();
     /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
-    const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, w, C, inp, C, &zero, out, OC));
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, inp, C, 0.0f, out, OC);
     if (b) {
         add_bias_kernel<<<cuda_blocks((size_t)N * OC, THREADS), THREADS, 0, kv_stream>>>(out, b, (size_t)N, OC);
         CUDA_LAUNCHED(add_bias);
@@ -345,12 +357,10 @@ void linear_backward(float *dinp, float *dw, float *db, const float *dout, const
                      const float *w, int N, int C, int OC) {
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     cuda_ready();
-    const float one = 1.0f;
     /* dinp (N, C) += dout W: column-major dinp' = W' dout' */
-    if (dinp)
-        CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w, C, dout, OC, &one, dinp, C));
+    if (dinp) gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, C);
     /* dW (OC, C) += dout^T inp: column-major dW' = inp' dout'^T */
-    CUBLAS_CHECK(cublasSgemm(kv_cublas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dw, C));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, C);
     if (db) {
         int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
         float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * OC);
