@@ -37,7 +37,9 @@ static float *uploaded(const float *host, size_t n) {
     return d;
 }
 
-/* GFLOP/s of reps n^3 matmuls of the backend (linear_forward, no bias) into rates[]; returns the median. */
+/* GFLOP/s of reps n^3 matmuls of the backend (linear_forward, no bias) into rates[]; returns the median. Each
+ * sample times a batch of calls long enough (>= 20 ms) that the wait for the device and a GPU's launch are
+ * noise: one call on the CPU, hundreds on a fast GPU. */
 static double sgemm_gflops(int n, int reps, double *rates) {
     size_t nn = (size_t)n * n;
     float *h = xmalloc(nn * sizeof(float));
@@ -46,13 +48,19 @@ static double sgemm_gflops(int n, int reps, double *rates) {
     for (size_t i = 0; i < nn; i++) h[i] = (float)(i % 5) * 0.1f;
     float *b = uploaded(h, nn), *c = dev_alloc(nn * sizeof(float));
     double *t = xmalloc((size_t)reps * sizeof(double));
-    linear_forward(c, a, b, NULL, n, n, n);
-    device_wait(c);
+    int calls = 1;
+    for (;;) { /* warm-up, and the batch size */
+        double t0 = wall_seconds();
+        for (int i = 0; i < calls; i++) linear_forward(c, a, b, NULL, n, n, n);
+        device_wait(c);
+        if (wall_seconds() - t0 >= 0.02 || calls >= 1 << 16) break;
+        calls *= 2;
+    }
     for (int r = 0; r < reps; r++) {
         double t0 = wall_seconds();
-        linear_forward(c, a, b, NULL, n, n, n);
+        for (int i = 0; i < calls; i++) linear_forward(c, a, b, NULL, n, n, n);
         device_wait(c);
-        t[r] = wall_seconds() - t0;
+        t[r] = (wall_seconds() - t0) / calls;
     }
     for (int r = 0; r < reps; r++) rates[r] = 2.0 * n * n * (double)n / t[r] / 1e9;
     qsort(t, (size_t)reps, sizeof(double), cmp_double);
@@ -78,8 +86,7 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
     AttnPosGrad dpos = {0};
     float *feat = NULL;
     if (ATTN_POS) {
-        feat = dev_alloc((size_t)T * attn_pos_channels(m) * sizeof(float));
-        attn_pos_features(feat, T, m);
+        feat = attn_pos_features_dev(T, m);
         pos = (AttnPos){.m = m, .groups = groups, .feat = feat, .T = T, .w = dev_alloc((size_t)groups * m * 4),
                         .b = dev_alloc((size_t)groups * 4)};
         dpos = (AttnPosGrad){.dw = dev_alloc((size_t)groups * m * 4), .db = dev_alloc((size_t)groups * 4)};
@@ -122,6 +129,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < B * T; i++) in[i] = (int)rng_below(&rng, V), tg[i] = (int)rng_below(&rng, V);
     double rates[10];
     double sg_before = sgemm_gflops(2048, 5, rates);
+    dev_mem_peak_reset(); /* the steps' peak: the model, its activations and optimizer state */
     double *t = xmalloc((size_t)steps * sizeof(double));
     for (int s = -2; s < steps; s++) {
         double t0 = wall_seconds();
@@ -132,6 +140,7 @@ int main(int argc, char **argv) {
         device_wait(m.w.params);
         if (s >= 0) t[s] = wall_seconds() - t0;
     }
+    size_t step_peak = dev_mem_peak();
     double sg_after = sgemm_gflops(2048, 5, rates + 5);
     double *sorted = xmalloc((size_t)steps * sizeof(double));
     memcpy(sorted, t, (size_t)steps * sizeof(double));
@@ -152,7 +161,7 @@ int main(int argc, char **argv) {
     char memory[96] = "";
     if (dev_mem_capacity() > 0)
         snprintf(memory, sizeof memory, ", \"memory_peak_mib\": %.1f, \"memory_total_mib\": %.0f",
-                 dev_mem_peak() / 1048576.0, dev_mem_capacity() / 1048576.0);
+                 step_peak / 1048576.0, dev_mem_capacity() / 1048576.0);
     /* attention FLOPs counted over the causal triangle only, for reference */
     double fpt_causal = fpt - 6.0 * L * (double)T * C;
     printf("{\"variant\": \"%s\", \"label\": \"%s\", \"kv_heads\": %d, \"parameters\": %zu, \"flops_per_token\": %.0f, "

@@ -38,6 +38,8 @@ void dev_free(void *p);
  * the process's peak RSS). Host code only. */
 size_t dev_mem_peak(void);
 size_t dev_mem_capacity(void);
+/* Starts dev_mem_peak over from the bytes live now (a benchmark measures one phase's peak). */
+void dev_mem_peak_reset(void);
 void dev_zero(void *p, size_t bytes);
 void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);

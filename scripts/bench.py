@@ -89,11 +89,13 @@ BASELINE = attention_tbl.variants()[0]["name"]  # the first row (standard attent
 # figures "with sparsity" halved): fp32 on the CUDA cores (kvlab's fp32 builds keep cuBLAS off the tensor
 # cores), tf32 and bf16 on the tensor cores. The first pattern that matches the device name wins.
 GPU_PEAKS = [
-    (r"H100 PCIe", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0}),
-    (r"H100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5}),
-    (r"H100", "H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
-    (r"H200", "H200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
-    (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0}),
+    (r"\bH100 PCIe", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5}),
+    (r"\bH100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5}),
+    (r"\bH100\b", "H100 SXM", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"\bH200 NVL", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5}),
+    (r"\bGH200\b", "GH200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"\bH200\b", "H200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5}),
+    (r"\bA100\b", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0}),
     (r"\bL4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0}),
 ]
 
@@ -454,7 +456,7 @@ def main():
     args = ap.parse_args()
     if args.only == "dp":
         return bench_dp(args)
-    if args.precision and args.target != "cuda":
+    if args.precision not in (None, "fp32") and args.target != "cuda":
         print(f"error: --precision {args.precision} is a GPU choice (hint: add --target cuda)", file=sys.stderr)
         return 2
     args.precision = args.precision or "fp32"

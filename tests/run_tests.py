@@ -582,9 +582,15 @@ def cuda_kconfig(build_root, gpu):
             f.write(f"CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_{sym}=y\n")
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
         if R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
-            r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}",
-                     os.path.join(bdir, "kernels", "cuda", "ops.o"), os.path.join(bdir, "kernels", "cuda", "backend.o")])
-            R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls compile:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+            ops = os.path.join(bdir, "kernels", "cuda", "ops.o")
+            r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", ops,
+                     os.path.join(bdir, "kernels", "cuda", "backend.o")])
+            if R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls compile:\n{r.stdout[-1500:]}"
+                       f"{r.stderr[-1500:]}"):
+                # the choice reaches the code: the bf16 build calls cublasGemmEx only, the TF32 one cublasSgemm only
+                calls = set(re.findall(r"\bcublas(?:GemmEx|Sgemm\w*)\b", run(["nm", "-u", ops]).stdout))
+                want = {"cublasGemmEx"} if sym == "CUDA_BF16_MATMUL" else {"cublasSgemm_v2"}
+                R.check(calls == want, f"{sym}: the backend's products call {sorted(want)}: {sorted(calls)}")
     for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
                       ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
         bdir = os.path.join(build_root, "tests-cuda", "arch-" + sym.lower())
@@ -611,9 +617,15 @@ def cuda_bench(tmp, gpu):
     is, one tiny round of every variant on it with MFU and GPU memory in bench.json."""
     import bench as bench_mod  # scripts/bench.py
     cases = {"cuda (NVIDIA H100 80GB HBM3, sm_90, fp32, cuBLAS)": ("H100 SXM", "fp32", 67.0),
+             "cuda (NVIDIA H100 80GB HBM3, sm_90, bf16 matmuls, cuBLAS)": ("H100 SXM", "bf16", 989.5),
              "cuda (NVIDIA H100 PCIe, sm_90, tf32 matmuls, cuBLAS)": ("H100 PCIe", "tf32", 378.0),
+             "cuda (NVIDIA H100 PCIe, sm_90, bf16 matmuls, cuBLAS)": ("H100 PCIe", "bf16", 756.5),
+             "cuda (NVIDIA H100 NVL, sm_90, fp32, cuBLAS)": ("H100 NVL", "fp32", 60.0),
              "cuda (NVIDIA H200, sm_90, tf32 matmuls, cuBLAS)": ("H200", "tf32", 494.5),
+             "cuda (NVIDIA H200 NVL, sm_90, bf16 matmuls, cuBLAS)": ("H200 NVL", "bf16", 835.5),
+             "cuda (NVIDIA GH200 480GB, sm_90, fp32, cuBLAS)": ("GH200", "fp32", 67.0),
              "cuda (NVIDIA A100-SXM4-80GB, sm_80, fp32, cuBLAS)": ("A100", "fp32", 19.5),
+             "cuda (NVIDIA RTX A1000, sm_86, fp32, cuBLAS)": None,
              "cuda (NVIDIA L4, sm_89, fp32, cuBLAS)": ("L4", "fp32", 30.3),
              "cuda (NVIDIA L40S, sm_89, fp32, cuBLAS)": None,
              "cpu (OpenBLAS sgemm + OpenMP)": None}
@@ -1734,6 +1746,19 @@ def test_guard_end_to_end(tmp, sanitize):
     r = ws.make("mechint")
     R.check(r.returncode == 0 and no_guard_fault(r), f"guard: make mechint analyses both steps:\n"
             f"{(r.stdout + r.stderr)[-2000:]}")
+    # the benchmark touches device memory only through the backend too (it times a GPU with the same code): a
+    # +Pos step (its position features) at a tiny shape
+    bdir = os.path.join(tmp, "guard-bench")
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"),
+                       os.path.join(REPO, "defconfigs", "steps", "KV_POS"), os.path.join(REPO, "tests", "configs", "guard")])
+    if R.check(r.returncode == 0, f"guard: bench configuration: {r.stderr.strip()}"):
+        prog = os.path.join(bdir, "bench", "bench_step")
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "BENCH=y", prog])
+        if R.check(r.returncode == 0, f"guard: bench_step builds:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+            r = run([prog, "1", "2", "16", "16", "2", "65", "2"], env=env)
+            R.check(r.returncode == 0 and no_guard_fault(r) and '"label": "KV+Pos"' in r.stdout,
+                    f"guard: bench_step (KV+Pos) runs with host access to device memory trapped: "
+                    f"{r.stdout[-300:]}{r.stderr[-1500:]}")
     ws = Workspace(tmp, "guard-vit", TINY_VIT.replace("CONFIG_VIT_EPOCHS=2", "CONFIG_VIT_EPOCHS=1")
                    .replace('"V0,KV"', '"KV_POS"') + GUARD, sanitize)
     r = ws.make()

@@ -45,6 +45,8 @@ size_t dev_alloc_total(void) { return g_alloc_total; }
 
 size_t dev_mem_peak(void) { return 0; }
 
+void dev_mem_peak_reset(void) {}
+
 size_t dev_mem_capacity(void) { return 0; }
 
 void dev_free(void *p) {

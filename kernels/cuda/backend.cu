@@ -66,6 +66,8 @@ static void live_remove(void *p) {
 
 size_t dev_mem_peak(void) { return g_live_peak; }
 
+void dev_mem_peak_reset(void) { g_live_peak = g_live_bytes; }
+
 size_t dev_mem_capacity(void) {
     cuda_ready();
     size_t free_b = 0, total_b = 0;
