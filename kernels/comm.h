@@ -36,8 +36,6 @@ void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size
  * wait of the backend also asks NCCL for an asynchronous error (a collective that failed without ending, a
  * peer's network gone): it aborts the communicator and stops the process, which stops the job. */
 void dev_comm_leave(void);
-/* "NCCL 2.28.3" (the library the process runs with). */
-const char *dev_comm_version(void);
 
 /* buf (n floats) = its sum over the ranks, on every rank */
 void dev_comm_allreduce(float *buf, size_t n);

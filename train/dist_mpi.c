@@ -143,12 +143,16 @@ void dist_bcast(void *buf, size_t bytes) {
     if (active()) MPI_Bcast(buf, count_of(bytes, "dist_bcast"), MPI_BYTE, 0, MPI_COMM_WORLD);
 }
 
-/* The slices of n values (dist_split) as NCCL's per-rank offsets and counts. */
-static void dev_slices(size_t n, size_t *lo, size_t *cnt) {
+/* An NCCL slice collective (reduce-scatter, all-gather) over dist_split's slices of buf's n values, given as
+ * per-rank offsets and counts. */
+static void nccl_on_slices(void (*op)(float *, const size_t *, const size_t *), float *buf, size_t n) {
+    size_t *lo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
     for (int r = 0; r < g_size; r++) {
         DistRange s = dist_split(n, r, g_size);
         lo[r] = s.lo, cnt[r] = s.n;
     }
+    op(buf, lo, cnt);
+    free(lo), free(cnt);
 }
 
 void dist_allreduce_dev(float *buf, size_t n) {
@@ -174,10 +178,7 @@ static void slices(size_t n, int *counts, int *displs) {
 
 void dist_reduce_scatter_dev(float *buf, size_t n) {
     if (NCCL_ON) {
-        size_t *lo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
-        dev_slices(n, lo, cnt);
-        dev_comm_reduce_scatter(buf, lo, cnt);
-        free(lo), free(cnt);
+        nccl_on_slices(dev_comm_reduce_scatter, buf, n);
         return;
     }
     if (!active()) return;
@@ -194,10 +195,7 @@ void dist_reduce_scatter_dev(float *buf, size_t n) {
 
 void dist_allgather_dev(float *buf, size_t n) {
     if (NCCL_ON) {
-        size_t *lo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
-        dev_slices(n, lo, cnt);
-        dev_comm_allgather(buf, lo, cnt);
-        free(lo), free(cnt);
+        nccl_on_slices(dev_comm_allgather, buf, n);
         return;
     }
     if (!active()) return;

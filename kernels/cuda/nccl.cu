@@ -110,17 +110,6 @@ void dev_comm_leave(void) {
     g_comm = NULL;
 }
 
-const char *dev_comm_version(void) {
-    static char v[32];
-    if (!v[0]) {
-        int code = 0;
-        NCCL_CHECK(ncclGetVersion(&code));
-        /* NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9 */
-        snprintf(v, sizeof v, "NCCL %d.%d.%d", code / 10000, code / 100 % 100, code % 100);
-    }
-    return v;
-}
-
 static void need_comm(const char *op) {
     if (!g_comm) FATAL("%s: no NCCL communicator (hint: dist_init joins one before training)", op);
 }
