@@ -19,59 +19,24 @@
  *  4. unpack: each role's gradient is added back into the projection gradient
  *     (rotated back for RoPE); roles that share a block add in turn.
  *
+ * With a tensor-core precision (CUDA_TF32, CUDA_BF16_MATMUL) steps 2 and 3 run
+ * as the tensor-core kernels, the same per-score code around TF32 WMMA
+ * products. Both sets of kernels are in attention_kernels.cuh.
+ *
  * Order of operations per score, as on the CPU: rotation, scale, +Pos,
  * position bias, masks, softmax, dropout (the same hash of the same global
  * index as the CPU backend, so the masks agree), times values. */
 #include <cmath>
 #include <cstring>
 
-#include "cuda.cuh"
+#include <mma.h>
 
-#define BR 32          /* query rows per block */
-#define BC 32          /* keys per tile (= lanes) */
-#define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
-#define ATT_THREADS 256
+#include "cuda.cuh"
+#include "attention_kernels.cuh"
 
 /* The symmetric (each pair once) path is a CPU optimisation; the GPU kernels take one path for every variant,
  * so the switch changes nothing here and tests and benchmarks that flip it run unchanged. */
 void attention_set_symmetric_path(int on) { (void)on; }
-
-/* One attention call on packed roles. */
-struct AttnDev {
-    int B, Tq, Tk, H, G, group, hd, causal;
-    float scale;
-    const float *Q, *K, *V;       /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
-    const unsigned char *pad;     /* (B, Tk) nonzero = padding key, or NULL */
-    float dropout, dscale;
-    uint32_t thr;
-    uint64_t seed;
-    int batch_first;
-    int pos, pos_groups;          /* +Pos */
-    const float *f, *g, *alpha, *bias;
-    const float *pe_bias;         /* (H, pe_nd) at d + Tq - 1, or NULL */
-    int pe_nd;
-};
-
-__device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
-    float x = s;
-    if (ATTN_POS && p.pos) {
-        int gi = p.pos_groups == 1 ? 0 : h;
-        x = p.alpha[gi] * s + p.g[(size_t)gi * p.Tk + j] + (p.f[(size_t)gi * p.Tq + i] + p.bias[gi]);
-    }
-    if (p.pe_bias) x += p.pe_bias[(size_t)h * p.pe_nd + (j - i) + p.Tq - 1];
-    return x;
-}
-
-__device__ __forceinline__ bool visible(const AttnDev &p, int b, int i, int j) {
-    return j < p.Tk && i < p.Tq && (!p.causal || j <= i) && (!p.pad || !p.pad[(size_t)b * p.Tk + j]);
-}
-
-/* The inverted-dropout factor of probability (i, j) of batch b, head h (1 without dropout). */
-__device__ __forceinline__ float keep_factor(const AttnDev &p, int b, int h, int i, int j) {
-    if (p.dropout <= 0.0f) return 1.0f;
-    size_t idx = (((size_t)(p.batch_first + b) * p.H + h) * p.Tq + i) * p.Tk + j;
-    return dropout_keep(p.seed, idx, p.thr) ? p.dscale : 0.0f;
-}
 
 /* ------------------------------------------------------------------ pack and unpack */
 
@@ -127,265 +92,6 @@ static void unpack_add(float *dst, int ld, size_t bstride, const float *src, int
     size_t n = (size_t)B * heads * T * hd;
     unpack_add_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, ld, bstride, src, B, T, heads, hd, rope);
     CUDA_LAUNCHED(unpack_add);
-}
-
-/* ------------------------------------------------------------------ forward */
-
-/* Keys and values j0 .. j0+BC-1 of one K/V head into shared memory (rows ldk and ldv apart), zeros past Tk. */
-__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const float *K, const float *V,
-                                             int j0, int Tk, int hd) {
-    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
-        int c = e / hd, d = e % hd;
-        bool in = j0 + c < Tk;
-        Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
-        Vs[c * ldv + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
-    }
-}
-
-template <int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
-                                                              float *lse) {
-    extern __shared__ float sm[];
-    const int hd = p.hd, ldk = hd + 1;
-    float *Qs = sm, *Ks = Qs + BR * hd, *Vs = Ks + BC * ldk;
-    int tiles = (p.Tq + BR - 1) / BR;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
-    int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
-        Qs[e] = i0 + e / hd < p.Tq ? Q[(size_t)i0 * hd + e] : 0.0f;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float m[RPW], l[RPW], o[RPW][NPL];
-    for (int r = 0; r < RPW; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        for (int k = 0; k < NPL; k++) o[r][k] = 0.0f;
-    }
-    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
-    for (int j0 = 0; j0 < kend; j0 += BC) {
-        __syncthreads();
-        load_kv_tile(Ks, ldk, Vs, hd, K, V, j0, p.Tk, hd);
-        __syncthreads();
-        int j = j0 + lane;
-        for (int rr = 0; rr < RPW; rr++) {
-            int r = warp * RPW + rr, i = i0 + r;
-            if (i >= p.Tq) continue; /* the same for the whole warp */
-            float s = 0.0f;
-            for (int d = 0; d < hd; d++) s += Qs[r * hd + d] * Ks[lane * ldk + d];
-            s *= p.scale;
-            bool vis = visible(p, b, i, j);
-            float x = vis ? score_x(p, h, i, j, s) : -INFINITY;
-            float mnew = fmaxf(m[rr], warp_max(x));
-            if (mnew == -INFINITY) continue; /* every key so far masked */
-            float corr = expf(m[rr] - mnew);
-            float e = vis ? expf(x - mnew) : 0.0f;
-            l[rr] = l[rr] * corr + warp_sum(e);
-            float pe = vis ? e * keep_factor(p, b, h, i, j) : 0.0f;
-            for (int k = 0; k < NPL; k++) o[rr][k] *= corr;
-            for (int jj = 0; jj < BC; jj++) {
-                float pj = __shfl_sync(0xffffffffu, pe, jj);
-                for (int k = 0; k < NPL; k++) {
-                    int d = lane + 32 * k;
-                    if (d < hd) o[rr][k] += pj * Vs[jj * hd + d];
-                }
-            }
-            m[rr] = mnew;
-        }
-    }
-    for (int rr = 0; rr < RPW; rr++) {
-        int i = i0 + warp * RPW + rr;
-        if (i >= p.Tq) continue;
-        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
-        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
-        for (int k = 0; k < NPL; k++) {
-            int d = lane + 32 * k;
-            if (d < hd) orow[d] = o[rr][k] * inv;
-        }
-        if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
-    }
-}
-
-/* ------------------------------------------------------------------ backward */
-
-/* D[b, h, i] = dO_i . O_i, one warp per row */
-__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int o_ld, size_t o_bstride, int B, int H,
-                              int Tq, int hd) {
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (size_t)B * H * Tq) return;
-    int i = (int)(row % Tq), h = (int)(row / Tq % H), b = (int)(row / Tq / H);
-    size_t off = (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
-    float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += dout[off + d] * out[off + d];
-    s = warp_sum(s);
-    if (lane == 0) D[row] = s;
-}
-
-/* dQ (packed, written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij S_ij and sum_j G'_ij (+Pos). */
-template <int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
-                                                         const float *lse, const float *D, float *dQ,
-                                                         float *rowacc) {
-    extern __shared__ float sm[];
-    const int hd = p.hd, ldk = hd + 1;
-    float *Qs = sm, *dOs = Qs + BR * hd, *Ks = dOs + BR * hd, *Vs = Ks + BC * ldk;
-    int tiles = (p.Tq + BR - 1) / BR;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
-    int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
-        int r = e / hd, d = e % hd;
-        bool in = i0 + r < p.Tq;
-        Qs[e] = in ? Q[(size_t)i0 * hd + e] : 0.0f;
-        dOs[e] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-    float li[RPW], Di[RPW], dq[RPW][NPL], gs[RPW], rs[RPW];
-    for (int rr = 0; rr < RPW; rr++) {
-        int i = i0 + warp * RPW + rr;
-        li[rr] = i < p.Tq ? lse[(size_t)bh * p.Tq + i] : -INFINITY;
-        Di[rr] = i < p.Tq ? D[(size_t)bh * p.Tq + i] : 0.0f;
-        gs[rr] = rs[rr] = 0.0f;
-        for (int k = 0; k < NPL; k++) dq[rr][k] = 0.0f;
-    }
-    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
-    for (int j0 = 0; j0 < kend; j0 += BC) {
-        __syncthreads();
-        load_kv_tile(Ks, ldk, Vs, ldk, K, V, j0, p.Tk, hd);
-        __syncthreads();
-        int j = j0 + lane;
-        for (int rr = 0; rr < RPW; rr++) {
-            int r = warp * RPW + rr, i = i0 + r;
-            if (i >= p.Tq || li[rr] == -INFINITY) continue; /* a fully masked row has no gradient */
-            float s = 0.0f, dA = 0.0f;
-            for (int d = 0; d < hd; d++) {
-                s += Qs[r * hd + d] * Ks[lane * ldk + d];
-                dA += dOs[r * hd + d] * Vs[lane * ldk + d];
-            }
-            s *= p.scale;
-            bool vis = visible(p, b, i, j);
-            float a = vis ? expf(score_x(p, h, i, j, s) - li[rr]) : 0.0f;
-            float gp = vis ? a * (dA * keep_factor(p, b, h, i, j) - Di[rr]) : 0.0f;
-            gs[rr] += gp * s;
-            rs[rr] += gp;
-            float dS = alpha * gp;
-            for (int jj = 0; jj < BC; jj++) {
-                float gj = __shfl_sync(0xffffffffu, dS, jj);
-                for (int k = 0; k < NPL; k++) {
-                    int d = lane + 32 * k;
-                    if (d < hd) dq[rr][k] += gj * Ks[jj * ldk + d];
-                }
-            }
-        }
-    }
-    for (int rr = 0; rr < RPW; rr++) {
-        int i = i0 + warp * RPW + rr;
-        if (i >= p.Tq) continue;
-        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
-        for (int k = 0; k < NPL; k++) {
-            int d = lane + 32 * k;
-            if (d < hd) row[d] = p.scale * dq[rr][k];
-        }
-        if (rowacc) {
-            float a = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
-            if (lane == 0) {
-                rowacc[((size_t)bh * p.Tq + i) * 2] = a;
-                rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = c;
-            }
-        }
-    }
-}
-
-/* dK, dV (packed, written) per block of 32 keys of one K/V head, over its query heads in order; colacc
- * (B*H*Tk): sum_i G'_ij per query head (+Pos). */
-template <int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
-                                                          const float *lse, const float *D, float *dK, float *dV,
-                                                          float *colacc) {
-    extern __shared__ float sm[];
-    const int hd = p.hd, ldq = hd + 1;
-    float *Ks = sm, *Vs = Ks + BC * hd, *Qs = Vs + BC * hd, *dOs = Qs + BR * ldq, *ls = dOs + BR * ldq, *Ds = ls + BR;
-    int tiles = (p.Tk + BC - 1) / BC;
-    int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
-    int b = bg / p.G, g = bg % p.G;
-    const float *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
-    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
-        bool in = j0 + e / hd < p.Tk;
-        Ks[e] = in ? K[(size_t)j0 * hd + e] : 0.0f;
-        Vs[e] = in ? V[(size_t)j0 * hd + e] : 0.0f;
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float dk[RPW][NPL], dv[RPW][NPL];
-    for (int cc = 0; cc < RPW; cc++)
-        for (int k = 0; k < NPL; k++) dk[cc][k] = dv[cc][k] = 0.0f;
-    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
-        int bh = b * p.H + h;
-        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-        float cs[RPW] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int i0 = p.causal ? j0 / BR * BR : 0; i0 < p.Tq; i0 += BR) {
-            __syncthreads();
-            for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
-                int r = e / hd, d = e % hd;
-                bool in = i0 + r < p.Tq;
-                Qs[r * ldq + d] = in ? Q[(size_t)(i0 + r) * hd + d] : 0.0f;
-                dOs[r * ldq + d] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
-            }
-            for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
-                bool in = i0 + r < p.Tq;
-                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
-                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
-            }
-            __syncthreads();
-            int i = i0 + lane;
-            for (int cc = 0; cc < RPW; cc++) {
-                int c = warp * RPW + cc, j = j0 + c;
-                if (j >= p.Tk) continue; /* the same for the whole warp */
-                float s = 0.0f, dA = 0.0f;
-                for (int d = 0; d < hd; d++) {
-                    s += Qs[lane * ldq + d] * Ks[c * hd + d];
-                    dA += dOs[lane * ldq + d] * Vs[c * hd + d];
-                }
-                s *= p.scale;
-                bool vis = visible(p, b, i, j) && ls[lane] != -INFINITY;
-                float a = vis ? expf(score_x(p, h, i, j, s) - ls[lane]) : 0.0f;
-                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
-                float gp = vis ? a * (dA * kf - Ds[lane]) : 0.0f;
-                float pa = a * kf, gk = alpha * gp;
-                cs[cc] += gp;
-                for (int ii = 0; ii < BR; ii++) {
-                    float pi = __shfl_sync(0xffffffffu, pa, ii), gi = __shfl_sync(0xffffffffu, gk, ii);
-                    for (int k = 0; k < NPL; k++) {
-                        int d = lane + 32 * k;
-                        if (d < hd) {
-                            dv[cc][k] += pi * dOs[ii * ldq + d];
-                            dk[cc][k] += gi * Qs[ii * ldq + d];
-                        }
-                    }
-                }
-            }
-        }
-        if (colacc)
-            for (int cc = 0; cc < RPW; cc++) {
-                int j = j0 + warp * RPW + cc;
-                float t = warp_sum(cs[cc]);
-                if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
-            }
-    }
-    for (int cc = 0; cc < RPW; cc++) {
-        int j = j0 + warp * RPW + cc;
-        if (j >= p.Tk) continue;
-        for (int k = 0; k < NPL; k++) {
-            int d = lane + 32 * k;
-            if (d < hd) {
-                dK[((size_t)bg * p.Tk + j) * hd + d] = p.scale * dk[cc][k];
-                dV[((size_t)bg * p.Tk + j) * hd + d] = dv[cc][k];
-            }
-        }
-    }
 }
 
 /* racc[bh, d + Tq - 1] = sum over the diagonal j - i = d of G'_ij (relative bias), one warp per diagonal */
@@ -696,26 +402,49 @@ static void cross_call(Call *c, const char *op, float *out, float *lse, const fl
 /* Launches a kernel template for the head dim: NPL = values per lane (hd <= 32 NPL). */
 #define DISPATCH(hd, KERNEL, grid, smem, ...)                                                                 \
     do {                                                                                                      \
-        int npl_ = ((hd) + 31) / 32;                                                                          \
-        if (npl_ <= 1) launch(KERNEL<1>, grid, smem, __VA_ARGS__);                                            \
-        else if (npl_ <= 2) launch(KERNEL<2>, grid, smem, __VA_ARGS__);                                       \
-        else if (npl_ <= 4) launch(KERNEL<4>, grid, smem, __VA_ARGS__);                                       \
-        else launch(KERNEL<8>, grid, smem, __VA_ARGS__);                                                      \
+        int npl_ = att_npl(hd);                                                                               \
+        if (npl_ <= 1) launch(KERNEL<1>, grid, ATT_THREADS, smem, __VA_ARGS__);                                       \
+        else if (npl_ <= 2) launch(KERNEL<2>, grid, ATT_THREADS, smem, __VA_ARGS__);                                  \
+        else if (npl_ <= 4) launch(KERNEL<4>, grid, ATT_THREADS, smem, __VA_ARGS__);                                  \
+        else launch(KERNEL<8>, grid, ATT_THREADS, smem, __VA_ARGS__);                                                 \
     } while (0)
 
 template <typename... KArgs, typename... Args>
-static void launch(void (*kernel)(KArgs...), unsigned grid, size_t smem, Args... args) {
+static void launch(void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t smem, Args... args) {
     cuda_check_smem("attention", smem, "a smaller head dim: more heads for the same width");
     if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, ATT_THREADS, smem, kv_stream>>>(args...);
+    kernel<<<grid, threads, smem, kv_stream>>>(args...);
     CUDA_LAUNCHED(attention);
 }
 
+/* The tensor-core kernels' NT (head dim padded to 16 NT) for a call, or 0 for the fp32 kernels: a tensor-core
+ * precision, a head dim up to 128 and the shared memory for it on this GPU. Forward and backward choose alike. */
+#define TC_ATTN (!IS_ENABLED(CONFIG_CUDA_FP32))
+static int tc_tiles(int hd) {
+    int nt = tc_nt(hd);
+    if (!TC_ATTN || !nt) return 0;
+    size_t need = tc_smem_forward(nt) > tc_smem_backward(nt) ? tc_smem_forward(nt) : tc_smem_backward(nt);
+    return need <= kv_smem_max ? nt : 0;
+}
+
+#define TC_DISPATCH(nt, KERNEL, grid, smem, ...)                                                              \
+    do {                                                                                                      \
+        if ((nt) == 1) launch(KERNEL<1>, grid, TC_THREADS, smem, __VA_ARGS__);                                        \
+        else if ((nt) == 2) launch(KERNEL<2>, grid, TC_THREADS, smem, __VA_ARGS__);                                   \
+        else if ((nt) == 4) launch(KERNEL<4>, grid, TC_THREADS, smem, __VA_ARGS__);                                   \
+        else launch(KERNEL<8>, grid, TC_THREADS, smem, __VA_ARGS__);                                                  \
+    } while (0)
+
 static void run_forward(Call *c) {
     AttnDev *d = &c->d;
+    int nt = tc_tiles(d->hd);
+    if (nt) {
+        unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
+        TC_DISPATCH(nt, tc_forward_kernel, grid, tc_smem_forward(nt), *d, c->out, c->o_ld, c->o_bstride, c->lse);
+        return;
+    }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-    size_t smem = (size_t)(BR * d->hd + BC * (d->hd + 1) + BC * d->hd) * sizeof(float);
-    DISPATCH(d->hd, forward_kernel, grid, smem, *d, c->out, c->o_ld, c->o_bstride, c->lse);
+    DISPATCH(d->hd, forward_kernel, grid, att_smem_forward(d->hd), *d, c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 /* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. */
@@ -735,15 +464,22 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     rowdot_kernel<<<cuda_blocks(nrow * 32, 256), 256, 0, kv_stream>>>(D, dout, c->out, c->o_ld, c->o_bstride, d->B,
                                                                       d->H, d->Tq, d->hd);
     CUDA_LAUNCHED(rowdot);
-    int hd = d->hd;
-    unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-    size_t sq = (size_t)(2 * BR * hd + 2 * BC * (hd + 1)) * sizeof(float);
-    DISPATCH(hd, dq_kernel, gq, sq, *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq,
-             rowacc);
-    unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-    size_t sk = (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR) * sizeof(float);
-    DISPATCH(hd, dkv_kernel, gk, sk, *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk,
-             *dv, colacc);
+    int hd = d->hd, nt = tc_tiles(hd);
+    if (nt) {
+        unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
+        TC_DISPATCH(nt, tc_dq_kernel, gq, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
+                    (const float *)c->lse, (const float *)D, *dq, rowacc);
+        unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
+        TC_DISPATCH(nt, tc_dkv_kernel, gk, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
+                    (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+    } else {
+        unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
+        DISPATCH(hd, dq_kernel, gq, att_smem_dq(hd), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D,
+                 *dq, rowacc);
+        unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
+        DISPATCH(hd, dkv_kernel, gk, att_smem_dkv(hd), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D,
+                 *dk, *dv, colacc);
+    }
     if (d->pos) {
         static float *buf;
         static size_t cap;

@@ -55,19 +55,7 @@ float *cuda_scratch(float **buf, size_t *cap, size_t floats);
 /* Launch shapes. */
 static inline unsigned cuda_blocks(size_t n, unsigned threads) { return (unsigned)((n + threads - 1) / threads); }
 
-/* Warp reductions in a fixed order (the same result on every run). */
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-__device__ __forceinline__ double warp_sum_d(double x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
+#include "warp.cuh"
 
 /* The most dynamic shared memory a block may use on this GPU (the opt-in limit); cuda_ready reads it. */
 extern size_t kv_smem_max;

@@ -1,0 +1,660 @@
+/* The CUDA attention kernels of training (forward and backward, the fp32 and the tensor-core path) and the
+ * per-score code they share; kernels/cuda/attention.cu packs the roles, launches them and owns everything else.
+ * A header of its own so that tests/test_cuda_emu.cpp can run the very same kernels on the CPU under an
+ * emulation of the CUDA built-ins (tests/cuda_emu.h) where no GPU is. What it needs from its includer:
+ * the CUDA built-ins and nvcuda::wmma (<mma.h>), warp_sum / warp_max (warp.cuh), dropout_keep (hash.h) and
+ * ATTN_POS (attention.h). */
+#ifndef KVLAB_ATTENTION_KERNELS_CUH
+#define KVLAB_ATTENTION_KERNELS_CUH
+
+#define BR 32          /* query rows per block */
+#define BC 32          /* keys per tile (= lanes) */
+#define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
+#define ATT_THREADS 256
+
+/* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
+static inline int att_npl(int hd) {
+    int npl = (hd + 31) / 32;
+    return npl <= 1 ? 1 : npl <= 2 ? 2 : npl <= 4 ? 4 : 8;
+}
+static inline size_t att_smem_forward(int hd) { return (size_t)(BR * hd + BC * (hd + 1) + BC * hd) * sizeof(float); }
+static inline size_t att_smem_dq(int hd) { return (size_t)(2 * BR * hd + 2 * BC * (hd + 1)) * sizeof(float); }
+static inline size_t att_smem_dkv(int hd) {
+    return (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR) * sizeof(float);
+}
+
+/* One attention call on packed roles. */
+struct AttnDev {
+    int B, Tq, Tk, H, G, group, hd, causal;
+    float scale;
+    const float *Q, *K, *V;       /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
+    const unsigned char *pad;     /* (B, Tk) nonzero = padding key, or NULL */
+    float dropout, dscale;
+    uint32_t thr;
+    uint64_t seed;
+    int batch_first;
+    int pos, pos_groups;          /* +Pos */
+    const float *f, *g, *alpha, *bias;
+    const float *pe_bias;         /* (H, pe_nd) at d + Tq - 1, or NULL */
+    int pe_nd;
+};
+
+__device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
+    float x = s;
+    if (ATTN_POS && p.pos) {
+        int gi = p.pos_groups == 1 ? 0 : h;
+        x = p.alpha[gi] * s + p.g[(size_t)gi * p.Tk + j] + (p.f[(size_t)gi * p.Tq + i] + p.bias[gi]);
+    }
+    if (p.pe_bias) x += p.pe_bias[(size_t)h * p.pe_nd + (j - i) + p.Tq - 1];
+    return x;
+}
+
+__device__ __forceinline__ bool visible(const AttnDev &p, int b, int i, int j) {
+    return j < p.Tk && i < p.Tq && (!p.causal || j <= i) && (!p.pad || !p.pad[(size_t)b * p.Tk + j]);
+}
+
+/* The inverted-dropout factor of probability (i, j) of batch b, head h (1 without dropout). */
+__device__ __forceinline__ float keep_factor(const AttnDev &p, int b, int h, int i, int j) {
+    if (p.dropout <= 0.0f) return 1.0f;
+    size_t idx = (((size_t)(p.batch_first + b) * p.H + h) * p.Tq + i) * p.Tk + j;
+    return dropout_keep(p.seed, idx, p.thr) ? p.dscale : 0.0f;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+/* Keys and values j0 .. j0+BC-1 of one K/V head into shared memory (rows ldk and ldv apart), zeros past Tk. */
+__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const float *K, const float *V,
+                                             int j0, int Tk, int hd) {
+    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+        int c = e / hd, d = e % hd;
+        bool in = j0 + c < Tk;
+        Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
+        Vs[c * ldv + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
+    }
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+                                                              float *lse) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldk = hd + 1;
+    float *Qs = sm, *Ks = Qs + BR * hd, *Vs = Ks + BC * ldk;
+    int tiles = (p.Tq + BR - 1) / BR;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
+        Qs[e] = i0 + e / hd < p.Tq ? Q[(size_t)i0 * hd + e] : 0.0f;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float m[RPW], l[RPW], o[RPW][NPL];
+    for (int r = 0; r < RPW; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        for (int k = 0; k < NPL; k++) o[r][k] = 0.0f;
+    }
+    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += BC) {
+        __syncthreads();
+        load_kv_tile(Ks, ldk, Vs, hd, K, V, j0, p.Tk, hd);
+        __syncthreads();
+        int j = j0 + lane;
+        for (int rr = 0; rr < RPW; rr++) {
+            int r = warp * RPW + rr, i = i0 + r;
+            if (i >= p.Tq) continue; /* the same for the whole warp */
+            float s = 0.0f;
+            for (int d = 0; d < hd; d++) s += Qs[r * hd + d] * Ks[lane * ldk + d];
+            s *= p.scale;
+            bool vis = visible(p, b, i, j);
+            float x = vis ? score_x(p, h, i, j, s) : -INFINITY;
+            float mnew = fmaxf(m[rr], warp_max(x));
+            if (mnew == -INFINITY) continue; /* every key so far masked */
+            float corr = expf(m[rr] - mnew);
+            float e = vis ? expf(x - mnew) : 0.0f;
+            l[rr] = l[rr] * corr + warp_sum(e);
+            float pe = vis ? e * keep_factor(p, b, h, i, j) : 0.0f;
+            for (int k = 0; k < NPL; k++) o[rr][k] *= corr;
+            for (int jj = 0; jj < BC; jj++) {
+                float pj = __shfl_sync(0xffffffffu, pe, jj);
+                for (int k = 0; k < NPL; k++) {
+                    int d = lane + 32 * k;
+                    if (d < hd) o[rr][k] += pj * Vs[jj * hd + d];
+                }
+            }
+            m[rr] = mnew;
+        }
+    }
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        if (i >= p.Tq) continue;
+        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) orow[d] = o[rr][k] * inv;
+        }
+        if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* D[b, h, i] = dO_i . O_i, one warp per row */
+__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int o_ld, size_t o_bstride, int B, int H,
+                              int Tq, int hd) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)B * H * Tq) return;
+    int i = (int)(row % Tq), h = (int)(row / Tq % H), b = (int)(row / Tq / H);
+    size_t off = (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+    float s = 0.0f;
+    for (int d = lane; d < hd; d += 32) s += dout[off + d] * out[off + d];
+    s = warp_sum(s);
+    if (lane == 0) D[row] = s;
+}
+
+/* dQ (packed, written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij S_ij and sum_j G'_ij (+Pos). */
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                         const float *lse, const float *D, float *dQ,
+                                                         float *rowacc) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldk = hd + 1;
+    float *Qs = sm, *dOs = Qs + BR * hd, *Ks = dOs + BR * hd, *Vs = Ks + BC * ldk;
+    int tiles = (p.Tq + BR - 1) / BR;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
+        int r = e / hd, d = e % hd;
+        bool in = i0 + r < p.Tq;
+        Qs[e] = in ? Q[(size_t)i0 * hd + e] : 0.0f;
+        dOs[e] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+    float li[RPW], Di[RPW], dq[RPW][NPL], gs[RPW], rs[RPW];
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        li[rr] = i < p.Tq ? lse[(size_t)bh * p.Tq + i] : -INFINITY;
+        Di[rr] = i < p.Tq ? D[(size_t)bh * p.Tq + i] : 0.0f;
+        gs[rr] = rs[rr] = 0.0f;
+        for (int k = 0; k < NPL; k++) dq[rr][k] = 0.0f;
+    }
+    int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += BC) {
+        __syncthreads();
+        load_kv_tile(Ks, ldk, Vs, ldk, K, V, j0, p.Tk, hd);
+        __syncthreads();
+        int j = j0 + lane;
+        for (int rr = 0; rr < RPW; rr++) {
+            int r = warp * RPW + rr, i = i0 + r;
+            if (i >= p.Tq || li[rr] == -INFINITY) continue; /* a fully masked row has no gradient */
+            float s = 0.0f, dA = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                s += Qs[r * hd + d] * Ks[lane * ldk + d];
+                dA += dOs[r * hd + d] * Vs[lane * ldk + d];
+            }
+            s *= p.scale;
+            bool vis = visible(p, b, i, j);
+            float a = vis ? expf(score_x(p, h, i, j, s) - li[rr]) : 0.0f;
+            float gp = vis ? a * (dA * keep_factor(p, b, h, i, j) - Di[rr]) : 0.0f;
+            gs[rr] += gp * s;
+            rs[rr] += gp;
+            float dS = alpha * gp;
+            for (int jj = 0; jj < BC; jj++) {
+                float gj = __shfl_sync(0xffffffffu, dS, jj);
+                for (int k = 0; k < NPL; k++) {
+                    int d = lane + 32 * k;
+                    if (d < hd) dq[rr][k] += gj * Ks[jj * ldk + d];
+                }
+            }
+        }
+    }
+    for (int rr = 0; rr < RPW; rr++) {
+        int i = i0 + warp * RPW + rr;
+        if (i >= p.Tq) continue;
+        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) row[d] = p.scale * dq[rr][k];
+        }
+        if (rowacc) {
+            float a = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
+            if (lane == 0) {
+                rowacc[((size_t)bh * p.Tq + i) * 2] = a;
+                rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = c;
+            }
+        }
+    }
+}
+
+/* dK, dV (packed, written) per block of 32 keys of one K/V head, over its query heads in order; colacc
+ * (B*H*Tk): sum_i G'_ij per query head (+Pos). */
+template <int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                          const float *lse, const float *D, float *dK, float *dV,
+                                                          float *colacc) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, ldq = hd + 1;
+    float *Ks = sm, *Vs = Ks + BC * hd, *Qs = Vs + BC * hd, *dOs = Qs + BR * ldq, *ls = dOs + BR * ldq, *Ds = ls + BR;
+    int tiles = (p.Tk + BC - 1) / BC;
+    int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
+    int b = bg / p.G, g = bg % p.G;
+    const float *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
+    for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
+        bool in = j0 + e / hd < p.Tk;
+        Ks[e] = in ? K[(size_t)j0 * hd + e] : 0.0f;
+        Vs[e] = in ? V[(size_t)j0 * hd + e] : 0.0f;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float dk[RPW][NPL], dv[RPW][NPL];
+    for (int cc = 0; cc < RPW; cc++)
+        for (int k = 0; k < NPL; k++) dk[cc][k] = dv[cc][k] = 0.0f;
+    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
+        int bh = b * p.H + h;
+        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+        float cs[RPW] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i0 = p.causal ? j0 / BR * BR : 0; i0 < p.Tq; i0 += BR) {
+            __syncthreads();
+            for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
+                int r = e / hd, d = e % hd;
+                bool in = i0 + r < p.Tq;
+                Qs[r * ldq + d] = in ? Q[(size_t)(i0 + r) * hd + d] : 0.0f;
+                dOs[r * ldq + d] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+            }
+            for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
+                bool in = i0 + r < p.Tq;
+                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+            }
+            __syncthreads();
+            int i = i0 + lane;
+            for (int cc = 0; cc < RPW; cc++) {
+                int c = warp * RPW + cc, j = j0 + c;
+                if (j >= p.Tk) continue; /* the same for the whole warp */
+                float s = 0.0f, dA = 0.0f;
+                for (int d = 0; d < hd; d++) {
+                    s += Qs[lane * ldq + d] * Ks[c * hd + d];
+                    dA += dOs[lane * ldq + d] * Vs[c * hd + d];
+                }
+                s *= p.scale;
+                bool vis = visible(p, b, i, j) && ls[lane] != -INFINITY;
+                float a = vis ? expf(score_x(p, h, i, j, s) - ls[lane]) : 0.0f;
+                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
+                float gp = vis ? a * (dA * kf - Ds[lane]) : 0.0f;
+                float pa = a * kf, gk = alpha * gp;
+                cs[cc] += gp;
+                for (int ii = 0; ii < BR; ii++) {
+                    float pi = __shfl_sync(0xffffffffu, pa, ii), gi = __shfl_sync(0xffffffffu, gk, ii);
+                    for (int k = 0; k < NPL; k++) {
+                        int d = lane + 32 * k;
+                        if (d < hd) {
+                            dv[cc][k] += pi * dOs[ii * ldq + d];
+                            dk[cc][k] += gi * Qs[ii * ldq + d];
+                        }
+                    }
+                }
+            }
+        }
+        if (colacc)
+            for (int cc = 0; cc < RPW; cc++) {
+                int j = j0 + warp * RPW + cc;
+                float t = warp_sum(cs[cc]);
+                if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
+            }
+    }
+    for (int cc = 0; cc < RPW; cc++) {
+        int j = j0 + warp * RPW + cc;
+        if (j >= p.Tk) continue;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) {
+                dK[((size_t)bg * p.Tk + j) * hd + d] = p.scale * dk[cc][k];
+                dV[((size_t)bg * p.Tk + j) * hd + d] = dv[cc][k];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ tensor-core path (TF32) */
+
+/* With a tensor-core precision (CUDA_TF32, CUDA_BF16_MATMUL) the score products Q.K^T and dO.V^T and the value,
+ * key and query products P.V, G^T.Q, P^T.dO and G.K run on the tensor cores in TF32 (inputs rounded to 10
+ * mantissa bits, float32 accumulation), through the WMMA API, m16n16k8 tiles. Everything per score is the
+ * fp32 kernels' own code on a tile in shared memory: the products' 16 x 16 tiles are stored there, then
+ * score_x, visible and keep_factor see one score per lane exactly as above, so the two paths differ only in
+ * the products' rounding. The head dim is padded with zeros to TC_HD(NT) = 16 NT columns (NT 1, 2, 4 or 8:
+ * head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32 kernels).
+ *
+ * Layout: 4 warps a block, each warp 16 rows of the tile (query rows in forward and dQ, key rows in dK/dV);
+ * the other side walks in tiles of 32. Each gradient value still has one writer (dQ per query block, dK and
+ * dV per key block over the group's query heads in order), so a run repeats bit for bit. */
+
+#define TC_ROWS 64    /* rows per block: 4 warps x 16 */
+#define TC_COLS 32    /* the other side's tile */
+#define TC_THREADS 128
+#define TC_HD(NT) (16 * (NT))
+
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> TcA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> TcB;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> TcBt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> TcC;
+
+template <typename F> __device__ __forceinline__ void tc_round(F &f) {
+    for (int t = 0; t < f.num_elements; t++) f.x[t] = wmma::__float_to_tf32(f.x[t]);
+}
+
+template <int N> __device__ __forceinline__ void tc_zero(TcC (&c)[N]) {
+    for (int n = 0; n < N; n++) wmma::fill_fragment(c[n], 0.0f);
+}
+
+/* c[n] += A . X^T for the 16 x 16 tiles n < N: A 16 rows x kdim (row-major, lda), X 16 N rows x kdim (row-major,
+ * ldx). kdim a multiple of 8; pointers 32-byte aligned, leading dims multiples of 4. */
+template <int N>
+__device__ __forceinline__ void tc_mma_abt(TcC (&c)[N], const float *A, int lda, const float *X, int ldx, int kdim) {
+    for (int k = 0; k < kdim; k += 8) {
+        TcA a;
+        wmma::load_matrix_sync(a, A + k, lda);
+        tc_round(a);
+        for (int n = 0; n < N; n++) {
+            TcBt bt;
+            wmma::load_matrix_sync(bt, X + (size_t)n * 16 * ldx + k, ldx);
+            tc_round(bt);
+            wmma::mma_sync(c[n], a, bt, c[n]);
+        }
+    }
+}
+
+/* c[n] += A . Y for the 16 x 16 tiles n < N: A 16 rows x kdim (row-major, lda), Y kdim rows x 16 N (row-major,
+ * ldy). */
+template <int N>
+__device__ __forceinline__ void tc_mma_ab(TcC (&c)[N], const float *A, int lda, const float *Y, int ldy, int kdim) {
+    for (int k = 0; k < kdim; k += 8) {
+        TcA a;
+        wmma::load_matrix_sync(a, A + k, lda);
+        tc_round(a);
+        for (int n = 0; n < N; n++) {
+            TcB bm;
+            wmma::load_matrix_sync(bm, Y + (size_t)k * ldy + n * 16, ldy);
+            tc_round(bm);
+            wmma::mma_sync(c[n], a, bm, c[n]);
+        }
+    }
+}
+
+template <int N> __device__ __forceinline__ void tc_store(float *dst, int ld, TcC (&c)[N]) {
+    for (int n = 0; n < N; n++) wmma::store_matrix_sync(dst + n * 16, c[n], ld, wmma::mem_row_major);
+}
+
+/* rows r0 .. r0+rows-1 of a packed (n, hd) matrix into shared memory (row stride ld), zeros past n and hd..hdp */
+__device__ __forceinline__ void tc_load_rows(float *dst, int ld, const float *src, int r0, int n, int hd, int hdp,
+                                             int rows) {
+    for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
+        int r = e / hdp, d = e % hdp;
+        dst[r * ld + d] = r0 + r < n && d < hd ? src[(size_t)(r0 + r) * hd + d] : 0.0f;
+    }
+}
+
+/* the same for rows of the attention output's layout (dO): row i of batch b, head h */
+__device__ __forceinline__ void tc_load_out_rows(float *dst, int ld, const float *src, int o_ld, size_t o_bstride,
+                                                 int b, int h, int i0, int n, int hd, int hdp, int rows) {
+    for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
+        int r = e / hdp, d = e % hdp;
+        bool in = i0 + r < n && d < hd;
+        dst[r * ld + d] = in ? src[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+    }
+}
+
+/* The tile count NT of a head dim (padded to 16 NT), 0 past 128. */
+static inline int tc_nt(int hd) { return hd <= 16 ? 1 : hd <= 32 ? 2 : hd <= 64 ? 4 : hd <= 128 ? 8 : 0; }
+
+/* Shared memory (bytes) of the three kernels; ld of the head-dim tiles and of the score tiles. */
+static inline int tc_ld(int nt) { return TC_HD(nt) + 4; }
+static inline int tc_lds(int nt) { return (TC_HD(nt) > TC_COLS ? TC_HD(nt) : TC_COLS) + 4; }
+static inline size_t tc_smem_forward(int nt) {
+    return ((size_t)(TC_ROWS + 2 * TC_COLS) * tc_ld(nt) + (size_t)TC_ROWS * tc_lds(nt)) * sizeof(float);
+}
+static inline size_t tc_smem_backward(int nt) { /* dQ and dK/dV alike */
+    return ((size_t)(2 * TC_ROWS + 2 * TC_COLS) * tc_ld(nt) + (size_t)2 * TC_ROWS * (TC_COLS + 4) + 2 * TC_ROWS) *
+           sizeof(float);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+                                                                float *lse) {
+    extern __shared__ __align__(128) float tsm[];
+    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = (hdp > TC_COLS ? hdp : TC_COLS) + 4, NPL = (hdp + 31) / 32;
+    const int hd = p.hd;
+    float *Qs = tsm, *Ks = Qs + TC_ROWS * ld, *Vs = Ks + TC_COLS * ld, *Ss = Vs + TC_COLS * ld;
+    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then probabilities, then P.V */
+    float m[16], l[16], o[16][NPL];
+    for (int r = 0; r < 16; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        for (int k = 0; k < NPL; k++) o[r][k] = 0.0f;
+    }
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
+        __syncthreads();
+        tc_load_rows(Ks, ld, K, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, j0, p.Tk, hd, hdp, TC_COLS);
+        __syncthreads();
+        TcC s[TC_COLS / 16];
+        tc_zero(s);
+        tc_mma_abt(s, Qs + r0 * ld, ld, Ks, ld, hdp);
+        tc_store(Sw, lds, s);
+        __syncwarp();
+        int j = j0 + lane;
+        for (int rr = 0; rr < 16; rr++) {
+            int i = i0 + r0 + rr;
+            bool vis = visible(p, b, i, j);
+            float x = vis ? score_x(p, h, i, j, Sw[rr * lds + lane] * p.scale) : -INFINITY;
+            float mnew = fmaxf(m[rr], warp_max(x)), pe = 0.0f;
+            if (mnew != -INFINITY) { /* else every key so far is masked: nothing changes */
+                float corr = expf(m[rr] - mnew);
+                float e = vis ? expf(x - mnew) : 0.0f;
+                l[rr] = l[rr] * corr + warp_sum(e);
+                pe = vis ? e * keep_factor(p, b, h, i, j) : 0.0f;
+                for (int k = 0; k < NPL; k++) o[rr][k] *= corr;
+                m[rr] = mnew;
+            }
+            Sw[rr * lds + lane] = pe;
+        }
+        __syncwarp();
+        TcC pv[NT];
+        tc_zero(pv);
+        tc_mma_ab(pv, Sw, lds, Vs, ld, TC_COLS);
+        __syncwarp();
+        tc_store(Sw, lds, pv);
+        __syncwarp();
+        for (int rr = 0; rr < 16; rr++)
+            for (int k = 0; k < NPL; k++) {
+                int d = lane + 32 * k;
+                if (d < hdp) o[rr][k] += Sw[rr * lds + d];
+            }
+    }
+    for (int rr = 0; rr < 16; rr++) {
+        int i = i0 + r0 + rr;
+        if (i >= p.Tq) break;
+        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        for (int k = 0; k < NPL; k++) {
+            int d = lane + 32 * k;
+            if (d < hd) orow[d] = o[rr][k] * inv;
+        }
+        if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+    }
+}
+
+/* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's. */
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                           const float *lse, const float *D, float *dQ,
+                                                           float *rowacc) {
+    extern __shared__ __align__(128) float tsm[];
+    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = TC_COLS + 4;
+    const int hd = p.hd;
+    float *Qs = tsm, *dOs = Qs + TC_ROWS * ld, *Ks = dOs + TC_ROWS * ld, *Vs = Ks + TC_COLS * ld;
+    float *Ss = Vs + TC_COLS * ld, *As = Ss + TC_ROWS * lds, *ls = As + TC_ROWS * lds, *Ds = ls + TC_ROWS;
+    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    tc_load_out_rows(dOs, ld, dout, o_ld, o_bstride, b, h, i0, p.Tq, hd, hdp, TC_ROWS);
+    for (int r = threadIdx.x; r < TC_ROWS; r += TC_THREADS) {
+        bool in = i0 + r < p.Tq;
+        ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+        Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+    float gs[16], rs[16];
+    for (int r = 0; r < 16; r++) gs[r] = rs[r] = 0.0f;
+    TcC dq[NT];
+    tc_zero(dq);
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
+        __syncthreads();
+        tc_load_rows(Ks, ld, K, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, j0, p.Tk, hd, hdp, TC_COLS);
+        __syncthreads();
+        TcC s[TC_COLS / 16], a[TC_COLS / 16];
+        tc_zero(s);
+        tc_zero(a);
+        tc_mma_abt(s, Qs + r0 * ld, ld, Ks, ld, hdp);
+        tc_mma_abt(a, dOs + r0 * ld, ld, Vs, ld, hdp);
+        tc_store(Sw, lds, s);
+        tc_store(Aw, lds, a);
+        __syncwarp();
+        int j = j0 + lane;
+        for (int rr = 0; rr < 16; rr++) {
+            int i = i0 + r0 + rr;
+            float li = ls[r0 + rr], sv = Sw[rr * lds + lane] * p.scale;
+            bool vis = visible(p, b, i, j) && li != -INFINITY; /* a fully masked row has no gradient */
+            float av = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
+            float gp = vis ? av * (Aw[rr * lds + lane] * keep_factor(p, b, h, i, j) - Ds[r0 + rr]) : 0.0f;
+            gs[rr] += gp * sv;
+            rs[rr] += gp;
+            Sw[rr * lds + lane] = alpha * gp;
+        }
+        __syncwarp();
+        tc_mma_ab(dq, Sw, lds, Ks, ld, TC_COLS);
+    }
+    __syncwarp();
+    for (int n = 0; n < NT; n++)
+        for (int t = 0; t < dq[n].num_elements; t++) dq[n].x[t] *= p.scale;
+    tc_store(Qs + r0 * ld, ld, dq); /* this warp's own rows of Qs: no other warp reads them */
+    __syncwarp();
+    for (int rr = 0; rr < 16; rr++) {
+        int i = i0 + r0 + rr;
+        if (i >= p.Tq) break;
+        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
+        for (int d = lane; d < hd; d += 32) row[d] = Qs[(r0 + rr) * ld + d];
+        if (rowacc) {
+            float x = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
+            if (lane == 0) {
+                rowacc[((size_t)bh * p.Tq + i) * 2] = x;
+                rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = c;
+            }
+        }
+    }
+}
+
+/* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
+ * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the
+ * A operands of dV += P^T.dO and dK += G^T.Q. */
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                            const float *lse, const float *D, float *dK, float *dV,
+                                                            float *colacc) {
+    extern __shared__ __align__(128) float tsm[];
+    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = TC_COLS + 4;
+    const int hd = p.hd;
+    float *Ks = tsm, *Vs = Ks + TC_ROWS * ld, *Qs = Vs + TC_ROWS * ld, *dOs = Qs + TC_COLS * ld;
+    float *Ss = dOs + TC_COLS * ld, *As = Ss + TC_ROWS * lds, *ls = As + TC_ROWS * lds, *Ds = ls + TC_ROWS;
+    int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
+    int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bg / p.G, g = bg % p.G;
+    tc_load_rows(Ks, ld, p.K + (size_t)bg * p.Tk * hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+    float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    TcC dk[NT], dv[NT];
+    tc_zero(dk);
+    tc_zero(dv);
+    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
+        int bh = b * p.H + h;
+        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+        float cs[16];
+        for (int c = 0; c < 16; c++) cs[c] = 0.0f;
+        for (int i0 = p.causal ? j0 / TC_COLS * TC_COLS : 0; i0 < p.Tq; i0 += TC_COLS) {
+            __syncthreads();
+            tc_load_rows(Qs, ld, Q, i0, p.Tq, hd, hdp, TC_COLS);
+            tc_load_out_rows(dOs, ld, dout, o_ld, o_bstride, b, h, i0, p.Tq, hd, hdp, TC_COLS);
+            for (int r = threadIdx.x; r < TC_COLS; r += TC_THREADS) {
+                bool in = i0 + r < p.Tq;
+                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+            }
+            __syncthreads();
+            TcC st[TC_COLS / 16], at[TC_COLS / 16];
+            tc_zero(st);
+            tc_zero(at);
+            tc_mma_abt(st, Ks + r0 * ld, ld, Qs, ld, hdp);
+            tc_mma_abt(at, Vs + r0 * ld, ld, dOs, ld, hdp);
+            tc_store(Sw, lds, st);
+            tc_store(Aw, lds, at);
+            __syncwarp();
+            int i = i0 + lane;
+            for (int cc = 0; cc < 16; cc++) {
+                int j = j0 + r0 + cc;
+                float li = ls[lane], sv = Sw[cc * lds + lane] * p.scale;
+                bool vis = visible(p, b, i, j) && li != -INFINITY;
+                float a = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
+                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
+                float gp = vis ? a * (Aw[cc * lds + lane] * kf - Ds[lane]) : 0.0f;
+                cs[cc] += gp;
+                Sw[cc * lds + lane] = a * kf;
+                Aw[cc * lds + lane] = alpha * gp;
+            }
+            __syncwarp();
+            tc_mma_ab(dv, Sw, lds, dOs, ld, TC_COLS);
+            tc_mma_ab(dk, Aw, lds, Qs, ld, TC_COLS);
+        }
+        if (colacc)
+            for (int cc = 0; cc < 16; cc++) {
+                int j = j0 + r0 + cc;
+                float t = warp_sum(cs[cc]);
+                if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
+            }
+    }
+    __syncwarp();
+    for (int n = 0; n < NT; n++)
+        for (int t = 0; t < dk[n].num_elements; t++) dk[n].x[t] *= p.scale;
+    tc_store(Ks + r0 * ld, ld, dk); /* this warp's own rows of Ks and Vs */
+    tc_store(Vs + r0 * ld, ld, dv);
+    __syncwarp();
+    for (int cc = 0; cc < 16; cc++) {
+        int j = j0 + r0 + cc;
+        if (j >= p.Tk) break;
+        for (int d = lane; d < hd; d += 32) {
+            dK[((size_t)bg * p.Tk + j) * hd + d] = Ks[(r0 + cc) * ld + d];
+            dV[((size_t)bg * p.Tk + j) * hd + d] = Vs[(r0 + cc) * ld + d];
+        }
+    }
+}
+
+#endif
