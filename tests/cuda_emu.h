@@ -1,0 +1,279 @@
+/* A CPU emulation of the CUDA built-ins that the attention kernels use
+ * (kernels/cuda/attention_kernels.cuh), so that tests/test_cuda_emu.cpp can
+ * run those very kernels where no GPU is: in CI and on every CPU build.
+ *
+ * What it models: a grid runs block after block; a block's threads are
+ * fibers (ucontext) on one host thread, switched only at __syncthreads,
+ * __syncwarp and the warp shuffles, which are barriers of the block or of
+ * the warp, so the result is deterministic. Dynamic shared memory is one
+ * buffer, filled with NaN before every block, so a read of shared memory
+ * that no thread wrote shows in the results. A WMMA fragment holds its
+ * whole tile in every lane (the real layout is unspecified, and kernels may
+ * only touch fragment elements uniformly); loads read the tile, mma_sync
+ * multiplies it, a store writes it from lane 0. __float_to_tf32 rounds to
+ * 10 mantissa bits as the hardware's cvt.rna.tf32.f32 does, or leaves the
+ * value alone with emu::tf32_exact set, so the tensor-core path can be
+ * checked against the fp32 one to float32 rounding.
+ *
+ * Lanes run in turn between barriers, so a fragment load that is not
+ * separated by __syncwarp from the per-lane writes it reads (lane 0 would
+ * load a tile the other lanes have not written yet) shows too.
+ *
+ * What it cannot show: timing, occupancy, register or shared memory limits
+ * of a real GPU, bank conflicts, and races that only true concurrency
+ * exposes. The GPU tests (-k cuda) remain the judge; this catches indexing,
+ * masking and bookkeeping errors without one. */
+#ifndef KVLAB_CUDA_EMU_H
+#define KVLAB_CUDA_EMU_H
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+using std::max;
+using std::min;
+
+struct EmuDim3 {
+    unsigned x, y, z;
+};
+
+namespace emu {
+
+constexpr size_t SMEM_FLOATS = 64 * 1024; /* 256 KiB: more than any GPU gives one block */
+constexpr size_t STACK_BYTES = 128 * 1024;
+
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    EmuDim3 tid;
+    bool done;
+    bool at_block;  /* waiting at __syncthreads, generation wait_gen */
+    unsigned wait_gen;
+    unsigned parity; /* of its next shuffle (two slots, one barrier per shuffle) */
+};
+
+struct Barrier {
+    int need, arrived;
+    unsigned gen;
+};
+
+inline std::vector<Fiber> fibers;
+inline ucontext_t sched;
+inline int cur;
+inline EmuDim3 block_idx, block_dim;
+inline Barrier block_bar;
+inline std::vector<Barrier> warp_bar;
+inline std::vector<uint64_t> lanes; /* two shuffle slots per thread */
+inline std::function<void()> body;
+inline bool tf32_exact;
+inline size_t smem_bytes;
+
+inline void yield() { swapcontext(&fibers[(size_t)cur].ctx, &sched); }
+
+inline void wait(Barrier &b) {
+    unsigned g = b.gen;
+    if (++b.arrived == b.need) {
+        b.arrived = 0;
+        b.gen++;
+        return;
+    }
+    bool whole_block = &b == &block_bar;
+    fibers[(size_t)cur].at_block = whole_block;
+    fibers[(size_t)cur].wait_gen = g;
+    while (b.gen == g) yield();
+    fibers[(size_t)cur].at_block = false;
+}
+
+inline void trampoline() {
+    body();
+    fibers[(size_t)cur].done = true;
+}
+
+/* A fresh fiber for thread t at the start of body (getcontext returns twice: kept out of launch's frame). */
+__attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
+    f.stack.resize(STACK_BYTES);
+    f.tid = {t, 0, 0};
+    f.done = f.at_block = false;
+    f.parity = 0;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = &sched;
+    makecontext(&f.ctx, trampoline, 0);
+}
+
+/* Runs body as grid x threads CUDA threads, block after block, with smem bytes of dynamic shared memory. */
+inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, const std::function<void()> &fn) {
+    if (smem > SMEM_FLOATS * sizeof(float) || threads % 32) {
+        fprintf(stderr, "cuda_emu: a launch of %u threads with %zu bytes of shared memory\n", threads, smem);
+        exit(2);
+    }
+    smem_bytes = smem;
+    body = fn;
+    block_dim = {threads, 1, 1};
+    if (fibers.size() != threads) fibers = std::vector<Fiber>(threads);
+    lanes.assign(2 * (size_t)threads, 0);
+    for (unsigned b = 0; b < grid; b++) {
+        block_idx = {b, 0, 0};
+        std::fill(shared, shared + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+        block_bar = {(int)threads, 0, 0};
+        warp_bar.assign(threads / 32, Barrier{32, 0, 0});
+        for (unsigned t = 0; t < threads; t++) start_fiber(fibers[t], t);
+        /* one warp at a time until its lanes are done or at __syncthreads (its warp barriers and shuffles cycle
+         * through 32 fibers only), then the next warp; then again, until every thread is done */
+        for (bool busy = true; busy;) {
+            busy = false;
+            for (unsigned w = 0; w < threads / 32; w++)
+                for (long rounds = 0;; rounds++) {
+                    bool ran = false;
+                    for (unsigned t = w * 32; t < w * 32 + 32; t++) {
+                        Fiber &f = fibers[t];
+                        if (f.done || (f.at_block && block_bar.gen == f.wait_gen)) continue;
+                        cur = (int)t;
+                        swapcontext(&sched, &f.ctx);
+                        ran = true;
+                    }
+                    if (!ran) break;
+                    if (rounds > 100000000L) {
+                        fprintf(stderr, "cuda_emu: warp %u of block %u never reaches __syncthreads (a barrier only "
+                                "some of its lanes call?)\n", w, b);
+                        exit(2);
+                    }
+                }
+            for (unsigned t = 0; t < threads; t++) busy = busy || !fibers[t].done;
+        }
+        if (block_bar.arrived) {
+            fprintf(stderr, "cuda_emu: block %u ended with threads waiting at __syncthreads\n", b);
+            exit(2);
+        }
+    }
+}
+
+template <typename T> inline T shfl(T v, int src) {
+    static_assert(sizeof(T) <= sizeof(uint64_t), "shuffles of up to 8 bytes");
+    int w = cur / 32;
+    size_t slot = (size_t)fibers[(size_t)cur].parity * fibers.size();
+    fibers[(size_t)cur].parity ^= 1u;
+    memcpy(&lanes[slot + (size_t)cur], &v, sizeof v);
+    wait(warp_bar[(size_t)w]); /* a lane can be one shuffle ahead only, writing the other slot */
+    T r;
+    memcpy(&r, &lanes[slot + (size_t)(w * 32 + (src & 31))], sizeof r);
+    return r;
+}
+
+} /* namespace emu */
+
+#define threadIdx (emu::fibers[(size_t)emu::cur].tid)
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+
+inline void __syncthreads() { emu::wait(emu::block_bar); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    emu::wait(emu::warp_bar[(size_t)(emu::cur / 32)]);
+}
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src) {
+    (void)mask;
+    return emu::shfl(v, src);
+}
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    (void)mask;
+    return emu::shfl(v, (emu::cur % 32) ^ lane_mask);
+}
+
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K> struct shape;
+template <int M, int N, int K> struct shape<matrix_a, M, N, K> { static constexpr int rows = M, cols = K; };
+template <int M, int N, int K> struct shape<matrix_b, M, N, K> { static constexpr int rows = K, cols = N; };
+template <int M, int N, int K> struct shape<accumulator, M, N, K> { static constexpr int rows = M, cols = N; };
+
+/* the whole tile, row-major, in every lane */
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+    static constexpr int rows = shape<Use, M, N, K>::rows, cols = shape<Use, M, N, K>::cols;
+    static constexpr int num_elements = rows * cols;
+    float x[num_elements];
+};
+
+inline float __float_to_tf32(float v) {
+    if (emu::tf32_exact || !std::isfinite(v)) return v;
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u = (u + 0x1000u) & 0xffffe000u; /* to nearest, ties away from zero, 10 mantissa bits */
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const float *p, unsigned ld) {
+    static_assert(!std::is_same<L, void>::value, "operand fragments name their layout");
+    constexpr int R = fragment<Use, M, N, K, T, L>::rows, C = fragment<Use, M, N, K, T, L>::cols;
+    if ((uintptr_t)p % 32 || ld % 4) {
+        fprintf(stderr, "cuda_emu: load_matrix_sync of a pointer not 32-byte aligned or a stride of %u\n", ld);
+        exit(2);
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            f.x[r * C + c] = std::is_same<L, row_major>::value ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
+}
+
+template <int M, int N, int K>
+inline void fill_fragment(fragment<accumulator, M, N, K, float> &f, float v) {
+    for (float &e : f.x) e = v;
+}
+
+template <int M, int N, int K, typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, M, N, K, float> &d, const fragment<matrix_a, M, N, K, T, LA> &a,
+                     const fragment<matrix_b, M, N, K, T, LB> &b, const fragment<accumulator, M, N, K, float> &c) {
+    float out[M * N];
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float s = c.x[m * N + n];
+            for (int k = 0; k < K; k++) s += a.x[m * K + k] * b.x[k * N + n];
+            out[m * N + n] = s;
+        }
+    memcpy(d.x, out, sizeof out);
+}
+
+template <int M, int N, int K>
+inline void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, float> &f, unsigned ld, layout_t l) {
+    if ((uintptr_t)p % 32 || ld % 4) {
+        fprintf(stderr, "cuda_emu: store_matrix_sync to a pointer not 32-byte aligned or a stride of %u\n", ld);
+        exit(2);
+    }
+    if (emu::cur % 32) return; /* lane 0 writes the warp's tile */
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) (l == mem_row_major ? p[(size_t)m * ld + n] : p[(size_t)n * ld + m]) = f.x[m * N + n];
+}
+
+} /* namespace wmma */
+} /* namespace nvcuda */
+
+#endif

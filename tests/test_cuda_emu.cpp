@@ -1,0 +1,275 @@
+/* The CUDA attention kernels of training (kernels/cuda/attention_kernels.cuh)
+ * run on the CPU under tests/cuda_emu.h, so that every build, with or
+ * without a GPU, checks them:
+ *  - the fp32 kernels' forward against a float64 reference (output and
+ *    log-sum-exp within 2e-5 of the largest): the emulation runs kernels
+ *    that an H100 run verified, so this checks the emulation too;
+ *  - the tensor-core (TF32 WMMA) kernels against the fp32 kernels on the
+ *    same inputs, once with TF32 rounding turned off (then the two paths
+ *    differ only in the order of float32 sums: output 2e-5, gradients
+ *    and +Pos sums 1e-4 of the largest) and once rounding as the hardware
+ *    does (the TF32 bounds of test_kernels.c: 5e-3 forward against the
+ *    float64 reference, 1e-2 gradients against the fp32 kernels);
+ * over head dims 16 to 128 (padded tiles), causal and bidirectional masks,
+ * key padding with fully masked rows, dropout, grouped K/V heads, cross
+ * attention (Tq != Tk), +Pos (shared and per head) and the relative
+ * position bias table. One configuration builds and runs it (tests/Makefile):
+ * what it runs does not depend on the configuration. */
+#include "cuda_emu.h"
+
+extern "C" {
+#include "attention.h"
+#include "hash.h"
+#include "test.h"
+}
+/* The kernels read +Pos through ATTN_POS, a constant of the build; here it is on, so that one program checks
+ * both the calls with +Pos (p.pos = 1) and those without (p.pos = 0) whatever the configuration. */
+#undef ATTN_POS
+#define ATTN_POS 1
+#include "../kernels/cuda/warp.cuh"
+#include "../kernels/cuda/attention_kernels.cuh"
+
+alignas(128) float tsm[emu::SMEM_FLOATS]; /* the kernels' dynamic shared memory */
+alignas(128) float sm[emu::SMEM_FLOATS];
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float urand(void) { /* uniform in [-1, 1) */
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return (float)((double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+static std::vector<float> rand_vec(size_t n, float scale) {
+    std::vector<float> v(n);
+    for (float &x : v) x = scale * urand();
+    return v;
+}
+
+struct Case {
+    const char *name;
+    int B, H, G, Tq, Tk, hd, causal, pad, pos, pos_groups, pe;
+    float dropout;
+};
+
+/* The inputs of one case and the outputs of one path. */
+struct Problem {
+    Case c;
+    AttnDev p;
+    std::vector<float> Q, K, V, dout, f, g, alpha, bias, pe;
+    std::vector<unsigned char> pad;
+};
+struct Result {
+    std::vector<float> out, lse, dQ, dK, dV, rowacc, colacc;
+};
+
+static Problem make_problem(const Case &c) {
+    Problem pr;
+    pr.c = c;
+    int C = c.H * c.hd;
+    pr.Q = rand_vec((size_t)c.B * c.H * c.Tq * c.hd, 1.5f);
+    pr.K = rand_vec((size_t)c.B * c.G * c.Tk * c.hd, 1.5f);
+    pr.V = rand_vec((size_t)c.B * c.G * c.Tk * c.hd, 1.0f);
+    pr.dout = rand_vec((size_t)c.B * c.Tq * C, 1.0f);
+    AttnDev &p = pr.p;
+    memset(&p, 0, sizeof p);
+    p.B = c.B, p.Tq = c.Tq, p.Tk = c.Tk, p.H = c.H, p.G = c.G, p.group = c.H / c.G, p.hd = c.hd;
+    p.causal = c.causal;
+    p.scale = 1.0f / sqrtf((float)c.hd);
+    p.dropout = c.dropout;
+    p.dscale = 1.0f / (1.0f - c.dropout);
+    p.thr = (uint32_t)(c.dropout * 16777216.0f);
+    p.seed = 0x1234567ull + (uint64_t)c.hd;
+    p.batch_first = 1; /* as rank 1 of a split batch: the global row index reaches the dropout hash */
+    if (c.pad) { /* batch b pads its last 3 (b + 1) keys; the last batch of a 'pad = 2' case pads them all */
+        pr.pad.assign((size_t)c.B * c.Tk, 0);
+        for (int b = 0; b < c.B; b++)
+            for (int j = 0; j < c.Tk; j++)
+                pr.pad[(size_t)b * c.Tk + j] = (c.pad == 2 && b == c.B - 1) || j >= c.Tk - 3 * (b + 1);
+        p.pad = pr.pad.data();
+    }
+    if (c.pos) {
+        int Gp = c.pos_groups;
+        pr.f = rand_vec((size_t)Gp * c.Tq, 0.5f);
+        pr.g = rand_vec((size_t)Gp * c.Tk, 0.5f);
+        pr.alpha = rand_vec((size_t)Gp, 1.0f);
+        pr.bias = rand_vec((size_t)Gp, 0.3f);
+        p.pos = 1, p.pos_groups = Gp;
+        p.f = pr.f.data(), p.g = pr.g.data(), p.alpha = pr.alpha.data(), p.bias = pr.bias.data();
+    }
+    if (c.pe) {
+        p.pe_nd = c.Tq + c.Tk - 1;
+        pr.pe = rand_vec((size_t)c.H * p.pe_nd, 0.8f);
+        p.pe_bias = pr.pe.data();
+    }
+    p.Q = pr.Q.data(), p.K = pr.K.data(), p.V = pr.V.data();
+    return pr;
+}
+
+/* float64 forward: out (B, Tq, H hd) and lse (B, H, Tq) */
+static void reference_forward(const Problem &pr, std::vector<double> &out, std::vector<double> &lse) {
+    const Case &c = pr.c;
+    const AttnDev &p = pr.p;
+    int C = c.H * c.hd;
+    out.assign((size_t)c.B * c.Tq * C, 0.0);
+    lse.assign((size_t)c.B * c.H * c.Tq, 0.0);
+    std::vector<double> x((size_t)c.Tk);
+    for (int b = 0; b < c.B; b++)
+        for (int h = 0; h < c.H; h++) {
+            int g = h / p.group;
+            for (int i = 0; i < c.Tq; i++) {
+                const float *q = &pr.Q[(((size_t)b * c.H + h) * c.Tq + i) * c.hd];
+                double m = -INFINITY;
+                for (int j = 0; j < c.Tk; j++) {
+                    bool vis = (!c.causal || j <= i) && (!c.pad || !pr.pad[(size_t)b * c.Tk + j]);
+                    const float *k = &pr.K[(((size_t)b * c.G + g) * c.Tk + j) * c.hd];
+                    double s = 0.0;
+                    for (int d = 0; d < c.hd; d++) s += (double)q[d] * k[d];
+                    s *= p.scale;
+                    if (c.pos) {
+                        int gi = c.pos_groups == 1 ? 0 : h;
+                        s = pr.alpha[gi] * s + pr.g[(size_t)gi * c.Tk + j] + pr.f[(size_t)gi * c.Tq + i] + pr.bias[gi];
+                    }
+                    if (c.pe) s += pr.pe[(size_t)h * p.pe_nd + (j - i) + c.Tq - 1];
+                    x[j] = vis ? s : -INFINITY;
+                    m = std::max(m, x[j]);
+                }
+                size_t orow = ((size_t)b * c.Tq + i) * C + (size_t)h * c.hd;
+                if (m == -INFINITY) { /* every key masked: zeros, lse -inf */
+                    lse[((size_t)b * c.H + h) * c.Tq + i] = -INFINITY;
+                    continue;
+                }
+                double l = 0.0;
+                for (int j = 0; j < c.Tk; j++) l += x[j] == -INFINITY ? 0.0 : exp(x[j] - m);
+                for (int j = 0; j < c.Tk; j++) {
+                    if (x[j] == -INFINITY) continue;
+                    size_t idx = (((size_t)(p.batch_first + b) * c.H + h) * c.Tq + i) * c.Tk + j;
+                    double keep = c.dropout > 0 ? (dropout_keep(p.seed, idx, p.thr) ? p.dscale : 0.0) : 1.0;
+                    double a = exp(x[j] - m) / l * keep;
+                    const float *v = &pr.V[(((size_t)b * c.G + g) * c.Tk + j) * c.hd];
+                    for (int d = 0; d < c.hd; d++) out[orow + d] += a * v[d];
+                }
+                lse[((size_t)b * c.H + h) * c.Tq + i] = m + log(l);
+            }
+        }
+}
+
+#define NPL_KERNEL(KERNEL, npl) \
+    (npl == 1 ? KERNEL<1> : npl == 2 ? KERNEL<2> : npl == 4 ? KERNEL<4> : KERNEL<8>)
+
+/* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them). */
+static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
+    const Case &c = pr.c;
+    AttnDev p = pr.p;
+    int C = c.H * c.hd, hd = c.hd, o_ld = C;
+    size_t o_bs = (size_t)c.Tq * C;
+    Result r;
+    r.out.assign((size_t)c.B * c.Tq * C, NAN);
+    r.lse.assign((size_t)c.B * c.H * c.Tq, NAN);
+    float *out = r.out.data(), *lse = r.lse.data();
+    if (tc) {
+        int nt = tc_nt(hd);
+        unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
+        auto k = nt == 1 ? tc_forward_kernel<1> : nt == 2 ? tc_forward_kernel<2> : nt == 4 ? tc_forward_kernel<4>
+                                                                                           : tc_forward_kernel<8>;
+        emu::launch(grid, TC_THREADS, tc_smem_forward(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+    } else {
+        unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
+        auto k = NPL_KERNEL(forward_kernel, att_npl(hd));
+        emu::launch(grid, ATT_THREADS, att_smem_forward(hd), sm, [&] { k(p, out, o_ld, o_bs, lse); });
+    }
+    if (!fwd_of) fwd_of = &r;
+    /* D = dO . O per row, from the common forward */
+    std::vector<float> D((size_t)c.B * c.H * c.Tq);
+    for (int b = 0; b < c.B; b++)
+        for (int h = 0; h < c.H; h++)
+            for (int i = 0; i < c.Tq; i++) {
+                size_t off = (size_t)b * o_bs + (size_t)i * o_ld + (size_t)h * hd;
+                double s = 0.0;
+                for (int d = 0; d < hd; d++) s += (double)pr.dout[off + d] * fwd_of->out[off + d];
+                D[((size_t)b * c.H + h) * c.Tq + i] = (float)s;
+            }
+    r.dQ.assign(pr.Q.size(), NAN);
+    r.dK.assign(pr.K.size(), NAN);
+    r.dV.assign(pr.V.size(), NAN);
+    if (c.pos) {
+        r.rowacc.assign((size_t)c.B * c.H * c.Tq * 2, NAN);
+        r.colacc.assign((size_t)c.B * c.H * c.Tk, NAN);
+    }
+    const float *dout = pr.dout.data(), *L = fwd_of->lse.data(), *Dp = D.data();
+    float *dQ = r.dQ.data(), *dK = r.dK.data(), *dV = r.dV.data();
+    float *rowacc = c.pos ? r.rowacc.data() : nullptr, *colacc = c.pos ? r.colacc.data() : nullptr;
+    if (tc) {
+        int nt = tc_nt(hd);
+        unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
+        unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
+        auto kq = nt == 1 ? tc_dq_kernel<1> : nt == 2 ? tc_dq_kernel<2> : nt == 4 ? tc_dq_kernel<4> : tc_dq_kernel<8>;
+        auto kk = nt == 1 ? tc_dkv_kernel<1> : nt == 2 ? tc_dkv_kernel<2> : nt == 4 ? tc_dkv_kernel<4>
+                                                                                   : tc_dkv_kernel<8>;
+        emu::launch(gq, TC_THREADS, tc_smem_backward(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+        emu::launch(gk, TC_THREADS, tc_smem_backward(nt), tsm,
+                    [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+    } else {
+        unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
+        unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
+        auto kq = NPL_KERNEL(dq_kernel, att_npl(hd));
+        auto kk = NPL_KERNEL(dkv_kernel, att_npl(hd));
+        emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+        emu::launch(gk, ATT_THREADS, att_smem_dkv(hd), sm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+    }
+    return r;
+}
+
+/* max |a - b| over max |b| (finite entries of b; an entry where one is finite and the other not counts as 1) */
+template <typename T> static double rel_err(const std::vector<float> &a, const std::vector<T> &b) {
+    double m = 0.0, e = 0.0;
+    for (size_t i = 0; i < b.size(); i++)
+        if (std::isfinite((double)b[i])) m = std::max(m, fabs((double)b[i]));
+    for (size_t i = 0; i < b.size(); i++) {
+        bool fa = std::isfinite((double)a[i]), fb = std::isfinite((double)b[i]);
+        if (fa != fb || (!fb && (double)a[i] != (double)b[i])) return 1.0;
+        if (fb) e = std::max(e, fabs((double)a[i] - (double)b[i]));
+    }
+    return m > 0 ? e / m : e;
+}
+
+static void check_case(const Case &c) {
+    Problem pr = make_problem(c);
+    std::vector<double> ref_out, ref_lse;
+    reference_forward(pr, ref_out, ref_lse);
+    emu::tf32_exact = true;
+    Result f32 = run_path(pr, false, nullptr);
+    double e = rel_err(f32.out, ref_out), el = rel_err(f32.lse, ref_lse);
+    CHECK(e <= 2e-5 && el <= 2e-5, "%s: fp32 kernels' forward against float64: output %.3g, lse %.3g", c.name, e, el);
+    for (int rounding = 0; rounding < 2; rounding++) {
+        emu::tf32_exact = !rounding;
+        Result tc = run_path(pr, true, &f32);
+        const char *mode = rounding ? "TF32" : "TF32 rounding off";
+        double fwd_tol = rounding ? 5e-3 : 2e-5, grad_tol = rounding ? 1e-2 : 1e-4;
+        e = rel_err(tc.out, ref_out), el = rel_err(tc.lse, ref_lse);
+        CHECK(e <= fwd_tol && el <= fwd_tol, "%s, %s: tensor-core forward against float64: output %.3g, lse %.3g "
+              "(bound %g)", c.name, mode, e, el, fwd_tol);
+        const std::vector<float> *got[] = {&tc.dQ, &tc.dK, &tc.dV, &tc.rowacc, &tc.colacc};
+        const std::vector<float> *want[] = {&f32.dQ, &f32.dK, &f32.dV, &f32.rowacc, &f32.colacc};
+        const char *what[] = {"dQ", "dK", "dV", "+Pos row sums", "+Pos column sums"};
+        for (int k = 0; k < 5; k++) {
+            if (want[k]->empty()) continue;
+            double ek = rel_err(*got[k], *want[k]);
+            CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
+                  what[k], ek, grad_tol);
+        }
+    }
+    emu::tf32_exact = false;
+}
+
+int main(void) {
+    const int P = 1;
+    const Case cases[] = {
+        /* name                          B  H  G  Tq  Tk  hd  causal pad pos groups pe dropout */
+        {"hd 16, causal", 2, 2, 2, 70, 70, 16, 1, 0, 0, 1, 0, 0.0f},
+        {"hd 64, causal, GQA, pad, +Pos, bias, dropout", 1, 4, 2, 70, 70, 64, 1, 1, P, 1, 1, 0.2f},
+        {"hd 24, bidirectional, MQA, pad, +Pos per head", 2, 2, 1, 33, 33, 24, 0, 1, P, 2, 0, 0.1f},
+        {"hd 32, cross, masked batch, dropout", 2, 2, 2, 40, 70, 32, 0, 2, 0, 1, 0, 0.1f},
+        {"hd 128, bidirectional, bias", 1, 2, 2, 40, 40, 128, 0, 0, 0, 1, 1, 0.0f},
+        {"hd 8, causal, pad, +Pos", 3, 1, 1, 65, 65, 8, 1, 1, P, 1, 0, 0.0f},
+    };
+    for (const Case &c : cases) check_case(c);
+    return TEST_SUMMARY("test_cuda_emu");
+}
