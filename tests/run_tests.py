@@ -515,10 +515,12 @@ def gpu_visible():
 CUDA_NATIVE = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"  # the GPU runs: code for the GPU that is there
 
 
-def test_cuda(build_root, tmp, sanitize):
-    """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; its unit tests (every variant, the same
-    programs as the CPU's) and a CPU-against-GPU training comparison run where a GPU is visible."""
-    section("CUDA target")
+def test_cuda(build_root, tmp, sanitize, part):
+    """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; where a GPU is visible, part "programs"
+    runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32) and part
+    "models" the precision, bench and NCCL checks and the CPU-against-GPU training comparison. Two sections
+    (cuda-programs, cuda-models; -k cuda runs both) so that each fits a time-limited session on a GPU machine."""
+    section("CUDA target: " + ("test programs" if part == "programs" else "configurations, benchmarks, NCCL, models"))
     if sanitize:
         print("  skipped under --sanitize (the CUDA runtime and AddressSanitizer do not mix; make test covers it)")
         return
@@ -526,6 +528,15 @@ def test_cuda(build_root, tmp, sanitize):
         print("  skipped: no CUDA toolkit (nvcc) on this machine, nothing of the CUDA target was built or run")
         return
     gpu = gpu_visible()
+    if part == "models":
+        cuda_kconfig(build_root, gpu)
+        cuda_bench(tmp, gpu)
+        cuda_nccl(tmp, gpu)
+        if gpu:
+            cuda_against_cpu(tmp)
+        else:
+            print("  no GPU visible (nvidia-smi -L): the configurations above were compiled, nothing ran on a GPU")
+        return
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
         configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
@@ -556,24 +567,51 @@ def test_cuda(build_root, tmp, sanitize):
             print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
             for ln in fails[:20]:
                 print(f"    {ln}")
-    cuda_kconfig(build_root, gpu)
-    cuda_bench(tmp, gpu)
-    cuda_nccl(tmp, gpu)
-    if not gpu:
-        prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
-        r = run([prog])
-        R.check(r.returncode == 1 and r.stderr.count("\n") == 1 and "CUDA target: no usable GPU" in r.stderr and
-                "hint:" in r.stderr, f"a CUDA binary on a machine without a GPU stops with one line and a hint: "
-                f"{r.returncode} {r.stderr!r}")
-        print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
-              "were not run")
+    if gpu:
+        cuda_tf32_kernels(build_root, native, env)
         return
-    cuda_against_cpu(tmp)
+    prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
+    r = run([prog])
+    R.check(r.returncode == 1 and r.stderr.count("\n") == 1 and "CUDA target: no usable GPU" in r.stderr and
+            "hint:" in r.stderr, f"a CUDA binary on a machine without a GPU stops with one line and a hint: "
+            f"{r.returncode} {r.stderr!r}")
+    print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
+          "were not run (the attention kernels ran under emulation: test_cuda_emu, C unit tests)")
+
+
+# the variant configurations whose kernel tests run again with TF32 tensor cores: Q.K^T and K.K^T scores, one
+# projection, grouped K/V heads, +Pos shared and per head
+CUDA_TF32_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
+
+
+def cuda_tf32_kernels(build_root, native, env):
+    """test_kernels in a TF32 build: the tensor-core attention kernels (kernels/cuda/attention.cu) and TF32
+    matmuls against the same float64 references and finite differences, at the TF32 bounds of test_kernels.c."""
+    frag = os.path.join(build_root, "tests-cuda", "tf32.frag")
+    with open(frag, "w") as f:
+        f.write("CONFIG_CUDA_TF32=y\n")
+    for name, frags in [c for c in TEST_CONFIGS if c[0] in CUDA_TF32_CONFIGS]:
+        bdir = os.path.join(build_root, "tests-cuda", name + "-tf32")
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
+                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda"), native, frag])
+        if not R.check(r.returncode == 0, f"CUDA TF32 test configuration {name}: {r.stderr.strip()}"):
+            continue
+        prog = os.path.join(bdir, "tests", "test_kernels")
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y", prog])
+        if not R.check(r.returncode == 0, f"CUDA TF32 build of {name}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+            continue
+        label = f"cuda-tf32/{name}/test_kernels"
+        r, counts, secs = run_test_program(prog, label, env)
+        if counts is None:
+            continue
+        print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
+        for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
+            print(f"    {ln}")
 
 
 def cuda_kconfig(build_root, gpu):
     """Each GPU architecture choice reaches nvcc as its -gencode; native asks nvidia-smi and, without a GPU,
-    stops the build with one line. Each precision choice compiles (the backend's matmuls and its name)."""
+    stops the build with one line. Each precision choice compiles (the backend's matmuls, attention and name)."""
     for sym in ("CUDA_TF32", "CUDA_BF16_MATMUL"):
         bdir = os.path.join(build_root, "tests-cuda", "precision-" + sym.lower())
         frag = bdir + ".frag"
@@ -584,8 +622,10 @@ def cuda_kconfig(build_root, gpu):
         if R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
             ops = os.path.join(bdir, "kernels", "cuda", "ops.o")
             r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", ops,
-                     os.path.join(bdir, "kernels", "cuda", "backend.o")])
-            if R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls compile:\n{r.stdout[-1500:]}"
+                     os.path.join(bdir, "kernels", "cuda", "backend.o"),
+                     os.path.join(bdir, "kernels", "cuda", "attention.o")])
+            if R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls and attention compile:\n"
+                       f"{r.stdout[-1500:]}"
                        f"{r.stderr[-1500:]}"):
                 # the choice reaches the code: the bf16 build calls cublasGemmEx only, the TF32 one cublasSgemm only
                 calls = set(re.findall(r"\bcublas(?:GemmEx|Sgemm\w*)\b", run(["nm", "-u", ops]).stdout))
@@ -3043,8 +3083,9 @@ def main():
             guarded(test_mpi, tmp, args.sanitize)
         if want("bench-decode"):
             guarded(test_bench_decode, tmp)
-        if want("cuda"):
-            guarded(test_cuda, build_root, tmp, args.sanitize)
+        for part in ("programs", "models"):
+            if want("cuda-" + part):
+                guarded(test_cuda, build_root, tmp, args.sanitize, part)
         if want("sweep"):
             guarded(test_sweep_logic)
             guarded(test_sweep_end_to_end, tmp, args.sanitize)
