@@ -17,7 +17,9 @@
  *
  * Lanes run in turn between barriers, so a fragment load that is not
  * separated by __syncwarp from the per-lane writes it reads (lane 0 would
- * load a tile the other lanes have not written yet) shows too.
+ * load a tile the other lanes have not written yet) shows too, unless a
+ * shuffle stands between them: here a shuffle is a barrier after which
+ * every write is visible, where the hardware promises no memory order.
  *
  * What it cannot show: timing, occupancy, register or shared memory limits
  * of a real GPU, bank conflicts, and races that only true concurrency

@@ -330,7 +330,8 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
  * head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32 kernels).
  *
  * Layout: 4 warps a block, each warp 16 rows of the tile (query rows in forward and dQ, key rows in dK/dV);
- * the other side walks in tiles of 32. Each gradient value still has one writer (dQ per query block, dK and
+ * the other side walks in tiles of 32. Per score, two lanes share a row, 16 scores each, so a row's max and
+ * sum take one shuffle and a lane keeps one row's softmax state. Each gradient value still has one writer (dQ per query block, dK and
  * dV per key block over the group's query heads in order), so a run repeats bit for bit. */
 
 #define TC_ROWS 64    /* rows per block: 4 warps x 16 */
@@ -427,7 +428,7 @@ template <int NT>
 __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
                                                                 float *lse) {
     extern __shared__ __align__(128) float tsm[];
-    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = (hdp > TC_COLS ? hdp : TC_COLS) + 4, NPL = (hdp + 31) / 32;
+    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = (hdp > TC_COLS ? hdp : TC_COLS) + 4, HALF = hdp / 2;
     const int hd = p.hd;
     float *Qs = tsm, *Ks = Qs + TC_ROWS * ld, *Vs = Ks + TC_COLS * ld, *Ss = Vs + TC_COLS * ld;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
@@ -437,12 +438,11 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then probabilities, then P.V */
-    float m[16], l[16], o[16][NPL];
-    for (int r = 0; r < 16; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        for (int k = 0; k < NPL; k++) o[r][k] = 0.0f;
-    }
+    /* two lanes a row: row rr, its keys c0 .. c0+15 of a tile and its output columns d0 .. d0+HALF-1 */
+    const int rr = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), d0 = (lane & 1) * HALF, i = i0 + r0 + rr;
+    float *srow = Sw + rr * lds;
+    float m = -INFINITY, l = 0.0f, o[HALF];
+    for (int k = 0; k < HALF; k++) o[k] = 0.0f;
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
@@ -454,21 +454,24 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
         tc_mma_abt(s, Qs + r0 * ld, ld, Ks, ld, hdp);
         tc_store(Sw, lds, s);
         __syncwarp();
-        int j = j0 + lane;
-        for (int rr = 0; rr < 16; rr++) {
-            int i = i0 + r0 + rr;
-            bool vis = visible(p, b, i, j);
-            float x = vis ? score_x(p, h, i, j, Sw[rr * lds + lane] * p.scale) : -INFINITY;
-            float mnew = fmaxf(m[rr], warp_max(x)), pe = 0.0f;
-            if (mnew != -INFINITY) { /* else every key so far is masked: nothing changes */
-                float corr = expf(m[rr] - mnew);
-                float e = vis ? expf(x - mnew) : 0.0f;
-                l[rr] = l[rr] * corr + warp_sum(e);
-                pe = vis ? e * keep_factor(p, b, h, i, j) : 0.0f;
-                for (int k = 0; k < NPL; k++) o[rr][k] *= corr;
-                m[rr] = mnew;
-            }
-            Sw[rr * lds + lane] = pe;
+        float x[TC_COLS / 2], mt = -INFINITY;
+        for (int c = 0; c < TC_COLS / 2; c++) {
+            int j = j0 + c0 + c;
+            x[c] = visible(p, b, i, j) ? score_x(p, h, i, j, srow[c0 + c] * p.scale) : -INFINITY;
+            mt = fmaxf(mt, x[c]);
+        }
+        float mnew = fmaxf(m, fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1))), st = 0.0f;
+        for (int c = 0; c < TC_COLS / 2; c++) { /* masked scores (and all, while every key so far is) give 0 */
+            float e = x[c] == -INFINITY ? 0.0f : expf(x[c] - mnew);
+            st += e;
+            srow[c0 + c] = x[c] == -INFINITY ? 0.0f : e * keep_factor(p, b, h, i, j0 + c0 + c);
+        }
+        st += __shfl_xor_sync(0xffffffffu, st, 1);
+        if (mnew != -INFINITY) {
+            float corr = expf(m - mnew);
+            l = l * corr + st;
+            for (int k = 0; k < HALF; k++) o[k] *= corr;
+            m = mnew;
         }
         __syncwarp();
         TcC pv[NT];
@@ -477,22 +480,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
         __syncwarp();
         tc_store(Sw, lds, pv);
         __syncwarp();
-        for (int rr = 0; rr < 16; rr++)
-            for (int k = 0; k < NPL; k++) {
-                int d = lane + 32 * k;
-                if (d < hdp) o[rr][k] += Sw[rr * lds + d];
-            }
+        for (int k = 0; k < HALF; k++) o[k] += srow[d0 + k];
     }
-    for (int rr = 0; rr < 16; rr++) {
-        int i = i0 + r0 + rr;
-        if (i >= p.Tq) break;
-        float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+    if (i < p.Tq) {
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
         float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
-        for (int k = 0; k < NPL; k++) {
-            int d = lane + 32 * k;
-            if (d < hd) orow[d] = o[rr][k] * inv;
-        }
-        if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+        for (int k = 0; k < HALF; k++)
+            if (d0 + k < hd) orow[d0 + k] = o[k] * inv;
+        if (d0 == 0) lse[(size_t)bh * p.Tq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
     }
 }
 
@@ -520,8 +515,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-    float gs[16], rs[16];
-    for (int r = 0; r < 16; r++) gs[r] = rs[r] = 0.0f;
+    /* two lanes a row: row rr, its keys c0 .. c0+15 of a tile */
+    const int rr = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), i = i0 + r0 + rr;
+    float gs = 0.0f, rs = 0.0f;
     TcC dq[NT];
     tc_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
@@ -538,16 +534,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
         tc_store(Sw, lds, s);
         tc_store(Aw, lds, a);
         __syncwarp();
-        int j = j0 + lane;
-        for (int rr = 0; rr < 16; rr++) {
-            int i = i0 + r0 + rr;
-            float li = ls[r0 + rr], sv = Sw[rr * lds + lane] * p.scale;
+        float li = ls[r0 + rr], Di = Ds[r0 + rr];
+        for (int c = c0; c < c0 + TC_COLS / 2; c++) {
+            int j = j0 + c;
+            float sv = Sw[rr * lds + c] * p.scale;
             bool vis = visible(p, b, i, j) && li != -INFINITY; /* a fully masked row has no gradient */
             float av = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
-            float gp = vis ? av * (Aw[rr * lds + lane] * keep_factor(p, b, h, i, j) - Ds[r0 + rr]) : 0.0f;
-            gs[rr] += gp * sv;
-            rs[rr] += gp;
-            Sw[rr * lds + lane] = alpha * gp;
+            float gp = vis ? av * (Aw[rr * lds + c] * keep_factor(p, b, h, i, j) - Di) : 0.0f;
+            gs += gp * sv;
+            rs += gp;
+            Sw[rr * lds + c] = alpha * gp;
         }
         __syncwarp();
         tc_mma_ab(dq, Sw, lds, Ks, ld, TC_COLS);
@@ -557,17 +553,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
         for (int t = 0; t < dq[n].num_elements; t++) dq[n].x[t] *= p.scale;
     tc_store(Qs + r0 * ld, ld, dq); /* this warp's own rows of Qs: no other warp reads them */
     __syncwarp();
-    for (int rr = 0; rr < 16; rr++) {
-        int i = i0 + r0 + rr;
-        if (i >= p.Tq) break;
-        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
-        for (int d = lane; d < hd; d += 32) row[d] = Qs[(r0 + rr) * ld + d];
-        if (rowacc) {
-            float x = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
-            if (lane == 0) {
-                rowacc[((size_t)bh * p.Tq + i) * 2] = x;
-                rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = c;
-            }
+    for (int r = 0; r < 16 && i0 + r0 + r < p.Tq; r++) {
+        float *row = dQ + ((size_t)bh * p.Tq + i0 + r0 + r) * hd;
+        for (int d = lane; d < hd; d += 32) row[d] = Qs[(r0 + r) * ld + d];
+    }
+    if (rowacc) {
+        gs += __shfl_xor_sync(0xffffffffu, gs, 1);
+        rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+        if (c0 == 0 && i < p.Tq) {
+            rowacc[((size_t)bh * p.Tq + i) * 2] = gs;
+            rowacc[((size_t)bh * p.Tq + i) * 2 + 1] = rs;
         }
     }
 }
@@ -591,6 +586,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, j0, p.Tk, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    /* two lanes a key: key row cc, its queries c0 .. c0+15 of a tile */
+    const int cc = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), j = j0 + r0 + cc;
     TcC dk[NT], dv[NT];
     tc_zero(dk);
     tc_zero(dv);
@@ -598,8 +595,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
         const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-        float cs[16];
-        for (int c = 0; c < 16; c++) cs[c] = 0.0f;
+        float cs = 0.0f;
         for (int i0 = p.causal ? j0 / TC_COLS * TC_COLS : 0; i0 < p.Tq; i0 += TC_COLS) {
             __syncthreads();
             tc_load_rows(Qs, ld, Q, i0, p.Tq, hd, hdp, TC_COLS);
@@ -618,28 +614,25 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
             tc_store(Sw, lds, st);
             tc_store(Aw, lds, at);
             __syncwarp();
-            int i = i0 + lane;
-            for (int cc = 0; cc < 16; cc++) {
-                int j = j0 + r0 + cc;
-                float li = ls[lane], sv = Sw[cc * lds + lane] * p.scale;
+            for (int c = c0; c < c0 + TC_COLS / 2; c++) {
+                int i = i0 + c;
+                float li = ls[c], sv = Sw[cc * lds + c] * p.scale;
                 bool vis = visible(p, b, i, j) && li != -INFINITY;
                 float a = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
                 float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
-                float gp = vis ? a * (Aw[cc * lds + lane] * kf - Ds[lane]) : 0.0f;
-                cs[cc] += gp;
-                Sw[cc * lds + lane] = a * kf;
-                Aw[cc * lds + lane] = alpha * gp;
+                float gp = vis ? a * (Aw[cc * lds + c] * kf - Ds[c]) : 0.0f;
+                cs += gp;
+                Sw[cc * lds + c] = a * kf;
+                Aw[cc * lds + c] = alpha * gp;
             }
             __syncwarp();
             tc_mma_ab(dv, Sw, lds, dOs, ld, TC_COLS);
             tc_mma_ab(dk, Aw, lds, Qs, ld, TC_COLS);
         }
-        if (colacc)
-            for (int cc = 0; cc < 16; cc++) {
-                int j = j0 + r0 + cc;
-                float t = warp_sum(cs[cc]);
-                if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
-            }
+        if (colacc) {
+            cs += __shfl_xor_sync(0xffffffffu, cs, 1);
+            if (c0 == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = cs;
+        }
     }
     __syncwarp();
     for (int n = 0; n < NT; n++)
@@ -647,12 +640,11 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     tc_store(Ks + r0 * ld, ld, dk); /* this warp's own rows of Ks and Vs */
     tc_store(Vs + r0 * ld, ld, dv);
     __syncwarp();
-    for (int cc = 0; cc < 16; cc++) {
-        int j = j0 + r0 + cc;
-        if (j >= p.Tk) break;
+    for (int r = 0; r < 16 && j0 + r0 + r < p.Tk; r++) {
+        size_t row = ((size_t)bg * p.Tk + j0 + r0 + r) * hd;
         for (int d = lane; d < hd; d += 32) {
-            dK[((size_t)bg * p.Tk + j) * hd + d] = Ks[(r0 + cc) * ld + d];
-            dV[((size_t)bg * p.Tk + j) * hd + d] = Vs[(r0 + cc) * ld + d];
+            dK[row + d] = Ks[(r0 + r) * ld + d];
+            dV[row + d] = Vs[(r0 + r) * ld + d];
         }
     }
 }
