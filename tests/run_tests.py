@@ -642,6 +642,17 @@ def cuda_kconfig(build_root, gpu):
         if not R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
             continue
         r = run(["make", "-f", "scripts/Makefile.build", f"B={bdir}", os.path.join(bdir, ".cflags")])
+        if arch is None:  # a GPU older than 8.0 (a stand-in nvidia-smi answers 7.5): one line, before any compiling
+            fake = os.path.join(bdir + ".bin")
+            os.makedirs(fake, exist_ok=True)
+            with open(os.path.join(fake, "nvidia-smi"), "w") as f:
+                f.write("#!/bin/sh\necho 7.5\n")
+            os.chmod(os.path.join(fake, "nvidia-smi"), 0o755)
+            env = dict(os.environ, PATH=fake + os.pathsep + os.environ.get("PATH", ""))
+            r75 = run(["make", "-f", "scripts/Makefile.build", f"B={bdir}", os.path.join(bdir, ".cflags")], env=env)
+            R.check(r75.returncode != 0 and "sm_75" in r75.stderr and "sm_80 or later" in r75.stderr
+                    and "hint:" in r75.stderr, f"{sym} on a GPU older than 8.0: the build stops naming it: "
+                    f"{r75.stderr.strip()[-400:]}")
         if arch is None and not gpu:
             R.check(r.returncode != 0 and "no GPU architecture" in r.stderr and "hint:" in r.stderr,
                     f"{sym} without a GPU: the build stops naming the problem: {r.stderr.strip()[-400:]}")
