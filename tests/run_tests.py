@@ -545,28 +545,9 @@ def test_cuda(build_root, tmp, sanitize, part):
     with open(native, "w") as f:
         f.write(CUDA_NATIVE)
     env = unit_test_env()
+    progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint") if gpu else ()
     for name, frags in configs:
-        bdir = os.path.join(build_root, "tests-cuda", name)
-        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
-                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")] +
-                ([native] if gpu else []))
-        if not R.check(r.returncode == 0, f"CUDA test configuration {name}: {r.stderr.strip()}"):
-            continue
-        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y", "BENCH=y"])
-        if not R.check(r.returncode == 0, f"CUDA build of {name} (tests and benchmarks):\n{r.stdout[-3000:]}"
-                       f"{r.stderr[-3000:]}"):
-            continue
-        if not gpu:
-            continue
-        for prog in ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint"):
-            label = f"cuda/{name}/{prog}"
-            r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
-            if counts is None:
-                continue
-            fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
-            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
-            for ln in fails[:20]:
-                print(f"    {ln}")
+        cuda_config_tests(build_root, name, frags, [native] if gpu else [], ["BENCH=y"], progs, env)
     if gpu:
         cuda_tf32_kernels(build_root, native, env)
         return
@@ -584,29 +565,36 @@ def test_cuda(build_root, tmp, sanitize, part):
 CUDA_TF32_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
 
 
-def cuda_tf32_kernels(build_root, native, env):
-    """test_kernels in a TF32 build: the tensor-core attention kernels (kernels/cuda/attention.cu) and TF32
-    matmuls against the same float64 references and finite differences, at the TF32 bounds of test_kernels.c."""
-    frag = os.path.join(build_root, "tests-cuda", "tf32.frag")
-    with open(frag, "w") as f:
-        f.write("CONFIG_CUDA_TF32=y\n")
-    for name, frags in [c for c in TEST_CONFIGS if c[0] in CUDA_TF32_CONFIGS]:
-        bdir = os.path.join(build_root, "tests-cuda", name + "-tf32")
-        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
-                [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda"), native, frag])
-        if not R.check(r.returncode == 0, f"CUDA TF32 test configuration {name}: {r.stderr.strip()}"):
-            continue
-        prog = os.path.join(bdir, "tests", "test_kernels")
-        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y", prog])
-        if not R.check(r.returncode == 0, f"CUDA TF32 build of {name}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
-            continue
-        label = f"cuda-tf32/{name}/test_kernels"
-        r, counts, secs = run_test_program(prog, label, env)
+def cuda_config_tests(build_root, name, frags, extra, make_vars, progs, env, tag=""):
+    """Configures tests-cuda/<name><tag> (the base, the step fragments, tests/configs/cuda and extra), builds its
+    variant test programs (and make_vars' extras) and runs progs (none without a GPU), each counted."""
+    bdir = os.path.join(build_root, "tests-cuda", name + tag)
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
+            [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")] + extra)
+    if not R.check(r.returncode == 0, f"CUDA test configuration {name}{tag}: {r.stderr.strip()}"):
+        return
+    r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"] + make_vars)
+    if not R.check(r.returncode == 0, f"CUDA build of {name}{tag}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
+        return
+    for prog in progs:
+        label = f"cuda{tag}/{name}/{prog}"
+        r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
         if counts is None:
             continue
         print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
         for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
             print(f"    {ln}")
+
+
+def cuda_tf32_kernels(build_root, native, env):
+    """test_kernels in a TF32 build: the tensor-core attention kernels (kernels/cuda/attention_kernels.cuh) and
+    TF32 matmuls against the same float64 references and finite differences, at the TF32 bounds of
+    test_kernels.c."""
+    frag = os.path.join(build_root, "tests-cuda", "tf32.frag")
+    with open(frag, "w") as f:
+        f.write("CONFIG_CUDA_TF32=y\n")
+    for name, frags in [c for c in TEST_CONFIGS if c[0] in CUDA_TF32_CONFIGS]:
+        cuda_config_tests(build_root, name, frags, [native, frag], [], ("test_kernels",), env, tag="-tf32")
 
 
 def cuda_kconfig(build_root, gpu):

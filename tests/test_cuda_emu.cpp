@@ -151,9 +151,6 @@ static void reference_forward(const Problem &pr, std::vector<double> &out, std::
         }
 }
 
-#define NPL_KERNEL(KERNEL, npl) \
-    (npl == 1 ? KERNEL<1> : npl == 2 ? KERNEL<2> : npl == 4 ? KERNEL<4> : KERNEL<8>)
-
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them). */
 static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
     const Case &c = pr.c;
@@ -167,12 +164,11 @@ static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
     if (tc) {
         int nt = tc_nt(hd);
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
-        auto k = nt == 1 ? tc_forward_kernel<1> : nt == 2 ? tc_forward_kernel<2> : nt == 4 ? tc_forward_kernel<4>
-                                                                                           : tc_forward_kernel<8>;
+        auto k = ATT_PICK(tc_forward_kernel, nt);
         emu::launch(grid, TC_THREADS, tc_smem_forward(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
     } else {
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
-        auto k = NPL_KERNEL(forward_kernel, att_npl(hd));
+        auto k = ATT_PICK(forward_kernel, att_npl(hd));
         emu::launch(grid, ATT_THREADS, att_smem_forward(hd), sm, [&] { k(p, out, o_ld, o_bs, lse); });
     }
     if (!fwd_of) fwd_of = &r;
@@ -200,17 +196,16 @@ static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
         int nt = tc_nt(hd);
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
-        auto kq = nt == 1 ? tc_dq_kernel<1> : nt == 2 ? tc_dq_kernel<2> : nt == 4 ? tc_dq_kernel<4> : tc_dq_kernel<8>;
-        auto kk = nt == 1 ? tc_dkv_kernel<1> : nt == 2 ? tc_dkv_kernel<2> : nt == 4 ? tc_dkv_kernel<4>
-                                                                                   : tc_dkv_kernel<8>;
+        auto kq = ATT_PICK(tc_dq_kernel, nt);
+        auto kk = ATT_PICK(tc_dkv_kernel, nt);
         emu::launch(gq, TC_THREADS, tc_smem_backward(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
         emu::launch(gk, TC_THREADS, tc_smem_backward(nt), tsm,
                     [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
     } else {
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
-        auto kq = NPL_KERNEL(dq_kernel, att_npl(hd));
-        auto kk = NPL_KERNEL(dkv_kernel, att_npl(hd));
+        auto kq = ATT_PICK(dq_kernel, att_npl(hd));
+        auto kk = ATT_PICK(dkv_kernel, att_npl(hd));
         emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
         emu::launch(gk, ATT_THREADS, att_smem_dkv(hd), sm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
     }

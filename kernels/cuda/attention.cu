@@ -118,8 +118,7 @@ __global__ void diag_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bst
             dA += o[c] * v[c];
         }
         s *= p.scale;
-        float a = expf(score_x(p, h, i, j, s) - li);
-        sum += a * (dA * keep_factor(p, b, h, i, j) - D[(size_t)bh * p.Tq + i]);
+        sum += score_grad(p, b, h, i, j, s, dA, li, D[(size_t)bh * p.Tq + i]).gp;
     }
     sum = warp_sum(sum);
     if (lane == 0) racc[w] = sum;
@@ -399,20 +398,11 @@ static void cross_call(Call *c, const char *op, float *out, float *lse, const fl
     pack_roles(c);
 }
 
-/* Launches a kernel template for the head dim: NPL = values per lane (hd <= 32 NPL). */
-#define DISPATCH(hd, KERNEL, grid, smem, ...)                                                                 \
-    do {                                                                                                      \
-        int npl_ = att_npl(hd);                                                                               \
-        if (npl_ <= 1) launch(KERNEL<1>, grid, ATT_THREADS, smem, __VA_ARGS__);                                       \
-        else if (npl_ <= 2) launch(KERNEL<2>, grid, ATT_THREADS, smem, __VA_ARGS__);                                  \
-        else if (npl_ <= 4) launch(KERNEL<4>, grid, ATT_THREADS, smem, __VA_ARGS__);                                  \
-        else launch(KERNEL<8>, grid, ATT_THREADS, smem, __VA_ARGS__);                                                 \
-    } while (0)
-
 template <typename... KArgs, typename... Args>
 static void launch(void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t smem, Args... args) {
     cuda_check_smem("attention", smem, "a smaller head dim: more heads for the same width");
-    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, threads, smem, kv_stream>>>(args...);
     CUDA_LAUNCHED(attention);
 }
@@ -427,24 +417,18 @@ static int tc_tiles(int hd) {
     return need <= kv_smem_max ? nt : 0;
 }
 
-#define TC_DISPATCH(nt, KERNEL, grid, smem, ...)                                                              \
-    do {                                                                                                      \
-        if ((nt) == 1) launch(KERNEL<1>, grid, TC_THREADS, smem, __VA_ARGS__);                                        \
-        else if ((nt) == 2) launch(KERNEL<2>, grid, TC_THREADS, smem, __VA_ARGS__);                                   \
-        else if ((nt) == 4) launch(KERNEL<4>, grid, TC_THREADS, smem, __VA_ARGS__);                                   \
-        else launch(KERNEL<8>, grid, TC_THREADS, smem, __VA_ARGS__);                                                  \
-    } while (0)
-
 static void run_forward(Call *c) {
     AttnDev *d = &c->d;
     int nt = tc_tiles(d->hd);
     if (nt) {
         unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        TC_DISPATCH(nt, tc_forward_kernel, grid, tc_smem_forward(nt), *d, c->out, c->o_ld, c->o_bstride, c->lse);
+        launch(ATT_PICK(tc_forward_kernel, nt), grid, TC_THREADS, tc_smem_forward(nt), *d, c->out, c->o_ld,
+               c->o_bstride, c->lse);
         return;
     }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-    DISPATCH(d->hd, forward_kernel, grid, att_smem_forward(d->hd), *d, c->out, c->o_ld, c->o_bstride, c->lse);
+    launch(ATT_PICK(forward_kernel, att_npl(d->hd)), grid, ATT_THREADS, att_smem_forward(d->hd), *d, c->out, c->o_ld,
+           c->o_bstride, c->lse);
 }
 
 /* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. */
@@ -467,18 +451,18 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     int hd = d->hd, nt = tc_tiles(hd);
     if (nt) {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        TC_DISPATCH(nt, tc_dq_kernel, gq, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
-                    (const float *)c->lse, (const float *)D, *dq, rowacc);
+        launch(ATT_PICK(tc_dq_kernel, nt), gq, TC_THREADS, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
+               (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        TC_DISPATCH(nt, tc_dkv_kernel, gk, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
-                    (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch(ATT_PICK(tc_dkv_kernel, nt), gk, TC_THREADS, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
+               (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-        DISPATCH(hd, dq_kernel, gq, att_smem_dq(hd), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D,
-                 *dq, rowacc);
+        launch(ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout, c->o_ld, c->o_bstride,
+               (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-        DISPATCH(hd, dkv_kernel, gk, att_smem_dkv(hd), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D,
-                 *dk, *dv, colacc);
+        launch(ATT_PICK(dkv_kernel, att_npl(hd)), gk, ATT_THREADS, att_smem_dkv(hd), *d, dout, c->o_ld, c->o_bstride,
+               (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
     }
     if (d->pos) {
         static float *buf;

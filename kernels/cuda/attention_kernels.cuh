@@ -12,6 +12,10 @@
 #define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
 #define ATT_THREADS 256
 
+/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl), the tensor-core kernels' tiles
+ * (tc_nt). */
+#define ATT_PICK(KERNEL, n) ((n) == 1 ? KERNEL<1> : (n) == 2 ? KERNEL<2> : (n) == 4 ? KERNEL<4> : KERNEL<8>)
+
 /* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
 static inline int att_npl(int hd) {
     int npl = (hd + 31) / 32;
@@ -58,6 +62,20 @@ __device__ __forceinline__ float keep_factor(const AttnDev &p, int b, int h, int
     if (p.dropout <= 0.0f) return 1.0f;
     size_t idx = (((size_t)(p.batch_first + b) * p.H + h) * p.Tq + i) * p.Tk + j;
     return dropout_keep(p.seed, idx, p.thr) ? p.dscale : 0.0f;
+}
+
+/* The backward of score (i, j) of batch b, head h, from its scaled score s, dA = dO_i . V_j, the row's
+ * log-sum-exp li and D_i = dO_i . O_i: the probability a, recomputed; its dropout factor kf; and
+ * G'_ij = a (dA kf - D_i), the gradient of the score before +Pos. All zero where (i, j) is masked or the row is
+ * fully masked (li = -inf: no gradient). */
+struct ScoreGrad {
+    float a, kf, gp;
+};
+__device__ __forceinline__ ScoreGrad score_grad(const AttnDev &p, int b, int h, int i, int j, float s, float dA,
+                                                float li, float Di) {
+    if (!visible(p, b, i, j) || li == -INFINITY) return {0.0f, 0.0f, 0.0f};
+    float a = expf(score_x(p, h, i, j, s) - li), kf = keep_factor(p, b, h, i, j);
+    return {a, kf, a * (dA * kf - Di)};
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -197,9 +215,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
                 dA += dOs[r * hd + d] * Vs[lane * ldk + d];
             }
             s *= p.scale;
-            bool vis = visible(p, b, i, j);
-            float a = vis ? expf(score_x(p, h, i, j, s) - li[rr]) : 0.0f;
-            float gp = vis ? a * (dA * keep_factor(p, b, h, i, j) - Di[rr]) : 0.0f;
+            float gp = score_grad(p, b, h, i, j, s, dA, li[rr], Di[rr]).gp;
             gs[rr] += gp * s;
             rs[rr] += gp;
             float dS = alpha * gp;
@@ -281,12 +297,9 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
                     dA += dOs[lane * ldq + d] * Vs[c * hd + d];
                 }
                 s *= p.scale;
-                bool vis = visible(p, b, i, j) && ls[lane] != -INFINITY;
-                float a = vis ? expf(score_x(p, h, i, j, s) - ls[lane]) : 0.0f;
-                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
-                float gp = vis ? a * (dA * kf - Ds[lane]) : 0.0f;
-                float pa = a * kf, gk = alpha * gp;
-                cs[cc] += gp;
+                ScoreGrad sg = score_grad(p, b, h, i, j, s, dA, ls[lane], Ds[lane]);
+                float pa = sg.a * sg.kf, gk = alpha * sg.gp;
+                cs[cc] += sg.gp;
                 for (int ii = 0; ii < BR; ii++) {
                     float pi = __shfl_sync(0xffffffffu, pa, ii), gi = __shfl_sync(0xffffffffu, gk, ii);
                     for (int k = 0; k < NPL; k++) {
@@ -325,14 +338,16 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
  * key and query products P.V, G^T.Q, P^T.dO and G.K run on the tensor cores in TF32 (inputs rounded to 10
  * mantissa bits, float32 accumulation), through the WMMA API, m16n16k8 tiles. Everything per score is the
  * fp32 kernels' own code on a tile in shared memory: the products' 16 x 16 tiles are stored there, then
- * score_x, visible and keep_factor see one score per lane exactly as above, so the two paths differ only in
- * the products' rounding. The head dim is padded with zeros to TC_HD(NT) = 16 NT columns (NT 1, 2, 4 or 8:
- * head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32 kernels).
+ * score_x, visible, keep_factor and score_grad see one score at a time exactly as above, so the two paths
+ * differ only in the products' rounding. The head dim is padded with zeros to TC_HD(NT) = 16 NT columns
+ * (NT 1, 2, 4 or 8: head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32
+ * kernels).
  *
  * Layout: 4 warps a block, each warp 16 rows of the tile (query rows in forward and dQ, key rows in dK/dV);
  * the other side walks in tiles of 32. Per score, two lanes share a row, 16 scores each, so a row's max and
- * sum take one shuffle and a lane keeps one row's softmax state. Each gradient value still has one writer (dQ per query block, dK and
- * dV per key block over the group's query heads in order), so a run repeats bit for bit. */
+ * sum take one shuffle and a lane keeps one row's softmax state. Each gradient value still has one writer
+ * (dQ per query block, dK and dV per key block over the group's query heads in order), so a run repeats bit
+ * for bit. */
 
 #define TC_ROWS 64    /* rows per block: 4 warps x 16 */
 #define TC_COLS 32    /* the other side's tile */
@@ -391,22 +406,13 @@ template <int N> __device__ __forceinline__ void tc_store(float *dst, int ld, Tc
     for (int n = 0; n < N; n++) wmma::store_matrix_sync(dst + n * 16, c[n], ld, wmma::mem_row_major);
 }
 
-/* rows r0 .. r0+rows-1 of a packed (n, hd) matrix into shared memory (row stride ld), zeros past n and hd..hdp */
-__device__ __forceinline__ void tc_load_rows(float *dst, int ld, const float *src, int r0, int n, int hd, int hdp,
-                                             int rows) {
+/* rows r0 .. r0+rows-1 of an (n, hd) matrix with row stride src_ld (hd for the packed roles, the output's row
+ * stride for dO) into shared memory (row stride ld), zeros past n and in columns hd .. hdp-1 */
+__device__ __forceinline__ void tc_load_rows(float *dst, int ld, const float *src, size_t src_ld, int r0, int n,
+                                             int hd, int hdp, int rows) {
     for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
         int r = e / hdp, d = e % hdp;
-        dst[r * ld + d] = r0 + r < n && d < hd ? src[(size_t)(r0 + r) * hd + d] : 0.0f;
-    }
-}
-
-/* the same for rows of the attention output's layout (dO): row i of batch b, head h */
-__device__ __forceinline__ void tc_load_out_rows(float *dst, int ld, const float *src, int o_ld, size_t o_bstride,
-                                                 int b, int h, int i0, int n, int hd, int hdp, int rows) {
-    for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
-        int r = e / hdp, d = e % hdp;
-        bool in = i0 + r < n && d < hd;
-        dst[r * ld + d] = in ? src[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+        dst[r * ld + d] = r0 + r < n && d < hd ? src[(size_t)(r0 + r) * src_ld + d] : 0.0f;
     }
 }
 
@@ -435,7 +441,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then probabilities, then P.V */
     /* two lanes a row: row rr, its keys c0 .. c0+15 of a tile and its output columns d0 .. d0+HALF-1 */
@@ -446,8 +452,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         TcC s[TC_COLS / 16];
         tc_zero(s);
@@ -505,8 +511,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, i0, p.Tq, hd, hdp, TC_ROWS);
-    tc_load_out_rows(dOs, ld, dout, o_ld, o_bstride, b, h, i0, p.Tq, hd, hdp, TC_ROWS);
+    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += TC_THREADS) {
         bool in = i0 + r < p.Tq;
         ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -523,8 +529,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         TcC s[TC_COLS / 16], a[TC_COLS / 16];
         tc_zero(s);
@@ -538,9 +544,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
         for (int c = c0; c < c0 + TC_COLS / 2; c++) {
             int j = j0 + c;
             float sv = Sw[rr * lds + c] * p.scale;
-            bool vis = visible(p, b, i, j) && li != -INFINITY; /* a fully masked row has no gradient */
-            float av = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
-            float gp = vis ? av * (Aw[rr * lds + c] * keep_factor(p, b, h, i, j) - Di) : 0.0f;
+            float gp = score_grad(p, b, h, i, j, sv, Aw[rr * lds + c], li, Di).gp;
             gs += gp * sv;
             rs += gp;
             Sw[rr * lds + c] = alpha * gp;
@@ -582,8 +586,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
-    tc_load_rows(Ks, ld, p.K + (size_t)bg * p.Tk * hd, j0, p.Tk, hd, hdp, TC_ROWS);
-    tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    tc_load_rows(Ks, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
     /* two lanes a key: key row cc, its queries c0 .. c0+15 of a tile */
@@ -598,8 +602,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
         float cs = 0.0f;
         for (int i0 = p.causal ? j0 / TC_COLS * TC_COLS : 0; i0 < p.Tq; i0 += TC_COLS) {
             __syncthreads();
-            tc_load_rows(Qs, ld, Q, i0, p.Tq, hd, hdp, TC_COLS);
-            tc_load_out_rows(dOs, ld, dout, o_ld, o_bstride, b, h, i0, p.Tq, hd, hdp, TC_COLS);
+            tc_load_rows(Qs, ld, Q, hd, i0, p.Tq, hd, hdp, TC_COLS);
+            tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_COLS);
             for (int r = threadIdx.x; r < TC_COLS; r += TC_THREADS) {
                 bool in = i0 + r < p.Tq;
                 ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -616,14 +620,10 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
             __syncwarp();
             for (int c = c0; c < c0 + TC_COLS / 2; c++) {
                 int i = i0 + c;
-                float li = ls[c], sv = Sw[cc * lds + c] * p.scale;
-                bool vis = visible(p, b, i, j) && li != -INFINITY;
-                float a = vis ? expf(score_x(p, h, i, j, sv) - li) : 0.0f;
-                float kf = vis ? keep_factor(p, b, h, i, j) : 0.0f;
-                float gp = vis ? a * (Aw[cc * lds + c] * kf - Ds[c]) : 0.0f;
-                cs += gp;
-                Sw[cc * lds + c] = a * kf;
-                Aw[cc * lds + c] = alpha * gp;
+                ScoreGrad sg = score_grad(p, b, h, i, j, Sw[cc * lds + c] * p.scale, Aw[cc * lds + c], ls[c], Ds[c]);
+                cs += sg.gp;
+                Sw[cc * lds + c] = sg.a * sg.kf;
+                Aw[cc * lds + c] = alpha * sg.gp;
             }
             __syncwarp();
             tc_mma_ab(dv, Sw, lds, dOs, ld, TC_COLS);
