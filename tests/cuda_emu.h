@@ -1,11 +1,12 @@
-/* A CPU emulation of the CUDA built-ins that the attention kernels use
- * (kernels/cuda/attention_kernels.cuh), so that tests/test_cuda_emu.cpp can
+/* A CPU emulation of the CUDA built-ins that the attention kernels
+ * (kernels/cuda/attention_kernels.cuh) and the emulated ops kernels
+ * (kernels/cuda/ops_kernels.cuh) use, so that tests/test_cuda_emu.cpp can
  * run those very kernels where no GPU is: in CI and on every CPU build.
  *
  * What it models: a grid runs block after block; a block's threads are
  * fibers (ucontext) on one host thread, switched only at __syncthreads,
- * __syncwarp and the warp shuffles, which are barriers of the block or of
- * the warp, so the result is deterministic. Dynamic shared memory is one
+ * __syncwarp, the warp shuffles and votes, which are barriers of the block
+ * or of the warp, so the result is deterministic. Dynamic shared memory is one
  * buffer, filled with NaN before every block, so a read of shared memory
  * that no thread wrote shows in the results. A WMMA fragment holds its
  * whole tile in every lane (the real layout is unspecified, and kernels may
@@ -46,6 +47,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__
+#define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 
 using std::max;
@@ -179,6 +181,18 @@ template <typename T> inline T shfl(T v, int src) {
     return r;
 }
 
+/* Every lane's predicate, bit l from lane l: like a shuffle, a barrier of the warp. */
+inline unsigned ballot(bool pred) {
+    int w = cur / 32;
+    size_t slot = (size_t)fibers[(size_t)cur].parity * fibers.size();
+    fibers[(size_t)cur].parity ^= 1u;
+    lanes[slot + (size_t)cur] = pred;
+    wait(warp_bar[(size_t)w]);
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) r |= (lanes[slot + (size_t)(w * 32 + l)] ? 1u : 0u) << l;
+    return r;
+}
+
 } /* namespace emu */
 
 #define threadIdx (emu::fibers[(size_t)emu::cur].tid)
@@ -198,6 +212,12 @@ template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask
     (void)mask;
     return emu::shfl(v, (emu::cur % 32) ^ lane_mask);
 }
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    (void)mask;
+    return emu::ballot(pred != 0);
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 namespace nvcuda {
 namespace wmma {

@@ -1,6 +1,7 @@
 /* The CUDA attention kernels of training (kernels/cuda/attention_kernels.cuh)
- * run on the CPU under tests/cuda_emu.h, so that every build, with or
- * without a GPU, checks them:
+ * and the ops kernels of kernels/cuda/ops_kernels.cuh run on the CPU under
+ * tests/cuda_emu.h, so that every build, with or without a GPU, checks them.
+ * The attention kernels:
  *  - the fp32 kernels' forward against a float64 reference (output and
  *    log-sum-exp within 2e-5 of the largest): the emulation runs kernels
  *    that an H100 run verified, so this checks the emulation too;
@@ -28,6 +29,7 @@ extern "C" {
 #define ATTN_POS 1
 #include "../kernels/cuda/warp.cuh"
 #include "../kernels/cuda/attention_kernels.cuh"
+#include "../kernels/cuda/ops_kernels.cuh"
 
 alignas(128) float tsm[emu::SMEM_FLOATS]; /* the kernels' dynamic shared memory */
 alignas(128) float sm[emu::SMEM_FLOATS];
@@ -254,6 +256,26 @@ static void check_case(const Case &c) {
     emu::tf32_exact = false;
 }
 
+/* The embedding's token-table gradient (ops_kernels.cuh): every row of dwte must get its positions' rows in
+ * increasing position order, the CPU backend's loop, so the kernel equals that loop bit for bit: over several
+ * chunks of positions (the last one partial), more channels than threads, a token that takes a third of the
+ * positions, buckets holding several tokens (few buckets) and one each (more buckets than tokens). */
+static void check_embedding_backward(int BT, int C, int V, int buckets) {
+    std::vector<int> tokens((size_t)BT);
+    for (int &t : tokens) t = urand() < -0.33f ? 0 : std::min(V - 1, (int)((urand() + 1.0f) * 0.5f * (float)V));
+    std::vector<float> dout = rand_vec((size_t)BT * C, 1.0f), want = rand_vec((size_t)V * C, 0.5f), got = want;
+    const float scale = 1.5f;
+    for (int i = 0; i < BT; i++)
+        for (int c = 0; c < C; c++) want[(size_t)tokens[(size_t)i] * C + c] += scale * dout[(size_t)i * C + c];
+    emu::launch((unsigned)buckets, EMB_THREADS, emb_smem_bytes(), sm, [&] {
+        embedding_backward_wte_kernel(got.data(), dout.data(), tokens.data(), BT, C, scale, buckets);
+    });
+    size_t differ = 0;
+    for (size_t k = 0; k < want.size(); k++) differ += got[k] != want[k];
+    CHECK(differ == 0, "embedding backward (B*T %d, C %d, V %d, %d buckets): %zu of %zu values of dwte differ from "
+          "the CPU loop's", BT, C, V, buckets, differ, want.size());
+}
+
 int main(void) {
     const int P = 1;
     const Case cases[] = {
@@ -266,5 +288,8 @@ int main(void) {
         {"hd 8, causal, pad, +Pos", 3, 1, 1, 65, 65, 8, 1, 1, P, 1, 0, 0.0f},
     };
     for (const Case &c : cases) check_case(c);
+    check_embedding_backward(700, 300, 23, 5);
+    check_embedding_backward(300, 70, 11, 16);
+    check_embedding_backward(EMB_THREADS, 32, 7, 3);
     return TEST_SUMMARY("test_cuda_emu");
 }

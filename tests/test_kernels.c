@@ -819,10 +819,10 @@ static void test_activations(void) {
     buf_free(&x), buf_free(&R), buf_free(&out), buf_free(&dx), buf_free(&y);
 }
 
-static void test_embedding(void) {
-    int B = 3, T = 5, C = 130, V = 11;
-    int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
-    int *tokens_d = dev_copy_of(tokens, sizeof tokens);
+/* Forward against scale * wte[token] + wpe[position]; backward against float64 sums over each token's and each
+ * position's rows, relative to the largest sum. */
+static void check_embedding(int B, int T, int C, int V, const int *tokens, const char *what) {
+    int *tokens_d = dev_copy_of(tokens, (size_t)B * T * sizeof(int));
     Buf wte = buf_rand((size_t)V * C, 1.0), wpe = buf_rand((size_t)T * C, 1.0), out = buf_zeros((size_t)B * T * C);
     Buf dout = buf_rand((size_t)B * T * C, 1.0), dwte = buf_zeros((size_t)V * C), dwpe = buf_zeros((size_t)T * C);
     embedding_forward(out.d, tokens_d, wte.d, wpe.d, B, T, C, V, 1.5f); /* scaled, as the translation model */
@@ -831,25 +831,39 @@ static void test_embedding(void) {
     int ok = 1;
     for (int i = 0; i < B * T; i++)
         for (int c = 0; c < C; c++)
-            ok &= fabsf(out.h[i * C + c] - (1.5f * wte.h[tokens[i] * C + c] + wpe.h[(i % T) * C + c])) <= 1e-6f;
-    CHECK(ok, "embedding forward is scale * wte[token] + wpe[position]");
-    double err = 0.0;
-    for (int v = 0; v < V; v++)
-        for (int c = 0; c < C; c++) {
-            double s = 0.0;
-            for (int i = 0; i < B * T; i++)
-                if (tokens[i] == v) s += 1.5 * dout.h[i * C + c];
-            err = fmax(err, fabs(s - dwte.h[v * C + c]));
-        }
+            ok &= fabsf(out.h[(size_t)i * C + c] - (1.5f * wte.h[(size_t)tokens[i] * C + c] +
+                                                     wpe.h[(size_t)(i % T) * C + c])) <= 1e-6f;
+    CHECK(ok, "%s: embedding forward is scale * wte[token] + wpe[position]", what);
+    double *sum = xcalloc((size_t)V * C, sizeof(double)), err = 0.0, big = 0.0;
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++) sum[(size_t)tokens[i] * C + c] += 1.5 * dout.h[(size_t)i * C + c];
+    for (size_t k = 0; k < (size_t)V * C; k++) {
+        err = fmax(err, fabs(sum[k] - dwte.h[k]));
+        big = fmax(big, fabs(sum[k]));
+    }
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
-            for (int b = 0; b < B; b++) s += dout.h[(b * T + t) * C + c];
-            err = fmax(err, fabs(s - dwpe.h[t * C + c]));
+            for (int b = 0; b < B; b++) s += dout.h[((size_t)b * T + t) * C + c];
+            err = fmax(err, fabs(s - dwpe.h[(size_t)t * C + c]));
+            big = fmax(big, fabs(s));
         }
-    CHECK(err < 1e-5, "embedding backward sums the gradients of each token and position (error %.3g)", err);
+    CHECK(err <= 1e-5 * big, "%s: embedding backward sums the gradients of each token and position (error %.3g "
+          "of %.3g)", what, err, big);
+    free(sum);
     dev_free(tokens_d);
     buf_free(&wte), buf_free(&wpe), buf_free(&out), buf_free(&dout), buf_free(&dwte), buf_free(&dwpe);
+}
+
+static void test_embedding(void) {
+    int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
+    check_embedding(3, 5, 130, 11, tokens, "small");
+    /* more positions than the GPU kernel's chunk, more channels than its threads, a token a third of the time */
+    int B = 4, T = 300, V = 50;
+    int *many = xmalloc((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) many[i] = urand() < 0.33 ? 7 : (int)(urand() * V);
+    check_embedding(B, T, 300, V, many, "skewed");
+    free(many);
 }
 
 /* Token assembly and pooling are linear: forward against direct sums, and the

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cuda.cuh"
+#include "ops_kernels.cuh"
 
 #define ARG_CHECK(cond, op, ...)                 \
     do {                                         \
@@ -102,15 +103,8 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
     CUDA_LAUNCHED(embedding_forward);
 }
 
-/* dwte: one thread per channel walks every token in order (tokens repeat: no two threads touch one value and
- * the order is fixed); dwpe: one thread per (position, channel) sums over the batch. */
-__global__ void embedding_backward_wte_kernel(float *dwte, const float *dout, const int *tokens, int BT, int C,
-                                              float scale) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int i = 0; i < BT; i++) dwte[(size_t)tokens[i] * C + c] += scale * dout[(size_t)i * C + c];
-}
-
+/* dwte: embedding_backward_wte_kernel (ops_kernels.cuh); dwpe: one thread per (position, channel) sums over the
+ * batch. */
 __global__ void embedding_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * C) return;
@@ -122,7 +116,8 @@ __global__ void embedding_backward_wpe_kernel(float *dwpe, const float *dout, in
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                         int B, int T, int C, float scale) {
     ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
-    embedding_backward_wte_kernel<<<cuda_blocks(C, 64), 64, 0, kv_stream>>>(dwte, dout, tokens, B * T, C, scale);
+    embedding_backward_wte_kernel<<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
+                                                                                        B * T, C, scale, EMB_BUCKETS);
     CUDA_LAUNCHED(embedding_backward_wte);
     if (dwpe) {
         embedding_backward_wpe_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(dwpe, dout, B,

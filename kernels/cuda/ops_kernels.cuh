@@ -1,0 +1,61 @@
+/* Kernels of the non-attention ops (ops.cu launches them) that are kept in a
+ * header so that tests/test_cuda_emu.cpp runs these very kernels on the CPU
+ * under tests/cuda_emu.h. They use only what the emulation models: dynamic
+ * shared memory (extern __shared__), __syncthreads and warp votes. (The
+ * other kernels of ops.cu use static __shared__ arrays in device functions,
+ * which the emulation does not model; the GPU tests cover them.) */
+#ifndef KVLAB_OPS_KERNELS_CUH
+#define KVLAB_OPS_KERNELS_CUH
+
+/* ------------------------------------------------------------------ embedding backward (token table) */
+
+#define EMB_THREADS 256   /* positions per chunk, channels per pass */
+#define EMB_BUCKETS 1024  /* blocks: block b owns the tokens t with t % buckets == b */
+
+/* Shared memory of embedding_backward_wte_kernel: a chunk's own positions and tokens, the per-warp counts. */
+static inline size_t emb_smem_bytes(void) { return (2 * EMB_THREADS + EMB_THREADS / 32) * sizeof(int); }
+
+/* dwte[t] += scale * dout[i] for every position i with token t. Tokens repeat, so rows of dwte get several
+ * updates; floating-point atomics would make the sum's order (and its last bits) change from run to run. Here
+ * each block owns the rows of the tokens in its bucket, so no two blocks touch one row, and walks the positions
+ * in chunks of EMB_THREADS: a warp vote lists the chunk's positions whose token is the block's, in increasing
+ * order, and the block adds their rows one after the other, a thread per channel. Every row of dwte so gets its
+ * updates in increasing position order, the order of the CPU backend's loop. The cost is one read of the token
+ * ids per block (from L2) against the old kernel's one thread per channel walking all B*T positions in turn. */
+__global__ void __launch_bounds__(EMB_THREADS)
+    embedding_backward_wte_kernel(float *__restrict__ dwte, const float *__restrict__ dout,
+                                  const int *__restrict__ tokens, int BT, int C, float scale, int buckets) {
+    extern __shared__ float sm[];
+    int *own = (int *)sm;                      /* the chunk's positions in this block's bucket, in order */
+    int *own_tok = own + EMB_THREADS;          /* and their tokens */
+    int *warp_count = own_tok + EMB_THREADS;   /* how many each warp found */
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    for (int start = 0; start < BT; start += EMB_THREADS) {
+        int i = start + (int)threadIdx.x;
+        int t = i < BT ? tokens[i] : -1;
+        bool mine = t >= 0 && t % buckets == (int)blockIdx.x;
+        unsigned vote = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) warp_count[w] = __popc(vote);
+        __syncthreads();
+        int before = 0, n = 0;
+        for (int k = 0; k < EMB_THREADS / 32; k++) {
+            if (k < w) before += warp_count[k];
+            n += warp_count[k];
+        }
+        if (mine) {
+            int at = before + __popc(vote & ((1u << lane) - 1u));
+            own[at] = i;
+            own_tok[at] = t;
+        }
+        __syncthreads();
+        for (int k = 0; k < n; k++) {
+            float *e = dwte + (size_t)own_tok[k] * C;
+            const float *d = dout + (size_t)own[k] * C;
+            for (int c = (int)threadIdx.x; c < C; c += EMB_THREADS) e[c] += scale * d[c];
+        }
+        /* no barrier here: the next chunk writes warp_count and own only after its first __syncthreads, which
+         * every thread reaches after its reads of this chunk's */
+    }
+}
+
+#endif
