@@ -143,6 +143,17 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
  * only, by convention). */
 void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+/* The same update of many tensors in one call (a GPU launches once for up to
+ * a hundred of them, not once per tensor): span k covers spans[k].n values,
+ * param and grad from spans[k].offset, m and v from spans[k].state_offset,
+ * with its own weight decay. Each value gets exactly adamw_update's
+ * arithmetic. */
+typedef struct {
+    size_t offset, state_offset, n;
+    float weight_decay;
+} AdamwSpan;
+void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
+                        float lr, float beta1, float beta2, float eps, int t);
 /* Global L2 norm of n gradient values (accumulated in double). */
 double grad_norm(const float *grad, size_t n);
 void scale_inplace(float *x, size_t n, float s);

@@ -69,23 +69,24 @@ void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx) {
 void params_zero_grad(Params *p) { dev_zero(p->grads, p->table.total * sizeof(float)); }
 
 void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
-    for (int i = 0; i < p->table.n; i++) {
-        const ParamSpec *s = &p->table.specs[i];
-        adamw_update(p->params + s->offset, p->grads + s->offset, p->m + s->offset, p->v + s->offset, s->numel, lr,
-                     beta1, beta2, eps, s->decay ? weight_decay : 0.0f, t);
-    }
+    params_adamw_slice(p, p->m, p->v, 0, p->table.total, lr, beta1, beta2, eps, weight_decay, t);
 }
 
 void params_adamw_slice(Params *p, float *m, float *v, size_t lo, size_t n, float lr, float beta1, float beta2,
                         float eps, float weight_decay, int t) {
     if (lo + n > p->table.total) FATAL("params_adamw_slice: [%zu, %zu) of %zu values", lo, lo + n, p->table.total);
+    /* each tensor's part of [lo, lo + n), with its weight decay: one batched call (one GPU launch per ~100) */
+    AdamwSpan *spans = xmalloc((size_t)(p->table.n > 0 ? p->table.n : 1) * sizeof *spans);
+    int k = 0;
     for (int i = 0; i < p->table.n; i++) {
         const ParamSpec *s = &p->table.specs[i];
         size_t a = s->offset > lo ? s->offset : lo, b = s->offset + s->numel < lo + n ? s->offset + s->numel : lo + n;
         if (a >= b) continue;
-        adamw_update(p->params + a, p->grads + a, m + (a - lo), v + (a - lo), b - a, lr, beta1, beta2, eps,
-                     s->decay ? weight_decay : 0.0f, t);
+        spans[k++] = (AdamwSpan){.offset = a, .state_offset = a - lo, .n = b - a,
+                                 .weight_decay = s->decay ? weight_decay : 0.0f};
     }
+    adamw_update_spans(p->params, p->grads, m, v, spans, k, lr, beta1, beta2, eps, t);
+    free(spans);
 }
 
 float *params_to_host(const Params *p, const float *buf) {

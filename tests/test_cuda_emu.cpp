@@ -19,8 +19,10 @@
 #include "cuda_emu.h"
 
 extern "C" {
+#include "adamw.h"
 #include "attention.h"
 #include "hash.h"
+#include "kernels.h"
 #include "test.h"
 }
 /* The kernels read +Pos through ATTN_POS, a constant of the build; here it is on, so that one program checks
@@ -276,6 +278,44 @@ static void check_embedding_backward(int BT, int C, int V, int buckets) {
           "the CPU loop's", BT, C, V, buckets, differ, want.size());
 }
 
+/* AdamW over many tensors (ops_kernels.cuh): more spans than one launch takes (two launches), empty spans,
+ * spans of less than one block and of several, moments at other offsets than the parameters (a ZeRO-1 slice)
+ * and two weight decays: every value must be adamw_value's, as one loop over each span computes it. */
+static void check_adamw_spans(void) {
+    const int nspans = ADAMW_BATCH + 20; /* 17 empty, not the last: 99 to update */
+    std::vector<AdamwSpan> spans((size_t)nspans);
+    size_t total = 0, state = 0;
+    for (int k = 0; k < nspans; k++) {
+        size_t n = k % 7 == 2 ? 0 : (size_t)((urand() + 1.0f) * 0.5f * (k % 5 == 0 ? 3 * ADAMW_CHUNK : 300));
+        total += 5; /* a gap the update must leave alone */
+        spans[(size_t)k] = AdamwSpan{total, state, n, k % 2 ? 0.1f : 0.0f};
+        total += n;
+        state += n;
+    }
+    std::vector<float> p = rand_vec(total, 1.0f), g = rand_vec(total, 0.1f), m = rand_vec(state, 0.01f);
+    std::vector<float> v = rand_vec(state, 0.001f);
+    for (float &x : v) x = fabsf(x);
+    std::vector<float> pw = p, mw = m, vw = v;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    const int t = 3;
+    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
+    for (const AdamwSpan &s : spans)
+        for (size_t i = 0; i < s.n; i++)
+            adamw_value(&pw[s.offset + i], &mw[s.state_offset + i], &vw[s.state_offset + i], g[s.offset + i], lr, b1,
+                        b2, eps, s.weight_decay, bc1, bc2);
+    AdamwBatch batch;
+    int next = 0, launches = 0;
+    for (unsigned blocks; (blocks = adamw_next_batch(&batch, spans.data(), nspans, &next)) > 0; launches++)
+        emu::launch(blocks, ADAMW_THREADS, 0, sm, [&] {
+            adamw_spans_kernel(p.data(), g.data(), m.data(), v.data(), batch, lr, b1, b2, eps, bc1, bc2);
+        });
+    size_t differ = 0;
+    for (size_t i = 0; i < total; i++) differ += p[i] != pw[i];
+    for (size_t i = 0; i < state; i++) differ += (m[i] != mw[i]) + (v[i] != vw[i]);
+    CHECK(launches == 2 && differ == 0, "AdamW over %d spans in %d launches: %zu values differ from adamw_value's",
+          nspans, launches, differ);
+}
+
 int main(void) {
     const int P = 1;
     const Case cases[] = {
@@ -291,5 +331,6 @@ int main(void) {
     check_embedding_backward(700, 300, 23, 5);
     check_embedding_backward(300, 70, 11, 16);
     check_embedding_backward(EMB_THREADS, 32, 7, 3);
+    check_adamw_spans();
     return TEST_SUMMARY("test_cuda_emu");
 }

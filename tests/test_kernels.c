@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "adamw.h"
 #include "attention.h"
 #include "common.h"
 #include "kernels.h"
@@ -1045,6 +1046,39 @@ static void test_adamw_and_clip(void) {
     buf_download(&small);
     CHECK(small.h[0] == 0.3f && small.h[1] == 0.4f, "no clipping below the maximum");
     buf_free(&grads), buf_free(&small);
+
+    /* many tensors in one call: 130 spans (a GPU takes them in two launches), some empty, gaps between them
+     * that stay untouched, moments at other offsets (a ZeRO-1 slice), two weight decays: every value within
+     * float32 rounding of adamw_value on the host (a GPU may contract its products into FMAs) */
+    enum { NS = 130 };
+    AdamwSpan spans[NS];
+    size_t total = 0, state = 0;
+    for (int k = 0; k < NS; k++) {
+        size_t n = k % 9 == 4 ? 0 : 1 + (size_t)(urand() * (k % 13 == 0 ? 9000 : 200));
+        total += 3;
+        spans[k] = (AdamwSpan){.offset = total, .state_offset = state, .n = n, .weight_decay = k % 2 ? 0.1f : 0.0f};
+        total += n, state += n;
+    }
+    Buf P = buf_rand(total, 1.0), G = buf_rand(total, 0.1), M = buf_rand(state, 0.01), Vb = buf_rand(state, 0.001);
+    for (size_t i = 0; i < state; i++) Vb.h[i] = fabsf(Vb.h[i]);
+    buf_upload(&Vb);
+    float *want = xmalloc(total * sizeof(float)), *wm = xmalloc(state * sizeof(float)), *wv = xmalloc(state * sizeof(float));
+    memcpy(want, P.h, total * sizeof(float)), memcpy(wm, M.h, state * sizeof(float)), memcpy(wv, Vb.h, state * sizeof(float));
+    float bc1 = 1.0f - powf(0.9f, 4.0f), bc2 = 1.0f - powf(0.95f, 4.0f);
+    for (int k = 0; k < NS; k++)
+        for (size_t i = 0; i < spans[k].n; i++)
+            adamw_value(&want[spans[k].offset + i], &wm[spans[k].state_offset + i], &wv[spans[k].state_offset + i],
+                        G.h[spans[k].offset + i], 1e-2f, 0.9f, 0.95f, 1e-8f, spans[k].weight_decay, bc1, bc2);
+    adamw_update_spans(P.d, G.d, M.d, Vb.d, spans, NS, 1e-2f, 0.9f, 0.95f, 1e-8f, 4);
+    buf_download(&P), buf_download(&M), buf_download(&Vb);
+    double err = 0.0;
+    for (size_t i = 0; i < total; i++) err = fmax(err, fabs((double)P.h[i] - want[i]) / (fabs(want[i]) + 1e-3));
+    for (size_t i = 0; i < state; i++)
+        err = fmax(err, fmax(fabs((double)M.h[i] - wm[i]) / (fabs(wm[i]) + 1e-6),
+                             fabs((double)Vb.h[i] - wv[i]) / (fabs(wv[i]) + 1e-9)));
+    CHECK(err <= 1e-5, "adamw_update_spans over %d tensors: every value as adamw_value makes it (error %.3g)", NS, err);
+    free(want), free(wm), free(wv);
+    buf_free(&P), buf_free(&G), buf_free(&M), buf_free(&Vb);
 }
 
 /* ------------------------------------------------------------------ argument errors */

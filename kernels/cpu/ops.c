@@ -399,13 +399,18 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 
 /* ------------------------------------------------------------------ optimiser */
 
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
+                        float lr, float beta1, float beta2, float eps, int t) {
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    for (int k = 0; k < nspans; k++) {
+        float *p = param + spans[k].offset, *mk = m + spans[k].state_offset, *vk = v + spans[k].state_offset;
+        const float *g = grad + spans[k].offset;
+        float wd = spans[k].weight_decay;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++)
-        adamw_value(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        for (size_t i = 0; i < spans[k].n; i++)
+            adamw_value(&p[i], &mk[i], &vk[i], g[i], lr, beta1, beta2, eps, wd, bc1, bc2);
+    }
 }
 
 double grad_norm(const float *grad, size_t n) {

@@ -558,17 +558,18 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 
 /* ------------------------------------------------------------------ optimiser */
 
-__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float bc1, float bc2, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) adamw_value(&param[i], &m[i], &v[i], grad[i], lr, beta1, beta2, eps, weight_decay, bc1, bc2);
-}
-
-void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+/* adamw_spans_kernel (ops_kernels.cuh): one launch per ADAMW_BATCH tensors, the table a kernel parameter */
+void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
+                        float lr, float beta1, float beta2, float eps, int t) {
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    ELEMENTWISE(adamw_kernel, n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+    AdamwBatch batch;
+    int next = 0;
+    for (unsigned blocks; (blocks = adamw_next_batch(&batch, spans, nspans, &next)) > 0;) {
+        adamw_spans_kernel<<<blocks, ADAMW_THREADS, 0, kv_stream>>>(param, grad, m, v, batch, lr, beta1, beta2, eps,
+                                                                    bc1, bc2);
+        CUDA_LAUNCHED(adamw_spans);
+    }
 }
 
 #define NORM_BLOCKS 1024

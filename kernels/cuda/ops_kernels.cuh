@@ -58,4 +58,56 @@ __global__ void __launch_bounds__(EMB_THREADS)
     }
 }
 
+/* ------------------------------------------------------------------ AdamW over many tensors */
+
+#define ADAMW_BATCH 96      /* spans per launch: the table travels as a kernel parameter, under 4 KiB */
+#define ADAMW_CHUNK 4096    /* values per block */
+#define ADAMW_THREADS 256
+
+/* One launch's spans: span k's values are blocks first_block[k] .. first_block[k + 1] - 1, ADAMW_CHUNK each. */
+struct AdamwBatch {
+    int n;
+    unsigned first_block[ADAMW_BATCH + 1];
+    AdamwSpan span[ADAMW_BATCH];
+};
+static_assert(sizeof(AdamwBatch) <= 4000, "a kernel's parameters must stay under 4 KiB: lower ADAMW_BATCH");
+
+/* Fills b with the next non-empty spans from spans[*next] on, at most ADAMW_BATCH, and moves *next past them;
+ * returns the blocks of the launch, 0 when no values are left. */
+static inline unsigned adamw_next_batch(AdamwBatch *b, const AdamwSpan *spans, int nspans, int *next) {
+    b->n = 0;
+    b->first_block[0] = 0;
+    for (; *next < nspans && b->n < ADAMW_BATCH; ++*next) {
+        const AdamwSpan *s = &spans[*next];
+        if (!s->n) continue;
+        b->span[b->n] = *s;
+        b->first_block[b->n + 1] = b->first_block[b->n] + (unsigned)((s->n + ADAMW_CHUNK - 1) / ADAMW_CHUNK);
+        b->n++;
+    }
+    return b->first_block[b->n];
+}
+
+/* adamw_update_spans for one batch: each block finds its span (the last whose first block is at or before it)
+ * and updates its chunk with adamw_value, the arithmetic of every backend. */
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_spans_kernel(float *__restrict__ param, const float *__restrict__ grad, float *__restrict__ m,
+                       float *__restrict__ v, const AdamwBatch batch, float lr, float beta1, float beta2, float eps,
+                       float bc1, float bc2) {
+    int lo = 0, hi = batch.n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (batch.first_block[mid] <= blockIdx.x)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const AdamwSpan s = batch.span[lo];
+    size_t begin = (size_t)(blockIdx.x - batch.first_block[lo]) * ADAMW_CHUNK;
+    size_t end = begin + ADAMW_CHUNK < s.n ? begin + ADAMW_CHUNK : s.n;
+    for (size_t i = begin + threadIdx.x; i < end; i += ADAMW_THREADS) {
+        size_t p = s.offset + i, q = s.state_offset + i;
+        adamw_value(&param[p], &m[q], &v[q], grad[p], lr, beta1, beta2, eps, s.weight_decay, bc1, bc2);
+    }
+}
+
 #endif
