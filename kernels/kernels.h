@@ -82,6 +82,12 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int N, int C);
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C);
+/* A residual add and the layernorm after it, fused: res = a + b (kept: the
+ * layernorm's input for its backward pass and the next residual's), then
+ * out = layernorm(res); the very values of residual_forward followed by
+ * layernorm_forward, in one pass over the rows on a GPU. res may be a. */
+void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                const float *w, const float *bias, int N, int C);
 
 /* ---- linear: out (N,OC) = inp (N,C) W^T + b, through sgemm ---------------
  * b may be NULL (then db must be NULL). dinp may be NULL when the input

@@ -134,17 +134,19 @@ void block_forward(BlockActs *a, const float *x, const float *params, const Bloc
     size_t n = bt(s) * C;
     if (s->post_ln) {
         attention_sublayer(a, x, params, p, s, sc);
-        residual_forward(a->res2, x, sc->branch, n); /* sum before ln1 */
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->res2, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
+        /* the sum before ln1, then ln1 */
+        residual_layernorm_forward(a->res2, a->ln1, a->ln1_mean, a->ln1_rstd, x, sc->branch, W(p->ln1w),
+                                   WB(s->bias, p->ln1b), N, C);
         mlp_sublayer(a, a->ln1, params, p, s, sc);
-        residual_forward(a->ln2, a->ln1, sc->branch, n); /* sum before ln2 */
-        layernorm_forward(a->out, a->ln2_mean, a->ln2_rstd, a->ln2, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+        /* the sum before ln2, then ln2 */
+        residual_layernorm_forward(a->ln2, a->out, a->ln2_mean, a->ln2_rstd, a->ln1, sc->branch, W(p->ln2w),
+                                   WB(s->bias, p->ln2b), N, C);
         return;
     }
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
     attention_sublayer(a, a->ln1, params, p, s, sc);
-    residual_forward(a->res2, x, sc->branch, n);
-    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+    residual_layernorm_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, sc->branch, W(p->ln2w),
+                               WB(s->bias, p->ln2b), N, C);
     mlp_sublayer(a, a->ln2, params, p, s, sc);
     residual_forward(a->out, a->res2, sc->branch, n);
 }
@@ -288,9 +290,9 @@ void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, 
     /* self-attention (causal, the configured variant) */
     layernorm_forward(b->ln1, b->ln1_mean, b->ln1_rstd, x, W(p->b.ln1w), WB(s->bias, p->b.ln1b), N, C);
     attention_sublayer(b, b->ln1, params, &p->b, s, &sc->b);
-    residual_forward(b->res2, x, sc->b.branch, n);
-    /* cross-attention to the encoder output (QKV) */
-    layernorm_forward(a->lnx, a->lnx_mean, a->lnx_rstd, b->res2, W(p->lnxw), WB(s->bias, p->lnxb), N, C);
+    /* cross-attention to the encoder output (QKV), after the residual sum and its layernorm */
+    residual_layernorm_forward(b->res2, a->lnx, a->lnx_mean, a->lnx_rstd, x, sc->b.branch, W(p->lnxw),
+                               WB(s->bias, p->lnxb), N, C);
     linear_forward(a->xq, a->lnx, W(p->xqw), WB(s->bias, p->xqb), N, C, C);
     linear_forward(a->xkv, mem, W(p->xkvw), WB(s->bias, p->xkvb), s->B * S, C, 2 * C);
     CrossAttnArgs xa = cross_args(s, S, src_pad);
@@ -298,9 +300,9 @@ void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, 
     linear_forward(sc->b.branch, a->xatty, W(p->xprojw), WB(s->bias, p->xprojb), N, C, C);
     if (s->dropout > 0.0f)
         dropout_forward(sc->b.branch, sc->b.branch, n, s->dropout, dropout_seed(s->seed, 0, SITE_CROSS_OUT));
-    residual_forward(a->h2, b->res2, sc->b.branch, n);
-    /* MLP */
-    layernorm_forward(b->ln2, b->ln2_mean, b->ln2_rstd, a->h2, W(p->b.ln2w), WB(s->bias, p->b.ln2b), N, C);
+    /* MLP, after the residual sum and its layernorm */
+    residual_layernorm_forward(a->h2, b->ln2, b->ln2_mean, b->ln2_rstd, b->res2, sc->b.branch, W(p->b.ln2w),
+                               WB(s->bias, p->b.ln2b), N, C);
     mlp_sublayer(b, b->ln2, params, &p->b, s, &sc->b);
     residual_forward(b->out, a->h2, sc->b.branch, n);
 }

@@ -316,6 +316,40 @@ static void check_adamw_spans(void) {
           nspans, launches, differ);
 }
 
+/* The layernorm forward kernel (ops_kernels.cuh) against float64 (1e-5 of the largest output), and its fused
+ * residual form against the plain form on the CPU-made sum, bit for bit: rows over several blocks, a width
+ * that is not a multiple of 32, with and without bias. */
+static void check_layernorm(int N, int C, bool bias) {
+    std::vector<float> a = rand_vec((size_t)N * C, 2.0f), b = rand_vec((size_t)N * C, 1.0f);
+    std::vector<float> w = rand_vec((size_t)C, 1.0f), bb = rand_vec((size_t)C, 0.5f), sum((size_t)N * C);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = a[i] + b[i];
+    std::vector<float> out((size_t)N * C, NAN), mean((size_t)N, NAN), rstd((size_t)N, NAN);
+    std::vector<float> out2 = out, mean2 = mean, rstd2 = rstd, res((size_t)N * C, NAN);
+    const float *bp = bias ? bb.data() : nullptr;
+    unsigned grid = (unsigned)((N * 32 + 255) / 256);
+    emu::launch(grid, 256, 0, sm, [&] {
+        layernorm_forward_kernel(out.data(), mean.data(), rstd.data(), nullptr, sum.data(), nullptr, w.data(), bp, N,
+                                 C);
+    });
+    emu::launch(grid, 256, 0, sm, [&] {
+        layernorm_forward_kernel(out2.data(), mean2.data(), rstd2.data(), res.data(), a.data(), b.data(), w.data(),
+                                 bp, N, C);
+    });
+    std::vector<double> want((size_t)N * C);
+    for (int r = 0; r < N; r++) {
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += sum[(size_t)r * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (sum[(size_t)r * C + c] - m) * (sum[(size_t)r * C + c] - m);
+        double s = 1.0 / sqrt(v / C + 1e-5);
+        for (int c = 0; c < C; c++) want[(size_t)r * C + c] = (sum[(size_t)r * C + c] - m) * s * w[c] + (bias ? bb[c] : 0.0);
+    }
+    double e = rel_err(out, want);
+    bool same = res == sum && out2 == out && mean2 == mean && rstd2 == rstd;
+    CHECK(e <= 1e-5 && same, "layernorm forward (N %d, C %d%s): %.3g of the largest against float64; the fused "
+          "residual form %s", N, C, bias ? ", bias" : "", e, same ? "gives the same bits" : "DIFFERS");
+}
+
 int main(void) {
     const int P = 1;
     const Case cases[] = {
@@ -332,5 +366,7 @@ int main(void) {
     check_embedding_backward(300, 70, 11, 16);
     check_embedding_backward(EMB_THREADS, 32, 7, 3);
     check_adamw_spans();
+    check_layernorm(37, 100, true);
+    check_layernorm(9, 31, false);
     return TEST_SUMMARY("test_cuda_emu");
 }

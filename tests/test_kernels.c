@@ -747,6 +747,23 @@ static void test_layernorm(int with_bias) {
     check_grad("layernorm d(w)", c.w, C, buf_download(&dw), ln_loss, &c, 100);
     if (b.n) check_grad("layernorm d(b)", c.b, C, buf_download(&db), ln_loss, &c, 100);
     free(c.x), free(c.w), free(c.b), free(c.out);
+    /* the fused residual add: the values of residual_forward then layernorm_forward, bit for bit, in place too */
+    Buf y = buf_rand((size_t)N * C, 1.0), res = buf_zeros((size_t)N * C), res2 = buf_zeros((size_t)N * C);
+    Buf out2 = buf_zeros((size_t)N * C), mean2 = buf_zeros(N), rstd2 = buf_zeros(N);
+    residual_forward(res.d, x.d, y.d, (size_t)N * C);
+    layernorm_forward(out.d, mean.d, rstd.d, res.d, w.d, b.d, N, C);
+    residual_layernorm_forward(res2.d, out2.d, mean2.d, rstd2.d, x.d, y.d, w.d, b.d, N, C);
+    buf_download(&res), buf_download(&out), buf_download(&mean), buf_download(&rstd);
+    int same = !memcmp(buf_download(&res2), res.h, (size_t)N * C * sizeof(float)) &&
+               !memcmp(buf_download(&out2), out.h, (size_t)N * C * sizeof(float)) &&
+               !memcmp(buf_download(&mean2), mean.h, N * sizeof(float)) &&
+               !memcmp(buf_download(&rstd2), rstd.h, N * sizeof(float));
+    residual_layernorm_forward(x.d, out2.d, mean2.d, rstd2.d, x.d, y.d, w.d, b.d, N, C); /* res = a */
+    same = same && !memcmp(buf_download(&x), res.h, (size_t)N * C * sizeof(float)) &&
+           !memcmp(buf_download(&out2), out.h, (size_t)N * C * sizeof(float));
+    CHECK(same, "residual_layernorm_forward%s: the sum, output, mean and rstd of residual_forward then "
+          "layernorm_forward, bit for bit (also with res = a)", with_bias ? "" : " without bias");
+    buf_free(&y), buf_free(&res), buf_free(&res2), buf_free(&out2), buf_free(&mean2), buf_free(&rstd2);
     buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&mean), buf_free(&rstd),
         buf_free(&dx), buf_free(&dw), buf_free(&db);
 }

@@ -305,6 +305,14 @@ void residual_forward(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+/* The CPU gains nothing from the fusion (the rows are in cache between the two): the two ops in turn. */
+void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                const float *w, const float *bias, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
+    residual_forward(res, a, b, (size_t)N * C);
+    layernorm_forward(out, mean, rstd, res, w, bias, N, C);
+}
+
 /* ------------------------------------------------------------------ dropout */
 
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {

@@ -207,33 +207,20 @@ void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, i
 
 /* ------------------------------------------------------------------ layernorm */
 
-/* one warp per row */
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                         const float *b, int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    const float *x = inp + (size_t)row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += x[c];
-    float m = warp_sum(s) / C;
-    float v = 0.0f;
-    for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-    v = warp_sum(v) / C;
-    float r = 1.0f / sqrtf(v + 1e-5f);
-    float *o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
-}
-
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int N, int C) {
     ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
-    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, inp,
-                                                                                              w, b, N, C);
+    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, NULL,
+                                                                                              inp, NULL, w, b, N, C);
     CUDA_LAUNCHED(layernorm_forward);
+}
+
+void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+                                const float *w, const float *bias, int N, int C) {
+    ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
+    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, res,
+                                                                                              a, b, w, bias, N, C);
+    CUDA_LAUNCHED(residual_layernorm_forward);
 }
 
 __global__ void layernorm_backward_dx_kernel(float *dinp, const float *dout, const float *inp, const float *w,

@@ -1,11 +1,49 @@
 /* Kernels of the non-attention ops (ops.cu launches them) that are kept in a
  * header so that tests/test_cuda_emu.cpp runs these very kernels on the CPU
  * under tests/cuda_emu.h. They use only what the emulation models: dynamic
- * shared memory (extern __shared__), __syncthreads and warp votes. (The
+ * shared memory (extern __shared__), __syncthreads, warp shuffles and votes. (The
  * other kernels of ops.cu use static __shared__ arrays in device functions,
  * which the emulation does not model; the GPU tests cover them.) */
 #ifndef KVLAB_OPS_KERNELS_CUH
 #define KVLAB_OPS_KERNELS_CUH
+
+#include "warp.cuh"
+
+/* ------------------------------------------------------------------ layernorm forward */
+
+/* One warp per row: out = (x - mean) rstd w + b, mean and rstd saved. x is the row of inp, or with res given
+ * the residual add inp + inp2, written to res on the way (each lane reads back only what it wrote), so that
+ * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit. */
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp,
+                                         const float *inp2, const float *w, const float *b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float *x = inp + (size_t)row * C;
+    float s = 0.0f;
+    if (res) {
+        const float *y = inp2 + (size_t)row * C;
+        float *r = res + (size_t)row * C;
+        for (int c = lane; c < C; c += 32) {
+            float v = x[c] + y[c];
+            r[c] = v;
+            s += v;
+        }
+        x = r;
+    } else {
+        for (int c = lane; c < C; c += 32) s += x[c];
+    }
+    float m = warp_sum(s) / C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+    v = warp_sum(v) / C;
+    float rs = 1.0f / sqrtf(v + 1e-5f);
+    float *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * w[c] + (b ? b[c] : 0.0f);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+}
 
 /* ------------------------------------------------------------------ embedding backward (token table) */
 
