@@ -2598,6 +2598,81 @@ def test_wandb(tmp, build_root, sanitize):
 
 # ---------------------------------------------------------------- decode benchmark
 
+PEER_RUN = """CONFIG_GPT2=y
+CONFIG_GPT2_N_LAYER=2
+CONFIG_GPT2_N_HEAD=2
+CONFIG_GPT2_N_EMBD=32
+CONFIG_GPT2_BLOCK_SIZE=32
+CONFIG_GPT2_BATCH_SIZE=8
+CONFIG_GPT2_MAX_ITERS=600
+CONFIG_GPT2_WARMUP_ITERS=10
+CONFIG_GPT2_LR="3e-3"
+CONFIG_GPT2_EVAL_INTERVAL=600
+CONFIG_GPT2_EVAL_ITERS=2
+CONFIG_GPT2_LOG_INTERVAL=600
+CONFIG_GPT2_CHECKPOINT_INTERVAL=600
+CONFIG_GPT2_SAMPLE_LENGTH=0
+CONFIG_ABLATION=y
+CONFIG_ABLATION_STEPS="QKV,KV,K,KV_TYING"
+CONFIG_RUN_NAME="peer"
+"""
+
+
+def test_torch_peer(tmp, sanitize):
+    """scripts/bench_torch.py, the PyTorch peer of the GPU benchmarks, is kvlab's model: loaded from kvlab
+    checkpoints of the four variants, it predicts what kvlab's sampler predicts (greedy, next character after
+    40 contexts of the validation text, and a 20-character continuation). Needs PyTorch, which kvlab's
+    dependencies do not install: skipped (and said so) where it is missing."""
+    section("PyTorch peer of the benchmarks: the same model as kvlab's, from its checkpoints")
+    if run([PY, "-c", "import torch"]).returncode != 0:
+        print("  skipped: no PyTorch for this Python (the check runs where it is installed, e.g. python3-torch, "
+              "or a GPU machine's PyTorch)")
+        return
+    ws = Workspace(tmp, "peer", PEER_RUN, sanitize)
+    r = ws.make()
+    if not R.check(r.returncode == 0, f"peer run: make: {r.stdout[-1500:]}{r.stderr[-1500:]}"):
+        return
+    text = open(os.path.join(REPO, "data", "tinyshakespeare", "input.txt"), encoding="utf-8").read()
+    tail = text[len(text) * 9 // 10:]
+    contexts = [tail[i * 997 % (len(tail) - 40):][:24] for i in range(40)]
+    peer = os.path.join(REPO, "scripts", "bench_torch.py")
+    for step in ("QKV", "KV", "K", "KV_TYING"):
+        ckpt = os.path.join(ws.run_dir("peer"), f"final_model_step{step}.safetensors")
+        binary = os.path.join(ws.run_dir("peer"), f"train_gpt2_step{step}")
+        prompts = [(c, 1) for c in contexts] + [("ROMEO:\nWhat", 20)]
+        want = []
+        for prompt, length in prompts:
+            k = run([binary, "sample", "--ckpt", ckpt, "--prompt", prompt, "--length", str(length), "--temperature",
+                     "0"], cwd=REPO)
+            want.append(k.stdout[:-1] if k.returncode == 0 else None)  # the sampler ends its text with a newline
+        got = []
+        for length in (1, 20):
+            args = [a for p, n in prompts if n == length for a in ("--prompt", p)]
+            g = run([PY, peer, "--ckpt", ckpt, "--length", str(length)] + args)
+            if not R.check(g.returncode == 0, f"{step}: bench_torch.py --ckpt: {g.stderr.strip()[-800:]}"):
+                break
+            got += [json.loads(line) for line in g.stdout.splitlines()]
+        else:
+            differ = [p for (p, _), w, g in zip(prompts, want, got) if w != g]
+            R.check(None not in want and not differ, f"{step}: PyTorch and kvlab predict the same characters "
+                    f"for {len(prompts)} prompts: {len(differ)} differ (first {differ[:1]!r})")
+    # what the peer refuses, in one line each
+    bad = os.path.join(tmp, "peer-bad.safetensors")
+    with open(bad, "wb") as f:
+        f.write(b"\x10\x00")
+    r = run([PY, peer, "--ckpt", bad])
+    R.check(r.returncode != 0 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and bad in r.stderr,
+            f"a file that is no checkpoint: one error line naming it: {r.stderr!r}")
+    r = run([PY, peer, "--variant", "nope"])
+    R.check(r.returncode != 0 and "unknown variant 'nope'" in r.stderr and "qkv" in r.stderr,
+            f"an unknown variant: one line listing the table's: {r.stderr!r}")
+    r = run([PY, peer, "--variant", "kv_tying", "--shape", "2", "2", "32", "16", "2", "50", "--steps", "2",
+             "--warmup", "1", "--device", "cpu"])
+    rec = json.loads(r.stdout) if r.returncode == 0 else {}
+    R.check(rec.get("variant") == "kv_tying" and rec.get("tok_per_s", 0) > 0 and rec.get("mode") == "eager",
+            f"the benchmark record: {r.stdout[-300:]}{r.stderr[-300:]}")
+
+
 def test_bench_decode(tmp):
     section("bench-decode: configurations, cache bytes per token as allocated, tokens/s (tiny shape)")
     import bench as bench_mod  # scripts/bench.py
@@ -3082,6 +3157,8 @@ def main():
             guarded(test_mpi, tmp, args.sanitize)
         if want("bench-decode"):
             guarded(test_bench_decode, tmp)
+        if want("torch-peer"):
+            guarded(test_torch_peer, tmp, args.sanitize)
         for part in ("programs", "models"):
             if want("cuda-" + part):
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
