@@ -155,9 +155,10 @@ test: deps
 
 # AGAINST=DIR: another checkout's benchmark runs beside this one's (scripts/bench.py --against).
 # TARGET=cuda: the variants on this machine's GPU, with MFU and GPU memory (PRECISION=tf32|bf16: the matmuls').
+# BENCH_ARGS passes more options to scripts/bench.py (--peer torch: PyTorch running the same model beside it).
 bench: deps
 	@$(PYTHON) scripts/bench.py $(if $(AGAINST),--against "$(AGAINST)") $(if $(TARGET),--target "$(TARGET)") \
-		$(if $(PRECISION),--precision "$(PRECISION)")
+		$(if $(PRECISION),--precision "$(PRECISION)") $(BENCH_ARGS)
 
 # Cached generation (tokens/s at context 128, 512 and the maximum) and KV-cache bytes per token of every
 # variant and K/V head count (scripts/bench.py --only decode; BENCH_ARGS passes more options to it).
@@ -218,7 +219,8 @@ help:
 	@echo "  run              run only (after build)"
 	@echo "                   a sweep (Kconfig Sweep) builds as it goes; SHARD=K/N runs one N-th of its runs"
 	@echo "  test             unit and integration tests (SANITIZE=1: with ASan/UBSan)"
-	@echo "  bench            kernel benchmark: output/bench/bench.json (AGAINST=DIR: beside another checkout; TARGET=cuda: on the GPU)"
+	@echo "  bench            kernel benchmark: output/bench/bench.json (AGAINST=DIR: beside another checkout; TARGET=cuda: on the GPU;"
+	@echo "                   BENCH_ARGS=\"--peer torch\": beside PyTorch running the same model)"
 	@echo "  bench-decode     cached-generation tok/s and KV-cache bytes/token of every variant and K/V head"
 	@echo "                   count: output/bench/decode.json (BENCH_ARGS=...: more scripts/bench.py options)"
 	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"

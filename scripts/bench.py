@@ -22,6 +22,11 @@ With --against DIR, another checkout's benchmark (e.g. a git worktree of an
 older commit) runs beside this one's in every round, and each variant's
 step time is compared: output/bench/against.json.
 
+With --peer torch, scripts/bench_torch.py (kvlab's model in PyTorch, eager;
+with --peer-compile also torch.compile) runs each variant of the table
+beside kvlab's in every round, on the same device at the same shape and
+precision, and each is compared best against best: output/bench/peer.json.
+
 Data-parallel scaling (docs/distributed.md): bench/bench_dp, built with
 MPI, trains the same global batch as 1 process x 1 thread, 1 process x
 2 threads and 2 processes x 1 thread (mpirun), interleaved round by round;
@@ -37,7 +42,8 @@ decoder and times the tokens before context 128, 512 and the maximum; each
 run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
-usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--only variants|dp|decode]
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--peer torch [--peer-compile]]
+                        [--only variants|dp|decode]
                         [--target cpu|cuda] [--precision fp32|tf32|bf16]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
@@ -427,6 +433,44 @@ def compare(runs, against, path, other):
     print(f"written {os.path.relpath(path, REPO)}")
 
 
+def run_peer(variant, args, compiled):
+    """One record of scripts/bench_torch.py: the variant in PyTorch on this run's device, shape and precision."""
+    cmd = [PY, os.path.join(REPO, "scripts", "bench_torch.py"), "--variant", variant, "--shape"] + \
+        [str(x) for x in args.shape] + ["--steps", str(args.steps), "--warmup", "3", "--precision", args.precision,
+                                        "--device", "cuda" if args.target == "cuda" else "cpu"] + \
+        (["--compile"] if compiled else [])
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench_torch.py --variant {variant}{' --compile' if compiled else ''} failed: "
+                           f"{r.stderr.strip()[-600:]}")
+    return json.loads(r.stdout)
+
+
+def compare_peer(runs, peer, modes, path):
+    """kvlab against PyTorch running the same model, per variant of the table, best step against best step."""
+    rows = []
+    for variant in peer:
+        mine = min(ms for r in runs[variant] for ms in r["step_ms"])
+        row = {"variant": variant, "label": runs[variant][0]["label"], "kvlab_ms_per_step": round(mine, 2)}
+        for mode in modes:
+            theirs = min(ms for r in peer[variant][mode] for ms in r["step_ms"])
+            row[f"torch_{mode}_ms_per_step"] = round(theirs, 2)
+            row[f"speed_vs_torch_{mode}"] = round(theirs / mine, 4)
+        row["torch"] = peer[variant][modes[0]][0]["torch"]
+        rows.append(row)
+    print("\nkvlab against PyTorch running the same model (scripts/bench_torch.py), interleaved in every round; "
+          "speed > 1: kvlab is faster")
+    print(f"{'variant':10s} {'kvlab ms':>9s}" + "".join(f" {'torch ' + m + ' ms':>17s} {'speed':>6s}" for m in modes))
+    for r in rows:
+        print(f"{r['label']:10s} {r['kvlab_ms_per_step']:9.1f}" +
+              "".join(f" {r[f'torch_{m}_ms_per_step']:17.1f} {r[f'speed_vs_torch_{m}']:6.2f}" for m in modes))
+    with open(path + ".tmp", "w") as f:
+        json.dump({"peer": "pytorch", "variants": rows}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    print(f"written {os.path.relpath(path, REPO)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -436,6 +480,9 @@ def main():
     ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
                     "commit): its benchmark runs beside this one's in every round, and the step times are compared "
                     "(output/bench/against.json)")
+    ap.add_argument("--peer", choices=["torch"], help="variants: PyTorch running the same model "
+                    "(scripts/bench_torch.py) beside kvlab in every round (output/bench/peer.json)")
+    ap.add_argument("--peer-compile", action="store_true", help="--peer torch: also torch.compile (PyTorch 2.0+)")
     ap.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="variants: the compute target to build "
                     "for (cuda: this machine's GPU, CUDA_NATIVE)")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), help="--target cuda: the matmuls' precision "
@@ -462,6 +509,9 @@ def main():
     args.precision = args.precision or "fp32"
     if args.only == "decode":
         return bench_decode(args)
+    if args.peer_compile and not args.peer:
+        print("error: --peer-compile goes with --peer torch", file=sys.stderr)
+        return 2
     if args.against and not os.path.isfile(os.path.join(args.against, "scripts", "bench.py")):
         print(f"error: --against {args.against}: not a kvlab checkout (hint: git worktree add DIR COMMIT)",
               file=sys.stderr)
@@ -478,6 +528,8 @@ def main():
             others[variant] = build(variant, frag, os.path.abspath(args.against), args.target, args.precision)
     runs = {v: [] for v, _, _ in VARIANTS}
     against = {v: [] for v, _, _ in VARIANTS}
+    modes = ["eager"] + (["compile"] if args.peer_compile else [])
+    peer = {v: {m: [] for m in modes} for v, _, base in VARIANTS if base is None} if args.peer else {}
     try:
         for rnd in range(args.rounds):
             for variant, _, _ in VARIANTS:
@@ -486,6 +538,11 @@ def main():
                 print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} ms/step, "
                       f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
                       flush=True)
+                for mode in (modes if variant in peer else []):
+                    rec = run_peer(variant, args, mode == "compile")
+                    peer[variant][mode].append(rec)
+                    print(f"  round {rnd + 1}/{args.rounds} {variant:9s} best {min(rec['step_ms']):8.1f} ms/step, "
+                          f"median {rec['ms_per_step']:8.1f} (PyTorch {rec['torch']} {mode})", flush=True)
                 if args.against:
                     rec = run_bench(others[variant], args.shape, args.steps)
                     against[variant].append(rec)
@@ -585,6 +642,8 @@ def main():
     print(f"\nwritten {os.path.relpath(path)}")
     if args.against:
         compare(runs, against, os.path.join(out, "against.json"), args.against)
+    if args.peer:
+        compare_peer(runs, peer, modes, os.path.join(out, "peer.json"))
     if args.only != "variants" and args.target == "cpu":
         print("\ndata-parallel scaling", flush=True)
         return bench_dp(args)

@@ -294,7 +294,8 @@ def bench(args):
            "variant": args.variant, "precision": args.precision, "device": args.device,
            "shape": {"L": L, "H": H, "C": C, "T": T, "B": B, "V": V},
            "params": sum(p.numel() for p in model.parameters()), "ms_per_step": round(ms, 3),
-           "tok_per_s": round(B * T / (ms / 1e3), 1), "loss": round(float(loss), 4)}
+           "tok_per_s": round(B * T / (ms / 1e3), 1), "step_ms": [round(t * 1e3, 3) for t in times],
+           "loss": round(float(loss), 4)}
     if args.device == "cuda":
         rec["gpu"] = torch.cuda.get_device_name()
         rec["memory_peak_mib"] = round(torch.cuda.max_memory_allocated() / 1048576.0, 1)

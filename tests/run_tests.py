@@ -673,8 +673,13 @@ def cuda_bench(tmp, gpu):
     if not gpu:
         return
     dest = os.path.join(tmp, "bench-cuda")
+    # PyTorch running the same model beside it (scripts/bench_torch.py), where a CUDA PyTorch is installed
+    probe = run([PY, "-c", "import torch; print(int(torch.cuda.is_available()), int(hasattr(torch, 'compile')))"])
+    flags = probe.stdout.split() if probe.returncode == 0 else []
+    has_cuda_torch, has_compile = flags[:1] == ["1"], flags[1:2] == ["1"]
+    peer = (["--peer", "torch"] + (["--peer-compile"] if has_compile else [])) if has_cuda_torch else []
     out = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--target", "cuda", "--only", "variants", "--rounds",
-               "1", "--steps", "3", "--shape", "2", "2", "64", "64", "4", "65", "--out", dest])
+               "1", "--steps", "3", "--shape", "2", "2", "64", "64", "4", "65", "--out", dest] + peer)
     path = os.path.join(dest, "bench.json")
     recs = json.load(open(path)) if out.returncode == 0 and os.path.isfile(path) else []
     R.check(len(recs) == len(bench_mod.VARIANTS) and all(r["backend"].startswith("cuda (") and
@@ -682,6 +687,13 @@ def cuda_bench(tmp, gpu):
             f"make bench TARGET=cuda: every variant timed on the GPU with its memory:\n{out.stdout[-2000:]}"
             f"{out.stderr[-1500:]}")
     print("  " + "\n  ".join(out.stdout.strip().splitlines()[-len(bench_mod.VARIANTS) - 4:]))
+    if peer:
+        path = os.path.join(dest, "peer.json")
+        rows = json.load(open(path))["variants"] if out.returncode == 0 and os.path.isfile(path) else []
+        R.check(len(rows) == len(attention_tbl.variants()) and all(r["speed_vs_torch_eager"] > 0 for r in rows),
+                f"make bench TARGET=cuda --peer torch: every variant beside PyTorch on the GPU:\n{out.stdout[-1500:]}")
+    else:
+        print("  no CUDA PyTorch here: the PyTorch peer (scripts/bench_torch.py) was not timed on the GPU")
     # cached decoding on the GPU: each run checks that the cache allocates kv_cache_bytes_per_token per token
     out = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--target", "cuda", "--only", "decode",
                "--decode-shape", "2", "4", "64", "160", "65", "--tokens", "8", "--reps", "2", "--rounds", "1",
@@ -2671,6 +2683,18 @@ def test_torch_peer(tmp, sanitize):
     rec = json.loads(r.stdout) if r.returncode == 0 else {}
     R.check(rec.get("variant") == "kv_tying" and rec.get("tok_per_s", 0) > 0 and rec.get("mode") == "eager",
             f"the benchmark record: {r.stdout[-300:]}{r.stderr[-300:]}")
+    # make bench's --peer torch: kvlab and the peer interleaved, compared per variant of the table
+    dest = os.path.join(tmp, "bench-peer")
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "variants", "--rounds", "1", "--steps", "2",
+             "--shape", "1", "2", "32", "32", "2", "65", "--peer", "torch", "--out", dest])
+    path = os.path.join(dest, "peer.json")
+    rows = json.load(open(path))["variants"] if r.returncode == 0 and os.path.isfile(path) else []
+    R.check([x["variant"] for x in rows] == [v["name"] for v in attention_tbl.variants()] and
+            all(x["speed_vs_torch_eager"] > 0 and x["kvlab_ms_per_step"] > 0 for x in rows),
+            f"bench.py --peer torch: each variant of the table beside PyTorch: {r.stdout[-1500:]}{r.stderr[-800:]}")
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--peer-compile"])
+    R.check(r.returncode == 2 and "--peer-compile goes with --peer torch" in r.stderr,
+            f"--peer-compile alone is refused: {r.stderr!r}")
 
 
 def test_bench_decode(tmp):
