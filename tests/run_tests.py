@@ -557,7 +557,7 @@ def test_cuda(build_root, tmp, sanitize, part):
             "hint:" in r.stderr, f"a CUDA binary on a machine without a GPU stops with one line and a hint: "
             f"{r.returncode} {r.stderr!r}")
     print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
-          "were not run (the attention kernels ran under emulation: test_cuda_emu, C unit tests)")
+          "were not run (the attention kernels and those of ops_kernels.cuh ran under emulation: test_cuda_emu, C unit tests)")
 
 
 # the variant configurations whose kernel tests run again with TF32 tensor cores: Q.K^T and K.K^T scores, one
