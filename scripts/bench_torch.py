@@ -37,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attention_tbl  # noqa: E402
+import mechint  # noqa: E402  (its checkpoint header check)
 
 try:
     import numpy as np
@@ -140,26 +141,28 @@ class GPT(torch.nn.Module):
 DTYPES = {"F32": np.float32}
 
 
-def read_safetensors(path):
+def read_checkpoint(path):
+    """The tensors of a kvlab checkpoint, its metadata and its build configuration; the header is checked by
+    mechint.py's st_metadata (one line naming the problem)."""
     try:
+        meta, cfg = mechint.st_metadata(path)
         raw = open(path, "rb").read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + n])
-    except (OSError, ValueError, struct.error) as exc:
-        fail(f"{path}: not a readable safetensors file: {exc} (hint: a final_model_step*.safetensors of a kvlab run)")
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
+    except (OSError, ValueError) as exc:
+        fail(f"{path}: {exc} (hint: a final_model_step*.safetensors of a kvlab run)")
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
     tensors = {}
     for name, e in header.items():
         if e["dtype"] not in DTYPES:
             fail(f"{path}: tensor '{name}' is {e['dtype']}, kvlab writes F32")
         b, end = e["data_offsets"]
-        tensors[name] = np.frombuffer(raw[base + b:base + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-    return tensors, meta
+        tensors[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
+    return tensors, meta, cfg
 
 
 def model_from_checkpoint(path):
-    tensors, meta = read_safetensors(path)
+    tensors, meta, cfg = read_checkpoint(path)
     if meta.get("family") != "gpt2":
         fail(f"{path}: not a kvlab GPT-2 checkpoint (metadata family '{meta.get('family')}')")
     try:
@@ -167,11 +170,7 @@ def model_from_checkpoint(path):
     except (KeyError, ValueError):
         fail(f"{path}: metadata 'model' is missing or not JSON (hint: a checkpoint written by kvlab's train_gpt2)")
     a = m["attention"]
-    try:
-        absolute = json.loads(meta["config"]).get("POSITION_ABSOLUTE", True)
-    except (KeyError, ValueError):
-        absolute = True  # written before position schemes existed
-    if a.get("pos") or a.get("kv_heads") or not absolute:
+    if a.get("pos") or a.get("kv_heads") or not cfg.get("POSITION_ABSOLUTE", True):  # absent: before the schemes
         fail(f"{path}: {a.get('label', a.get('variant'))} uses kvlab's +Pos, grouped K/V heads or another position "
              "scheme, which the PyTorch peer does not have (hint: QKV, KV, K or KV tying with absolute positions)")
     if m["activation"] != "gelu_tanh" or m.get("ln_placement", "pre") != "pre":
