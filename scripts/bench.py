@@ -433,11 +433,13 @@ def compare(runs, against, path, other):
     print(f"written {os.path.relpath(path, REPO)}")
 
 
-def run_peer(variant, args, compiled):
-    """One record of scripts/bench_torch.py: the variant in PyTorch on this run's device, shape and precision."""
+def run_peer(variant, args, compiled, threads):
+    """One record of scripts/bench_torch.py: the variant in PyTorch on this run's device, shape and precision, with
+    kvlab's number of threads."""
     cmd = [PY, os.path.join(REPO, "scripts", "bench_torch.py"), "--variant", variant, "--shape"] + \
         [str(x) for x in args.shape] + ["--steps", str(args.steps), "--warmup", "3", "--precision", args.precision,
-                                        "--device", "cuda" if args.target == "cuda" else "cpu"] + \
+                                        "--device", "cuda" if args.target == "cuda" else "cpu",
+                                        "--threads", str(threads)] + \
         (["--compile"] if compiled else [])
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -457,9 +459,10 @@ def compare_peer(runs, peer, modes, path):
             row[f"torch_{mode}_ms_per_step"] = round(theirs, 2)
             row[f"speed_vs_torch_{mode}"] = round(theirs / mine, 4)
         row["torch"] = peer[variant][modes[0]][0]["torch"]
+        row["threads"] = runs[variant][0]["threads"]
         rows.append(row)
-    print("\nkvlab against PyTorch running the same model (scripts/bench_torch.py), interleaved in every round; "
-          "speed > 1: kvlab is faster")
+    print("\nkvlab against PyTorch running the same model (scripts/bench_torch.py), interleaved in every round, "
+          f"{rows[0]['threads']} threads each; speed > 1: kvlab is faster")
     print(f"{'variant':10s} {'kvlab ms':>9s}" + "".join(f" {'torch ' + m + ' ms':>17s} {'speed':>6s}" for m in modes))
     for r in rows:
         print(f"{r['label']:10s} {r['kvlab_ms_per_step']:9.1f}" +
@@ -539,7 +542,7 @@ def main():
                       f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
                       flush=True)
                 for mode in (modes if variant in peer else []):
-                    rec = run_peer(variant, args, mode == "compile")
+                    rec = run_peer(variant, args, mode == "compile", runs[variant][-1]["threads"])
                     peer[variant][mode].append(rec)
                     print(f"  round {rnd + 1}/{args.rounds} {variant:9s} best {min(rec['step_ms']):8.1f} ms/step, "
                           f"median {rec['ms_per_step']:8.1f} (PyTorch {rec['torch']} {mode})", flush=True)

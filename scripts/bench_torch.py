@@ -15,10 +15,12 @@ a checkpoint or variant is refused with a message.
 
 Two uses:
   bench_torch.py --variant qkv --shape L H C T B V [--device cuda]
-      [--precision fp32|tf32|bf16] [--compile] [--steps N]
+      [--precision fp32|tf32|bf16] [--compile] [--steps N] [--threads N]
       Times training steps (forward, backward, AdamW) on random tokens and
-      prints one JSON object (tok/s, ms/step, peak GPU memory), like
-      bench/bench_step.c's records.
+      prints one JSON object (tok/s, ms/step, peak GPU memory, threads),
+      like bench/bench_step.c's records. On the CPU it uses --threads
+      threads (0, the default: one per core, as kvlab's backend), not
+      PyTorch's own choice, which may be fewer (Debian's PyTorch takes one).
   bench_torch.py --ckpt FILE --prompt TEXT [--prompt TEXT ...] --length N
       Loads a kvlab GPT-2 checkpoint (a character vocabulary: tiny
       Shakespeare) and prints the greedy continuation of each TEXT (the
@@ -244,6 +246,8 @@ def bench(args):
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: this PyTorch sees no GPU (hint: a CUDA build of PyTorch on a machine with one)")
     torch.manual_seed(1337)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads or os.cpu_count() or 1)
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = args.precision != "fp32"
         torch.backends.cudnn.allow_tf32 = args.precision != "fp32"
@@ -294,7 +298,7 @@ def bench(args):
            "shape": {"L": L, "H": H, "C": C, "T": T, "B": B, "V": V},
            "params": sum(p.numel() for p in model.parameters()), "ms_per_step": round(ms, 3),
            "tok_per_s": round(B * T / (ms / 1e3), 1), "step_ms": [round(t * 1e3, 3) for t in times],
-           "loss": round(float(loss), 4)}
+           "loss": round(float(loss), 4), "threads": torch.get_num_threads()}
     if args.device == "cuda":
         rec["gpu"] = torch.cuda.get_device_name()
         rec["memory_peak_mib"] = round(torch.cuda.max_memory_allocated() / 1048576.0, 1)
@@ -312,6 +316,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2.0 or later)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: one per core, as kvlab's backend)")
     ap.add_argument("--ckpt", help="a kvlab GPT-2 checkpoint: print the greedy continuation of --prompt")
     ap.add_argument("--prompt", action="append", help="with --ckpt: a prompt (repeat for several)")
     ap.add_argument("--length", type=int, default=20)
@@ -321,8 +326,8 @@ def main():
         for prompt in args.prompt or ["\n"]:  # one JSON string per line: prompts hold newlines
             print(json.dumps(greedy(model, meta, prompt, args.length)))
     else:
-        if min(args.shape) < 1 or args.steps < 1 or args.warmup < 0:
-            fail("--shape values and --steps must be positive")
+        if min(args.shape) < 1 or args.steps < 1 or args.warmup < 0 or args.threads < 0:
+            fail("--shape values and --steps must be positive, --warmup and --threads not negative")
         bench(args)
 
 

@@ -2681,8 +2681,9 @@ def test_torch_peer(tmp, sanitize):
     r = run([PY, peer, "--variant", "kv_tying", "--shape", "2", "2", "32", "16", "2", "50", "--steps", "2",
              "--warmup", "1", "--device", "cpu"])
     rec = json.loads(r.stdout) if r.returncode == 0 else {}
-    R.check(rec.get("variant") == "kv_tying" and rec.get("tok_per_s", 0) > 0 and rec.get("mode") == "eager",
-            f"the benchmark record: {r.stdout[-300:]}{r.stderr[-300:]}")
+    R.check(rec.get("variant") == "kv_tying" and rec.get("tok_per_s", 0) > 0 and rec.get("mode") == "eager" and
+            rec.get("threads") == (os.cpu_count() or 1),
+            f"the benchmark record, with a thread per core as kvlab's backend: {r.stdout[-300:]}{r.stderr[-300:]}")
     # make bench's --peer torch: kvlab and the peer interleaved, compared per variant of the table
     dest = os.path.join(tmp, "bench-peer")
     r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "variants", "--rounds", "1", "--steps", "2",
@@ -2690,7 +2691,7 @@ def test_torch_peer(tmp, sanitize):
     path = os.path.join(dest, "peer.json")
     rows = json.load(open(path))["variants"] if r.returncode == 0 and os.path.isfile(path) else []
     R.check([x["variant"] for x in rows] == [v["name"] for v in attention_tbl.variants()] and
-            all(x["speed_vs_torch_eager"] > 0 and x["kvlab_ms_per_step"] > 0 for x in rows),
+            all(x["speed_vs_torch_eager"] > 0 and x["kvlab_ms_per_step"] > 0 and x["threads"] >= 1 for x in rows),
             f"bench.py --peer torch: each variant of the table beside PyTorch: {r.stdout[-1500:]}{r.stderr[-800:]}")
     r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--peer-compile"])
     R.check(r.returncode == 2 and "--peer-compile goes with --peer torch" in r.stderr,
