@@ -1,13 +1,15 @@
 /* Data-parallel training-step benchmark (make bench, scripts/bench.py):
  * one GPT-2 training step of a global batch of B sequences, each rank of
  * the MPI job (train/dist.h) computing its rows, then the gradient sum over
- * the ranks and AdamW, as train/trainer.c does it. Timed per step, on rank
- * 0: the whole step; the compute (forward and backward of its rows); the
- * wait for the slowest rank (a one-value all-reduce, i.e. imbalance plus
- * one latency); the all-reduce of the gradient buffer (the communication
- * cost proper). Prints one JSON object from rank 0.
+ * the ranks and AdamW, as train/trainer.c does it (train/grad_sync.h: in
+ * one call, or with bucket_kib > 0 in buckets started during the backward
+ * pass). Timed per step, on rank 0: the whole step; the compute (forward
+ * and backward of its rows, bucket starts included); the wait for the
+ * slowest rank (a one-value all-reduce, i.e. imbalance plus one latency);
+ * the gradient sum, or what is left of it after the backward pass (the
+ * communication cost proper). Prints one JSON object from rank 0.
  *
- * usage: mpirun -np N bench_dp L H C T B V steps threads
+ * usage: mpirun -np N bench_dp L H C T B V steps threads [bucket_kib]
  * (started alone it is a job of one) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include "common.h"
 #include "dist.h"
 #include "gpt2/model.h"
+#include "grad_sync.h"
 #include "kernels.h"
 #include "rng.h"
 
@@ -27,13 +30,13 @@ static void print_list(const char *key, const double *v, int n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: %s L H C T B V steps threads\n", argv[0]);
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: %s L H C T B V steps threads [bucket_kib]\n", argv[0]);
         return 2;
     }
     int L = atoi(argv[1]), H = atoi(argv[2]), C = atoi(argv[3]), T = atoi(argv[4]), B = atoi(argv[5]);
-    int V = atoi(argv[6]), steps = atoi(argv[7]), threads = atoi(argv[8]);
-    if (L < 1 || H < 1 || C < H || T < 1 || B < 1 || V < 2 || steps < 1 || threads < 1) {
+    int V = atoi(argv[6]), steps = atoi(argv[7]), threads = atoi(argv[8]), bucket_kib = argc == 10 ? atoi(argv[9]) : 0;
+    if (L < 1 || H < 1 || C < H || T < 1 || B < 1 || V < 2 || steps < 1 || threads < 1 || bucket_kib < 0) {
         fprintf(stderr, "bench_dp: bad shape or counts\n");
         return 2;
     }
@@ -46,6 +49,8 @@ int main(int argc, char **argv) {
     GPT2 m;
     gpt2_init(&m, &cfg, 1);
     size_t total = m.w.table.total;
+    GradSync sync;
+    grad_sync_init(&sync, &m.w, (size_t)bucket_kib * 1024, 0);
     /* every rank draws the whole batch, keeps its rows */
     int *in = xmalloc((size_t)B * T * sizeof(int)), *tg = xmalloc((size_t)B * T * sizeof(int));
     Rng rng = rng_seeded(1, 2);
@@ -59,12 +64,13 @@ int main(int argc, char **argv) {
     for (int s = -2; s < steps; s++) {
         double t0 = wall_seconds();
         params_zero_grad(&m.w);
+        grad_sync_arm(&sync);
         gpt2_forward(&m, x, y, (int)rows.n, T, 1, (uint64_t)(s + 2));
         gpt2_backward(&m, (float)((double)rows.n / B)); /* the global mean over B rows */
         double t1 = wall_seconds(), one = 1.0;
         dist_sum(&one, 1);
         double t2 = wall_seconds();
-        dist_allreduce_dev(m.w.grads, total);
+        grad_sync_finish(&sync);
         double t3 = wall_seconds();
         params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
         double t4 = wall_seconds();
@@ -74,8 +80,9 @@ int main(int argc, char **argv) {
     if (rank == 0) {
         printf("{\"processes\": %d, \"threads\": %d, \"transport\": \"%s\", \"parameters\": %zu, "
                "\"gradient_bytes\": %zu, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, \"V\": %d}, "
-               "\"tokens_per_step\": %d",
-               size, backend_threads(), dist_transport(), total, total * sizeof(float), L, H, C, T, B, V, B * T);
+               "\"tokens_per_step\": %d, \"bucket_kib\": %d, \"buckets\": %d, \"buckets_overlapped\": %d",
+               size, backend_threads(), dist_transport(), total, total * sizeof(float), L, H, C, T, B, V, B * T,
+               bucket_kib, sync.nb, sync.early_last);
         print_list("step_ms", step, steps);
         print_list("compute_ms", comp, steps);
         print_list("wait_ms", wait, steps);
@@ -83,6 +90,7 @@ int main(int argc, char **argv) {
         printf("}\n");
         fflush(stdout);
     }
+    grad_sync_free(&sync);
     gpt2_free(&m);
     free(in), free(tg), free(step), free(comp), free(wait), free(comm);
     dist_finalize();

@@ -98,6 +98,7 @@ static void build_table(GPT2 *m) {
     m->layer = xcalloc((size_t)c->L, sizeof(BlockParams));
     for (int l = 0; l < c->L; l++) {
         BlockParams *lp = &m->layer[l];
+        lp->first = t->total;
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         if (c->bias) lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
@@ -325,6 +326,7 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         BlockShape s = gpt2_block_shape(m, B, T, m->fwd_training, m->dropout_seed_base, l);
         const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
         block_backward(a->dres, m->w.grads, &a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
+        params_grads_final_from(&m->w, m->layer[l].first); /* a tied head adds to wte, below every block */
     }
     const float *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {

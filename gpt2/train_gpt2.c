@@ -237,6 +237,7 @@ static int train(Run *r) {
             double counted = rows.n ? m->counted : 0;
             RunLoss g = run_global_loss(t, l, counted, 0);
             loss += g.loss / h->accum;
+            run_before_backward(t, k == h->accum - 1);
             if (counted > 0) gpt2_backward(m, run_backward_scale(t, 1.0f / h->accum, counted, &g));
         }
         if (run_check_loss(t, loss, "lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP")) {

@@ -47,4 +47,12 @@ void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt);
 /* rank 0's n floats to every rank */
 void dev_comm_bcast(float *buf, size_t n);
 
+/* The overlapped forms (the gradient sum in parts during the backward pass): queued on a second stream of
+ * their own, after everything queued on the backend's stream so far, so the caller's kernels go on while NCCL
+ * sums; dev_comm_async_wait makes the backend's stream wait for all of them (queued, no host wait). Between
+ * the two the caller must not write the parts. */
+void dev_comm_allreduce_async(float *buf, size_t n);
+void dev_comm_reduce_scatter_async(float *buf, const size_t *lo, const size_t *cnt);
+void dev_comm_async_wait(void);
+
 #endif

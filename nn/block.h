@@ -28,6 +28,8 @@
 typedef struct {
     size_t ln1w, ln1b, attnw, attnb, posw, posb, projw, projb, ln2w, ln2b, fcw, fcb, fcpw, fcpb;
     size_t relw; /* relative-position bias (H, buckets), with that position scheme */
+    size_t first; /* the offset of the block's first tensor: its tensors (a decoder block's cross-attention
+                   * too) are registered after it, before the next block's (params_grads_final_from) */
 } BlockParams;
 
 /* Observation points for analysis (mechint): NULL in training. after_proj

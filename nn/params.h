@@ -37,9 +37,16 @@ void param_table_free(ParamTable *t);
 
 /* A model's table and its four device buffers (table.total floats each; in a ZeRO-1 run, train/trainer.h,
  * m and v hold only the rank's slice of the values). */
+/* Told that the gradients from a given offset up are final (params_grads_final_from). */
+typedef void (*ParamsGradsFinal)(void *ctx, size_t offset);
+
 typedef struct {
     ParamTable table;
     float *params, *grads, *m, *v;
+    /* set by data-parallel training (train/grad_sync.h) for the last backward pass of an optimizer step, so
+     * that it can sum the finished gradients while the pass goes on; NULL otherwise */
+    ParamsGradsFinal grads_final;
+    void *grads_final_ctx;
 } Params;
 
 /* Allocates the four buffers for the table built in p->table (zeroed). */
@@ -55,6 +62,14 @@ typedef void (*ParamInit)(const ParamSpec *s, float *host, Rng *rng, void *ctx);
 void params_init(Params *p, uint64_t seed, ParamInit rule, void *ctx);
 
 void params_zero_grad(Params *p);
+/* A backward pass says that every gradient at offset >= `offset` of the flat buffer has its final value for
+ * this pass (nothing later in the pass adds to it): the families call it after each block's backward with
+ * the block's first offset (BlockParams.first), their tensors being registered input side first. Saying it
+ * too early sums a gradient before it is complete (2 processes then differ from 1: tests/run_tests.py -k mpi);
+ * never saying it only loses the overlap. */
+static inline void params_grads_final_from(Params *p, size_t offset) {
+    if (p->grads_final) p->grads_final(p->grads_final_ctx, offset);
+}
 /* AdamW on every tensor; weight decay only where the table says so. */
 void params_adamw(Params *p, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
 /* The same on the values [lo, lo + n) of the flat buffers only (ZeRO-1: one rank's slice, which may cut

@@ -31,7 +31,10 @@ Data-parallel scaling (docs/distributed.md): bench/bench_dp, built with
 MPI, trains the same global batch as 1 process x 1 thread, 1 process x
 2 threads and 2 processes x 1 thread (mpirun), interleaved round by round;
 each step's time is split into compute, the wait for the slowest rank and
-the all-reduce of the gradients (the communication cost per step).
+the all-reduce of the gradients (the communication cost per step); a fourth
+setup sums the gradients of 2 x 1 in buckets of --bucket-kib KiB started
+during the backward pass (CONFIG_DIST_BUCKET_KIB), so the all-reduce column
+is what the overlap leaves.
 Writes output/bench/dp.json.
 
 Decode (make bench-decode, --only decode): bench/bench_decode, built once per
@@ -43,7 +46,7 @@ run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
 usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--peer torch [--peer-compile]]
-                        [--only variants|dp|decode]
+                        [--only variants|dp|decode] [--bucket-kib N]
                         [--target cpu|cuda] [--precision fp32|tf32|bf16]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
@@ -156,8 +159,11 @@ def run_bench(binary, shape, steps):
     return json.loads(r.stdout)
 
 
-# (label, processes, threads per process) of the data-parallel benchmark; the first is the reference
-DP_SETUPS = [("1 process x 1 thread", 1, 1), ("1 process x 2 threads", 1, 2), ("2 processes x 1 thread", 2, 1)]
+# (label, processes, threads per process, gradient buckets) of the data-parallel benchmark; the first is the
+# reference. Buckets None: one gradient sum after the backward pass; "bucket": buckets of --bucket-kib KiB started
+# during it (train/grad_sync.h, CONFIG_DIST_BUCKET_KIB)
+DP_SETUPS = [("1 process x 1 thread", 1, 1, None), ("1 process x 2 threads", 1, 2, None),
+             ("2 processes x 1 thread", 2, 1, None), ("2 x 1, overlapped buckets", 2, 1, "bucket")]
 
 
 def build_dp():
@@ -171,10 +177,10 @@ def build_dp():
     return os.path.join(bdir, "bench", "bench_dp")
 
 
-def run_dp(binary, procs, threads, shape, steps):
+def run_dp(binary, procs, threads, bucket_kib, shape, steps):
     cmd = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
           ["-np", str(procs), "--oversubscribe", "--bind-to", "none", "-x", f"OMP_NUM_THREADS={threads}", binary] + \
-          [str(x) for x in shape] + [str(steps), str(threads)]
+          [str(x) for x in shape] + [str(steps), str(threads), str(bucket_kib)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-2000:]}")
@@ -188,17 +194,17 @@ def bench_dp(args):
         return 1
     print("  building bench_dp (MPI)", flush=True)
     binary = build_dp()
-    setups = {label: (procs, threads) for label, procs, threads in DP_SETUPS}
+    setups = {label: (procs, threads, args.bucket_kib if buckets else 0) for label, procs, threads, buckets in DP_SETUPS}
     try:
         runs = round_robin(args.rounds, list(setups),
                            lambda label: run_dp(binary, *setups[label], args.shape, args.steps),
-                           lambda label, rec: f"{label:24s} best {min(rec['step_ms']):8.1f} ms/step, all-reduce "
+                           lambda label, rec: f"{label:26s} best {min(rec['step_ms']):8.1f} ms/step, all-reduce "
                                               f"median {statistics.median(rec['allreduce_ms']):7.2f} ms")
     except RuntimeError as e:
         print(f"error: data-parallel benchmark: {e}", file=sys.stderr)
         return 1
     records = []
-    for label, procs, threads in DP_SETUPS:
+    for label, procs, threads, _ in DP_SETUPS:
         rs = runs[label]
         steps = [x for r in rs for x in r["step_ms"]]
         comm = [x for r in rs for x in r["allreduce_ms"]]
@@ -206,6 +212,8 @@ def bench_dp(args):
         comp = [x for r in rs for x in r["compute_ms"]]
         tokens = rs[0]["tokens_per_step"]
         records.append({"setup": label, "processes": procs, "threads_per_process": threads,
+                        "bucket_kib": rs[0]["bucket_kib"], "buckets": rs[0]["buckets"],
+                        "buckets_overlapped": rs[0]["buckets_overlapped"],
                         "ms_per_step": round(min(steps), 2), "ms_per_step_median": round(statistics.median(steps), 2),
                         "tokens_per_s": round(tokens / (min(steps) / 1e3), 1),
                         "compute_ms_median": round(statistics.median(comp), 2),
@@ -219,9 +227,8 @@ def bench_dp(args):
         r["speedup_vs_1x1"] = round(ref["ms_per_step"] / r["ms_per_step"], 3)
         r["speedup_vs_1x1_median"] = round(ref["ms_per_step_median"] / r["ms_per_step_median"], 3)
         r["communication_share"] = round(r["allreduce_ms_median"] / r["ms_per_step_median"], 4)
-    out = os.path.join(REPO, "output", "bench")
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "dp.json")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "dp.json")
     with open(path + ".tmp", "w") as f:
         json.dump({"cpus": len(os.sched_getaffinity(0)), "rounds": args.rounds, "steps": args.steps,
                    "setups": records}, f, indent=1)
@@ -231,14 +238,16 @@ def bench_dp(args):
     print(f"\ndata-parallel scaling: GPT-2 L={sh['L']} H={sh['H']} C={sh['C']} T={sh['T']}, global batch "
           f"B={sh['B']}, {ref['parameters']:,} parameters ({ref['gradient_bytes'] / 2**20:.1f} MiB of gradients per "
           f"all-reduce); {len(os.sched_getaffinity(0))} cores; best step of each setup (medians in dp.json)")
-    print(f"{'setup':24s} {'ms/step':>9s} {'median':>9s} {'tok/s':>9s} {'speedup':>8s} {'compute':>9s} "
+    print(f"{'setup':26s} {'ms/step':>9s} {'median':>9s} {'tok/s':>9s} {'speedup':>8s} {'compute':>9s} "
           f"{'wait':>8s} {'all-reduce':>11s} {'comm share':>11s}")
     for r in records:
-        print(f"{r['setup']:24s} {r['ms_per_step']:9.1f} {r['ms_per_step_median']:9.1f} {r['tokens_per_s']:9.0f} "
+        print(f"{r['setup']:26s} {r['ms_per_step']:9.1f} {r['ms_per_step_median']:9.1f} {r['tokens_per_s']:9.0f} "
               f"{r['speedup_vs_1x1']:7.2f}x {r['compute_ms_median']:9.1f} {r['wait_ms_median']:8.2f} "
               f"{r['allreduce_ms_median']:11.2f} {100 * r['communication_share']:10.1f}%")
     print("compute: forward and backward of a rank's rows; wait: for the slowest rank (a one-value all-reduce); "
-          "all-reduce: the gradient sum, the communication cost per step")
+          "all-reduce: the gradient sum, the communication cost per step (overlapped buckets: what is left of it "
+          f"after the backward pass; {args.bucket_kib} KiB buckets, {records[-1]['buckets']} of them, "
+          f"{records[-1]['buckets_overlapped']} started during the backward pass)")
     print(f"written {os.path.relpath(path, REPO)}")
     return 0
 
@@ -493,6 +502,8 @@ def main():
     ap.add_argument("--only", choices=["variants", "dp", "decode"], help="run only the attention-variant benchmark, "
                     "only the data-parallel one (output/bench/dp.json) or only the decode one (make bench-decode: "
                     "output/bench/decode.json)")
+    ap.add_argument("--bucket-kib", type=int, default=1024, help="dp: the gradient bucket size of the overlapped "
+                    "setup (KiB, CONFIG_DIST_BUCKET_KIB)")
     ap.add_argument("--decode-shape", nargs=5, type=int, default=[6, 6, 384, 1024, 65],
                     metavar=("L", "H", "C", "T", "V"), help="decode: the GPT-2 shape, T its maximum context")
     ap.add_argument("--tokens", type=int, default=32, help="decode: tokens timed before each context")
@@ -501,9 +512,12 @@ def main():
                     "busy machine, where a descheduled thread stalls the others at every parallel region)")
     ap.add_argument("--configs", help="decode: only these configurations (comma-separated names, e.g. "
                     "qkv,qkv_mqa,k)")
-    ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="output folder of bench.json (the variants) and decode.json")
+    ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="output folder of bench.json (the variants), peer.json, dp.json and decode.json")
     ap.add_argument("--build", default=os.path.join(REPO, "build", "bench"), help="decode: build folder")
     args = ap.parse_args()
+    if args.bucket_kib < 1:
+        print(f"error: --bucket-kib {args.bucket_kib}: a bucket holds at least 1 KiB", file=sys.stderr)
+        return 2
     if args.only == "dp":
         return bench_dp(args)
     if args.precision not in (None, "fp32") and args.target != "cuda":

@@ -62,6 +62,7 @@ static void add_block(ParamTable *t, BlockParams *lp, const char *prefix, int l,
     char name[PARAM_NAME_MAX];
     int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "%s.blocks.%d." fmt, prefix, l, ##__VA_ARGS__), name)
+    lp->first = t->total;
     lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
     lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
     for (int p = 0; p < P; p++) { /* K/V blocks kv_heads*head_dim rows (docs/kernels.md) */
@@ -420,6 +421,7 @@ static void encode_backward(S2S *m, float *dres) {
                              dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
         const float *x = l == 0 ? a->x0 : a->enc[l - 1].out;
         block_backward(dres, m->w.grads, &a->enc[l], x, m->w.params, &m->enc[l], &s, &a->scratch);
+        params_grads_final_from(&m->w, m->enc[l].first); /* the decoder, heads and later blocks are done */
     }
     if (c->onehot) {
         linear_backward(NULL, GRAD(m->inw), GRAD(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
@@ -486,6 +488,7 @@ void s2s_backward(S2S *m, float loss_scale) {
         const float *y = l == 0 ? a->y0 : a->dec[l - 1].b.out;
         decblock_backward(a->dres, a->dmem, m->w.grads, &a->dec[l], y, mem, S, m->src_pad, m->w.params, &m->dec[l], &s,
                           &a->dscratch);
+        params_grads_final_from(&m->w, m->dec[l].b.first);
     }
     const float *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {

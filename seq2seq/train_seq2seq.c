@@ -432,6 +432,7 @@ static int train(Run *r) {
         RunLoss g = run_global_loss(t, l, local_counted, rows.n ? s2s_correct(m) : 0);
         double loss = g.loss, correct = g.correct, counted = g.counted;
         if (run_check_loss(t, loss, "lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP")) return 1;
+        run_before_backward(t, 1);
         if (local_counted > 0) s2s_backward(m, run_backward_scale(t, 1.0f, local_counted, &g));
         double norm = run_optim_step(t, &h->optim, lr, local + 1); /* each job starts its optimiser afresh */
         double dt = run_step_done(t, t0, counted);

@@ -2184,15 +2184,19 @@ def run_until(cmd, line_prefix, action, env):
 
 
 def test_mpi(tmp, sanitize):
-    section("MPI data parallel: 2 processes against 1 for every family, ZeRO-1, resume across process counts, "
-            "a stop request, a rank killed mid-run, make with mpirun")
+    section("MPI data parallel: 2 processes against 1 for every family, ZeRO-1, overlapped gradient buckets, resume "
+            "across process counts, a stop request, a rank killed mid-run, make with mpirun, bench dp")
     if not R.check(shutil.which("mpirun") is not None, "mpirun is installed (scripts/deps.sh: openmpi-bin)"):
         return
     t0 = time.time()
     one = mpi_build(tmp, "none", "", sanitize)
     two = mpi_build(tmp, "mpi", "CONFIG_DIST_MPI=y\n", sanitize, dist_tests=True)
     zero = mpi_build(tmp, "zero1", "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\n", sanitize)
-    if not (one and two and zero):
+    # the gradient sum in 1 KiB buckets started during the backward pass (a tiny model's tensors: many buckets)
+    bucketed = mpi_build(tmp, "buckets", "CONFIG_DIST_MPI=y\nCONFIG_DIST_BUCKET_KIB=1\n", sanitize)
+    zbucketed = mpi_build(tmp, "zero1-buckets", "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\nCONFIG_DIST_BUCKET_KIB=1\n",
+                          sanitize)
+    if not (one and two and zero and bucketed and zbucketed):
         return
     print(f"  builds: {time.time() - t0:.1f} s", flush=True)
     env = mpi_env()
@@ -2208,9 +2212,11 @@ def test_mpi(tmp, sanitize):
         if not R.check(r.returncode == 0, f"{fam}: one process trains:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
             continue
         ref[fam] = curve(out1)
-        runs = [("2 processes", two, os.path.join(base, f"{fam}-2"))]
+        runs = [("2 processes", two, os.path.join(base, f"{fam}-2")),
+                ("2 processes, 1 KiB gradient buckets", bucketed, os.path.join(base, f"{fam}-2b"))]
         if fam != "vit":
             runs.append(("2 processes with ZeRO-1", zero, os.path.join(base, f"{fam}-2z")))
+            runs.append(("2 processes with ZeRO-1, 1 KiB gradient buckets", zbucketed, os.path.join(base, f"{fam}-2zb")))
         for what, build, out in runs:
             r = run(mpirun(2, build[fam], out), env=env)
             if not R.check(r.returncode == 0, f"{fam}, {what}: mpirun -np 2 trains:\n{r.stdout[-2000:]}{r.stderr[-1500:]}"):
@@ -2227,6 +2233,17 @@ def test_mpi(tmp, sanitize):
             key = {"gpt2": "best_val_loss", "vit": "test_accuracy", "seq2seq": "test_accuracy"}[fam]
             R.check(abs(m[key] - ref[fam][key]) <= MPI_RTOL * abs(ref[fam][key]),
                     f"{fam}, {what}: {key} {m[key]} as one process's {ref[fam][key]} (evaluation shared out)")
+            if "buckets" in what:
+                # the buckets were cut, and the backward pass started some of them (not all: the embeddings'
+                # are final only at its end); without buckets the metrics say 0
+                nb, early = m.get("grad_buckets", 0), m.get("grad_buckets_overlapped", -1)
+                R.check(nb > 2 and 0 < early < nb and f"gradients summed in {nb} buckets" in r.stdout,
+                        f"{fam}, {what}: {nb} buckets, {early} of them started during the last backward pass "
+                        f"(the banner: {[ln for ln in r.stdout.splitlines() if ln.startswith('distributed:')]})")
+            else:
+                R.check(m.get("grad_buckets") == 0 and "grad_buckets_overlapped" not in m,
+                        f"{fam}, {what}: one gradient sum after the backward pass (grad_buckets "
+                        f"{m.get('grad_buckets')})")
             files = sorted(os.listdir(out))
             want = sorted(x for x in os.listdir(os.path.join(base, f"{fam}-1")))
             R.check(files == want, f"{fam}, {what}: the files of one process, written once (rank 0): {files}")
@@ -2334,6 +2351,22 @@ def test_mpi(tmp, sanitize):
     R.check(m and curve(run_dir, "base").get("status") == "complete",
             "the earlier complete outputs are back in place after the failed start")
     print(f"  make: {time.time() - t0:.1f} s", flush=True)
+
+    # make bench's data-parallel part, tiny: every setup reported, the bucketed one with its overlap
+    t0 = time.time()
+    dest = os.path.join(tmp, "bench-dp")
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "dp", "--shape", "2", "2", "16", "16", "4", "65",
+             "--rounds", "1", "--steps", "1", "--bucket-kib", "1", "--out", dest], env=env)
+    path = os.path.join(dest, "dp.json")
+    setups = json.load(open(path))["setups"] if r.returncode == 0 and os.path.isfile(path) else []
+    last = setups[-1] if setups else {}
+    R.check(len(setups) == 4 and all(x["ms_per_step"] > 0 and x["allreduce_ms_median"] >= 0 for x in setups) and
+            [x["buckets"] for x in setups[:3]] == [0, 0, 0] and last.get("processes") == 2 and
+            last.get("buckets", 0) > 2 and 0 < last.get("buckets_overlapped", 0) < last["buckets"],
+            f"bench.py --only dp: 1x1, 1x2, 2x1 and 2x1 with overlapped 1 KiB buckets ({last.get('buckets')} "
+            f"buckets, {last.get('buckets_overlapped')} started during the backward pass):\n{r.stdout[-1500:]}"
+            f"{r.stderr[-800:]}")
+    print(f"  bench dp: {time.time() - t0:.1f} s", flush=True)
 
 
 def test_data_script(tmp):

@@ -147,13 +147,44 @@ static void test_collectives(size_t n) {
     dev_free(slice), dev_free(d), dev_free(src);
 }
 
+/* The overlapped sum in parts (dist_sum_start_dev / dist_sum_wait_dev), started top down as train/grad_sync.c
+ * does, with an empty part among them: the single calls' results, all-reduced or (scatter) reduce-scattered.
+ * While the parts are under way the buffer below them is rewritten (as the backward pass goes on writing the
+ * lower layers' gradients): those values must reach the parts started after the write. */
+static void test_parts(size_t n, int scatter) {
+    int rank = dist_rank(), size = dist_size();
+    DistRange mine = dist_split(n, rank, size);
+    float *h = filled(n, rank), *want = xmalloc((n ? n : 1) * sizeof(float)), *g;
+    float *zero = xcalloc(n ? n : 1, sizeof(float)), *src = to_dev(h, n), *d = to_dev(zero, n);
+    size_t cut[] = {n, (2 * n) / 3, (2 * n) / 3, n / 5, 0}; /* parts [cut[k+1], cut[k]), one empty */
+    int parts = (int)(sizeof cut / sizeof *cut) - 1;
+    for (int k = 0; k < parts; k++) {
+        size_t lo = cut[k + 1], len = cut[k] - cut[k + 1];
+        dev_copy(d + lo, src + lo, len * sizeof(float)); /* the part's final values, queued just before its start */
+        dist_sum_start_dev(d, n, lo, len, scatter);
+    }
+    dist_sum_wait_dev();
+    g = to_host(d, n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = !scatter || (i >= mine.lo && i < mine.lo + mine.n) ? (float)sum_f(size, i) : h[i];
+    CHECK(count_wrong(g, want, n, scatter ? "parts, reduce-scatter" : "parts, all-reduce") == 0,
+          "dist_sum_start_dev in %d parts top down%s, n=%zu, %d ranks: the sums of the single call", parts,
+          scatter ? " (scatter: this rank's slice summed, the rest untouched)" : "", n, size);
+    free(g), free(h), free(want), free(zero);
+    dev_free(d), dev_free(src);
+}
+
 int main(void) {
     dist_init();
     backend_init(1);
     test_split();
     /* 0 values, fewer than the ranks, odd, and one large enough for NCCL to take its bulk path */
     const size_t lengths[] = {0, 1, 2, 5, 1001, 1 << 20};
-    for (size_t k = 0; k < sizeof lengths / sizeof *lengths; k++) test_collectives(lengths[k]);
+    for (size_t k = 0; k < sizeof lengths / sizeof *lengths; k++) {
+        test_collectives(lengths[k]);
+        test_parts(lengths[k], 0);
+        test_parts(lengths[k], 1);
+    }
     /* one line for the job: every rank's counts summed on rank 0 (the others' stdout is /dev/null) */
     double counts[2] = {test_passed_, test_failed_};
     dist_sum(counts, 2);

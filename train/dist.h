@@ -49,6 +49,9 @@ static inline DistRange dist_split(size_t n, int r, int size) {
 
 #if IS_ENABLED(CONFIG_DIST_MPI)
 
+/* The size of the buckets the gradient sum is cut into (train/grad_sync.h); 0: one sum after the backward pass */
+#define DIST_BUCKET_BYTES ((size_t)CONFIG_DIST_BUCKET_KIB * 1024)
+
 /* Joins the job (MPI_Init) when the process was started by mpirun or srun, and sets this process's label on
  * fatal errors ("rank 1 of 2 on node7"). Ranks other than 0 send their stdout to /dev/null: only rank 0
  * reports. Started alone, the program is a job of one. Call once, before anything else of the training. */
@@ -82,6 +85,15 @@ void dist_reduce_scatter_dev(float *buf, size_t n);
 void dist_allgather_dev(float *buf, size_t n);
 /* rank 0's n floats to every rank */
 void dist_bcast_dev(float *buf, size_t n);
+/* The overlapped gradient sum (train/grad_sync.h): dist_sum_start_dev queues the sum over the ranks of the part
+ * buf[lo, lo + n) of a buffer of total floats and returns without waiting for it; dist_sum_wait_dev completes
+ * every queued one. With scatter, only this rank's slice dist_split(total, rank, size) of the part gets the sum
+ * (a reduce-scatter in parts, ZeRO-1) and the rest of it is left as it was; without, the whole part (an
+ * all-reduce in parts). Between the start and the wait the part must not be written (the CPU target copies it
+ * at the start; NCCL reads it on a stream of its own, after the kernels queued before the start). Every rank
+ * queues the same parts in the same order. */
+void dist_sum_start_dev(float *buf, size_t total, size_t lo, size_t n, int scatter);
+void dist_sum_wait_dev(void);
 /* Every rank's slice (dist_split(n, r, size).n floats at slice, device memory) into host_full (n floats) on
  * rank 0; host_full may be NULL elsewhere. */
 void dist_gather_dev(float *host_full, const float *slice, size_t n);
@@ -89,6 +101,8 @@ void dist_gather_dev(float *host_full, const float *slice, size_t n);
 void dist_scatter_dev(float *slice, const float *host_full, size_t n);
 
 #else /* CONFIG_DIST_NONE: a job of one process; nothing is linked */
+
+#define DIST_BUCKET_BYTES ((size_t)0)
 
 static inline void dist_init(void) {}
 static inline void dist_finalize(void) {}
@@ -105,6 +119,10 @@ static inline void dist_allreduce_dev(float *buf, size_t n) { (void)buf, (void)n
 static inline void dist_reduce_scatter_dev(float *buf, size_t n) { (void)buf, (void)n; }
 static inline void dist_allgather_dev(float *buf, size_t n) { (void)buf, (void)n; }
 static inline void dist_bcast_dev(float *buf, size_t n) { (void)buf, (void)n; }
+static inline void dist_sum_start_dev(float *buf, size_t total, size_t lo, size_t n, int scatter) {
+    (void)buf, (void)total, (void)lo, (void)n, (void)scatter;
+}
+static inline void dist_sum_wait_dev(void) {}
 void dist_gather_dev(float *host_full, const float *slice, size_t n);  /* a download */
 void dist_scatter_dev(float *slice, const float *host_full, size_t n); /* an upload */
 

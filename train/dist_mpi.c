@@ -51,6 +51,33 @@ static float *part(size_t n) {
     return g_part;
 }
 
+/* The overlapped sums (dist_sum_start_dev): one slot per queued part, kept from step to step (the same parts
+ * every step, so the host buffers are allocated once): the staged part, this rank's piece of the result
+ * (scatter), the piece's counts per rank (MPI reads them until the request completes) and the request. */
+typedef struct {
+    float *dev;            /* where the result goes: the part, or (scatter) this rank's piece of it */
+    float *h, *piece;      /* host: the part (summed in place without scatter), this rank's summed piece */
+    size_t n, piece_n, h_cap, piece_cap;
+    int *counts, scatter;
+    MPI_Request req;
+} Pending;
+static Pending *g_pend;
+static int g_npend, g_pend_cap;
+
+static float *grow(float *p, size_t *cap, size_t n) {
+    if (p && n <= *cap) return p;
+    free(p);
+    *cap = n;
+    return xmalloc((n ? n : 1) * sizeof(float));
+}
+
+static void free_pending(void) {
+    for (int i = 0; i < g_pend_cap; i++) free(g_pend[i].h), free(g_pend[i].piece), free(g_pend[i].counts);
+    free(g_pend);
+    g_pend = NULL;
+    g_npend = g_pend_cap = 0;
+}
+
 static KV_NORETURN void abort_job(int status) {
     fflush(NULL);
     if (g_on && g_size > 1) MPI_Abort(MPI_COMM_WORLD, status);
@@ -104,10 +131,12 @@ void dist_init(void) {
 
 void dist_finalize(void) {
     if (!g_on) return;
+    if (g_npend) FATAL("dist_finalize: %d gradient sums started and not waited for (dist_sum_wait_dev)", g_npend);
     if (NCCL_ON) dev_comm_leave(), g_nccl = 0;
     MPI_Finalize();
     g_on = 0;
     free(g_stage), free(g_part);
+    free_pending();
     g_stage = g_part = NULL;
     g_stage_cap = g_part_cap = 0;
 }
@@ -221,6 +250,76 @@ void dist_bcast_dev(float *buf, size_t n) {
     MPI_Bcast(h, count_of(n, "dist_bcast_dev"), MPI_FLOAT, 0, MPI_COMM_WORLD);
     if (g_rank != 0) dev_upload(buf, h, n * sizeof(float));
 }
+
+/* rank r's piece [lo, lo + n) of a part of a buffer of total values: its part of r's slice (empty: n 0) */
+static DistRange piece_of(size_t total, size_t lo, size_t n, int r) {
+    DistRange s = dist_split(total, r, g_size);
+    size_t a = lo > s.lo ? lo : s.lo, b = lo + n < s.lo + s.n ? lo + n : s.lo + s.n;
+    return (DistRange){b > a ? a : lo, b > a ? b - a : 0};
+}
+
+void dist_sum_start_dev(float *buf, size_t total, size_t lo, size_t n, int scatter) {
+    if (lo > total || n > total - lo) FATAL("dist_sum_start_dev: part [%zu, %zu) of %zu values", lo, lo + n, total);
+    if (NCCL_ON) {
+        if (!scatter) {
+            dev_comm_allreduce_async(buf + lo, n);
+            return;
+        }
+        size_t *plo = xmalloc((size_t)g_size * sizeof(size_t)), *cnt = xmalloc((size_t)g_size * sizeof(size_t));
+        for (int r = 0; r < g_size; r++) {
+            DistRange pr = piece_of(total, lo, n, r);
+            plo[r] = pr.lo, cnt[r] = pr.n;
+        }
+        dev_comm_reduce_scatter_async(buf, plo, cnt);
+        free(plo), free(cnt);
+        return;
+    }
+    if (!active()) return;
+    count_of(n, "dist_sum_start_dev");
+    if (g_npend == g_pend_cap) {
+        int cap = g_pend_cap ? 2 * g_pend_cap : 64;
+        g_pend = xrealloc(g_pend, (size_t)cap * sizeof *g_pend);
+        memset(g_pend + g_pend_cap, 0, (size_t)(cap - g_pend_cap) * sizeof *g_pend);
+        g_pend_cap = cap;
+    }
+    Pending *p = &g_pend[g_npend++];
+    p->h = grow(p->h, &p->h_cap, n);
+    p->n = n;
+    p->scatter = scatter;
+    if (n) dev_download(p->h, buf + lo, n * sizeof(float));
+    if (!scatter) {
+        p->dev = buf + lo;
+        MPI_Iallreduce(MPI_IN_PLACE, p->h, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &p->req);
+    } else {
+        if (!p->counts) p->counts = xmalloc((size_t)g_size * sizeof(int));
+        for (int r = 0; r < g_size; r++) p->counts[r] = (int)piece_of(total, lo, n, r).n; /* consecutive, rank order */
+        DistRange mine = piece_of(total, lo, n, g_rank);
+        p->dev = buf + mine.lo;
+        p->piece_n = mine.n;
+        p->piece = grow(p->piece, &p->piece_cap, mine.n);
+        MPI_Ireduce_scatter(p->h, p->piece, p->counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &p->req);
+    }
+    /* MPI moves the queued parts inside MPI calls: give it one now, while the caller goes on computing */
+    for (int i = 0; i < g_npend; i++) {
+        int done = 0;
+        MPI_Test(&g_pend[i].req, &done, MPI_STATUS_IGNORE); /* a completed request becomes MPI_REQUEST_NULL */
+    }
+}
+
+void dist_sum_wait_dev(void) {
+    if (NCCL_ON) {
+        dev_comm_async_wait();
+        return;
+    }
+    for (int i = 0; i < g_npend; i++) {
+        Pending *p = &g_pend[i];
+        MPI_Wait(&p->req, MPI_STATUS_IGNORE);
+        if (!p->scatter && p->n) dev_upload(p->dev, p->h, p->n * sizeof(float));
+        if (p->scatter && p->piece_n) dev_upload(p->dev, p->piece, p->piece_n * sizeof(float));
+    }
+    g_npend = 0;
+}
+
 
 void dist_gather_dev(float *host_full, const float *slice, size_t n) {
     DistRange mine = dist_split(n, g_rank, g_size);

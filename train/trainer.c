@@ -54,6 +54,7 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
         r->w->m = dev_alloc(r->zslice.n * sizeof(float));
         r->w->v = dev_alloc(r->zslice.n * sizeof(float));
     }
+    grad_sync_init(&r->sync, r->w, DIST_BUCKET_BYTES, r->zero1);
     snprintf(r->final_path, sizeof r->final_path, "%s/final_model_step%s.safetensors", out, step);
     snprintf(r->best_path, sizeof r->best_path, "%s/best_model_step%s.safetensors", out, step);
     snprintf(r->state_path, sizeof r->state_path, "%s/state_step%s.safetensors", out, step);
@@ -302,6 +303,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_string(m, "backend", backend_name());
     metrics_set_number(m, "processes", r->procs);
     metrics_set_string(m, "distributed", r->procs == 1 ? "none" : r->zero1 ? "data parallel, ZeRO-1" : "data parallel");
+    if (r->procs > 1) metrics_set_number(m, "grad_buckets", r->sync.nb); /* 0: one sum after the backward pass */
     metrics_set_string(m, "status", "running");
     g_running = r;
     if (!resumed) metrics_set_number(m, "started_unix", unix_seconds());
@@ -325,6 +327,8 @@ void run_write_metrics(TrainRun *r) {
     metrics_set_number(m, "ms_per_iter", trained > 0 ? 1e3 * r->train_seconds / trained : 0.0);
     metrics_set_number(m, "trained_iterations", trained);
     metrics_set_number(m, "peak_memory_mib", peak_rss_mib()); /* rank 0's */
+    /* of them, the buckets rank 0 started during its last step's backward pass (the overlap) */
+    if (r->procs > 1 && r->sync.nb) metrics_set_number(m, "grad_buckets_overlapped", r->sync.early_last);
     if (dev_mem_capacity()) { /* a GPU backend: its memory, which the RSS does not show */
         metrics_set_number(m, "gpu_memory_peak_mib", dev_mem_peak() / 1048576.0);
         metrics_set_number(m, "gpu_memory_total_mib", dev_mem_capacity() / 1048576.0);
@@ -408,17 +412,18 @@ double optim_step(const Optim *o, Params *w, double lr, int step) {
     return norm;
 }
 
+void run_before_backward(TrainRun *r, int last) {
+    if (last) grad_sync_arm(&r->sync);
+}
+
 double run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
     Params *w = r->w;
     size_t total = w->table.total;
-    if (!r->zero1) {
-        dist_allreduce_dev(w->grads, total); /* one sum of the whole gradient buffer */
-        return optim_step(o, w, lr, step);
-    }
+    grad_sync_finish(&r->sync); /* the sum over the ranks (ZeRO-1: of this rank's slice), or what is left of it */
+    if (!r->zero1) return optim_step(o, w, lr, step);
     /* ZeRO-1: the summed gradients of this rank's slice; the global norm from every slice's squares; clipping
      * as clip_grad_norm; AdamW on the slice; then every rank's updated slice to all */
     DistRange z = r->zslice;
-    dist_reduce_scatter_dev(w->grads, total);
     float *g = w->grads + z.lo;
     double part = z.n ? grad_norm(g, z.n) : 0.0, sq = part * part;
     dist_sum(&sq, 1);
@@ -454,9 +459,13 @@ RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct
 
 void run_banner_dist(const TrainRun *r) {
     if (r->procs <= 1) return;
+    char sums[160] = "";
+    if (r->sync.nb)
+        snprintf(sums, sizeof sums, "; gradients summed in %d buckets of %g KiB or more, started as the backward "
+                 "pass finishes them", r->sync.nb, (double)DIST_BUCKET_BYTES / 1024.0);
     printf("distributed: %d processes (%s, rank 0 on %s), %d threads each, each trains on its rows of every global "
-           "batch%s\n", r->procs, dist_transport(), dist_host(), backend_threads(),
-           r->zero1 ? "; ZeRO-1: AdamW moments sharded over the ranks" : "");
+           "batch%s%s\n", r->procs, dist_transport(), dist_host(), backend_threads(),
+           r->zero1 ? "; ZeRO-1: AdamW moments sharded over the ranks" : "", sums);
     fflush(stdout);
 }
 
@@ -467,6 +476,7 @@ float run_backward_scale(const TrainRun *r, double scale, double local_counted, 
 
 int run_check_loss(TrainRun *r, double loss, const char *hint) {
     if (isfinite(loss)) return 0; /* the global loss: every rank decides alike */
+    grad_sync_finish(&r->sync); /* gradient sums already started end on every rank alike before the stop */
     char msg[256];
     snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, r->iter + 1);
     run_fail(r, "failed", msg);

@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 #include "common.h"
 #include "dist.h"
+#include "grad_sync.h"
 #include "metrics.h"
 #include "rng.h"
 
@@ -52,6 +53,7 @@ typedef struct {
      * parameter buffer, values [zslice.lo, zslice.lo + zslice.n) */
     int rank, procs, zero1;
     DistRange zslice;
+    GradSync sync; /* the gradient sum over the ranks, in buckets when DIST_BUCKET_KIB says so */
 } TrainRun;
 
 /* Saves *value in the state file under name and restores it on resume. */
@@ -139,7 +141,7 @@ float run_backward_scale(const TrainRun *r, double scale, double local_counted, 
  * What every family does after computing a step's loss, in this order:
  *
  *     if (run_check_loss(t, loss, "lower the family's learning rate or set its gradient clipping")) return 1;
- *     backward ...
+ *     run_before_backward(t, micro_batch == accum - 1); backward ...   (for each micro-batch)
  *     double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
  *     double dt = run_step_done(t, t0, examples);
  *     log, evaluate ...
@@ -163,6 +165,10 @@ typedef struct {
 /* Clips the gradients of w to o->clip (when on), then one AdamW update at learning rate lr as update number
  * step (1-based, for the bias correction). Returns the global gradient norm before clipping. */
 double optim_step(const Optim *o, Params *w, double lr, int step);
+/* Before each backward pass, saying whether it is the last of the optimizer step (the last micro-batch of
+ * gradient accumulation; call it even when the pass is skipped): the last one's finished gradients start their
+ * sum over the ranks while it goes on (train/grad_sync.h; nothing in a job of one or without buckets). */
+void run_before_backward(TrainRun *r, int last);
 /* optim_step for the run's parameters after the gradients are summed over the ranks (all-reduce; with
  * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters). The loss must be
  * normalised by the global count (run_global_loss). */

@@ -225,6 +225,7 @@ static int train(Run *r) {
         double loss = g.loss;
         int correct = (int)g.correct;
         if (run_check_loss(t, loss, "lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP")) return 1;
+        run_before_backward(t, 1);
         if (counted > 0) vit_backward(m, run_backward_scale(t, 1.0f, counted, &g));
         double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
         double dt = run_step_done(t, t0, h->B);

@@ -33,6 +33,10 @@ static_assert(DEV_COMM_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "kernels/comm.h: DEV_CO
 
 static ncclComm_t g_comm;
 static int g_size; /* the ranks of the communicator */
+/* the overlapped collectives' stream, and the events that order it against the backend's stream */
+static cudaStream_t g_side;
+static cudaEvent_t g_to_side, g_from_side;
+static int g_side_busy; /* collectives queued on g_side since the last dev_comm_async_wait */
 
 [[noreturn]] static void nccl_fail(const char *file, int line, const char *call, ncclResult_t r) {
     const char *last = g_comm ? ncclGetLastError(g_comm) : ncclGetLastError(NULL);
@@ -99,15 +103,22 @@ void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size
     memcpy(u.internal, id, DEV_COMM_ID_BYTES);
     NCCL_CHECK(ncclCommInitRank(&g_comm, size, u, rank));
     g_size = size;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g_to_side, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g_from_side, cudaEventDisableTiming));
     kv_sync_check = check_async;
 }
 
 void dev_comm_leave(void) {
     if (!g_comm) return;
+    dev_comm_async_wait();
     cuda_sync();
     kv_sync_check = NULL;
     NCCL_CHECK(ncclCommDestroy(g_comm));
     g_comm = NULL;
+    CUDA_CHECK(cudaEventDestroy(g_to_side));
+    CUDA_CHECK(cudaEventDestroy(g_from_side));
+    CUDA_CHECK(cudaStreamDestroy(g_side));
 }
 
 static void need_comm(const char *op) {
@@ -138,4 +149,34 @@ void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt) {
 void dev_comm_bcast(float *buf, size_t n) {
     need_comm("dev_comm_bcast");
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, 0, g_comm, kv_stream));
+}
+
+/* the side stream waits for everything queued on the backend's stream so far */
+static void side_after_main(void) {
+    CUDA_CHECK(cudaEventRecord(g_to_side, kv_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(g_side, g_to_side, 0));
+    g_side_busy = 1;
+}
+
+void dev_comm_allreduce_async(float *buf, size_t n) {
+    need_comm("dev_comm_allreduce_async");
+    if (!n) return;
+    side_after_main();
+    NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_comm, g_side));
+}
+
+void dev_comm_reduce_scatter_async(float *buf, const size_t *lo, const size_t *cnt) {
+    need_comm("dev_comm_reduce_scatter_async");
+    side_after_main();
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < g_size; r++)
+        if (cnt[r]) NCCL_CHECK(ncclReduce(buf + lo[r], buf + lo[r], cnt[r], ncclFloat, ncclSum, r, g_comm, g_side));
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+void dev_comm_async_wait(void) {
+    if (!g_comm || !g_side_busy) return;
+    CUDA_CHECK(cudaEventRecord(g_from_side, g_side));
+    CUDA_CHECK(cudaStreamWaitEvent(kv_stream, g_from_side, 0));
+    g_side_busy = 0;
 }
