@@ -303,9 +303,7 @@ static void setup(Run *r) {
 }
 
 static void teardown(Run *r) {
-    metrics_free(r->run.metrics);
-    free(r->run.model_json);
-    free(r->run.vocab_json);
+    run_free(&r->run);
     gpt2_free(&r->model);
     dataset_free(&r->data);
 }

@@ -543,8 +543,7 @@ static void setup(Run *r) {
 }
 
 static void teardown(Run *r) {
-    metrics_free(r->run.metrics);
-    free(r->run.model_json), free(r->run.vocab_json);
+    run_free(&r->run);
     free(r->src), free(r->tgt_in), free(r->tgt_out), free(r->order), free(r->starts), free(r->perm);
     s2s_free(&r->model);
     synth_free(&r->sd);

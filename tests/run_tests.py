@@ -2078,6 +2078,58 @@ CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=5
 CONFIG_NUM_THREADS=1
 """
 MPI_RTOL = 1e-5
+# Two layers in every family, GPT-2 with an untied head and a batch of 2 (so 3 processes leave one without
+# rows), seq2seq as an encoder-decoder: the overlapped gradient buckets' harder cases (test_mpi)
+MPI_DEEP = """CONFIG_GPT2=y
+CONFIG_GPT2_DATA_NUMBERS=y
+CONFIG_GPT2_N_LAYER=2
+CONFIG_GPT2_N_HEAD=2
+CONFIG_GPT2_N_EMBD=16
+CONFIG_GPT2_BLOCK_SIZE=16
+CONFIG_GPT2_BATCH_SIZE=2
+CONFIG_GPT2_GRAD_ACCUM=2
+# CONFIG_GPT2_TIE_WEIGHTS is not set
+CONFIG_GPT2_MAX_ITERS=12
+CONFIG_GPT2_WARMUP_ITERS=3
+CONFIG_GPT2_LR="3e-3"
+CONFIG_GPT2_EVAL_INTERVAL=6
+CONFIG_GPT2_EVAL_ITERS=2
+CONFIG_GPT2_LOG_INTERVAL=1
+CONFIG_GPT2_CHECKPOINT_INTERVAL=12
+CONFIG_GPT2_SAMPLE_LENGTH=0
+CONFIG_GPT2_DROPOUT="0.1"
+CONFIG_VIT=y
+CONFIG_VIT_DIM=16
+CONFIG_VIT_LAYERS=2
+CONFIG_VIT_HEADS=2
+CONFIG_VIT_MLP=16
+CONFIG_VIT_BATCH_SIZE=60
+CONFIG_VIT_VAL_IMAGES=59400
+CONFIG_VIT_EPOCHS=1
+CONFIG_VIT_LR="3e-3"
+CONFIG_VIT_LOG_INTERVAL=1
+CONFIG_VIT_CHECKPOINT_INTERVAL=10
+CONFIG_VIT_DROPOUT="0.1"
+CONFIG_SEQ2SEQ=y
+CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
+CONFIG_SEQ2SEQ_ENCODER_DECODER=y
+CONFIG_SEQ2SEQ_ENC_LAYERS=2
+CONFIG_SEQ2SEQ_DEC_LAYERS=2
+CONFIG_SEQ2SEQ_DIM=16
+CONFIG_SEQ2SEQ_HEADS=2
+CONFIG_SEQ2SEQ_MLP=32
+CONFIG_SEQ2SEQ_DROPOUT="0.1"
+CONFIG_SEQ2SEQ_TASKS="copy"
+CONFIG_SEQ2SEQ_SEEDS="1"
+CONFIG_SEQ2SEQ_SEQ_LEN=8
+CONFIG_SEQ2SEQ_TRAIN_SEQS=192
+CONFIG_SEQ2SEQ_VAL_SEQS=64
+CONFIG_SEQ2SEQ_TEST_SEQS=64
+CONFIG_SEQ2SEQ_BATCH_SIZE=32
+CONFIG_SEQ2SEQ_EPOCHS=2
+CONFIG_SEQ2SEQ_LOG_INTERVAL=1
+CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=5
+"""
 
 
 def mpirun(np_, binary, out, step="mpi"):
@@ -2264,6 +2316,28 @@ def test_mpi(tmp, sanitize):
                     f"gpt2, MQA with dropout: 2 processes' 20 training and validation losses equal 1 process's within "
                     f"{MPI_RTOL:g} relative (largest difference {d:.3g}; kv_heads {kv}, processes "
                     f"{m1['processes']}, {m2['processes']})")
+    # buckets over several blocks and the cases the tiny models above do not reach: two layers in every family
+    # (the watermark after each block), GPT-2 with an untied head, seq2seq's encoder-decoder (the decoder's
+    # blocks first, the encoder's after the memory gradient), and 3 processes on a GPT-2 batch of 2 (a rank
+    # with no rows skips its backward pass and starts every bucket at the end; the others meet it in order)
+    deep = MPI_DEEP + "CONFIG_NUM_THREADS=1\n"
+    one_d = mpi_build(tmp, "deep-none", "", sanitize, base=deep)
+    three_d = mpi_build(tmp, "deep-buckets", "CONFIG_DIST_MPI=y\nCONFIG_DIST_BUCKET_KIB=1\n", sanitize, base=deep)
+    for fam in (("gpt2", "vit", "seq2seq") if one_d and three_d else ()):
+        outs = [os.path.join(base, f"deep-{fam}-{n}") for n in (1, 3)]
+        r1 = run([one_d[fam], "train", "--out", outs[0], "--step", "mpi"], env=env)
+        r3 = run(mpirun(3, three_d[fam], outs[1]), env=env)
+        if not R.check(r1.returncode == 0 and r3.returncode == 0, f"{fam}, two layers: 1 process and mpirun -np 3 "
+                       f"with 1 KiB buckets train:\n{r1.stdout[-1000:]}{r1.stderr[-800:]}{r3.stdout[-1500:]}"
+                       f"{r3.stderr[-1500:]}"):
+            continue
+        m1, m3 = curve(outs[0]), curve(outs[1])
+        d = curves_close(m1, m3)
+        nb, early = m3.get("grad_buckets", 0), m3.get("grad_buckets_overlapped", -1)
+        R.check(d <= MPI_RTOL and m3["processes"] == 3 and nb > 4 and 2 <= early < nb,
+                f"{fam}, two layers, 3 processes with 1 KiB buckets ({nb} buckets, {early} started during the "
+                f"backward pass): losses equal one process's within {MPI_RTOL:g} relative (largest difference "
+                f"{d:.3g})")
     print(f"  equality runs: {time.time() - t0:.1f} s", flush=True)
     if "gpt2" not in ref:
         return

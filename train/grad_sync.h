@@ -14,8 +14,10 @@
  * same order, top down, whatever its backward pass did: a rank without
  * counted rows, which skips its backward pass, starts them all in
  * grad_sync_finish. With ZeRO-1 (scatter) each bucket is reduce-scattered:
- * a rank receives the sum of its slice's part of the bucket. Results equal
- * the single sum's (the same values summed over the same ranks). */
+ * a rank receives the sum of its slice's part of the bucket. The same values
+ * are summed over the same ranks, so results equal the single sum's up to
+ * rounding: bit for bit with 2 ranks; with more, MPI and NCCL may order a
+ * value's additions differently for a bucket than for the whole buffer. */
 #ifndef KVLAB_GRAD_SYNC_H
 #define KVLAB_GRAD_SYNC_H
 

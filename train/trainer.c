@@ -68,6 +68,14 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
     r->last_eval_iter = -1;
 }
 
+void run_free(TrainRun *r) {
+    metrics_free(r->metrics);
+    free(r->model_json), free(r->vocab_json);
+    grad_sync_free(&r->sync);
+    r->metrics = NULL;
+    r->model_json = r->vocab_json = NULL;
+}
+
 /* ------------------------------------------------------------------ checkpoints */
 
 #define META_MAX 32
@@ -476,7 +484,9 @@ float run_backward_scale(const TrainRun *r, double scale, double local_counted, 
 
 int run_check_loss(TrainRun *r, double loss, const char *hint) {
     if (isfinite(loss)) return 0; /* the global loss: every rank decides alike */
-    grad_sync_finish(&r->sync); /* gradient sums already started end on every rank alike before the stop */
+    /* gradient sums that the backward pass may have started end on every rank before the stop (every rank armed
+     * alike; one that skipped its pass starts them now, so the collectives match) */
+    if (r->w->grads_final) grad_sync_finish(&r->sync);
     char msg[256];
     snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, r->iter + 1);
     run_fail(r, "failed", msg);

@@ -56,6 +56,10 @@ typedef struct {
     GradSync sync; /* the gradient sum over the ranks, in buckets when DIST_BUCKET_KIB says so */
 } TrainRun;
 
+/* Frees what the run holds (the metrics document, model_json, vocab_json, the gradient-sum plan); the family
+ * frees its model and data. */
+void run_free(TrainRun *r);
+
 /* Saves *value in the state file under name and restores it on resume. */
 void run_track(TrainRun *r, const char *name, double *value);
 

@@ -316,9 +316,7 @@ static void setup(Run *r) {
 }
 
 static void teardown(Run *r) {
-    metrics_free(r->run.metrics);
-    free(r->run.model_json);
-    free(r->run.vocab_json);
+    run_free(&r->run);
     free(r->perm);
     free(r->patches);
     free(r->labels);

@@ -121,8 +121,11 @@ void dev_comm_leave(void) {
     CUDA_CHECK(cudaStreamDestroy(g_side));
 }
 
+/* A collective on the backend's stream waits for the side stream's first (dev_comm_async_wait): two collectives
+ * of one communicator never run at once on two streams, which NCCL does not promise to progress. */
 static void need_comm(const char *op) {
     if (!g_comm) FATAL("%s: no NCCL communicator (hint: dist_init joins one before training)", op);
+    dev_comm_async_wait();
 }
 
 void dev_comm_allreduce(float *buf, size_t n) {
@@ -158,15 +161,19 @@ static void side_after_main(void) {
     g_side_busy = 1;
 }
 
+static void need_side(const char *op) {
+    if (!g_comm) FATAL("%s: no NCCL communicator (hint: dist_init joins one before training)", op);
+}
+
 void dev_comm_allreduce_async(float *buf, size_t n) {
-    need_comm("dev_comm_allreduce_async");
+    need_side("dev_comm_allreduce_async");
     if (!n) return;
     side_after_main();
     NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_comm, g_side));
 }
 
 void dev_comm_reduce_scatter_async(float *buf, const size_t *lo, const size_t *cnt) {
-    need_comm("dev_comm_reduce_scatter_async");
+    need_side("dev_comm_reduce_scatter_async");
     side_after_main();
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < g_size; r++)
