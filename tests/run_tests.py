@@ -848,6 +848,61 @@ def cuda_against_cpu(tmp):
                     f"{len(lt)} steps (worst {worst:.2e}; backend {mt.get('backend')})")
             print(f"  gpt2 {step}, {name} matmuls: worst relative difference from the CPU {worst:.2e} "
                   f"(tolerance {ptol:g})")
+    precision_long_run(tmp, CUDA_NATIVE)
+
+
+# bf16 against fp32 over 500 steps (issue 17): the same config, seed and data on the GPU with float32 and with
+# bf16 matmuls. Rounding makes the curves part step by step, so they are compared where training is judged:
+# the mean train loss of every 50 steps and the validation losses, within LONG_RTOL relative.
+LONG_RUN = """CONFIG_GPT2=y
+CONFIG_GPT2_DATA_SHAKESPEARE_CHAR=y
+CONFIG_GPT2_N_LAYER=2
+CONFIG_GPT2_N_HEAD=4
+CONFIG_GPT2_N_EMBD=64
+CONFIG_GPT2_BLOCK_SIZE=64
+CONFIG_GPT2_BATCH_SIZE=16
+CONFIG_GPT2_MAX_ITERS=500
+CONFIG_GPT2_WARMUP_ITERS=20
+CONFIG_GPT2_LR="1e-3"
+CONFIG_GPT2_EVAL_INTERVAL=100
+CONFIG_GPT2_EVAL_ITERS=8
+CONFIG_GPT2_LOG_INTERVAL=10
+CONFIG_GPT2_CHECKPOINT_INTERVAL=500
+CONFIG_GPT2_SAMPLE_LENGTH=0
+CONFIG_RUN_NAME="long"
+"""
+LONG_RTOL = 2e-2
+
+
+def precision_long_run(tmp, target, precisions=(("fp32", "CONFIG_CUDA_FP32=y\n"), ("bf16", "CONFIG_CUDA_BF16_MATMUL=y\n"))):
+    """500 steps of a small GPT-2 in each precision on target; the second against the first."""
+    runs = {}
+    for tag, sym in precisions:
+        w = Workspace(tmp, f"long-{tag}", LONG_RUN + target + sym, False)
+        r = w.make()
+        if not R.check(r.returncode == 0, f"500 steps with {tag} matmuls:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+            return
+        runs[tag] = metrics(os.path.join(w.run_dir("long"), "training_metrics_stepbase.json"))
+    (ta, a), (tb, b) = runs.items()
+
+    def windows(m):  # the mean of the logged train losses of steps 1-50, 51-100, ...
+        groups = {}
+        for it, x in zip(m["metrics"]["iterations"], m["metrics"]["train_losses"]):
+            groups.setdefault((it - 1) // 50, []).append(x)
+        return [sum(g) / len(g) for _, g in sorted(groups.items())]
+
+    wa, wb = windows(a), windows(b)
+    va, vb = a["metrics"].get("val_losses", []), b["metrics"].get("val_losses", [])
+    worst = max([abs(x - y) / abs(x) for x, y in zip(wa, wb)] + [abs(x - y) / abs(x) for x, y in zip(va, vb)],
+                default=float("inf"))
+    R.check(a.get("final_iteration") == b.get("final_iteration") == 500 and len(wa) == len(wb) == 10 and
+            len(va) == len(vb) > 0 and worst <= LONG_RTOL,
+            f"500 steps: {tb} and {ta} agree within {LONG_RTOL:g} relative in every 50-step mean train loss and "
+            f"every validation loss (worst {worst:.2e}; {len(wa)}, {len(wb)} windows; final val "
+            f"{va[-1] if va else None} / {vb[-1] if vb else None})")
+    print(f"  500 steps, {tb} against {ta}: worst relative difference of the 50-step train means and the validation "
+          f"losses {worst:.2e} (tolerance {LONG_RTOL:g}); final val loss {va[-1] if va else '?'} / "
+          f"{vb[-1] if vb else '?'}")
 
 
 def test_units(build_root, sanitize, only):
