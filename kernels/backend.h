@@ -15,4 +15,38 @@ uint32_t dropout_threshold(float p, const char *op);
 /* The global index of element 0 of an n-value buffer of this process's batch rows (dropout_batch_rows). */
 size_t dropout_batch_offset(size_t n, const char *op);
 
+/* ---- profile (kernels.h, kprof_start) ----------------------------------------
+ * KPROF_OP() opens every public op of a backend: a scope named after the
+ * function that times the call while profiling is on (kernels/profile.c keeps
+ * the books); kprof_part(name) ends a part of the op (a kernel launch, a
+ * cuBLAS call) on a GPU. */
+void kprof_enter(const char *op);
+void kprof_exit(void);
+void kprof_part(const char *part);
+#ifdef __cplusplus
+struct KprofScope {
+    explicit KprofScope(const char *op) { kprof_enter(op); }
+    ~KprofScope() { kprof_exit(); }
+    KprofScope(const KprofScope &) = delete;
+    KprofScope &operator=(const KprofScope &) = delete;
+};
+#define KPROF_OP() KprofScope kprof_scope_(__func__)
+#else
+static inline void kprof_scope_end_(const int *unused) {
+    (void)unused;
+    kprof_exit();
+}
+#define KPROF_OP() __attribute__((cleanup(kprof_scope_end_))) const int kprof_scope_ = (kprof_enter(__func__), 0)
+#endif
+
+/* The clock of the profile, one per backend: kprof_mark records a point in the
+ * device's queue of work (the CPU: the time now; a GPU: an event on its
+ * stream) and returns its number; kprof_mark_ms is the time between two marks
+ * once kprof_marks_wait has waited for the device; kprof_marks_reset forgets
+ * them all (their numbers start at 0 again). */
+int kprof_mark(void);
+void kprof_marks_wait(void);
+double kprof_mark_ms(int from, int to);
+void kprof_marks_reset(void);
+
 #endif

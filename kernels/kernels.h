@@ -167,4 +167,22 @@ void scale_inplace(float *x, size_t n, float s);
  * max_norm / (norm + 1e-6) when norm > max_norm. Returns the norm before. */
 double clip_grad_norm(float *grad, size_t n, double max_norm);
 
+/* ---- profile: where a step's time goes (make bench BENCH_ARGS=--profile) --
+ * Between kprof_start and kprof_stop the backend times every call of this
+ * interface and of attention.h: the outermost call only, where one op calls
+ * another, on the device's own clock (on a GPU the time between events queued
+ * on its stream around the call, so the GPU's time whatever the host does
+ * meanwhile). A GPU backend also times each kernel and cuBLAS product inside a
+ * call as its part. kprof_stop waits for the device and returns the totals:
+ * one row per op (part NULL) and one per (op, part), in order of first use;
+ * *rows lives until the next kprof_start. Off (the default), a call costs one
+ * test of a flag. Host code only, one host thread. */
+typedef struct {
+    const char *op, *part; /* interface function; kernel or cuBLAS call inside it (GPU), NULL for the op itself */
+    long calls;
+    double ms;
+} KprofRow;
+void kprof_start(void);
+int kprof_stop(const KprofRow **rows);
+
 #endif

@@ -1148,6 +1148,77 @@ static void bad_cross_attention(void) {
     cross_attention_forward(dummy, dummy + 32, dummy, dummy, &a);
 }
 
+/* The row of (op, part) in a profile, or NULL. */
+static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, const char *part) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].op, op) && (part ? rows[i].part && !strcmp(rows[i].part, part) : !rows[i].part))
+            return &rows[i];
+    return NULL;
+}
+
+/* The profile (kernels.h, kprof_start): every call of an op counted between start and stop and none outside; the
+ * outermost op only where one calls another; the time of a large product given to it and not to its neighbours; on a
+ * GPU each launch a part of its op, the parts within the op's time. */
+static void test_profile(void) {
+    int gpu = !strncmp(backend_name(), "cuda", 4), N = gpu ? 2048 : 384, R = 3, C = 16;
+    Buf a = buf_rand((size_t)N * N, 1.0), w = buf_rand((size_t)N * N, 1.0), b = buf_rand((size_t)N, 1.0);
+    Buf out = buf_zeros((size_t)N * N), x = buf_rand(64, 1.0), y = buf_zeros(64);
+    Buf r = buf_zeros((size_t)R * C), o = buf_zeros((size_t)R * C), mean = buf_zeros(R), rstd = buf_zeros(R);
+    Buf lw = buf_rand(C, 1.0), lb = buf_rand(C, 1.0), g = buf_rand(64, 1.0);
+    gelu_forward(y.d, x.d, 64); /* outside the profile: not counted */
+    const KprofRow *rows;
+    kprof_start();
+    gelu_forward(y.d, x.d, 64);
+    kprof_stop(&rows);
+    kprof_start(); /* starts the totals over */
+    double t0 = wall_seconds();
+    for (int k = 0; k < 3; k++) {
+        linear_forward(out.d, a.d, w.d, b.d, N, N, N);
+        gelu_forward(y.d, x.d, 64);
+    }
+    residual_layernorm_forward(r.d, o.d, mean.d, rstd.d, x.d, x.d, lw.d, lb.d, R, C); /* two ops in one on the CPU */
+    clip_grad_norm(g.d, 64, 1e-3);                                                      /* grad_norm and a scale */
+    int n = kprof_stop(&rows);
+    double wall_ms = 1e3 * (wall_seconds() - t0);
+    gelu_forward(y.d, x.d, 64); /* after the profile: not counted */
+    const KprofRow *lin = prof_row(rows, n, "linear_forward", NULL), *gel = prof_row(rows, n, "gelu_forward", NULL);
+    const KprofRow *rln = prof_row(rows, n, "residual_layernorm_forward", NULL);
+    const KprofRow *clip = prof_row(rows, n, "clip_grad_norm", NULL);
+    CHECK(lin && lin->calls == 3 && gel && gel->calls == 3, "profile: 3 calls each of linear_forward and gelu_forward "
+          "(%ld, %ld)", lin ? lin->calls : -1L, gel ? gel->calls : -1L);
+    CHECK(rln && rln->calls == 1 && clip && clip->calls == 1, "profile: the outer ops of the nested calls counted once");
+    CHECK(!prof_row(rows, n, "layernorm_forward", NULL) && !prof_row(rows, n, "residual_forward", NULL) &&
+          !prof_row(rows, n, "grad_norm", NULL) && !prof_row(rows, n, "scale_inplace", NULL),
+          "profile: ops called by another op are part of it, not rows of their own");
+    double ops_ms = 0.0;
+    int parts_ok = 1, parts = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(rows[i].ms >= 0.0 && rows[i].calls > 0, "profile: %s%s%s: %ld calls, %g ms", rows[i].op,
+              rows[i].part ? " / " : "", rows[i].part ? rows[i].part : "", rows[i].calls, rows[i].ms);
+        if (!rows[i].part) {
+            ops_ms += rows[i].ms;
+            continue;
+        }
+        parts++;
+        const KprofRow *op = prof_row(rows, n, rows[i].op, NULL);
+        parts_ok &= op && rows[i].ms <= op->ms + 1e-3;
+    }
+    CHECK(ops_ms <= wall_ms + 0.5, "profile: the ops' time (%.3f ms) lies within the host's (%.3f ms)", ops_ms,
+          wall_ms);
+    CHECK(lin && gel && lin->ms > gel->ms, "profile: the %d^3 products' time (%.3f ms) is theirs, not the small "
+          "GELU's beside them (%.3f ms)", N, lin ? lin->ms : -1.0, gel ? gel->ms : -1.0);
+    CHECK(parts_ok, "profile: every part lies within its op's time");
+    if (gpu) { /* the product and the bias are launches of linear_forward */
+        const KprofRow *gemm = prof_row(rows, n, "linear_forward", "cublas_gemm");
+        CHECK(gemm && gemm->calls == 3 && prof_row(rows, n, "gelu_forward", "gelu_forward_kernel"),
+              "profile on a GPU: the cuBLAS products and the GELU kernel are parts of their ops");
+    } else {
+        CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
+    }
+    Buf *all[] = {&a, &w, &b, &out, &x, &y, &r, &o, &mean, &rstd, &lw, &lb, &g};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) buf_free(all[i]);
+}
+
 static void test_argument_errors(void) {
     expect_error("linear_forward", "linear");
     expect_error("layernorm_forward", "layernorm");
@@ -1390,6 +1461,7 @@ int main(int argc, char **argv) {
     test_split_batch_dropout();
     test_adamw_and_clip();
     test_argument_errors();
+    test_profile();
     test_grouped_kv();
     test_position_known_answers();
     test_position_scores();

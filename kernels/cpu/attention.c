@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "backend.h"
 #include "common.h"
 #include "hash.h"
 #include "kernels.h"
@@ -598,6 +599,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
 }
 
 void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos, const AttnArgs *a) {
+    KPROF_OP();
     Problem p;
     self_problem(&p, "attention_forward", out, lse, proj, NULL, NULL, pos, a);
     run_forward(&p);
@@ -605,6 +607,7 @@ void attention_forward(float *out, float *lse, const float *proj, const AttnPos 
 
 void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
                         const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
+    KPROF_OP();
     Problem p;
     if (!dproj || !dout) FATAL("attention_backward: NULL gradient buffer");
     if (ATTN_POS && (!dpos || !dpos->dw || !dpos->db))
@@ -682,6 +685,7 @@ static void cross_problem(Problem *p, const char *op, float *out, float *lse, co
 }
 
 void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
+    KPROF_OP();
     Problem p;
     cross_problem(&p, "cross_attention_forward", out, lse, q, kv, NULL, NULL, NULL, a);
     run_forward(&p);
@@ -689,6 +693,7 @@ void cross_attention_forward(float *out, float *lse, const float *q, const float
 
 void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
                               const float *out, const float *lse, const CrossAttnArgs *a) {
+    KPROF_OP();
     Problem p;
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     cross_problem(&p, "cross_attention_backward", (float *)out, (float *)lse, q, kv, dq, dkv, dout, a);
@@ -699,6 +704,7 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
+    KPROF_OP();
     int scheme = attn_check_decode(pos, q_ld, T, t, N, H, hd, kv_heads);
     int C = H * hd, G = attn_kv_count(H, kv_heads);
     int kvC = G * hd, group = H / G;
@@ -764,6 +770,7 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
 /* ------------------------------------------------------------------ dense views */
 
 void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    KPROF_OP();
     Problem p;
     float dummy;
     self_problem(&p, "attention_scores", &dummy, &dummy, proj, NULL, NULL, pos, a);
@@ -789,6 +796,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
 }
 
 void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    KPROF_OP();
     Problem p;
     self_problem(&p, "attention_probs", A, A, proj, NULL, NULL, pos, a);
     if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_probs: (b, h) = (%d, %d) out of range", b, h);

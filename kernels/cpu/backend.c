@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "common.h"
 #include "guard.h"
 
@@ -56,24 +57,57 @@ void dev_free(void *p) {
         free(p);
 }
 
-void dev_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+void dev_zero(void *p, size_t bytes) {
+    KPROF_OP();
+    memset(p, 0, bytes);
+}
 
-void dev_upload(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void dev_upload(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
+    memcpy(dst, src, bytes);
+}
 
-void dev_download(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void dev_download(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
+    memcpy(dst, src, bytes);
+}
 
-void dev_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void dev_copy(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
+    memcpy(dst, src, bytes);
+}
 
 void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
+    KPROF_OP();
     if (rows < 0 || cols > dst_ld || cols > src_ld)
         FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
     for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * dst_ld, src + (size_t)i * src_ld, cols * sizeof(float));
 }
 
 void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
+    KPROF_OP();
     if (n < 0 || cols > dst_ld || cols > src_ld)
         FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * dst_ld, src + (size_t)idx[i] * src_ld, cols * sizeof(float));
 }
+
+/* The profile's clock (backend.h): the CPU computes as it is called, so a mark is the time now. */
+static double *g_marks;
+static int g_nmarks, g_cap_marks;
+
+int kprof_mark(void) {
+    if (g_nmarks == g_cap_marks) {
+        g_cap_marks = g_cap_marks ? 2 * g_cap_marks : 4096;
+        g_marks = xrealloc(g_marks, (size_t)g_cap_marks * sizeof *g_marks);
+    }
+    g_marks[g_nmarks] = wall_seconds();
+    return g_nmarks++;
+}
+
+void kprof_marks_wait(void) {}
+
+double kprof_mark_ms(int from, int to) { return 1e3 * (g_marks[to] - g_marks[from]); }
+
+void kprof_marks_reset(void) { g_nmarks = 0; }

@@ -23,6 +23,7 @@
 
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
     for (int i = 0; i < B * T; i++) {
         ARG_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding_forward",
@@ -45,6 +46,7 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                         int B, int T, int C, float scale) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     /* Tokens repeat, so rows of dwte get several updates: split the work by
      * channel ranges instead of rows, which needs no atomics and keeps the
@@ -69,6 +71,7 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
 /* ------------------------------------------------------------------ token assembly */
 
 void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
     int off = cls ? 1 : 0;
 #pragma omp parallel for schedule(static)
@@ -88,6 +91,7 @@ void tokens_embed_forward(float *out, const float *x, const float *cls, const fl
 }
 
 void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     int off = dcls ? 1 : 0;
     /* position and CLS gradients sum over the batch: one thread per token row, fixed order */
@@ -106,6 +110,7 @@ void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dou
 /* ------------------------------------------------------------------ pooling */
 
 void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
     float inv = 1.0f / count;
@@ -124,6 +129,7 @@ void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int 
 }
 
 void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
     float inv = 1.0f / count;
@@ -142,6 +148,7 @@ void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, i
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
@@ -183,6 +190,7 @@ static float *partials(size_t n) {
 
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
     int nt = omp_get_max_threads();
     float *part = partials((size_t)nt * 2 * C);
@@ -226,6 +234,7 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
 
 void linear_forward(float *out, const float *inp, const float *w, const float *b,
                     int N, int C, int OC) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
@@ -241,6 +250,7 @@ void linear_forward(float *out, const float *inp, const float *w, const float *b
 
 void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
@@ -268,6 +278,7 @@ void linear_backward(float *dinp, float *dw, float *db, const float *dout, const
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
 void gelu_forward(float *out, const float *inp, size_t n) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -277,6 +288,7 @@ void gelu_forward(float *out, const float *inp, size_t n) {
 }
 
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -289,11 +301,13 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 }
 
 void relu_forward(float *out, const float *inp, size_t n) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 
 void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
 }
@@ -301,6 +315,7 @@ void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 /* ------------------------------------------------------------------ residual */
 
 void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -308,6 +323,7 @@ void residual_forward(float *out, const float *a, const float *b, size_t n) {
 /* The CPU gains nothing from the fusion (the rows are in cache between the two): the two ops in turn. */
 void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                 const float *w, const float *bias, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
     residual_forward(res, a, b, (size_t)N * C);
     layernorm_forward(out, mean, rstd, res, w, bias, N, C);
@@ -316,6 +332,7 @@ void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd
 /* ------------------------------------------------------------------ dropout */
 
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
+    KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_forward");
     float scale = 1.0f / (1.0f - p);
     size_t off = dropout_batch_offset(n, "dropout_forward");
@@ -324,6 +341,7 @@ void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t s
 }
 
 void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
+    KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_backward");
     float scale = 1.0f / (1.0f - p);
     size_t off = dropout_batch_offset(n, "dropout_backward");
@@ -335,6 +353,7 @@ void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_
 
 int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
     ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
               "label smoothing must be in [0, 1), got %g", (double)smoothing);
@@ -367,6 +386,7 @@ int crossentropy_forward(float *losses, float *lse, const float *logits, const i
 void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
     float off = smoothing / V;
 #pragma omp parallel for schedule(static)
@@ -392,6 +412,7 @@ void crossentropy_backward(float *dlogits, const float *logits, const float *lse
 }
 
 int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+    KPROF_OP();
     int correct = 0;
 #pragma omp parallel for schedule(static) reduction(+ : correct)
     for (int i = 0; i < N; i++) {
@@ -409,6 +430,7 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 
 void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
                         float lr, float beta1, float beta2, float eps, int t) {
+    KPROF_OP();
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     for (int k = 0; k < nspans; k++) {
@@ -422,6 +444,7 @@ void adamw_update_spans(float *param, const float *grad, float *m, float *v, con
 }
 
 double grad_norm(const float *grad, size_t n) {
+    KPROF_OP();
     int nt = omp_get_max_threads();
     double part[1024] = {0};
     if (nt > 1024) nt = 1024;
@@ -439,11 +462,13 @@ double grad_norm(const float *grad, size_t n) {
 }
 
 void scale_inplace(float *x, size_t n, float s) {
+    KPROF_OP();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 double clip_grad_norm(float *grad, size_t n, double max_norm) {
+    KPROF_OP();
     ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
     double norm = grad_norm(grad, n);
     if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));

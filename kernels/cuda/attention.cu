@@ -398,13 +398,16 @@ static void cross_call(Call *c, const char *op, float *out, float *lse, const fl
     pack_roles(c);
 }
 
+/* Launches one of the attention kernels, named in a profile (kernels.h) by name. */
 template <typename... KArgs, typename... Args>
-static void launch(void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t smem, Args... args) {
+static void launch(const char *name, void (*kernel)(KArgs...), unsigned grid, unsigned threads, size_t smem,
+                   Args... args) {
     cuda_check_smem("attention", smem, "a smaller head dim: more heads for the same width");
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, threads, smem, kv_stream>>>(args...);
-    CUDA_LAUNCHED(attention);
+    CUDA_CHECK(cudaGetLastError());
+    kprof_part(name);
 }
 
 /* The tensor-core kernels' NT (head dim padded to 16 NT) for a call, or 0 for the fp32 kernels: a tensor-core
@@ -422,13 +425,13 @@ static void run_forward(Call *c) {
     int nt = tc_tiles(d->hd);
     if (nt) {
         unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch(ATT_PICK(tc_forward_kernel, nt), grid, TC_THREADS, tc_smem_forward(nt), *d, c->out, c->o_ld,
-               c->o_bstride, c->lse);
+        launch("tc_forward_kernel", ATT_PICK(tc_forward_kernel, nt), grid, TC_THREADS, tc_smem_forward(nt), *d,
+               c->out, c->o_ld, c->o_bstride, c->lse);
         return;
     }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-    launch(ATT_PICK(forward_kernel, att_npl(d->hd)), grid, ATT_THREADS, att_smem_forward(d->hd), *d, c->out, c->o_ld,
-           c->o_bstride, c->lse);
+    launch("forward_kernel", ATT_PICK(forward_kernel, att_npl(d->hd)), grid, ATT_THREADS, att_smem_forward(d->hd),
+           *d, c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 /* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. */
@@ -451,18 +454,18 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     int hd = d->hd, nt = tc_tiles(hd);
     if (nt) {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch(ATT_PICK(tc_dq_kernel, nt), gq, TC_THREADS, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
-               (const float *)c->lse, (const float *)D, *dq, rowacc);
+        launch("tc_dq_kernel", ATT_PICK(tc_dq_kernel, nt), gq, TC_THREADS, tc_smem_backward(nt), *d, dout,
+               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        launch(ATT_PICK(tc_dkv_kernel, nt), gk, TC_THREADS, tc_smem_backward(nt), *d, dout, c->o_ld, c->o_bstride,
-               (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch("tc_dkv_kernel", ATT_PICK(tc_dkv_kernel, nt), gk, TC_THREADS, tc_smem_backward(nt), *d, dout,
+               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-        launch(ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout, c->o_ld, c->o_bstride,
-               (const float *)c->lse, (const float *)D, *dq, rowacc);
+        launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
+               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-        launch(ATT_PICK(dkv_kernel, att_npl(hd)), gk, ATT_THREADS, att_smem_dkv(hd), *d, dout, c->o_ld, c->o_bstride,
-               (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch("dkv_kernel", ATT_PICK(dkv_kernel, att_npl(hd)), gk, ATT_THREADS, att_smem_dkv(hd), *d, dout,
+               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
     }
     if (d->pos) {
         static float *buf;
@@ -494,6 +497,7 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
 /* ------------------------------------------------------------------ entry points */
 
 void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos, const AttnArgs *a) {
+    KPROF_OP();
     Call c;
     self_call(&c, "attention_forward", out, lse, proj, pos, a);
     run_forward(&c);
@@ -501,6 +505,7 @@ void attention_forward(float *out, float *lse, const float *proj, const AttnPos 
 
 void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
                         const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
+    KPROF_OP();
     if (!dproj || !dout) FATAL("attention_backward: NULL gradient buffer");
     if (ATTN_POS && (!dpos || !dpos->dw || !dpos->db))
         FATAL("attention_backward: +Pos is configured but no positional gradient buffers given");
@@ -523,6 +528,7 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
 }
 
 void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
+    KPROF_OP();
     Call c;
     cross_call(&c, "cross_attention_forward", out, lse, q, kv, a);
     run_forward(&c);
@@ -530,6 +536,7 @@ void cross_attention_forward(float *out, float *lse, const float *q, const float
 
 void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
                               const float *out, const float *lse, const CrossAttnArgs *a) {
+    KPROF_OP();
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     Call c;
     cross_call(&c, "cross_attention_backward", (float *)out, (float *)lse, q, kv, a);
@@ -619,6 +626,7 @@ __global__ void decode_kernel(float *out, const float *q, int q_ld, const float 
 
 void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
+    KPROF_OP();
     int scheme = attn_check_decode(pos, q_ld, T, t, N, H, hd, kv_heads);
     int G = attn_kv_count(H, kv_heads), n = t + 1;
     cuda_ready();
@@ -674,6 +682,7 @@ __global__ void dense_softmax_kernel(float *A, AttnDev p, int b) {
 }
 
 void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    KPROF_OP();
     Call c;
     float *dummy = (float *)&c; /* out and lse are not used */
     self_call(&c, "attention_scores", dummy, dummy, proj, pos, a);
@@ -684,6 +693,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
 }
 
 void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+    KPROF_OP();
     attention_scores(A, proj, pos, a, b, h);
     Call c;
     self_call(&c, "attention_probs", A, A, proj, pos, a);

@@ -183,10 +183,12 @@ void dev_free(void *p) {
 }
 
 void dev_zero(void *p, size_t bytes) {
+    KPROF_OP();
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
 }
 
 void dev_upload(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
     if (!bytes) return;
     cuda_ready();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
@@ -194,16 +196,19 @@ void dev_upload(void *dst, const void *src, size_t bytes) {
 }
 
 void dev_download(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
     if (!bytes) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kv_stream));
     cuda_sync();
 }
 
 void dev_copy(void *dst, const void *src, size_t bytes) {
+    KPROF_OP();
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kv_stream));
 }
 
 void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
+    KPROF_OP();
     if (rows < 0 || cols > dst_ld || cols > src_ld)
         FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
     if (rows == 0 || cols == 0) return;
@@ -221,6 +226,7 @@ __global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, 
 }
 
 void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
+    KPROF_OP();
     if (n < 0 || cols > dst_ld || cols > src_ld)
         FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
     if (n == 0 || cols == 0) return;
@@ -244,3 +250,33 @@ void cuda_check_smem(const char *op, size_t bytes, const char *hint) {
         FATAL("%s: needs %zu bytes of shared memory per block, this GPU allows %zu (hint: %s)", op, bytes, kv_smem_max,
               hint);
 }
+
+/* The profile's clock (backend.h): a mark is an event queued on the stream, so the time between two marks is the
+ * GPU's, between the work queued before the one and before the other. The events are made as the marks first need
+ * them and kept for the next profile. */
+static cudaEvent_t *g_events;
+static int g_nmarks, g_nevents;
+
+int kprof_mark(void) {
+    cuda_ready();
+    if (g_nmarks == g_nevents) {
+        int n = g_nevents ? 2 * g_nevents : 4096;
+        g_events = (cudaEvent_t *)xrealloc(g_events, (size_t)n * sizeof *g_events);
+        for (int i = g_nevents; i < n; i++) CUDA_CHECK(cudaEventCreate(&g_events[i]));
+        g_nevents = n;
+    }
+    CUDA_CHECK(cudaEventRecord(g_events[g_nmarks], kv_stream));
+    return g_nmarks++;
+}
+
+void kprof_marks_wait(void) {
+    if (g_nmarks) cuda_sync();
+}
+
+double kprof_mark_ms(int from, int to) {
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, g_events[from], g_events[to]));
+    return ms;
+}
+
+void kprof_marks_reset(void) { g_nmarks = 0; }

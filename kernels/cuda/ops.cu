@@ -95,6 +95,7 @@ __global__ void embedding_forward_kernel(float *out, const int *tokens, const fl
 
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
     check_ids("embedding_forward: token %d at position %d is outside the vocabulary (size %d)", tokens, B * T, V, 0, 0);
     size_t n = (size_t)B * T * C;
@@ -115,6 +116,7 @@ __global__ void embedding_backward_wpe_kernel(float *dwpe, const float *dout, in
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                         int B, int T, int C, float scale) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     embedding_backward_wte_kernel<<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
                                                                                         B * T, C, scale, EMB_BUCKETS);
@@ -140,6 +142,7 @@ __global__ void tokens_embed_forward_kernel(float *out, const float *x, const fl
 }
 
 void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
     size_t n = (size_t)B * T * C;
     tokens_embed_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, x, cls, pos, B, T, C,
@@ -164,6 +167,7 @@ __global__ void tokens_embed_backward_kernel(float *dx, float *dcls, float *dpos
 }
 
 void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     tokens_embed_backward_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(
         dx, dcls, dpos, dout, B, T, C, dcls ? 1 : 0);
@@ -190,6 +194,7 @@ __global__ void pool_backward_kernel(float *dinp, const float *dout, int B, int 
 }
 
 void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
     pool_forward_kernel<<<cuda_blocks((size_t)B * C, THREADS), THREADS, 0, kv_stream>>>(out, inp, B, T, C, first,
@@ -198,6 +203,7 @@ void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int 
 }
 
 void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+    KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
     pool_backward_kernel<<<cuda_blocks((size_t)B * count * C, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, B, T,
@@ -209,6 +215,7 @@ void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, i
 
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
     layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, NULL,
                                                                                               inp, NULL, w, b, N, C);
@@ -217,6 +224,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
 
 void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                 const float *w, const float *bias, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
     layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, res,
                                                                                               a, b, w, bias, N, C);
@@ -276,6 +284,7 @@ static size_t g_partial_cap;
 
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
     layernorm_backward_dx_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, inp, w,
                                                                                                   mean, rstd, N, C);
@@ -311,10 +320,12 @@ static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k
                                   CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
     else
         CUBLAS_CHECK(cublasSgemm(kv_cublas, ta, tb, m, n, k, &one, A, lda, B, ldb, &beta, Cm, ldc));
+    kprof_part("cublas_gemm");
 }
 
 void linear_forward(float *out, const float *inp, const float *w, const float *b,
                     int N, int C, int OC) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
     cuda_ready();
@@ -337,6 +348,7 @@ __global__ void bias_grad_partial_kernel(float *partial, const float *dout, int 
 
 void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     cuda_ready();
     /* dinp (N, C) += dout W: column-major dinp' = W' dout' */
@@ -398,15 +410,24 @@ __global__ void residual_kernel(float *out, const float *a, const float *b, size
         CUDA_LAUNCHED(kernel);                                                               \
     } while (0)
 
-void gelu_forward(float *out, const float *inp, size_t n) { ELEMENTWISE(gelu_forward_kernel, n, out, inp); }
+void gelu_forward(float *out, const float *inp, size_t n) {
+    KPROF_OP();
+    ELEMENTWISE(gelu_forward_kernel, n, out, inp);
+}
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    KPROF_OP();
     ELEMENTWISE(gelu_backward_kernel, n, dinp, inp, dout);
 }
-void relu_forward(float *out, const float *inp, size_t n) { ELEMENTWISE(relu_forward_kernel, n, out, inp); }
+void relu_forward(float *out, const float *inp, size_t n) {
+    KPROF_OP();
+    ELEMENTWISE(relu_forward_kernel, n, out, inp);
+}
 void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    KPROF_OP();
     ELEMENTWISE(relu_backward_kernel, n, dinp, inp, dout);
 }
 void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    KPROF_OP();
     ELEMENTWISE(residual_kernel, n, out, a, b);
 }
 
@@ -421,12 +442,14 @@ __global__ void dropout_kernel(float *out, const float *inp, size_t off, uint32_
 }
 
 void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
+    KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_forward");
     size_t off = dropout_batch_offset(n, "dropout_forward");
     ELEMENTWISE(dropout_kernel, n, out, inp, off, thr, 1.0f / (1.0f - p), seed, 0);
 }
 
 void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
+    KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_backward");
     size_t off = dropout_batch_offset(n, "dropout_backward");
     ELEMENTWISE(dropout_kernel, n, dinp, dout, off, thr, 1.0f / (1.0f - p), seed, 1);
@@ -459,6 +482,7 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const flo
 
 int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
     ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
               "label smoothing must be in [0, 1), got %g", (double)smoothing);
@@ -492,6 +516,7 @@ __global__ void crossentropy_backward_kernel(float *dlogits, const float *logits
 void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
     crossentropy_backward_kernel<<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
                                                               smoothing, scale);
@@ -532,6 +557,7 @@ __global__ void argmax_kernel(int *correct, const float *logits, const int *targ
 }
 
 int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+    KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "argmax_correct", "bad shape N=%d V=%d", N, V);
     static int *count;
     if (!count) count = (int *)dev_alloc(sizeof(int));
@@ -548,6 +574,7 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 /* adamw_spans_kernel (ops_kernels.cuh): one launch per ADAMW_BATCH tensors, the table a kernel parameter */
 void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
                         float lr, float beta1, float beta2, float eps, int t) {
+    KPROF_OP();
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     AdamwBatch batch;
@@ -578,6 +605,7 @@ __global__ void sum_partials_kernel(double *out, const double *partial) {
 }
 
 double grad_norm(const float *grad, size_t n) {
+    KPROF_OP();
     static double *partial;
     if (!partial) partial = (double *)dev_alloc((NORM_BLOCKS + 1) * sizeof(double));
     sumsq_partial_kernel<<<NORM_BLOCKS, THREADS, 0, kv_stream>>>(partial, grad, n);
@@ -594,9 +622,13 @@ __global__ void scale_kernel(float *x, float s, size_t n) {
     if (i < n) x[i] *= s;
 }
 
-void scale_inplace(float *x, size_t n, float s) { ELEMENTWISE(scale_kernel, n, x, s); }
+void scale_inplace(float *x, size_t n, float s) {
+    KPROF_OP();
+    ELEMENTWISE(scale_kernel, n, x, s);
+}
 
 double clip_grad_norm(float *grad, size_t n, double max_norm) {
+    KPROF_OP();
     ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
     double norm = grad_norm(grad, n);
     if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
