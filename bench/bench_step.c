@@ -7,8 +7,13 @@
  * GPU's asynchronous queue is timed whole. Prints one JSON object
  * (scripts/bench.py collects them into output/bench/bench.json).
  *
- * usage: bench_step [L H C T B V steps] (defaults: the issue's shape
- * 6 6 384 256 12 65, 10 timed steps after 2 warm-up steps) */
+ * With --profile, PROFILE_STEPS more steps run under the backend's profile
+ * (kernels.h, kprof_start) after the timed ones, and the record adds where
+ * their time went: ms and calls per step of every op of the interface and, on
+ * a GPU, of every kernel and cuBLAS product inside them.
+ *
+ * usage: bench_step [--profile] [L H C T B V steps] (defaults: the issue's
+ * shape 6 6 384 256 12 65, 10 timed steps after 2 warm-up steps) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,13 +113,43 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
     return ms;
 }
 
+/* One training step: forward, backward, AdamW (step s; s < 0 for the warm-up). */
+static void train_step(GPT2 *m, const int *in, const int *tg, int B, int T, int s) {
+    gpt2_forward(m, in, tg, B, T, 1, (uint64_t)s);
+    params_zero_grad(&m->w);
+    gpt2_backward(m, 1.0f);
+    params_adamw(&m->w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+}
+
+enum { PROFILE_STEPS = 3 };
+
+/* Prints the record's "profile": PROFILE_STEPS steps under the backend's profile, per step. */
+static void print_profile(GPT2 *m, const int *in, const int *tg, int B, int T, int first) {
+    const KprofRow *rows;
+    kprof_start();
+    double t0 = wall_seconds();
+    for (int s = 0; s < PROFILE_STEPS; s++) train_step(m, in, tg, B, T, first + s);
+    int n = kprof_stop(&rows); /* waits for the device */
+    double step_ms = 1e3 * (wall_seconds() - t0) / PROFILE_STEPS, ops_ms = 0.0;
+    for (int i = 0; i < n; i++) ops_ms += rows[i].part ? 0.0 : rows[i].ms / PROFILE_STEPS;
+    printf(", \"profile\": {\"steps\": %d, \"step_ms\": %.4f, \"ops_ms\": %.4f, \"rows\": [", PROFILE_STEPS, step_ms,
+           ops_ms);
+    for (int i = 0; i < n; i++) {
+        printf("%s{\"op\": \"%s\", ", i ? ", " : "", rows[i].op);
+        if (rows[i].part) printf("\"part\": \"%s\", ", rows[i].part);
+        printf("\"calls\": %.4g, \"ms\": %.5f}", (double)rows[i].calls / PROFILE_STEPS, rows[i].ms / PROFILE_STEPS);
+    }
+    printf("]}");
+}
+
 int main(int argc, char **argv) {
-    int L = 6, H = 6, C = 384, T = 256, B = 12, V = 65, steps = 10;
+    int L = 6, H = 6, C = 384, T = 256, B = 12, V = 65, steps = 10, profile = 0;
+    if (argc > 1 && !strcmp(argv[1], "--profile")) profile = 1, argc--, argv++;
     if (argc == 8) {
         L = atoi(argv[1]), H = atoi(argv[2]), C = atoi(argv[3]), T = atoi(argv[4]), B = atoi(argv[5]);
         V = atoi(argv[6]), steps = atoi(argv[7]);
     } else if (argc != 1) {
-        fprintf(stderr, "usage: %s [L H C T B V steps]\n", argv[0]);
+        fprintf(stderr, "usage: bench_step [--profile] [L H C T B V steps]\n");
         return 2;
     }
     backend_init(0);
@@ -133,10 +168,7 @@ int main(int argc, char **argv) {
     double *t = xmalloc((size_t)steps * sizeof(double));
     for (int s = -2; s < steps; s++) {
         double t0 = wall_seconds();
-        gpt2_forward(&m, in, tg, B, T, 1, (uint64_t)s);
-        params_zero_grad(&m.w);
-        gpt2_backward(&m, 1.0f);
-        params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+        train_step(&m, in, tg, B, T, s);
         device_wait(m.w.params);
         if (s >= 0) t[s] = wall_seconds() - t0;
     }
@@ -177,7 +209,9 @@ int main(int argc, char **argv) {
     for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);
     printf("], \"sgemm_gflops_runs\": [");
     for (int r = 0; r < 10; r++) printf("%s%.2f", r ? ", " : "", rates[r]);
-    printf("]}\n");
+    printf("]");
+    if (profile) print_profile(&m, in, tg, B, T, steps);
+    printf("}\n");
     gpt2_free(&m);
     free(in), free(tg), free(t), free(sorted);
     return 0;

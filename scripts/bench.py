@@ -22,6 +22,12 @@ With --against DIR, another checkout's benchmark (e.g. a git worktree of an
 older commit) runs beside this one's in every round, and each variant's
 step time is compared: output/bench/against.json.
 
+With --profile, the last round's steps are followed by a few more under the
+backend's profile (kernels.h, kprof_start: every op of the interface timed
+on the device's own clock; on a GPU also every kernel and cuBLAS product
+inside them), and the table of where a step's time goes is printed for all
+variants side by side: output/bench/profile.json.
+
 With --peer torch, scripts/bench_torch.py (kvlab's model in PyTorch, eager;
 with --peer-compile also torch.compile) runs each variant of the table
 beside kvlab's in every round, on the same device at the same shape and
@@ -45,7 +51,8 @@ decoder and times the tokens before context 128, 512 and the maximum; each
 run checks that the cache allocates exactly kv_cache_bytes_per_token per
 token. Round-robin like the others; writes output/bench/decode.json.
 
-usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--against DIR] [--peer torch [--peer-compile]]
+usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--profile] [--against DIR]
+                        [--peer torch [--peer-compile]]
                         [--only variants|dp|decode] [--bucket-kib N]
                         [--target cpu|cuda] [--precision fp32|tf32|bf16]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
@@ -152,8 +159,9 @@ def build(variant, fragment, repo=REPO, target="cpu", precision="fp32"):
     return os.path.join(bdir, "bench", "bench_step")
 
 
-def run_bench(binary, shape, steps):
-    r = subprocess.run([binary] + [str(x) for x in shape] + [str(steps)], cwd=REPO, capture_output=True, text=True)
+def run_bench(binary, shape, steps, profile=False):
+    r = subprocess.run([binary] + (["--profile"] if profile else []) + [str(x) for x in shape] + [str(steps)], cwd=REPO,
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{binary} failed: {r.stderr.strip()}")
     return json.loads(r.stdout)
@@ -442,6 +450,54 @@ def compare(runs, against, path, other):
     print(f"written {os.path.relpath(path, REPO)}")
 
 
+def profile_table(runs, path, top=14):
+    """Where a step's time goes, every variant side by side (the profile of its last round): ms per step of each
+    op of the interface and, on a GPU, of the kernels inside the ops that take the most; written to path."""
+    prof = {v: rs[-1]["profile"] for v, rs in runs.items() if rs and "profile" in rs[-1]}
+    if not prof:
+        return
+    labels = {v: runs[v][-1]["label"] for v in prof}
+    with open(path + ".tmp", "w") as f:
+        json.dump({v: dict(label=labels[v], **p) for v, p in prof.items()}, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    names = list(prof)
+    base = prof[names[0]]
+
+    def ms_of(p, op, part=None):
+        return sum(r["ms"] for r in p["rows"] if r["op"] == op and r.get("part") == part)
+
+    def show(title, keys, key_label):
+        print(title)
+        print(f"{key_label:44s}" + "".join(f" {labels[v]:>16s}" for v in names))
+        for op, part in keys:
+            name = op if part is None else f"  {op} / {part}"
+            cells = ""
+            for v in names:
+                ms, step = ms_of(prof[v], op, part), prof[v]["step_ms"]
+                cells += f" {ms:9.2f} {100 * ms / step:5.1f}%" if ms else f" {'-':>16s}"
+            print(f"{name[:44]:44s}{cells}")
+
+    ops = sorted({r["op"] for p in prof.values() for r in p["rows"] if "part" not in r},
+                 key=lambda op: -ms_of(base, op))
+    print(f"\nwhere a step's time goes (--profile: {base['steps']} steps after the last round's, per step; ms and "
+          "share of the profiled step)")
+    show("", [(op, None) for op in ops[:top]], "op")
+    for title, value in (("all ops", lambda p: p["ops_ms"]), ("profiled step", lambda p: p["step_ms"])):
+        print(f"{title:44s}" + "".join(f" {value(prof[v]):9.2f} {100 * value(prof[v]) / prof[v]['step_ms']:5.1f}%"
+                                        for v in names))
+    if len(ops) > top:
+        print(f"({len(ops) - top} more ops in {os.path.relpath(path, REPO) if path.startswith(REPO) else path})")
+    parts = sorted({(r["op"], r["part"]) for p in prof.values() for r in p["rows"] if "part" in r},
+                   key=lambda k: -ms_of(base, *k))
+    if parts:
+        show("\nkernels and cuBLAS products inside the ops (the GPU's time between launches)", parts[:top],
+             "op / kernel")
+    print("ops: every call of kernels.h and attention.h, outermost only, timed on the device's clock; the rest of "
+          "the step is host work between them (and, on a GPU, launch gaps)")
+    print(f"written {os.path.relpath(path, REPO) if path.startswith(REPO) else path}")
+
+
 def run_peer(variant, args, compiled, threads):
     """One record of scripts/bench_torch.py: the variant in PyTorch on this run's device, shape and precision, with
     kvlab's number of threads."""
@@ -489,6 +545,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--shape", nargs=6, type=int, default=[6, 6, 384, 256, 12, 65], metavar=("L", "H", "C", "T",
                                                                                              "B", "V"))
+    ap.add_argument("--profile", action="store_true", help="variants: after the last round, a few steps under the "
+                    "backend's profile: where a step's time goes, op by op (and kernel by kernel on a GPU), every "
+                    "variant side by side (output/bench/profile.json)")
     ap.add_argument("--against", metavar="DIR", help="another kvlab checkout (e.g. a git worktree of an older "
                     "commit): its benchmark runs beside this one's in every round, and the step times are compared "
                     "(output/bench/against.json)")
@@ -550,7 +609,7 @@ def main():
     try:
         for rnd in range(args.rounds):
             for variant, _, _ in VARIANTS:
-                rec = run_bench(binaries[variant], args.shape, args.steps)
+                rec = run_bench(binaries[variant], args.shape, args.steps, args.profile and rnd == args.rounds - 1)
                 runs[variant].append(rec)
                 print(f"  round {rnd + 1}/{args.rounds} {rec['label']:9s} best {min(rec['step_ms']):8.1f} ms/step, "
                       f"median {rec['ms_per_step']:8.1f} (sgemm best {max(rec['sgemm_gflops_runs']):.1f} GFLOP/s)",
@@ -657,6 +716,8 @@ def main():
               f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}" + (f" {100 * r['mfu']:5.1f}%" if "mfu" in r else "") +
               (f" {r['memory_peak_mib']:9.0f}" if "memory_peak_mib" in r else ""))
     print(f"\nwritten {os.path.relpath(path)}")
+    if args.profile:
+        profile_table(runs, os.path.join(out, "profile.json"))
     if args.against:
         compare(runs, against, os.path.join(out, "against.json"), args.against)
     if args.peer:

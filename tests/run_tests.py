@@ -679,14 +679,23 @@ def cuda_bench(tmp, gpu):
     has_cuda_torch, has_compile = flags[:1] == ["1"], flags[1:2] == ["1"]
     peer = (["--peer", "torch"] + (["--peer-compile"] if has_compile else [])) if has_cuda_torch else []
     out = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--target", "cuda", "--only", "variants", "--rounds",
-               "1", "--steps", "3", "--shape", "2", "2", "64", "64", "4", "65", "--out", dest] + peer)
+               "1", "--steps", "3", "--shape", "2", "2", "64", "64", "4", "65", "--profile", "--out", dest] + peer)
     path = os.path.join(dest, "bench.json")
     recs = json.load(open(path)) if out.returncode == 0 and os.path.isfile(path) else []
     R.check(len(recs) == len(bench_mod.VARIANTS) and all(r["backend"].startswith("cuda (") and
                                                          r.get("memory_peak_mib", 0) > 0 for r in recs),
             f"make bench TARGET=cuda: every variant timed on the GPU with its memory:\n{out.stdout[-2000:]}"
             f"{out.stderr[-1500:]}")
-    print("  " + "\n  ".join(out.stdout.strip().splitlines()[-len(bench_mod.VARIANTS) - 4:]))
+    print("  " + "\n  ".join(ln for ln in out.stdout.strip().splitlines() if not ln.startswith("  round")))
+    # the profile on the GPU: ops timed by events on the stream, the kernels and cuBLAS products inside them
+    path = os.path.join(dest, "profile.json")
+    prof = json.load(open(path)) if out.returncode == 0 and os.path.isfile(path) else {}
+    parts = {v: {(x["op"], x["part"]) for x in p["rows"] if "part" in x} for v, p in prof.items()}
+    R.check(len(prof) == len(bench_mod.VARIANTS) and
+            all(("linear_forward", "cublas_gemm") in ps and ("attention_backward", "rowdot") in ps for ps in
+                parts.values()) and
+            all(0 < p["ops_ms"] <= p["step_ms"] * 1.001 + 0.01 for p in prof.values()),
+            f"make bench TARGET=cuda --profile: every variant's ops and the kernels inside them: {parts}")
     if peer:
         path = os.path.join(dest, "peer.json")
         rows = json.load(open(path))["variants"] if out.returncode == 0 and os.path.isfile(path) else []
@@ -1861,9 +1870,10 @@ def test_guard_end_to_end(tmp, sanitize):
         prog = os.path.join(bdir, "bench", "bench_step")
         r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "BENCH=y", prog])
         if R.check(r.returncode == 0, f"guard: bench_step builds:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
-            r = run([prog, "1", "2", "16", "16", "2", "65", "2"], env=env)
-            R.check(r.returncode == 0 and no_guard_fault(r) and '"label": "KV+Pos"' in r.stdout,
-                    f"guard: bench_step (KV+Pos) runs with host access to device memory trapped: "
+            r = run([prog, "--profile", "1", "2", "16", "16", "2", "65", "2"], env=env)
+            R.check(r.returncode == 0 and no_guard_fault(r) and '"label": "KV+Pos"' in r.stdout and
+                    '"profile"' in r.stdout,
+                    f"guard: bench_step --profile (KV+Pos) runs with host access to device memory trapped: "
                     f"{r.stdout[-300:]}{r.stderr[-1500:]}")
     ws = Workspace(tmp, "guard-vit", TINY_VIT.replace("CONFIG_VIT_EPOCHS=2", "CONFIG_VIT_EPOCHS=1")
                    .replace('"V0,KV"', '"KV_POS"') + GUARD, sanitize)
@@ -2860,6 +2870,52 @@ def test_torch_peer(tmp, sanitize):
             f"--peer-compile alone is refused: {r.stderr!r}")
 
 
+def test_bench_profile(tmp):
+    """make bench --profile: bench_step's profile counts each op's calls per step as the model makes them (known
+    answers for a GPT-2 of L layers), its ops' time lies within the step's, and bench.py prints and writes the
+    table of every variant side by side."""
+    section("bench --profile: where a step's time goes, op by op, every variant")
+    L = 2
+    bdir = os.path.join(tmp, "bench-profile")
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"),
+                       os.path.join(REPO, "defconfigs", "steps", "QKV")])
+    if not R.check(r.returncode == 0, f"profile: configuration: {r.stderr.strip()}"):
+        return
+    prog = os.path.join(bdir, "bench", "bench_step")
+    r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "BENCH=y", prog])
+    if not R.check(r.returncode == 0, f"profile: bench_step builds:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+        return
+    r = run([prog, "--profile", str(L), "2", "32", "16", "2", "65", "2"])
+    prof = json.loads(r.stdout).get("profile", {}) if r.returncode == 0 else {}
+    calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
+    # per step: qkv, proj, fc, fc-proj per block and the tied head; one attention per block; one AdamW call over
+    # every tensor; the forward's one download of the loss count
+    want = {"linear_forward": 4 * L + 1, "linear_backward": 4 * L + 1, "attention_forward": L,
+            "attention_backward": L, "embedding_forward": 1, "embedding_backward": 1, "crossentropy_forward": 1,
+            "crossentropy_backward": 1, "adamw_update_spans": 1}
+    R.check({k: calls.get(k) for k in want} == want, f"bench_step --profile: calls per step of a {L}-layer GPT-2 "
+            f"as the model makes them: {calls} {r.stderr[-500:]}")
+    R.check(prof.get("steps", 0) > 0 and 0 < prof.get("ops_ms", 0) <= prof.get("step_ms", 0) * 1.001 + 0.01 and
+            all(x["ms"] >= 0 and x["calls"] > 0 for x in prof.get("rows", [])),
+            f"bench_step --profile: the ops' time lies within the profiled step's: {prof.get('ops_ms')} of "
+            f"{prof.get('step_ms')} ms")
+    r = run([prog, "--profile", "1", "2"])
+    R.check(r.returncode == 2 and "usage: bench_step [--profile]" in r.stderr, f"bench_step: bad arguments after "
+            f"--profile: the usage line: {r.stderr!r}")
+    dest = os.path.join(tmp, "bench-profile-out")
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--only", "variants", "--rounds", "1", "--steps", "2",
+             "--shape", "1", "2", "32", "16", "2", "65", "--profile", "--out", dest])
+    path = os.path.join(dest, "profile.json")
+    table = json.load(open(path)) if r.returncode == 0 and os.path.isfile(path) else {}
+    import bench as bench_mod  # scripts/bench.py
+    R.check(sorted(table) == sorted(v for v, _, _ in bench_mod.VARIANTS) and
+            all(any(x["op"] == "attention_backward" for x in t["rows"]) for t in table.values()),
+            f"bench.py --profile: a profile of every variant in profile.json: {sorted(table)} {r.stderr[-800:]}")
+    head = next((ln for ln in r.stdout.splitlines() if ln.startswith("op ")), "")
+    R.check("where a step's time goes" in r.stdout and all(t["label"] in head for t in table.values()),
+            f"bench.py --profile: the table names every variant: {head!r}")
+
+
 def test_bench_decode(tmp):
     section("bench-decode: configurations, cache bytes per token as allocated, tokens/s (tiny shape)")
     import bench as bench_mod  # scripts/bench.py
@@ -3346,6 +3402,8 @@ def main():
             guarded(test_bench_decode, tmp)
         if want("torch-peer"):
             guarded(test_torch_peer, tmp, args.sanitize)
+        if want("bench-profile"):
+            guarded(test_bench_profile, tmp)
         for part in ("programs", "models"):
             if want("cuda-" + part):
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
