@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 import time
 
@@ -140,27 +139,13 @@ class GPT(torch.nn.Module):
 
 # ------------------------------------------------------------------ kvlab checkpoints
 
-DTYPES = {"F32": np.float32}
-
-
 def read_checkpoint(path):
-    """The tensors of a kvlab checkpoint, its metadata and its build configuration; the header is checked by
-    mechint.py's st_metadata (one line naming the problem)."""
+    """The tensors of a kvlab checkpoint, its metadata and its build configuration (mechint.py's st_tensors); a
+    problem is one line naming it."""
     try:
-        meta, cfg = mechint.st_metadata(path)
-        raw = open(path, "rb").read()
+        return mechint.st_tensors(path)
     except (OSError, ValueError) as exc:
         fail(f"{path}: {exc} (hint: a final_model_step*.safetensors of a kvlab run)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    tensors = {}
-    for name, e in header.items():
-        if e["dtype"] not in DTYPES:
-            fail(f"{path}: tensor '{name}' is {e['dtype']}, kvlab writes F32")
-        b, end = e["data_offsets"]
-        tensors[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-    return tensors, meta, cfg
 
 
 def model_from_checkpoint(path):

@@ -90,6 +90,24 @@ def st_metadata(path):
     return meta, cfg
 
 
+def st_tensors(path):
+    """The tensors of a kvlab checkpoint as numpy arrays by name, its metadata and its build configuration; the
+    header is checked by st_metadata. Raises ValueError (naming the problem) or OSError."""
+    import numpy as np  # only the readers of tensors need it
+    meta, cfg = st_metadata(path)
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    tensors = {}
+    for name, e in header.items():
+        if e.get("dtype") != "F32":
+            raise ValueError(f"tensor {name!r} is {e.get('dtype')}, kvlab writes F32")
+        b, end = e["data_offsets"]
+        tensors[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=np.float32).reshape(e["shape"])
+    return tensors, meta, cfg
+
+
 def config_lines(cfg_json):
     out = []
     for k, v in sorted(cfg_json.items()):

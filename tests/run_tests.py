@@ -1772,6 +1772,62 @@ def test_sampling_and_bad_checkpoints(ws, tmp):
     R.check(r.returncode == 1 and "missing.safetensors" in r.stderr, f"a missing checkpoint is named: {r.stderr}")
 
 
+def test_export_llmc(ws, tmp):
+    """scripts/export_llmc.py writes the QKV step in llm.c's model format (version 3): the header, and every tensor
+    where llm.c's reader (fill_in_parameter_sizes' order) looks for it, the padded vocabulary rows zero; other
+    variants and bad input are one line each."""
+    section("export to llm.c's model format: header, tensor order, padded vocabulary, refusals")
+    import numpy as np
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import mechint as mechint_mod  # scripts/mechint.py: the checkpoint reader
+    exporter = [PY, os.path.join(REPO, "scripts", "export_llmc.py")]
+    ck = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")
+    out = os.path.join(tmp, "llmc-v0.bin")
+    r = run(exporter + ["--ckpt", ck, "--out", out])
+    if not R.check(r.returncode == 0 and os.path.isfile(out), f"export_llmc.py on the QKV step: {r.stderr}"):
+        return
+    t, meta, _ = mechint_mod.st_tensors(ck)
+    m = json.loads(meta["model"])
+    L, H, C, T, V = m["n_layer"], m["n_head"], m["n_embd"], m["block_size"], m["vocab_size"]
+    Vp = (V + 127) // 128 * 128
+    raw = open(out, "rb").read()
+    header = np.frombuffer(raw[:1024], dtype=np.int32)
+    R.check(list(header[:8]) == [20240326, 3, T, V, L, H, C, Vp] and not header[8:].any(),
+            f"llm.c header: magic, version 3, T, V, L, H, C, padded V: {list(header[:8])}")
+    # llm.c's tensors in its order, from the checkpoint's own tensors (layers stacked per kind)
+    lay = lambda f: np.stack([t[f.format(l)] for l in range(L)])  # noqa: E731
+    want = [np.concatenate([t["wte.weight"], np.zeros((Vp - V, C), np.float32)]), t["wpe.weight"],
+            lay("blocks.{}.ln1.weight"), lay("blocks.{}.ln1.bias"),
+            np.stack([np.concatenate([t[f"blocks.{l}.attn.{b}.weight"] for b in "qkv"]) for l in range(L)]),
+            np.stack([np.concatenate([t[f"blocks.{l}.attn.{b}.bias"] for b in "qkv"]) for l in range(L)]),
+            lay("blocks.{}.attn.proj.weight"), lay("blocks.{}.attn.proj.bias"), lay("blocks.{}.ln2.weight"),
+            lay("blocks.{}.ln2.bias"), lay("blocks.{}.mlp.fc.weight"), lay("blocks.{}.mlp.fc.bias"),
+            lay("blocks.{}.mlp.proj.weight"), lay("blocks.{}.mlp.proj.bias"), t["lnf.weight"], t["lnf.bias"]]
+    sizes = [Vp * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C, L * 4 * C * C,
+             L * 4 * C, L * C * 4 * C, L * C, C, C]  # llm.c's fill_in_parameter_sizes
+    body = np.frombuffer(raw[1024:], dtype=np.float32)
+    R.check(body.size == sum(sizes) and [w.size for w in want] == sizes,
+            f"llm.c model file: {sum(sizes)} floats after the header: {body.size}")
+    off, bad = 0, []
+    for i, (w, n) in enumerate(zip(want, sizes)):
+        if not np.array_equal(body[off:off + n], w.ravel()):
+            bad.append(i)
+        off += n
+    R.check(not bad and body.size == sum(sizes), f"llm.c tensors in llm.c's order, bit for bit (wte padded with "
+            f"zero rows, q, k, v stacked): tensors {bad} differ")
+    r = run(exporter + ["--ckpt", ck, "--out", out, "--padded-vocab", str(V + 3)])
+    R.check(r.returncode == 0 and np.frombuffer(open(out, "rb").read(32), dtype=np.int32)[7] == V + 3,
+            f"--padded-vocab sets llm.c's padded vocabulary: {r.stderr}")
+    cases = [(["--ckpt", os.path.join(ws.run_dir(), "final_model_stepV1.safetensors")], "KV tying"),
+             (["--ckpt", ck, "--padded-vocab", str(V - 1)], "smaller than the vocabulary"),
+             (["--ckpt", os.path.join(ws.run_dir(), "train_stepV0.log")], "not safetensors")]
+    for args, words in cases:
+        r = run(exporter + args + ["--out", os.path.join(tmp, "llmc-refused.bin")])
+        R.check(r.returncode != 0 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and words in r.stderr
+                and not os.path.exists(os.path.join(tmp, "llmc-refused.bin")),
+                f"export_llmc.py {args[-1]}: one error line naming '{words}', nothing written: {r.stderr!r}")
+
+
 def test_checkpoint_checksums(ws, tmp):
     """A real checkpoint carries a CRC-32 per tensor (metadata tensor_crc32, checked here with zlib): one flipped
     data byte is reported naming the file and the tensor; without the key (older checkpoints) it loads as before."""
@@ -3366,6 +3422,7 @@ def main():
                 guarded(test_mechint_environment, ws, tmp)
                 guarded(test_sampling_and_bad_checkpoints, ws, tmp)
                 guarded(test_checkpoint_checksums, ws, tmp)
+                guarded(test_export_llmc, ws, tmp)
                 guarded(test_sample_options, ws)
                 guarded(test_step_names_by_hand, ws, tmp)
                 guarded(test_resume, ws)
