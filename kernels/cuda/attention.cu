@@ -221,55 +221,63 @@ __global__ void bias_table_kernel(float *tab, const double *slopes, const float 
     tab[idx] = slopes ? (float)(-slopes[h] * (d < 0 ? -d : d)) : rel[(size_t)h * buckets + bucket[dd]];
 }
 
-/* The host-computed inputs of the table (ALiBi slopes or the bucket of each offset), uploaded once per shape. */
+/* The host-computed inputs of the table: the ALiBi slopes, or the bucket of each offset d = -(T-1) .. T-1 for the
+ * longest sequence T asked for so far. A bucket depends on the offset alone, so a shorter call reads the middle
+ * of the same table; the inputs are uploaded again only for a longer sequence or other settings, not for each
+ * length a decoder steps through. Causal and bidirectional calls (an encoder-decoder's self-attentions) keep
+ * one table each. */
 struct BiasInputs {
-    int scheme, H, T, causal, buckets, maxd;
+    int scheme, H, T, buckets, maxd;
     double *slopes;
     int *bucket;
 };
 
 static const BiasInputs *bias_inputs(const AttnPos *P, int H, int T, int causal) {
-    static BiasInputs c;
+    static BiasInputs cache[2];
+    BiasInputs *c = &cache[causal ? 1 : 0];
     int alibi = P->scheme == ATTN_POSITION_ALIBI;
-    if (c.slopes || c.bucket) {
-        if (c.scheme == P->scheme && c.H == H && c.T == T && c.causal == causal &&
-            (alibi || (c.buckets == P->rel_buckets && c.maxd == P->rel_max_distance)))
-            return &c;
-        dev_free(c.slopes);
-        dev_free(c.bucket);
-        c.slopes = NULL;
-        c.bucket = NULL;
+    if (c->slopes || c->bucket) {
+        if (c->scheme == P->scheme && c->H == H &&
+            (alibi || (c->T >= T && c->buckets == P->rel_buckets && c->maxd == P->rel_max_distance)))
+            return c;
+        dev_free(c->slopes);
+        dev_free(c->bucket);
+        c->slopes = NULL;
+        c->bucket = NULL;
     }
-    c.scheme = P->scheme;
-    c.H = H;
-    c.T = T;
-    c.causal = causal;
-    c.buckets = P->rel_buckets;
-    c.maxd = P->rel_max_distance;
+    c->scheme = P->scheme;
+    c->H = H;
+    c->T = T;
+    c->buckets = P->rel_buckets;
+    c->maxd = P->rel_max_distance;
     if (alibi) {
         double *s = (double *)xmalloc((size_t)H * sizeof(double));
         for (int h = 0; h < H; h++) s[h] = attn_alibi_slope(h, H);
-        c.slopes = (double *)dev_alloc((size_t)H * sizeof(double));
-        dev_upload(c.slopes, s, (size_t)H * sizeof(double));
+        c->slopes = (double *)dev_alloc((size_t)H * sizeof(double));
+        dev_upload(c->slopes, s, (size_t)H * sizeof(double));
         free(s);
     } else {
         int nd = 2 * T - 1;
         int *k = (int *)xmalloc((size_t)nd * sizeof(int));
         for (int dd = 0; dd < nd; dd++) k[dd] = attn_rel_bucket(dd - (T - 1), causal, P->rel_buckets, P->rel_max_distance);
-        c.bucket = (int *)dev_alloc((size_t)nd * sizeof(int));
-        dev_upload(c.bucket, k, (size_t)nd * sizeof(int));
+        c->bucket = (int *)dev_alloc((size_t)nd * sizeof(int));
+        dev_upload(c->bucket, k, (size_t)nd * sizeof(int));
         free(k);
     }
-    return &c;
+    return c;
 }
 
-static float *bias_table(const AttnPos *P, int H, int T, int causal) {
+/* The (H, 2T-1) table of a call of length T; reserve (>= T): the longest length the caller will ask for (a
+ * decoder's cache), so that its inputs are made once. */
+static float *bias_table(const AttnPos *P, int H, int T, int reserve, int causal) {
     static float *buf;
     static size_t cap;
-    const BiasInputs *in = bias_inputs(P, H, T, causal);
+    const BiasInputs *in = bias_inputs(P, H, reserve > T ? reserve : T, causal);
     float *tab = cuda_scratch(&buf, &cap, (size_t)H * (2 * T - 1));
     int n = H * (2 * T - 1);
-    bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel, in->bucket, H, T,
+    /* offset d of this call is entry d + (in->T - 1) of the inputs' buckets */
+    bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel,
+                                                                  in->bucket ? in->bucket + (in->T - T) : NULL, H, T,
                                                                   P->rel_buckets);
     CUDA_LAUNCHED(bias_table);
     return tab;
@@ -348,7 +356,7 @@ static void self_call(Call *c, const char *op, float *out, float *lse, const flo
     }
     if (attn_positions[scheme].where == ATTN_PE_ROTARY) c->rope = pos->rope;
     if (attn_positions[scheme].where == ATTN_PE_BIAS) {
-        d->pe_bias = bias_table(pos, a->H, a->T, a->causal);
+        d->pe_bias = bias_table(pos, a->H, a->T, a->T, a->causal);
         d->pe_nd = 2 * a->T - 1;
     }
     if (ATTN_POS) {
@@ -633,7 +641,7 @@ void attention_decode(float *out, const float *q, int q_ld, const float *keys, c
     AttnDev p;
     common_setup(&p, N, 1, n, H, G, hd, 0.0f, 0);
     if (attn_positions[scheme].where == ATTN_PE_BIAS) {
-        p.pe_bias = bias_table(pos, H, n, 1);
+        p.pe_bias = bias_table(pos, H, n, T, 1);
         p.pe_nd = 2 * n - 1;
     }
     if (ATTN_POS) p.pos_groups = pos->groups;
