@@ -137,7 +137,7 @@ static void print_profile(GPT2 *m, const int *in, const int *tg, int B, int T, i
     for (int i = 0; i < n; i++) {
         printf("%s{\"op\": \"%s\", ", i ? ", " : "", rows[i].op);
         if (rows[i].part) printf("\"part\": \"%s\", ", rows[i].part);
-        printf("\"calls\": %.4g, \"ms\": %.5f}", (double)rows[i].calls / PROFILE_STEPS, rows[i].ms / PROFILE_STEPS);
+        printf("\"calls\": %.6g, \"ms\": %.5f}", (double)rows[i].calls / PROFILE_STEPS, rows[i].ms / PROFILE_STEPS);
     }
     printf("]}");
 }

@@ -170,13 +170,18 @@ double clip_grad_norm(float *grad, size_t n, double max_norm);
 /* ---- profile: where a step's time goes (make bench BENCH_ARGS=--profile) --
  * Between kprof_start and kprof_stop the backend times every call of this
  * interface and of attention.h: the outermost call only, where one op calls
- * another, on the device's own clock (on a GPU the time between events queued
- * on its stream around the call, so the GPU's time whatever the host does
- * meanwhile). A GPU backend also times each kernel and cuBLAS product inside a
- * call as its part. kprof_stop waits for the device and returns the totals:
- * one row per op (part NULL) and one per (op, part), in order of first use;
- * *rows lives until the next kprof_start. Off (the default), a call costs one
- * test of a flag. Host code only, one host thread. */
+ * another, on the device's clock. On the CPU that is the wall clock around
+ * the call. On a GPU it is the time between two events queued on its stream
+ * around the call: the GPU's time while the host keeps work queued ahead of
+ * it, and, where the GPU waits for the host (a small model; an op that waits
+ * for a value it returns), the host's time inside the call too. A GPU
+ * backend also times each kernel and cuBLAS product inside a call as its
+ * part, from the end of the part before (so a copy queued before a launch
+ * counts in that launch's part). kprof_stop waits for the device and
+ * returns the totals: one row per op (part NULL) and one per (op, part), in
+ * order of first use; *rows lives until the next kprof_start. Without a
+ * profile running it returns 0 rows (and *rows NULL). Off, an op costs two
+ * calls that test a flag. Host code only, one host thread. */
 typedef struct {
     const char *op, *part; /* interface function; kernel or cuBLAS call inside it (GPU), NULL for the op itself */
     long calls;

@@ -73,7 +73,11 @@ void kprof_start(void) {
 
 int kprof_stop(const KprofRow **rows) {
     if (g_depth) FATAL("kprof_stop: called inside a backend op");
-    if (g_on) resolve();
+    if (!g_on) { /* no profile running: nothing to report */
+        *rows = NULL;
+        return 0;
+    }
+    resolve();
     g_on = 0;
     *rows = g_rows;
     return g_nrows;

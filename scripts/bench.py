@@ -465,7 +465,11 @@ def profile_table(runs, path, top=14):
     base = prof[names[0]]
 
     def ms_of(p, op, part=None):
-        return sum(r["ms"] for r in p["rows"] if r["op"] == op and r.get("part") == part)
+        rows = [r["ms"] for r in p["rows"] if r["op"] == op and r.get("part") == part]
+        return sum(rows) if rows else None  # None: the variant never ran this op (or part)
+
+    def share(ms, p):
+        return 100 * ms / p["step_ms"] if p["step_ms"] > 0 else 0.0
 
     def show(title, keys, key_label):
         print(title)
@@ -474,27 +478,30 @@ def profile_table(runs, path, top=14):
             name = op if part is None else f"  {op} / {part}"
             cells = ""
             for v in names:
-                ms, step = ms_of(prof[v], op, part), prof[v]["step_ms"]
-                cells += f" {ms:9.2f} {100 * ms / step:5.1f}%" if ms else f" {'-':>16s}"
+                ms = ms_of(prof[v], op, part)
+                cells += f" {ms:9.2f} {share(ms, prof[v]):5.1f}%" if ms is not None else f" {'-':>16s}"
             print(f"{name[:44]:44s}{cells}")
 
-    ops = sorted({r["op"] for p in prof.values() for r in p["rows"] if "part" not in r},
-                 key=lambda op: -ms_of(base, op))
+    def largest(op, part=None):  # the most any variant spends in it: what the table is sorted by
+        return max(ms_of(p, op, part) or 0.0 for p in prof.values())
+
+    ops = sorted({r["op"] for p in prof.values() for r in p["rows"] if "part" not in r}, key=lambda op: -largest(op))
     print(f"\nwhere a step's time goes (--profile: {base['steps']} steps after the last round's, per step; ms and "
           "share of the profiled step)")
     show("", [(op, None) for op in ops[:top]], "op")
     for title, value in (("all ops", lambda p: p["ops_ms"]), ("profiled step", lambda p: p["step_ms"])):
-        print(f"{title:44s}" + "".join(f" {value(prof[v]):9.2f} {100 * value(prof[v]) / prof[v]['step_ms']:5.1f}%"
+        print(f"{title:44s}" + "".join(f" {value(prof[v]):9.2f} {share(value(prof[v]), prof[v]):5.1f}%"
                                         for v in names))
     if len(ops) > top:
         print(f"({len(ops) - top} more ops in {os.path.relpath(path, REPO) if path.startswith(REPO) else path})")
     parts = sorted({(r["op"], r["part"]) for p in prof.values() for r in p["rows"] if "part" in r},
-                   key=lambda k: -ms_of(base, *k))
+                   key=lambda k: -largest(*k))
     if parts:
-        show("\nkernels and cuBLAS products inside the ops (the GPU's time between launches)", parts[:top],
+        show("\nkernels and cuBLAS products inside the ops, each from the end of the one before", parts[:top],
              "op / kernel")
-    print("ops: every call of kernels.h and attention.h, outermost only, timed on the device's clock; the rest of "
-          "the step is host work between them (and, on a GPU, launch gaps)")
+    print("ops: every call of kernels.h and attention.h, outermost only, on the device's clock (a GPU's events: "
+          "its own time while work is queued ahead of it, the host's too where it waits for the host); the rest "
+          "of the step is host work between calls")
     print(f"written {os.path.relpath(path, REPO) if path.startswith(REPO) else path}")
 
 

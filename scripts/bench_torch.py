@@ -139,23 +139,11 @@ class GPT(torch.nn.Module):
 
 # ------------------------------------------------------------------ kvlab checkpoints
 
-def read_checkpoint(path):
-    """The tensors of a kvlab checkpoint, its metadata and its build configuration (mechint.py's st_tensors); a
-    problem is one line naming it."""
-    try:
-        return mechint.st_tensors(path)
-    except (OSError, ValueError) as exc:
-        fail(f"{path}: {exc} (hint: a final_model_step*.safetensors of a kvlab run)")
-
-
 def model_from_checkpoint(path):
-    tensors, meta, cfg = read_checkpoint(path)
-    if meta.get("family") != "gpt2":
-        fail(f"{path}: not a kvlab GPT-2 checkpoint (metadata family '{meta.get('family')}')")
     try:
-        m = json.loads(meta["model"])
-    except (KeyError, ValueError):
-        fail(f"{path}: metadata 'model' is missing or not JSON (hint: a checkpoint written by kvlab's train_gpt2)")
+        tensors, meta, cfg, m = mechint.gpt2_checkpoint(path)
+    except (OSError, ValueError) as exc:
+        fail(f"{path}: {exc} (hint: a final_model_step*.safetensors of a kvlab GPT-2 run)")
     a = m["attention"]
     if a.get("pos") or a.get("kv_heads") or not cfg.get("POSITION_ABSOLUTE", True):  # absent: before the schemes
         fail(f"{path}: {a.get('label', a.get('variant'))} uses kvlab's +Pos, grouped K/V heads or another position "

@@ -22,12 +22,11 @@ usage: scripts/export_llmc.py --ckpt CKPT --out OUT.bin [--padded-vocab N]
        (N: llm.c's padded vocabulary, default V rounded up to a multiple of 128)
 """
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mechint  # noqa: E402  (st_tensors: the checkpoint reader every script shares)
+import mechint  # noqa: E402  (gpt2_checkpoint: the checkpoint reader every script shares)
 
 MAGIC, VERSION = 20240326, 3
 
@@ -88,15 +87,9 @@ def main():
     except ImportError as exc:
         fail(f"export_llmc.py needs numpy: {exc} (hint: the python3-numpy package)")
     try:
-        tensors, meta, cfg = mechint.st_tensors(args.ckpt)
+        tensors, meta, cfg, m = mechint.gpt2_checkpoint(args.ckpt)
     except (OSError, ValueError) as exc:
         fail(f"{args.ckpt}: {exc} (hint: a final_model_step*.safetensors of a kvlab GPT-2 run)")
-    if meta.get("family") != "gpt2":
-        fail(f"{args.ckpt}: a kvlab {meta.get('family')} checkpoint; llm.c's format holds GPT-2 models")
-    try:
-        m = json.loads(meta["model"])
-    except (KeyError, ValueError):
-        fail(f"{args.ckpt}: metadata 'model' is missing or not JSON (hint: a checkpoint written by kvlab's train_gpt2)")
     why = unlike_llmc(m, cfg)
     if why:
         fail(f"{args.ckpt}: not a model llm.c has: {why} (hint: export a V0/QKV step of a GPT-2 run with the "

@@ -108,6 +108,19 @@ def st_tensors(path):
     return tensors, meta, cfg
 
 
+def gpt2_checkpoint(path):
+    """A kvlab GPT-2 checkpoint: its tensors (st_tensors), metadata, build configuration and model description
+    (metadata "model"). Raises ValueError naming what is wrong, or OSError."""
+    tensors, meta, cfg = st_tensors(path)
+    if meta.get("family") != "gpt2":
+        raise ValueError(f"not a kvlab GPT-2 checkpoint (metadata family '{meta.get('family')}')")
+    try:
+        model = json.loads(meta["model"])
+    except (KeyError, ValueError):
+        raise ValueError("metadata 'model' is missing or not JSON") from None
+    return tensors, meta, cfg, model
+
+
 def config_lines(cfg_json):
     out = []
     for k, v in sorted(cfg_json.items()):

@@ -1165,12 +1165,15 @@ static void test_profile(void) {
     Buf out = buf_zeros((size_t)N * N), x = buf_rand(64, 1.0), y = buf_zeros(64);
     Buf r = buf_zeros((size_t)R * C), o = buf_zeros((size_t)R * C), mean = buf_zeros(R), rstd = buf_zeros(R);
     Buf lw = buf_rand(C, 1.0), lb = buf_rand(C, 1.0), g = buf_rand(64, 1.0);
-    gelu_forward(y.d, x.d, 64); /* outside the profile: not counted */
     const KprofRow *rows;
+    CHECK(kprof_stop(&rows) == 0 && !rows, "profile: none running, none reported");
     kprof_start();
     gelu_forward(y.d, x.d, 64);
-    kprof_stop(&rows);
-    kprof_start(); /* starts the totals over */
+    int n = kprof_stop(&rows);
+    CHECK(n == 1 && !strcmp(rows[0].op, "gelu_forward") && rows[0].calls == 1 && (gpu || !rows[0].part),
+          "profile: one call, one row (%d rows)", n);
+    gelu_forward(y.d, x.d, 64); /* between profiles: not counted */
+    kprof_start();              /* starts the totals over */
     double t0 = wall_seconds();
     for (int k = 0; k < 3; k++) {
         linear_forward(out.d, a.d, w.d, b.d, N, N, N);
@@ -1178,9 +1181,8 @@ static void test_profile(void) {
     }
     residual_layernorm_forward(r.d, o.d, mean.d, rstd.d, x.d, x.d, lw.d, lb.d, R, C); /* two ops in one on the CPU */
     clip_grad_norm(g.d, 64, 1e-3);                                                      /* grad_norm and a scale */
-    int n = kprof_stop(&rows);
+    n = kprof_stop(&rows);
     double wall_ms = 1e3 * (wall_seconds() - t0);
-    gelu_forward(y.d, x.d, 64); /* after the profile: not counted */
     const KprofRow *lin = prof_row(rows, n, "linear_forward", NULL), *gel = prof_row(rows, n, "gelu_forward", NULL);
     const KprofRow *rln = prof_row(rows, n, "residual_layernorm_forward", NULL);
     const KprofRow *clip = prof_row(rows, n, "clip_grad_norm", NULL);
@@ -1215,6 +1217,9 @@ static void test_profile(void) {
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }
+    gelu_forward(y.d, x.d, 64); /* after the profile: not counted, nothing to report */
+    const KprofRow *none;
+    CHECK(kprof_stop(&none) == 0 && !none, "profile: a stop after the stop reports nothing");
     Buf *all[] = {&a, &w, &b, &out, &x, &y, &r, &o, &mean, &rstd, &lw, &lb, &g};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) buf_free(all[i]);
 }

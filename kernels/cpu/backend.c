@@ -32,6 +32,7 @@ const char *backend_name(void) { return "cpu (OpenBLAS sgemm + OpenMP)"; }
 int backend_threads(void) { return g_threads; }
 
 void *dev_alloc(size_t bytes) {
+    KPROF_OP();
     g_alloc_total += bytes;
     if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD)) return guard_alloc(bytes); /* zero-filled pages */
     /* 64-byte alignment for full-width vector loads */
@@ -51,6 +52,7 @@ void dev_mem_peak_reset(void) {}
 size_t dev_mem_capacity(void) { return 0; }
 
 void dev_free(void *p) {
+    KPROF_OP();
     if (IS_ENABLED(CONFIG_CPU_DEVICE_GUARD))
         guard_free(p);
     else

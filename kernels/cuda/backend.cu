@@ -157,6 +157,7 @@ const char *backend_name(void) {
 int backend_threads(void) { return 1; }
 
 void *dev_alloc(size_t bytes) {
+    KPROF_OP();
     cuda_ready();
     g_alloc_total += bytes;
     void *p = NULL;
@@ -175,6 +176,7 @@ void *dev_alloc(size_t bytes) {
 size_t dev_alloc_total(void) { return g_alloc_total; }
 
 void dev_free(void *p) {
+    KPROF_OP();
     if (!p) return;
     /* the stream may still use it: frees wait for the work queued before them */
     cuda_sync();
