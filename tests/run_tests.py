@@ -546,10 +546,17 @@ def test_cuda(build_root, tmp, sanitize, part):
         f.write(CUDA_NATIVE)
     env = unit_test_env()
     progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint") if gpu else ()
-    for name, frags in configs:
-        cuda_config_tests(build_root, name, frags, [native] if gpu else [], ["BENCH=y"], progs, env)
+    # (name, fragments, extra fragments, make variables, programs to run, tag) of every build
+    builds = [(name, frags, [native] if gpu else [], ["BENCH=y"], progs, "") for name, frags in configs]
+    if gpu:  # test_kernels again in TF32 builds: the tensor-core attention and TF32 matmuls at the TF32 bounds
+        tf32 = os.path.join(build_root, "tests-cuda", "tf32.frag")
+        os.makedirs(os.path.dirname(tf32), exist_ok=True)
+        with open(tf32, "w") as f:
+            f.write("CONFIG_CUDA_TF32=y\n")
+        builds += [(name, frags, [native, tf32], [], ("test_kernels",), "-tf32") for name, frags in TEST_CONFIGS
+                   if name in CUDA_TF32_CONFIGS]
+    cuda_config_tests(build_root, builds, env)
     if gpu:
-        cuda_tf32_kernels(build_root, native, env)
         return
     prog = os.path.join(build_root, "tests-cuda", "qkv", "tests", "test_kernels")
     r = run([prog])
@@ -565,36 +572,42 @@ def test_cuda(build_root, tmp, sanitize, part):
 CUDA_TF32_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
 
 
-def cuda_config_tests(build_root, name, frags, extra, make_vars, progs, env, tag=""):
-    """Configures tests-cuda/<name><tag> (the base, the step fragments, tests/configs/cuda and extra), builds its
-    variant test programs (and make_vars' extras) and runs progs (none without a GPU), each counted."""
+def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):
+    """Configures tests-cuda/<name><tag> (the base, the step fragments, tests/configs/cuda and extra) and builds its
+    variant test programs (and make_vars' extras) with make -j jobs. Returns (build folder, None) or (None, what
+    failed)."""
     bdir = os.path.join(build_root, "tests-cuda", name + tag)
     r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
             [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")] + extra)
-    if not R.check(r.returncode == 0, f"CUDA test configuration {name}{tag}: {r.stderr.strip()}"):
-        return
-    r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"] + make_vars)
-    if not R.check(r.returncode == 0, f"CUDA build of {name}{tag}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
-        return
-    for prog in progs:
-        label = f"cuda{tag}/{name}/{prog}"
-        r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
-        if counts is None:
+    if r.returncode != 0:
+        return None, f"CUDA test configuration {name}{tag}: {r.stderr.strip()}"
+    r = run(["make", f"-j{jobs}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"] + make_vars)
+    if r.returncode != 0:
+        return None, f"CUDA build of {name}{tag}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+    return bdir, None
+
+
+def cuda_config_tests(build_root, builds, env):
+    """Builds every (name, fragments, extra, make variables, programs, tag) of builds, several at once on a machine
+    with many cores (a GPU machine's time is short: 17 configurations one after the other spent minutes in nvcc),
+    then runs each one's programs in turn on the one GPU, each counted."""
+    cores = int(NPROC)
+    workers = max(1, min(len(builds), cores // 2))  # each build's long pole is one nvcc: two cores a build
+    jobs = max(1, cores // workers)
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = list(pool.map(lambda b: cuda_config_build(build_root, b[0], b[1], b[2], b[3], b[5], jobs), builds))
+    for (name, _, _, _, progs, tag), (bdir, failure) in zip(builds, done):
+        if not R.check(failure is None, failure):
             continue
-        print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
-        for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
-            print(f"    {ln}")
-
-
-def cuda_tf32_kernels(build_root, native, env):
-    """test_kernels in a TF32 build: the tensor-core attention kernels (kernels/cuda/attention_kernels.cuh) and
-    TF32 matmuls against the same float64 references and finite differences, at the TF32 bounds of
-    test_kernels.c."""
-    frag = os.path.join(build_root, "tests-cuda", "tf32.frag")
-    with open(frag, "w") as f:
-        f.write("CONFIG_CUDA_TF32=y\n")
-    for name, frags in [c for c in TEST_CONFIGS if c[0] in CUDA_TF32_CONFIGS]:
-        cuda_config_tests(build_root, name, frags, [native, frag], [], ("test_kernels",), env, tag="-tf32")
+        for prog in progs:
+            label = f"cuda{tag}/{name}/{prog}"
+            r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
+            if counts is None:
+                continue
+            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
+            for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
+                print(f"    {ln}")
 
 
 def cuda_kconfig(build_root, gpu):
