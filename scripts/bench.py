@@ -65,6 +65,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import attention_tbl
@@ -142,21 +143,36 @@ def target_fragment(repo, target, precision):
     text = TARGETS[target] + (PRECISIONS[precision] if target != "cpu" else "")
     path = os.path.join(repo, "build", "bench", f"target-{target_name(target, precision)}")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"  # builds run side by side: readers see a whole file
+    with open(tmp, "w") as f:
         f.write(text)
+    os.replace(tmp, path)
     return path
 
 
-def build(variant, fragment, repo=REPO, target="cpu", precision="fp32"):
-    """bench/bench_step of one variant, built in repo (this checkout, or the one --against names)."""
+def build(variant, fragment, repo=REPO, target="cpu", precision="fp32", jobs=None):
+    """bench/bench_step of one variant, built in repo (this checkout, or the one --against names) with make -j jobs
+    (default: one per core)."""
     bdir = os.path.join(repo, "build", "bench", variant if target == "cpu" else
                         f"{target_name(target, precision)}-{variant}")
     base = os.path.join(repo, "tests", "configs", "base")
     subprocess.run([PY, "scripts/kconfig.py", "step", bdir, base, os.path.join("defconfigs", "steps", fragment),
                     target_fragment(repo, target, precision)], cwd=repo, check=True)
-    subprocess.run(["make", f"-j{os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
+    subprocess.run(["make", f"-j{jobs or os.cpu_count() or 2}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}",
                     "BENCH=y"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
     return os.path.join(bdir, "bench", "bench_step")
+
+
+def build_all(jobs_list, target, precision):
+    """build() of every (key, variant, fragment, repo), several side by side on a machine with many cores (two
+    cores a build; a GPU machine's time is short). Returns {key: binary}."""
+    import concurrent.futures
+    cores = os.cpu_count() or 2
+    workers = max(1, min(len(jobs_list), cores // 2))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = {key: pool.submit(build, variant, frag, repo, target, precision, max(1, cores // workers))
+                   for key, variant, frag, repo in jobs_list}
+        return {key: f.result() for key, f in futures.items()}
 
 
 def run_bench(binary, shape, steps, profile=False):
@@ -603,12 +619,14 @@ def main():
     print(f"kvlab bench: shape L={args.shape[0]} H={args.shape[1]} C={args.shape[2]} T={args.shape[3]} "
           f"B={args.shape[4]} vocab={args.shape[5]}, causal; {args.rounds} rounds x {args.steps} steps; "
           f"target {target_name(args.target, args.precision)}; OPENBLAS_CORETYPE={coretype}", flush=True)
-    binaries, others = {}, {}
-    for variant, frag, _ in VARIANTS:
-        print(f"  building {variant}", flush=True)
-        binaries[variant] = build(variant, frag, target=args.target, precision=args.precision)
-        if args.against:
-            others[variant] = build(variant, frag, os.path.abspath(args.against), args.target, args.precision)
+    print(f"  building {', '.join(v for v, _, _ in VARIANTS)}" + (f" (and in {args.against})" if args.against else ""),
+          flush=True)
+    todo = [((REPO, v), v, frag, REPO) for v, frag, _ in VARIANTS]
+    if args.against:
+        todo += [(("against", v), v, frag, os.path.abspath(args.against)) for v, frag, _ in VARIANTS]
+    built = build_all(todo, args.target, args.precision)
+    binaries = {v: built[(REPO, v)] for v, _, _ in VARIANTS}
+    others = {v: built[("against", v)] for v, _, _ in VARIANTS} if args.against else {}
     runs = {v: [] for v, _, _ in VARIANTS}
     against = {v: [] for v, _, _ in VARIANTS}
     modes = ["eager"] + (["compile"] if args.peer_compile else [])
