@@ -225,6 +225,7 @@ static int train(Run *r) {
             break;
         }
         double t0 = wall_seconds();
+        run_step_begin(t);
         double lr = lr_warmup_cosine(t->iter, h->warmup, h->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
         double loss = 0.0;

@@ -189,5 +189,8 @@ typedef struct {
 } KprofRow;
 void kprof_start(void);
 int kprof_stop(const KprofRow **rows);
+/* Between them the profile counts nothing and keeps its totals (a trainer's evaluation between steps). */
+void kprof_pause(void);
+void kprof_resume(void);
 
 #endif

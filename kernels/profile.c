@@ -20,7 +20,7 @@ typedef struct {
     int from, to;
 } Span;
 
-static int g_on, g_depth;
+static int g_active, g_on, g_depth; /* a profile started and not stopped; collecting (not paused) */
 static const char *g_op;      /* the outermost op now running */
 static int g_start, g_last;   /* its start mark, the end mark of its last part */
 static Span *g_spans;
@@ -68,17 +68,27 @@ void kprof_start(void) {
     g_nrows = 0;
     g_nspans = 0;
     kprof_marks_reset();
+    g_active = g_on = 1;
+}
+
+void kprof_pause(void) {
+    if (g_depth || !g_active) FATAL("kprof_pause: %s", g_depth ? "called inside a backend op" : "no profile started");
+    g_on = 0;
+}
+
+void kprof_resume(void) {
+    if (g_depth || !g_active) FATAL("kprof_resume: %s", g_depth ? "called inside a backend op" : "no profile started");
     g_on = 1;
 }
 
 int kprof_stop(const KprofRow **rows) {
     if (g_depth) FATAL("kprof_stop: called inside a backend op");
-    if (!g_on) { /* no profile running: nothing to report */
+    if (!g_active) { /* no profile running: nothing to report */
         *rows = NULL;
         return 0;
     }
     resolve();
-    g_on = 0;
+    g_active = g_on = 0;
     *rows = g_rows;
     return g_nrows;
 }

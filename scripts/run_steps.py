@@ -280,6 +280,8 @@ def distributed_command(cfg, cmd):
         threads = max(1, len(os.sched_getaffinity(0)) // n)
     if threads:
         launch += ["-x", f"OMP_NUM_THREADS={threads}"]
+    if "KVLAB_PROFILE_STEPS" in os.environ:  # the op profile of a run's steps (train/profile.c), on every machine
+        launch += ["-x", "KVLAB_PROFILE_STEPS"]
     return launch + cmd, f"{n} processes{' per machine of ' + hostfile if hostfile else ''}" + \
         (f", {threads} threads each" if threads else "")
 

@@ -390,6 +390,7 @@ static int train(Run *r) {
             continue;
         }
         double t0 = wall_seconds();
+        run_step_begin(t);
         int B, S, T;
         DistRange rows; /* this rank's rows of the global batch */
         if (TRANSLATION) {

@@ -1437,6 +1437,40 @@ def test_step_names_by_hand(ws, tmp):
                 f"--step {step!r} is refused in one line, nothing written: {r.stderr.strip()}")
 
 
+def profile_by_hand(binary, out, step, sets, steps, want_calls):
+    """The trainer run by hand with KVLAB_PROFILE_STEPS=steps: its table after the profiled steps (3 .. steps + 2)
+    and "profile" in its metrics with the calls per step of want_calls ({op: calls}, None: at least one).
+    Returns the profile."""
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", KVLAB_PROFILE_STEPS=str(steps))
+    r = run([binary, "train", "--out", out, "--step", step] + [a for x in sets for a in ("--set", x)], env=env)
+    which = f"steps 3-{steps + 2}" if steps > 1 else "step 3"
+    R.check(r.returncode == 0 and f"profile of {which} (" in r.stdout and "all ops" in r.stdout,
+            f"{os.path.basename(binary)} with KVLAB_PROFILE_STEPS={steps}: the table of {which}: "
+            f"{r.stdout[-1500:]}{r.stderr[-800:]}")
+    path = os.path.join(out, f"training_metrics_step{step}.json")
+    prof = metrics(path).get("profile", {}) if os.path.isfile(path) else {}
+    calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
+    got = {op: calls.get(op) for op in want_calls}
+    R.check(prof.get("steps") == steps and prof.get("first_iteration") == 3 and
+            all(got[op] is not None and (want is None or abs(got[op] - want) < 1e-9) for op, want in want_calls.items()),
+            f"{os.path.basename(binary)}: the metrics' profile of {steps} steps from iteration 3, calls per step "
+            f"{want_calls}: {got}, steps {prof.get('steps')}, first {prof.get('first_iteration')}")
+    return prof
+
+
+def test_profile_by_hand(ws, tmp):
+    section("KVLAB_PROFILE_STEPS: a training run's steps op by op, evaluation between them not counted")
+    # steps 3-11 of a 1-layer GPT-2; the evaluation and checkpoint after step 10 fall inside the window, and would
+    # add 4 batches' forward passes (20 linear_forward calls) if the pause between steps did not keep them out
+    profile_by_hand(ws.binary("V0"), os.path.join(tmp, "profile-gpt2"), "V0", ["GPT2_MAX_ITERS=12"], 9,
+                    {"linear_forward": 5, "linear_backward": 5, "attention_forward": 1, "attention_backward": 1,
+                     "crossentropy_forward": 1, "adamw_update_spans": 1})
+    for bad in ("abc", "-1", "3x", "100001"):
+        r = run_binary(ws.binary("V0"), os.path.join(tmp, "profile-bad"), "V0", env={"KVLAB_PROFILE_STEPS": bad})
+        R.check(r.returncode == 1 and r.stderr.count("\n") == 1 and f"KVLAB_PROFILE_STEPS='{bad}'" in r.stderr and
+                "hint:" in r.stderr, f"KVLAB_PROFILE_STEPS={bad}: one error line: {r.stderr!r}")
+
+
 def test_sample_options(ws):
     section("sample: option values that are not numbers, or not finite, are refused")
     ck = os.path.join(ws.run_dir(), "final_model_stepV0.safetensors")
@@ -2041,6 +2075,10 @@ def test_vit_end_to_end(tmp, sanitize):
     m0 = metrics(os.path.join(out, "training_metrics_stepV0.json"))
     m1 = metrics(os.path.join(out, "training_metrics_stepKV.json"))
     R.check(m0["parameters"] - m1["parameters"] == 16 * 16, "ViT KV has one projection (C^2, no bias) fewer than QKV")
+    # the op profile of a ViT run (KVLAB_PROFILE_STEPS): one attention layer a step
+    profile_by_hand(ws.binary("KV", "tinyvit", "vit"), os.path.join(tmp, "profile-vit"), "KV", ["VIT_EPOCHS=1"], 2,
+                    {"attention_forward": 1, "attention_backward": 1, "adamw_update_spans": 1,
+                     "tokens_embed_forward": 1})
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
             summ["paper"][0]["paper"] == 0.887, "the summary puts the paper's Fashion-MNIST numbers beside ours")
@@ -2099,6 +2137,10 @@ def test_synthetic_end_to_end(tmp, sanitize):
     R.check(tab.get("V0", {}).get("copy", {}).get("paper") == 1.0 and "average" in tab.get("KV", {}),
             f"the summary has the paper's synthetic table beside ours: {list(tab)}")
     R.check("Synthetic tasks" in r.stdout and "(1.000)" in r.stdout, "the synthetic table is printed")
+    # the op profile of a seq2seq run (KVLAB_PROFILE_STEPS), one job
+    profile_by_hand(ws.binary("KV", "tinysynth", "seq2seq"), os.path.join(tmp, "profile-synth"), "KV",
+                    ["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1"], 3,
+                    {"attention_forward": None, "attention_backward": None, "adamw_update_spans": 1})
     # resume after SIGKILL in the second job matches the uninterrupted run
     binary = ws.binary("KV", "tinysynth", "seq2seq")
     a, b = os.path.join(ws.dir, "resume_a"), os.path.join(ws.dir, "resume_b")
@@ -3438,6 +3480,7 @@ def main():
                 guarded(test_export_llmc, ws, tmp)
                 guarded(test_sample_options, ws)
                 guarded(test_step_names_by_hand, ws, tmp)
+                guarded(test_profile_by_hand, ws, tmp)
                 guarded(test_resume, ws)
                 guarded(test_fatal_error_status, ws)
                 guarded(test_rebuild_tracking, ws)

@@ -1170,8 +1170,9 @@ static void test_profile(void) {
     kprof_start();
     gelu_forward(y.d, x.d, 64);
     int n = kprof_stop(&rows);
-    CHECK(n == 1 && !strcmp(rows[0].op, "gelu_forward") && rows[0].calls == 1 && (gpu || !rows[0].part),
-          "profile: one call, one row (%d rows)", n);
+    const KprofRow *one = prof_row(rows, n, "gelu_forward", NULL);
+    CHECK(n == (gpu ? 2 : 1) && one && one->calls == 1, "profile: one call, its row (and its kernel's on a GPU): "
+          "%d rows", n);
     gelu_forward(y.d, x.d, 64); /* between profiles: not counted */
     kprof_start();              /* starts the totals over */
     double t0 = wall_seconds();
@@ -1217,6 +1218,16 @@ static void test_profile(void) {
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }
+    kprof_start(); /* paused: calls not counted, the totals kept */
+    gelu_forward(y.d, x.d, 64);
+    kprof_pause();
+    gelu_forward(y.d, x.d, 64);
+    kprof_resume();
+    gelu_forward(y.d, x.d, 64);
+    n = kprof_stop(&rows);
+    one = prof_row(rows, n, "gelu_forward", NULL);
+    CHECK(one && one->calls == 2, "profile: the call between pause and resume not counted (%ld calls)",
+          one ? one->calls : -1L);
     gelu_forward(y.d, x.d, 64); /* after the profile: not counted, nothing to report */
     const KprofRow *none;
     CHECK(kprof_stop(&none) == 0 && !none, "profile: a stop after the stop reports nothing");

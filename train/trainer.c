@@ -66,6 +66,7 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
     r->best_iter = -1;
     r->last_val = NAN;
     r->last_eval_iter = -1;
+    run_profile_init(r);
 }
 
 void run_free(TrainRun *r) {
@@ -347,6 +348,7 @@ void run_write_metrics(TrainRun *r) {
 }
 
 void run_finish(TrainRun *r, const char *stopped_by) {
+    run_profile_finish(r);
     metrics_set_string(r->metrics, "stopped_by", stopped_by);
     metrics_set_number(r->metrics, "final_val_loss", r->last_val);
     metrics_set_string(r->metrics, "status", "complete");
@@ -505,6 +507,7 @@ double run_step_done(TrainRun *r, double t0, double examples) {
     r->train_seconds += dt;
     r->elapsed += dt;
     r->examples += examples;
+    run_profile_step_done(r, dt);
     return dt;
 }
 

@@ -54,6 +54,10 @@ typedef struct {
     int rank, procs, zero1;
     DistRange zslice;
     GradSync sync; /* the gradient sum over the ranks, in buckets when DIST_BUCKET_KIB says so */
+    /* the op profile of KVLAB_PROFILE_STEPS steps (train/profile.c): steps to profile (0: off), profiled so far,
+     * steps this process has run, the first profiled iteration, whether the profile is on, the steps' seconds */
+    int profile_steps, profile_done, steps_here, profile_first, profiling;
+    double profile_seconds;
 } TrainRun;
 
 /* Frees what the run holds (the metrics document, model_json, vocab_json, the gradient-sum plan); the family
@@ -144,6 +148,7 @@ float run_backward_scale(const TrainRun *r, double scale, double local_counted, 
  *
  * What every family does after computing a step's loss, in this order:
  *
+ *     run_step_begin(t); forward ...
  *     if (run_check_loss(t, loss, "lower the family's learning rate or set its gradient clipping")) return 1;
  *     run_before_backward(t, micro_batch == accum - 1); backward ...   (for each micro-batch)
  *     double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
@@ -177,14 +182,25 @@ void run_before_backward(TrainRun *r, int last);
  * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters). The loss must be
  * normalised by the global count (run_global_loss). */
 double run_optim_step(TrainRun *r, const Optim *o, double lr, int step);
+/* At the start of every optimizer step, before its forward pass. With KVLAB_PROFILE_STEPS=N in the environment
+ * the third step this process runs and the N-1 after it are timed op by op (kernels.h, kprof_start), paused
+ * between steps (evaluation, logging and checkpoints are not counted); after the last of them rank 0 prints
+ * where their time went and the metrics keep it under "profile" (train/profile.c). */
+void run_step_begin(TrainRun *r);
+/* train/profile.c's part of run_init (reads KVLAB_PROFILE_STEPS; a bad value stops the run with one line),
+ * run_step_done and run_finish. */
+void run_profile_init(TrainRun *r);
+void run_profile_step_done(TrainRun *r, double seconds);
+void run_profile_finish(TrainRun *r);
 /* Zeroes the AdamW moments (a family that starts its optimiser afresh, e.g. per seq2seq job). */
 void run_reset_optimizer(TrainRun *r);
 
 /* A non-finite training loss at iteration r->iter + 1: marks the metrics failed, prints one error line with
  * the hint and where the last good state is, and returns 1. Returns 0 for a finite loss. */
 int run_check_loss(TrainRun *r, double loss, const char *hint);
-/* Counts a finished optimiser step that began at wall time t0 and saw the given examples (global); returns its
- * seconds, the slowest rank's, so that every rank keeps the same clock for time budgets. */
+/* Counts a finished optimiser step that began at wall time t0 (when run_step_begin was called) and saw the given
+ * examples (global); returns its seconds, the slowest rank's, so that every rank keeps the same clock for time
+ * budgets. */
 double run_step_done(TrainRun *r, double t0, double examples);
 /* Saves the state when due (a checkpoint line on stdout), then honours a stop request (any rank's): returns
  * run_stop()'s exit status when the run must stop now, 0 to go on. */

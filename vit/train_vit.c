@@ -211,6 +211,7 @@ static int train(Run *r) {
             break;
         }
         double t0 = wall_seconds();
+        run_step_begin(t);
         int epoch = t->iter / r->steps_per_epoch, pos = t->iter % r->steps_per_epoch;
         epoch_order(r, epoch);
         DistRange rows = run_batch_rows(t, h->B); /* this rank's images of the global batch */
