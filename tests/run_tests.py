@@ -2580,7 +2580,7 @@ def test_mpi(tmp, sanitize):
     t0 = time.time()
     gpt2_only = MPI_TINY.split("CONFIG_VIT=y")[0] + "CONFIG_NUM_THREADS=0\nCONFIG_RUN_NAME=\"mpi\"\n"
     ws = Workspace(tmp, "mpi-make", gpt2_only + "CONFIG_DIST_MPI=y\nCONFIG_DIST_PROCS_PER_NODE=2\n", sanitize)
-    r = ws.make(env={"ASAN_OPTIONS": "detect_leaks=0"})
+    r = ws.make(env={"ASAN_OPTIONS": "detect_leaks=0", "KVLAB_PROFILE_STEPS": "2"})
     run_dir = ws.run_dir("mpi")
     log = open(os.path.join(run_dir, "train_stepbase.log")).read() if os.path.exists(
         os.path.join(run_dir, "train_stepbase.log")) else ""
@@ -2588,6 +2588,10 @@ def test_mpi(tmp, sanitize):
     R.check(r.returncode == 0 and m.get("processes") == 2 and "mpirun" in log.splitlines()[0] and
             "--oversubscribe" in log and "OMP_NUM_THREADS=" in log,
             f"make runs the step under mpirun, 2 processes:\n{r.stdout[-1500:]}{r.stderr[-800:]}")
+    R.check("-x KVLAB_PROFILE_STEPS" in log.splitlines()[0] and log.count("profile of steps 3-4 (") == 1 and
+            m.get("profile", {}).get("steps") == 2,
+            f"KVLAB_PROFILE_STEPS under mpirun: passed to the ranks, one table (rank 0's) and the metrics' profile:\n"
+            f"{log[-1500:]}")
     hosts = os.path.join(ws.dir, "hosts")
     with open(hosts, "w") as f:
         f.write("localhost slots=1\nno-such-host.invalid slots=1\n")
