@@ -23,6 +23,7 @@
 #include "gpt2/model.h"
 #include "kernels.h"
 #include "rng.h"
+#include "trainer.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -123,23 +124,18 @@ static void train_step(GPT2 *m, const int *in, const int *tg, int B, int T, int 
 
 enum { PROFILE_STEPS = 3 };
 
-/* Prints the record's "profile": PROFILE_STEPS steps under the backend's profile, per step. */
+/* Prints the record's "profile": PROFILE_STEPS steps under the backend's profile, per step (profile_json). */
 static void print_profile(GPT2 *m, const int *in, const int *tg, int B, int T, int first) {
     const KprofRow *rows;
     kprof_start();
     double t0 = wall_seconds();
     for (int s = 0; s < PROFILE_STEPS; s++) train_step(m, in, tg, B, T, first + s);
     int n = kprof_stop(&rows); /* waits for the device */
-    double step_ms = 1e3 * (wall_seconds() - t0) / PROFILE_STEPS, ops_ms = 0.0;
-    for (int i = 0; i < n; i++) ops_ms += rows[i].part ? 0.0 : rows[i].ms / PROFILE_STEPS;
-    printf(", \"profile\": {\"steps\": %d, \"step_ms\": %.4f, \"ops_ms\": %.4f, \"rows\": [", PROFILE_STEPS, step_ms,
-           ops_ms);
-    for (int i = 0; i < n; i++) {
-        printf("%s{\"op\": \"%s\", ", i ? ", " : "", rows[i].op);
-        if (rows[i].part) printf("\"part\": \"%s\", ", rows[i].part);
-        printf("\"calls\": %.6g, \"ms\": %.5f}", (double)rows[i].calls / PROFILE_STEPS, rows[i].ms / PROFILE_STEPS);
-    }
-    printf("]}");
+    cJSON *o = profile_json(rows, n, PROFILE_STEPS, 1e3 * (wall_seconds() - t0) / PROFILE_STEPS);
+    char *text = cJSON_PrintUnformatted(o);
+    printf(", \"profile\": %s", text);
+    free(text);
+    cJSON_Delete(o);
 }
 
 int main(int argc, char **argv) {

@@ -51,6 +51,30 @@ static int by_ms(const void *a, const void *b) {
     return (x->ms < y->ms) - (x->ms > y->ms);
 }
 
+cJSON *profile_json(const KprofRow *rows, int n, int steps, double step_ms) {
+    cJSON *o = cJSON_CreateObject();
+    double ops_ms = 0.0;
+    for (int i = 0; i < n; i++) ops_ms += rows[i].part ? 0.0 : rows[i].ms / steps;
+    cJSON_AddNumberToObject(o, "steps", steps);
+    cJSON_AddNumberToObject(o, "step_ms", step_ms);
+    cJSON_AddNumberToObject(o, "ops_ms", ops_ms);
+    cJSON *arr = cJSON_AddArrayToObject(o, "rows");
+    for (int i = 0; i < n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "op", rows[i].op);
+        if (rows[i].part) cJSON_AddStringToObject(x, "part", rows[i].part);
+        cJSON_AddNumberToObject(x, "calls", (double)rows[i].calls / steps);
+        cJSON_AddNumberToObject(x, "ms", rows[i].ms / steps);
+        cJSON_AddItemToArray(arr, x);
+    }
+    return o;
+}
+
+/* One line of the table: a row's calls and ms per step and its share of the step. */
+static void print_row(const char *name, double calls, double ms, double step_ms) {
+    printf("  %-44s %10.4g %10.3f %6.1f%%\n", name, calls, ms, step_ms > 0 ? 100.0 * ms / step_ms : 0.0);
+}
+
 /* Ends the profile after the steps it saw: the table on stdout (rank 0) and "profile" in the metrics. */
 static void report(TrainRun *r) {
     const KprofRow *got;
@@ -62,8 +86,10 @@ static void report(TrainRun *r) {
     KprofRow *rows = xmalloc((size_t)(n ? n : 1) * sizeof *rows);
     memcpy(rows, got, (size_t)n * sizeof *rows);
     qsort(rows, (size_t)n, sizeof *rows, by_ms);
-    double step_ms = 1e3 * r->profile_seconds / steps, ops_ms = 0.0;
-    for (int i = 0; i < n; i++) ops_ms += rows[i].part ? 0.0 : rows[i].ms / steps;
+    double step_ms = 1e3 * r->profile_seconds / steps;
+    cJSON *o = profile_json(rows, n, steps, step_ms);
+    cJSON_AddNumberToObject(o, "first_iteration", r->profile_first);
+    cJSON_AddStringToObject(o, "backend", backend_name());
     char which[64];
     if (steps == 1)
         snprintf(which, sizeof which, "step %d (%.2f ms)", r->profile_first, step_ms);
@@ -72,45 +98,24 @@ static void report(TrainRun *r) {
                  step_ms);
     printf("profile of %s, op by op (KVLAB_PROFILE_STEPS=%d):\n", which, r->profile_steps);
     printf("  %-44s %10s %10s %7s\n", "op", "calls/step", "ms/step", "share");
-    int shown = 0, parts = 0;
+    int ops = 0, parts = 0;
     for (int i = 0; i < n; i++) {
-        if (rows[i].part) {
+        if (rows[i].part)
             parts++;
-            continue;
-        }
-        if (shown++ < PROFILE_TOP)
-            printf("  %-44s %10.4g %10.3f %6.1f%%\n", rows[i].op, (double)rows[i].calls / steps, rows[i].ms / steps,
-                   step_ms > 0 ? 100.0 * rows[i].ms / steps / step_ms : 0.0);
+        else if (ops++ < PROFILE_TOP)
+            print_row(rows[i].op, (double)rows[i].calls / steps, rows[i].ms / steps, step_ms);
     }
-    if (shown > PROFILE_TOP) printf("  (%d more ops in the metrics file)\n", shown - PROFILE_TOP);
+    if (ops > PROFILE_TOP) printf("  (%d more ops in the metrics file)\n", ops - PROFILE_TOP);
+    double ops_ms = cJSON_GetObjectItem(o, "ops_ms")->valuedouble;
     printf("  %-44s %10s %10.3f %6.1f%%\n", "all ops (the rest: host work between them)", "", ops_ms,
            step_ms > 0 ? 100.0 * ops_ms / step_ms : 0.0);
-    if (parts) {
-        printf("  kernels and cuBLAS products inside the ops:\n");
-        for (int i = 0, k = 0; i < n && k < PROFILE_TOP; i++) {
-            if (!rows[i].part) continue;
-            char name[160];
-            snprintf(name, sizeof name, "%s / %s", rows[i].op, rows[i].part);
-            printf("  %-44s %10.4g %10.3f %6.1f%%\n", name, (double)rows[i].calls / steps, rows[i].ms / steps,
-                   step_ms > 0 ? 100.0 * rows[i].ms / steps / step_ms : 0.0);
-            k++;
-        }
+    if (parts) printf("  kernels and cuBLAS products inside the ops:\n");
+    for (int i = ops, k = 0; i < n && k < PROFILE_TOP; i++, k++) { /* the parts follow the ops (by_ms) */
+        char name[160];
+        snprintf(name, sizeof name, "%s / %s", rows[i].op, rows[i].part);
+        print_row(name, (double)rows[i].calls / steps, rows[i].ms / steps, step_ms);
     }
     fflush(stdout);
-    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "rows");
-    cJSON_AddNumberToObject(o, "steps", steps);
-    cJSON_AddNumberToObject(o, "first_iteration", r->profile_first);
-    cJSON_AddNumberToObject(o, "step_ms", step_ms);
-    cJSON_AddNumberToObject(o, "ops_ms", ops_ms);
-    cJSON_AddStringToObject(o, "backend", backend_name());
-    for (int i = 0; i < n; i++) {
-        cJSON *x = cJSON_CreateObject();
-        cJSON_AddStringToObject(x, "op", rows[i].op);
-        if (rows[i].part) cJSON_AddStringToObject(x, "part", rows[i].part);
-        cJSON_AddNumberToObject(x, "calls", (double)rows[i].calls / steps);
-        cJSON_AddNumberToObject(x, "ms", rows[i].ms / steps);
-        cJSON_AddItemToArray(arr, x);
-    }
     char *text = cJSON_PrintUnformatted(o);
     metrics_set_json(r->metrics, "profile", text);
     free(text);

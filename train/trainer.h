@@ -13,11 +13,14 @@
 
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
 #include "dist.h"
 #include "grad_sync.h"
+#include "kernels.h"
 #include "metrics.h"
 #include "rng.h"
 
@@ -192,6 +195,10 @@ void run_step_begin(TrainRun *r);
 void run_profile_init(TrainRun *r);
 void run_profile_step_done(TrainRun *r, double seconds);
 void run_profile_finish(TrainRun *r);
+/* A profile's rows (kernels.h, kprof_stop) over steps steps of step_ms each, per step: {"steps", "step_ms",
+ * "ops_ms" (the ops' time in a step), "rows": [{"op", "part" (a GPU's kernels only), "calls", "ms"}]}, as a
+ * run's metrics and bench_step's record hold them. The caller cJSON_Deletes it. */
+cJSON *profile_json(const KprofRow *rows, int n, int steps, double step_ms);
 /* Zeroes the AdamW moments (a family that starts its optimiser afresh, e.g. per seq2seq job). */
 void run_reset_optimizer(TrainRun *r);
 

@@ -414,8 +414,7 @@ static void launch(const char *name, void (*kernel)(KArgs...), unsigned grid, un
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<grid, threads, smem, kv_stream>>>(args...);
-    CUDA_CHECK(cudaGetLastError());
-    kprof_part(name);
+    CUDA_LAUNCHED_AS(name);
 }
 
 /* The tensor-core kernels' NT (head dim padded to 16 NT) for a call, or 0 for the fp32 kernels: a tensor-core

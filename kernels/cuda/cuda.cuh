@@ -16,18 +16,20 @@ extern "C" {
 #include "kernels.h"
 }
 
-/* Every CUDA runtime call goes through CUDA_CHECK; every launch is followed by CUDA_LAUNCHED(name), which also
- * ends the op's part of that name in a profile (kernels.h, kprof_start). */
+/* Every CUDA runtime call goes through CUDA_CHECK; every launch is followed by CUDA_LAUNCHED(name) (or
+ * CUDA_LAUNCHED_AS with the name as a string), which also ends the op's part of that name in a profile
+ * (kernels.h, kprof_start). */
 #define CUDA_CHECK(call)                                                                                    \
     do {                                                                                                    \
         cudaError_t err_ = (call);                                                                          \
         if (err_ != cudaSuccess) cuda_fail(__FILE__, __LINE__, #call, cudaGetErrorString(err_));           \
     } while (0)
-#define CUDA_LAUNCHED(name)                                                                                 \
+#define CUDA_LAUNCHED_AS(name)                                                                              \
     do {                                                                                                    \
         CUDA_CHECK(cudaGetLastError());                                                                     \
-        kprof_part(#name);                                                                                  \
+        kprof_part(name);                                                                                   \
     } while (0)
+#define CUDA_LAUNCHED(name) CUDA_LAUNCHED_AS(#name)
 #define CUBLAS_CHECK(call)                                                                                  \
     do {                                                                                                    \
         cublasStatus_t st_ = (call);                                                                        \
