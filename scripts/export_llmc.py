@@ -28,6 +28,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mechint  # noqa: E402  (gpt2_checkpoint: the checkpoint reader every script shares)
 
+try:
+    import numpy as np
+except ImportError as exc:  # one line, no traceback
+    sys.exit(f"error: export_llmc.py needs numpy: {exc} (hint: the python3-numpy package)")
+
 MAGIC, VERSION = 20240326, 3
 
 
@@ -37,7 +42,6 @@ def fail(msg):
 
 def llmc_tensors(tensors, m, vp):
     """llm.c's 16 tensors in its order, as float32 arrays, from a kvlab GPT-2 model description m."""
-    import numpy as np
     L, C, V = m["n_layer"], m["n_embd"], m["vocab_size"]
 
     def take(name):
@@ -83,10 +87,6 @@ def main():
     ap.add_argument("--padded-vocab", type=int, help="llm.c's padded vocabulary (default: V rounded up to 128)")
     args = ap.parse_args()
     try:
-        import numpy  # noqa: F401
-    except ImportError as exc:
-        fail(f"export_llmc.py needs numpy: {exc} (hint: the python3-numpy package)")
-    try:
         tensors, meta, cfg, m = mechint.gpt2_checkpoint(args.ckpt)
     except (OSError, ValueError) as exc:
         fail(f"{args.ckpt}: {exc} (hint: a final_model_step*.safetensors of a kvlab GPT-2 run)")
@@ -102,7 +102,6 @@ def main():
         parts = llmc_tensors(tensors, m, vp)
     except ValueError as exc:
         fail(f"{args.ckpt}: {exc} (hint: the checkpoint of a QKV step of kvlab's GPT-2)")
-    import numpy as np
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [MAGIC, VERSION, m["block_size"], V, m["n_layer"], m["n_head"], m["n_embd"], vp]
     tmp = args.out + ".tmp"
