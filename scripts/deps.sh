@@ -2,10 +2,9 @@
 # Makes sure the Debian packages kvlab needs are installed. As root (CI, a
 # fresh machine) it installs what is missing; otherwise it stops and prints
 # the exact command to run. Called by make before anything that needs them.
+# scripts/deps.sh --list prints the packages, one per line, and installs
+# nothing (scripts/device_pack.sh reads it).
 set -euo pipefail
-# KVLAB_DEPS=skip: the packages are there but not through dpkg (unpacked .debs on a machine without a package
-# registry, a module system); the build then finds out for itself if one is missing.
-[ "${KVLAB_DEPS:-}" = "skip" ] && exit 0
 
 PACKAGES=(
     python3-kconfiglib      # Kconfig: menuconfig, defconfigs, autoconf.h
@@ -22,6 +21,13 @@ PACKAGES=(
     curl                    # data downloads when no local mirror exists
     ca-certificates
 )
+if [ "${1:-}" = "--list" ]; then
+    printf '%s\n' "${PACKAGES[@]}"
+    exit 0
+fi
+# KVLAB_DEPS=skip: the packages are there but not through dpkg (unpacked .debs on a machine without a package
+# registry, a module system); the build then finds out for itself if one is missing.
+[ "${KVLAB_DEPS:-}" = "skip" ] && exit 0
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -567,6 +567,46 @@ def test_cuda(build_root, tmp, sanitize, part):
           "were not run (the attention kernels and those of ops_kernels.cuh ran under emulation: test_cuda_emu, C unit tests)")
 
 
+def test_device_scripts(tmp):
+    """scripts/device_pack.sh (the Debian packages a GPU machine without a registry needs) and
+    scripts/device_check.sh (the GPU checks in one device call): what can be checked without a GPU."""
+    section("GPU machine scripts: device_pack.sh's package list, device_check.sh's steps and budget")
+    check = os.path.join(REPO, "scripts", "device_check.sh")
+    r = run([check, "--plan", "models", "bench"])
+    R.check(r.returncode == 0 and re.search(r"models .*\n.*bench ", r.stdout) is not None,
+            f"device_check.sh --plan lists the steps in the order given: {r.stdout!r}")
+    for args, what in ((["bogus"], "unknown step 'bogus'"), (["--budget", "ten"], "--budget ten")):
+        r = run([check] + args)
+        R.check(r.returncode == 2 and r.stderr.count("\n") == 1 and what in r.stderr and "hint:" in r.stderr,
+                f"device_check.sh {' '.join(args)}: one line naming it: {r.returncode} {r.stderr!r}")
+    if not gpu_visible():
+        r = run([check, "image"])
+        R.check(r.returncode == 2 and "no GPU visible" in r.stderr and "--allow-no-gpu" in r.stderr,
+                f"device_check.sh without a GPU stops at once: {r.returncode} {r.stderr!r}")
+    out = os.path.join(tmp, "device-out")
+    r = run([check, "--allow-no-gpu", "--budget", "12", "image", "programs"], env=dict(os.environ, OUT=out))
+    summary = open(os.path.join(out, "summary.txt")).read() if os.path.exists(os.path.join(out, "summary.txt")) else ""
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]] for line in summary.splitlines()[2:]}
+    R.check(r.returncode == 1 and rows.get("image", [""])[0] == "ok" and rows.get("programs", [""])[0] == "skipped"
+            and "needs 150" in rows["programs"][2] and os.path.getsize(os.path.join(out, "image.log")) > 0,
+            f"device_check.sh: a step runs and logs to $OUT, one that the budget cannot fit is skipped and fails "
+            f"the run: {r.returncode} {summary!r} {r.stdout[-800:]}")
+    pack = os.path.join(REPO, "scripts", "device_pack.sh")
+    if not shutil.which("apt-cache"):
+        print("  device_pack.sh: skipped, no apt-cache on this machine")
+        return
+    top = run([os.path.join(REPO, "scripts", "deps.sh"), "--list"]).stdout.split()
+    r, r_no = run([pack, "--dry-run"]), run([pack, "--dry-run", "--no-fmnist"])
+    pkgs, pkgs_no = set(r.stdout.split()), set(r_no.stdout.split())
+    wanted = set(top) - {"python3-numpy", "python3-matplotlib", "curl", "ca-certificates"}
+    R.check(r.returncode == 0 and len(top) > 5 and wanted <= pkgs and "libopenblas0-openmp" in pkgs and
+            "libopenmpi3" in pkgs and not pkgs & {"libc6", "python3", "gcc", "perl", "python3-numpy"},
+            f"device_pack.sh --dry-run: deps.sh's packages and the libraries they need, not the toolchain or "
+            f"Python: {r.returncode} missing {sorted(wanted - pkgs)} {r.stderr[-300:]}")
+    R.check(r_no.returncode == 0 and pkgs_no == pkgs - {"dataset-fashion-mnist"} and
+            "dataset-fashion-mnist" in pkgs, "device_pack.sh --no-fmnist leaves out Fashion-MNIST and only it")
+
+
 # the variant configurations whose kernel tests run again with TF32 tensor cores: Q.K^T and K.K^T scores, one
 # projection, grouped K/V heads, +Pos shared and per head
 CUDA_TF32_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
@@ -3524,6 +3564,8 @@ def main():
         for part in ("programs", "models"):
             if want("cuda-" + part):
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
+        if want("device-scripts"):
+            guarded(test_device_scripts, tmp)
         if want("sweep"):
             guarded(test_sweep_logic)
             guarded(test_sweep_end_to_end, tmp, args.sanitize)

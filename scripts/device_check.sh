@@ -1,0 +1,203 @@
+#!/bin/bash
+# The GPU checks of docs/cuda.md in one call on a lent GPU machine that
+# reaches no network (docs/cuda.md, "On a lent GPU machine"):
+#
+#   scripts/device_check.sh [--budget S] [--peer CMD] [--allow-no-gpu] [--plan] [STEP...]
+#
+# STEPs run in the order given (default: image programs bench models):
+#   image      what the machine has: GPU, driver, nvcc, Python, PyTorch, MPI, NCCL, cuDNN
+#   programs   tests/run_tests.py -k cuda-programs: every op and variant on the GPU against float64
+#              references and finite differences, fp32 and TF32 builds
+#   bench      scripts/bench.py: every variant at GPT-2 124M's shape (B 8, T 1024), TF32, one round,
+#              with the kernel-by-kernel profile; tok/s, MFU, GPU memory; PyTorch eager beside it
+#   models     tests/run_tests.py -k cuda-models: precisions, CPU against GPU training of every family,
+#              checkpoints across targets, NCCL
+#   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, 40 steps, TF32, no dropout, twice; writes its
+#              checkpoint in llm.c's format to .device/work/gpt2_124M.bin after the first round, and runs
+#              --peer CMD (say llm.c's train_gpt2fp32cu on that file) after each round, so the two alternate
+#
+# Before the steps it unpacks .device/deps.tar.xz (scripts/device_pack.sh, run beforehand on a machine with
+# apt) over / without replacing any file already there, and finds a Python with numpy for the tests.
+# Each step runs under what is left of --budget (seconds, default 570: one device call is at most 600), is
+# skipped when less is left than it needs to start, and writes its whole output to $OUT/STEP.log (.device/out
+# without $OUT); the last lines of each step, then a table of the steps, come last.
+# --plan prints the steps and their minimum times; --allow-no-gpu runs without a visible GPU (a dry run of
+# this script: the CUDA code is compiled, nothing runs on a GPU). Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=570
+PEER=""
+ALLOW_NO_GPU=0
+PLAN=0
+steps=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --budget) BUDGET="$2"; shift 2 ;;
+        --peer) PEER="$2"; shift 2 ;;
+        --allow-no-gpu) ALLOW_NO_GPU=1; shift ;;
+        --plan) PLAN=1; shift ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -*) echo "error: unknown option $1 (hint: scripts/device_check.sh --help)" >&2; exit 2 ;;
+        *) steps+=("$1"); shift ;;
+    esac
+done
+[ ${#steps[@]} -gt 0 ] || steps=(image programs bench models)
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "error: --budget $BUDGET is not a number of seconds (hint: --budget 570)" >&2; exit 2; }
+
+# seconds a step needs at least to be worth starting
+min_seconds() {
+    case "$1" in
+        image) echo 5 ;; programs) echo 150 ;; bench) echo 120 ;; models) echo 150 ;; gpt2-124m) echo 90 ;;
+        *) echo "" ;;
+    esac
+}
+for s in "${steps[@]}"; do
+    [ -n "$(min_seconds "$s")" ] ||
+        { echo "error: unknown step '$s' (hint: image, programs, bench, models, gpt2-124m)" >&2; exit 2; }
+done
+if [ "$PLAN" = 1 ]; then
+    echo "device_check: budget ${BUDGET} s"
+    for s in "${steps[@]}"; do printf '  %-10s starts with at least %s s left\n' "$s" "$(min_seconds "$s")"; done
+    exit 0
+fi
+
+START=$SECONDS
+OUTDIR="${OUT:-.device/out}"
+export OUTDIR PEER
+mkdir -p "$OUTDIR" .device/work
+if ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
+    if [ "$ALLOW_NO_GPU" = 0 ]; then
+        echo "error: no GPU visible (nvidia-smi -L lists none) (hint: run this on the lent GPU machine, or pass --allow-no-gpu for a dry run)" >&2
+        exit 2
+    fi
+    echo "device_check: no GPU visible; --allow-no-gpu: a dry run"
+fi
+
+# ---- setup: the carried Debian packages, a Python with numpy, no package installs
+if [ -f .device/deps.tar.xz ] && [ "$ALLOW_NO_GPU" = 0 ]; then
+    stamp="/var/tmp/kvlab-deps.$(cksum < .device/deps.tar.xz | cut -d' ' -f1)"
+    if [ ! -e "$stamp" ] && [ -w / ]; then
+        # GNU tar: keep files that exist (the image's libraries win) and directory links (/lib -> usr/lib)
+        if xz -dc .device/deps.tar.xz | tar -C / --skip-old-files --keep-directory-symlink -xf -; then
+            ldconfig
+            touch "$stamp"
+            echo "device_check: unpacked .device/deps.tar.xz ($(wc -l < .device/packages.txt) packages)"
+        else
+            echo "device_check: warning: unpacking .device/deps.tar.xz failed; the build may miss libraries"
+        fi
+    fi
+elif [ ! -f .device/deps.tar.xz ]; then
+    echo "device_check: warning: no .device/deps.tar.xz (hint: scripts/device_pack.sh here first, then carry .device and data)"
+fi
+export KVLAB_DEPS=skip PYTHONUNBUFFERED=1
+# the scripts run /usr/bin/python3; give it kconfiglib (Debian's, unpacked above) and numpy (the image's)
+[ -x /usr/bin/python3 ] || { [ -w /usr/bin ] && ln -s "$(command -v python3)" /usr/bin/python3; }
+pypath=()
+/usr/bin/python3 -c 'import kconfiglib' 2>/dev/null || pypath+=(/usr/lib/python3/dist-packages)
+if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    for py in $(type -ap python3); do
+        site=$("$py" -c 'import numpy, os, sys; print(os.path.dirname(os.path.dirname(numpy.__file__)), "%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue
+        [ "${site#* }" = "$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ] || continue
+        pypath+=("${site% *}")
+        break
+    done
+fi
+if [ ${#pypath[@]} -gt 0 ]; then
+    PYTHONPATH="$(IFS=:; echo "${pypath[*]}")${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH
+fi
+
+# ---- the steps
+step_image() {
+    nvidia-smi
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,clocks.max.sm --format=csv
+    echo "--- nvcc"; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2
+    echo "--- python"; /usr/bin/python3 -c 'import sys, numpy, kconfiglib; print(sys.version.split()[0], "numpy", numpy.__version__)'
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "compile", hasattr(torch, "compile"))' 2>&1 | tail -1
+    echo "--- tools"; for t in cc make mpirun nvidia-smi ncu compute-sanitizer xz; do printf '%-18s %s\n' "$t" "$(command -v $t || echo MISSING)"; done
+    mpirun --version 2>&1 | head -1
+    echo "--- libraries"; ldconfig -p | grep -E 'libnccl\.|libcudnn\.|libcublas\.|libopenblas|libcjson\.|libcurl\.|libmpi\.' | sed 's/ (.*=>/ =>/'
+    echo "--- data"; ls data/tinyshakespeare data/gpt2-bpe /usr/share/datasets/fashion-mnist 2>&1 | tr '\n' ' '; echo
+    local miss=()
+    /usr/bin/python3 -c 'import kconfiglib' 2>/dev/null || miss+=(kconfiglib)
+    /usr/bin/python3 -c 'import numpy' 2>/dev/null || miss+=(numpy)
+    command -v mpirun >/dev/null || miss+=(mpirun)
+    [ -f data/gpt2-bpe/encoder.json ] || miss+=(data)
+    local gpu
+    gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+    echo "image: ${gpu:-no GPU}, $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'no nvcc'), $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo 'no torch')${miss[*]:+; MISSING: ${miss[*]}}"
+    [ ${#miss[@]} -eq 0 ]
+}
+step_programs() { /usr/bin/python3 tests/run_tests.py -k cuda-programs; }
+step_models() { /usr/bin/python3 tests/run_tests.py -k cuda-models; }
+step_bench() {
+    local peer=()
+    # PyTorch eager beside every variant where the image has a CUDA PyTorch (torch.compile takes minutes per
+    # variant: a call of its own, scripts/bench.py --peer-compile)
+    python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && peer=(--peer torch)
+    /usr/bin/python3 scripts/bench.py --only variants --target cuda --precision tf32 --shape 12 12 768 1024 8 50257 \
+        --rounds 1 --profile "${peer[@]}" || return
+    tar -C output/bench -czf "$OUTDIR/bench.tgz" . && echo "device_check: output/bench -> bench.tgz"
+}
+step_gpt2-124m() {
+    local w=.device/work/gpt2-124m round rc=0
+    mkdir -p "$w"
+    /usr/bin/python3 scripts/kconfig.py defconfig defconfigs/gpt2-124m-kv-tying-ablation-cuda "$w/.config" &&
+    /usr/bin/python3 scripts/kconfig.py set "$w/.config" CUDA_NATIVE=y GPT2_MAX_ITERS=40 GPT2_DROPOUT=0 \
+        GPT2_EVAL_INTERVAL=40 GPT2_EVAL_ITERS=2 GPT2_LOG_INTERVAL=10 ABLATION_STEPS=V0 \
+        "OUTPUT_DIR=$PWD/$w/output" || return
+    for round in 1 2; do
+        echo "=== round $round: kvlab"
+        rm -rf "$w/output"
+        make O="$w" || return
+        grep -h 'ms/step' "$w"/output/*/train_stepV0.log | tail -2
+        if [ "$round" = 1 ]; then
+            /usr/bin/python3 scripts/export_llmc.py --ckpt "$(ls "$w"/output/*/final_model_stepV0.safetensors)" \
+                --out .device/work/gpt2_124M.bin || return
+        fi
+        if [ -n "$PEER" ]; then
+            echo "=== round $round: peer: $PEER"
+            bash -c "$PEER" || rc=$?
+        fi
+    done
+    return $rc
+}
+
+results=()
+failed=0
+for s in "${steps[@]}"; do
+    left=$((BUDGET - (SECONDS - START)))
+    need=$(min_seconds "$s")
+    log="$OUTDIR/$s.log"
+    if [ "$left" -lt "$need" ]; then
+        results+=("$s|skipped|0|$left s left, needs $need")
+        failed=1
+        continue
+    fi
+    t0=$SECONDS
+    echo "=== device_check: $s (${left} s left)"
+    # the step in a shell of its own, stopped with everything it started when the budget runs out (timeout
+    # signals its whole process group)
+    timeout --kill-after=10 "$((left - 5))" bash -c "$(declare -f "step_$s"); step_$s" > "$log" 2>&1
+    rc=$?
+    dt=$((SECONDS - t0))
+    tail -n 12 "$log"
+    summary=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+    [ -n "$summary" ] || summary=$(grep -v '^\s*$' "$log" | tail -1 | cut -c1-70)
+    case $rc in
+        0) status=ok ;; 124|137) status="timed out"; failed=1 ;; *) status="FAILED ($rc)"; failed=1 ;;
+    esac
+    results+=("$s|$status|$dt|$summary")
+done
+
+{
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    echo "device_check: ${gpu:-no GPU}, commit $(git rev-parse --short HEAD 2>/dev/null), $((SECONDS - START)) s"
+    printf '%-10s | %-12s | %5s | %s\n' step status s result
+    for r in "${results[@]}"; do
+        IFS='|' read -r a b c d <<< "$r"
+        printf '%-10s | %-12s | %5s | %s\n' "$a" "$b" "$c" "$d"
+    done
+} | tee "$OUTDIR/summary.txt"
+exit $failed
