@@ -24,7 +24,7 @@
 # --plan prints the steps and their minimum times; --allow-no-gpu runs without a visible GPU (a dry run of
 # this script: the CUDA code is compiled, nothing runs on a GPU). Exit status: 0 when every step passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 BUDGET=570
 PEER=""
