@@ -494,9 +494,10 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
         diag_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, kv_stream>>>(*d, dout, c->o_ld, c->o_bstride, c->lse, D,
                                                                          racc);
         CUDA_LAUNCHED(diag);
+        /* the inputs may be for a longer sequence than this call's (bias_table): its offsets are their middle */
         const BiasInputs *in = bias_inputs(pos, d->H, d->Tq, d->causal);
         rel_reduce_kernel<<<cuda_blocks((size_t)d->H * pos->rel_buckets, 128), 128, 0, kv_stream>>>(
-            dpos->drel, racc, in->bucket, d->B, d->H, d->pe_nd, pos->rel_buckets);
+            dpos->drel, racc, in->bucket + (in->T - d->Tq), d->B, d->H, d->pe_nd, pos->rel_buckets);
         CUDA_LAUNCHED(rel_reduce);
     }
 }
