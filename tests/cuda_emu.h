@@ -1,12 +1,15 @@
-/* A CPU emulation of the CUDA built-ins that the attention kernels
- * (kernels/cuda/attention_kernels.cuh) and the emulated ops kernels
- * (kernels/cuda/ops_kernels.cuh) use, so that tests/test_cuda_emu.cpp can
- * run those very kernels where no GPU is: in CI and on every CPU build.
+/* A CPU emulation of the CUDA built-ins that the CUDA backend's kernels use
+ * (kernels/cuda/), so that tests/test_cuda_emu.cpp can run the attention
+ * kernels (attention_kernels.cuh) and the ops kernels of ops_kernels.cuh
+ * where no GPU is, and, with the emulated runtime and cuBLAS
+ * (cuda_emu_runtime.h), the whole backend runs under the GPU's test programs
+ * (make CUDA_EMU=1): in CI and on every CPU build.
  *
- * What it models: a grid runs block after block; a block's threads are
- * fibers (ucontext) on one host thread, switched only at __syncthreads,
- * __syncwarp, the warp shuffles and votes, which are barriers of the block
- * or of the warp, so the result is deterministic. Dynamic shared memory is one
+ * What it models: a grid (up to three dimensions) runs block after block; a
+ * block's threads are fibers on one host thread, switched only at
+ * __syncthreads (and __syncthreads_count), __syncwarp, the warp shuffles and
+ * votes, which are barriers of the block or of the warp, so the result is
+ * deterministic (and an atomic is a plain update). Dynamic shared memory is one
  * buffer, filled with NaN before every block, so a read of shared memory
  * that no thread wrote shows in the results. A WMMA fragment holds its
  * whole tile in every lane (the real layout is unspecified, and kernels may
@@ -45,7 +48,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
@@ -62,8 +65,25 @@ namespace emu {
 constexpr size_t SMEM_FLOATS = 64 * 1024; /* 256 KiB: more than any GPU gives one block */
 constexpr size_t STACK_BYTES = 128 * 1024;
 
+/* Switching fibers: on x86-64 (without AddressSanitizer, which must see every stack switch) a switch of the
+ * stack pointer and the callee-saved registers, as a call; elsewhere ucontext, whose switches also save and
+ * restore the signal mask, a system call each (five times slower for the whole emulation). */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define EMU_FAST_SWITCH 1
+/* Saves the caller's registers on its stack and its stack pointer in *save, then continues on the stack to
+ * (a stack this function saved, or a new fiber's, made by start_fiber). */
+__attribute__((naked, noinline)) inline void switch_stack(void ** /* save: rdi */, void * /* to: rsi */) {
+    __asm__ volatile("pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+                     "movq %rsp, (%rdi)\n\tmovq %rsi, %rsp\n\t"
+                     "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\tret");
+}
+#else
+#define EMU_FAST_SWITCH 0
+#endif
+
 struct Fiber {
     ucontext_t ctx;
+    void *sp; /* EMU_FAST_SWITCH: its stack pointer while switched out */
     std::vector<char> stack;
     EmuDim3 tid;
     bool done;
@@ -79,16 +99,24 @@ struct Barrier {
 
 inline std::vector<Fiber> fibers;
 inline ucontext_t sched;
+inline void *sched_sp;
 inline int cur;
-inline EmuDim3 block_idx, block_dim;
+inline EmuDim3 block_idx, block_dim, grid_dim;
 inline Barrier block_bar;
 inline std::vector<Barrier> warp_bar;
 inline std::vector<uint64_t> lanes; /* two shuffle slots per thread */
 inline std::function<void()> body;
 inline bool tf32_exact;
 inline size_t smem_bytes;
+inline int sync_counts[2]; /* __syncthreads_count, by the parity of the barrier's generation */
 
-inline void yield() { swapcontext(&fibers[(size_t)cur].ctx, &sched); }
+inline void yield() {
+#if EMU_FAST_SWITCH
+    switch_stack(&fibers[(size_t)cur].sp, sched_sp);
+#else
+    swapcontext(&fibers[(size_t)cur].ctx, &sched);
+#endif
+}
 
 inline void wait(Barrier &b) {
     unsigned g = b.gen;
@@ -107,6 +135,11 @@ inline void wait(Barrier &b) {
 inline void trampoline() {
     body();
     fibers[(size_t)cur].done = true;
+#if EMU_FAST_SWITCH
+    void *unused;
+    switch_stack(&unused, sched_sp); /* never resumed */
+    __builtin_unreachable();
+#endif
 }
 
 /* A fresh fiber for thread t at the start of body (getcontext returns twice: kept out of launch's frame). */
@@ -115,15 +148,28 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
     f.tid = {t, 0, 0};
     f.done = f.at_block = false;
     f.parity = 0;
+#if EMU_FAST_SWITCH
+    /* the stack as switch_stack leaves one: six registers (zero), then trampoline as the address it returns to,
+     * then a fake return address of trampoline's own, so that it starts with the stack aligned as after a call */
+    uintptr_t top = ((uintptr_t)f.stack.data() + f.stack.size()) & ~(uintptr_t)15;
+    void **sp = (void **)top - 8;
+    for (int i = 0; i < 6; i++) sp[i] = nullptr;
+    sp[6] = (void *)trampoline;
+    sp[7] = nullptr;
+    f.sp = sp;
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack.data();
     f.ctx.uc_stack.ss_size = f.stack.size();
     f.ctx.uc_link = &sched;
     makecontext(&f.ctx, trampoline, 0);
+#endif
 }
 
-/* Runs body as grid x threads CUDA threads, block after block, with smem bytes of dynamic shared memory. */
-inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, const std::function<void()> &fn) {
+/* Runs body as grid x threads CUDA threads, block after block (x fastest, then y, then z), with smem bytes of
+ * dynamic shared memory; each buffer of shared (nshared of them) is filled with NaN before every block. */
+inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *const *shared, int nshared,
+                        const std::function<void()> &fn) {
     if (smem > SMEM_FLOATS * sizeof(float) || threads % 32) {
         fprintf(stderr, "cuda_emu: a launch of %u threads with %zu bytes of shared memory\n", threads, smem);
         exit(2);
@@ -131,11 +177,13 @@ inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, 
     smem_bytes = smem;
     body = fn;
     block_dim = {threads, 1, 1};
+    grid_dim = grid;
     if (fibers.size() != threads) fibers = std::vector<Fiber>(threads);
     lanes.assign(2 * (size_t)threads, 0);
-    for (unsigned b = 0; b < grid; b++) {
-        block_idx = {b, 0, 0};
-        std::fill(shared, shared + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+    for (unsigned long b = 0; b < (unsigned long)grid.x * grid.y * grid.z; b++) {
+        block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
+        for (int i = 0; i < nshared; i++)
+            std::fill(shared[i], shared[i] + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
         block_bar = {(int)threads, 0, 0};
         warp_bar.assign(threads / 32, Barrier{32, 0, 0});
         for (unsigned t = 0; t < threads; t++) start_fiber(fibers[t], t);
@@ -150,12 +198,16 @@ inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, 
                         Fiber &f = fibers[t];
                         if (f.done || (f.at_block && block_bar.gen == f.wait_gen)) continue;
                         cur = (int)t;
+#if EMU_FAST_SWITCH
+                        switch_stack(&sched_sp, f.sp);
+#else
                         swapcontext(&sched, &f.ctx);
+#endif
                         ran = true;
                     }
                     if (!ran) break;
                     if (rounds > 100000000L) {
-                        fprintf(stderr, "cuda_emu: warp %u of block %u never reaches __syncthreads (a barrier only "
+                        fprintf(stderr, "cuda_emu: warp %u of block %lu never reaches __syncthreads (a barrier only "
                                 "some of its lanes call?)\n", w, b);
                         exit(2);
                     }
@@ -163,10 +215,15 @@ inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, 
             for (unsigned t = 0; t < threads; t++) busy = busy || !fibers[t].done;
         }
         if (block_bar.arrived) {
-            fprintf(stderr, "cuda_emu: block %u ended with threads waiting at __syncthreads\n", b);
+            fprintf(stderr, "cuda_emu: block %lu ended with threads waiting at __syncthreads\n", b);
             exit(2);
         }
     }
+}
+
+/* A one-dimensional grid with one shared-memory buffer. */
+inline void launch(unsigned grid, unsigned threads, size_t smem, float *shared, const std::function<void()> &fn) {
+    launch_grid({grid, 1, 1}, threads, smem, &shared, 1, fn);
 }
 
 template <typename T> inline T shfl(T v, int src) {
@@ -198,8 +255,29 @@ inline unsigned ballot(bool pred) {
 #define threadIdx (emu::fibers[(size_t)emu::cur].tid)
 #define blockIdx (emu::block_idx)
 #define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::wait(emu::block_bar); }
+/* The number of the block's threads whose pred is nonzero, to every thread: a barrier. The first thread to
+ * arrive starts the count of this barrier's generation; the other generation's count may still be read. */
+inline int __syncthreads_count(int pred) {
+    int slot = (int)(emu::block_bar.gen & 1u);
+    if (emu::block_bar.arrived == 0) emu::sync_counts[slot] = 0;
+    emu::sync_counts[slot] += pred != 0;
+    emu::wait(emu::block_bar);
+    return emu::sync_counts[slot];
+}
+/* Atomics: the threads are fibers of one host thread, switched only at barriers, so a plain update is atomic. */
+template <typename T> inline T atomicAdd(T *p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+inline int atomicMin(int *p, int v) {
+    int old = *p;
+    *p = std::min(old, v);
+    return old;
+}
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
     (void)mask;
     emu::wait(emu::warp_bar[(size_t)(emu::cur / 32)]);

@@ -513,6 +513,7 @@ def gpu_visible():
 
 
 CUDA_NATIVE = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"  # the GPU runs: code for the GPU that is there
+CUDA_EMU_TARGET = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n"  # the emulation (make CUDA_EMU=1) describes an H100
 
 
 def test_cuda(build_root, tmp, sanitize, part):
@@ -565,6 +566,38 @@ def test_cuda(build_root, tmp, sanitize, part):
             f"{r.returncode} {r.stderr!r}")
     print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
           "were not run (the attention kernels and those of ops_kernels.cuh ran under emulation: test_cuda_emu, C unit tests)")
+
+
+def test_emulated_gpu(build_root, tmp, sanitize):
+    """The whole CUDA backend, host code and kernels, built for the CPU against the emulated CUDA runtime, cuBLAS
+    and built-ins (make CUDA_EMU=1: tests/cuda_emu_src.py, tests/cuda_emu_runtime.h, tests/cuda_emu.h) and run by
+    the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
+    test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
+    rounded to TF32) and with bf16 matmuls (rounded to bf16). test_mechint is left to a GPU (hours here). Under
+    --sanitize one configuration's test_kernels, so that AddressSanitizer watches the backend's host code and
+    every kernel's reads and writes of device buffers."""
+    section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
+    configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
+    frag_dir = os.path.join(build_root, "tests-cuda")
+    os.makedirs(frag_dir, exist_ok=True)
+    frags = {}
+    for tag, text in (("-emu-tf32", "CONFIG_CUDA_TF32=y\n"), ("-emu-bf16", "CONFIG_CUDA_BF16_MATMUL=y\n")):
+        frags[tag] = os.path.join(frag_dir, tag[1:] + ".frag")
+        with open(frags[tag], "w") as f:
+            f.write(text)
+    emu = ["CUDA_EMU=1"] + (["SANITIZE=1"] if sanitize else [])
+    if sanitize:
+        builds = [("kv_tying_gqa_pos", dict(configs)["kv_tying_gqa_pos"], [], emu, ("test_kernels",), "-emu-san")]
+    else:
+        progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq")
+        builds = [(name, fr, [], emu, progs, "-emu") for name, fr in configs]
+        builds += [(name, fr, [frags["-emu-tf32"]], emu, ("test_kernels",), "-emu-tf32") for name, fr in configs
+                   if name in CUDA_TF32_CONFIGS]
+        builds += [(name, fr, [frags["-emu-bf16"]], emu, ("test_kernels",), "-emu-bf16") for name, fr in configs
+                   if name in ("qkv", "kv_tying_gqa_pos")]
+    cuda_config_tests(build_root, builds, unit_test_env())
+    if not sanitize:
+        cuda_against_cpu(tmp, emulated=True)
 
 
 def test_device_scripts(tmp):
@@ -829,10 +862,14 @@ def cuda_nccl(tmp, gpu):
                 f"{r.returncode} {r.stderr[-800:]}")
 
 
-def cuda_against_cpu(tmp):
+def cuda_against_cpu(tmp, emulated=False):
     """The same tiny runs on both targets from the same seed: train losses agree to float32 rounding grown over
-    the steps; a checkpoint written on the GPU samples the same text on both; cached = uncached on the GPU."""
-    section("CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints across targets, TF32 and bf16 matmuls")
+    the steps; a checkpoint written on the GPU samples the same text on both; cached = uncached on the GPU.
+    emulated: the CUDA builds are the CPU emulation of the backend (make CUDA_EMU=1), for an H100; the 500-step
+    precision comparison is left to a GPU (an hour here)."""
+    target, emu = (CUDA_EMU_TARGET, ("CUDA_EMU=1",)) if emulated else (CUDA_NATIVE, ())
+    section(("Emulated " if emulated else "") + "CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints "
+            "across targets, TF32 and bf16 matmuls")
     tol = 2e-3
     cpu_losses = {}
     for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("vit", TINY_VIT, "tinyvit", "vit"),
@@ -841,8 +878,8 @@ def cuda_against_cpu(tmp):
             print("  vit: skipped, Fashion-MNIST is not on this machine (Debian's dataset-fashion-mnist)")
             continue
         wc = Workspace(tmp, f"cmp-cpu-{label}", text, False)
-        wg = Workspace(tmp, f"cmp-gpu-{label}", text + CUDA_NATIVE, False)
-        rc, rg = wc.make(), wg.make()
+        wg = Workspace(tmp, f"cmp-gpu{'-emu' if emulated else ''}-{label}", text + target, False)
+        rc, rg = wc.make(), wg.make(*emu)
         if not R.check(rc.returncode == 0 and rg.returncode == 0, f"{label} on both targets:\n"
                        f"{rc.stdout[-1500:]}{rc.stderr[-1500:]}\n{rg.stdout[-1500:]}{rg.stderr[-1500:]}"):
             continue
@@ -896,8 +933,9 @@ def cuda_against_cpu(tmp):
     # tensor-core matmuls: every matmul input rounded to TF32 (10 mantissa bits) or bf16 (7), so the curves part
     # from the CPU's by more than float32 rounding; the stated tolerances for 30 steps of the tiny GPT-2
     for sym, name, tag, ptol in (("CUDA_TF32", "TF32", "tf32", 2e-2), ("CUDA_BF16_MATMUL", "bf16", "bf16", 5e-2)):
-        wt = Workspace(tmp, f"cmp-gpu-{tag}-gpt2", TINY + CUDA_NATIVE + f"CONFIG_{sym}=y\n", False)
-        rt = wt.make()
+        wt = Workspace(tmp, f"cmp-gpu{'-emu' if emulated else ''}-{tag}-gpt2", TINY + target + f"CONFIG_{sym}=y\n",
+                       False)
+        rt = wt.make(*emu)
         if not R.check(rt.returncode == 0, f"gpt2 with {name} matmuls on the GPU:\n{rt.stdout[-1500:]}"
                        f"{rt.stderr[-1500:]}"):
             continue
@@ -910,7 +948,8 @@ def cuda_against_cpu(tmp):
                     f"{len(lt)} steps (worst {worst:.2e}; backend {mt.get('backend')})")
             print(f"  gpt2 {step}, {name} matmuls: worst relative difference from the CPU {worst:.2e} "
                   f"(tolerance {ptol:g})")
-    precision_long_run(tmp, CUDA_NATIVE)
+    if not emulated:
+        precision_long_run(tmp, CUDA_NATIVE)
 
 
 # bf16 against fp32 over 500 steps (issue 17): the same config, seed and data on the GPU with float32 and with
@@ -3564,6 +3603,8 @@ def main():
         for part in ("programs", "models"):
             if want("cuda-" + part):
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
+        if want("emulated-gpu"):
+            guarded(test_emulated_gpu, build_root, tmp, args.sanitize)
         if want("device-scripts"):
             guarded(test_device_scripts, tmp)
         if want("sweep"):

@@ -14,9 +14,14 @@
  * over head dims 16 to 128 (padded tiles), causal and bidirectional masks,
  * key padding with fully masked rows, dropout, grouped K/V heads, cross
  * attention (Tq != Tk), +Pos (shared and per head) and the relative
- * position bias table. One configuration builds and runs it (tests/Makefile):
- * what it runs does not depend on the configuration. */
-#include "cuda_emu.h"
+ * position bias table. Then the emulated runtime and cuBLAS on which the whole
+ * CUDA backend runs under make CUDA_EMU=1 (tests/cuda_emu_runtime.h): the
+ * launches a GPU refuses, two-dimensional grids, __syncthreads_count and
+ * atomics, cudaMalloc's unwritten memory, and the products (every transpose,
+ * beta 0 over NaN, TF32 and bf16 rounding of the inputs) against float64.
+ * One configuration builds and runs it (tests/Makefile): what it runs does
+ * not depend on the configuration. */
+#include "cuda_emu_runtime.h"
 
 extern "C" {
 #include "adamw.h"
@@ -33,8 +38,7 @@ extern "C" {
 #include "../kernels/cuda/attention_kernels.cuh"
 #include "../kernels/cuda/ops_kernels.cuh"
 
-alignas(128) float tsm[emu::SMEM_FLOATS]; /* the kernels' dynamic shared memory */
-alignas(128) float sm[emu::SMEM_FLOATS];
+extern float sm[], tsm[]; /* the kernels' dynamic shared memory (tests/cuda_emu_runtime.cpp) */
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float urand(void) { /* uniform in [-1, 1) */
@@ -350,6 +354,126 @@ static void check_layernorm(int N, int C, bool bias) {
           "residual form %s", N, C, bias ? ", bias" : "", e, same ? "gives the same bits" : "DIFFERS");
 }
 
+
+/* ---- the emulated runtime (tests/cuda_emu_runtime.h) */
+
+__global__ void count_kernel(int *hits, int *total, int gx) {
+    int pred = threadIdx.x % 3 == 0;
+    int n = __syncthreads_count(pred); /* twice in a row: the two generations' counts must not mix */
+    int m = __syncthreads_count(!pred);
+    if (threadIdx.x == 0) hits[blockIdx.y * gx + blockIdx.x] += 1;
+    atomicAdd(total, n + 1000 * m);
+}
+
+static void check_launches(void) {
+    const unsigned gx = 3, gy = 4, threads = 96; /* 32 of 96 have pred */
+    int hits[12] = {0}, total = 0;
+    emu::kernel_launch([&] { count_kernel(hits, &total, (int)gx); }, (const void *)count_kernel, dim3(gx, gy), threads);
+    CHECK(cudaGetLastError() == cudaSuccess, "a 3x4 grid launches");
+    bool once = true;
+    for (int h : hits) once = once && h == 1;
+    CHECK(once, "a two-dimensional grid runs each block once");
+    CHECK(total == 12 * 96 * (32 + 1000 * 64), "__syncthreads_count and atomicAdd: %d", total);
+    struct Bad {
+        dim3 grid;
+        unsigned threads;
+        size_t smem;
+        cudaError_t err;
+    } bad[] = {{dim3(0), 32, 0, cudaErrorInvalidConfiguration},        {dim3(1), 0, 0, cudaErrorInvalidConfiguration},
+               {dim3(1), 1056, 0, cudaErrorInvalidConfiguration},      {dim3(1, 65536), 32, 0, cudaErrorInvalidConfiguration},
+               {dim3(1), 32, 48 * 1024 + 4, cudaErrorInvalidValue}};
+    for (const Bad &b : bad) {
+        int ran = 0;
+        emu::kernel_launch([&] { ran = 1; }, (const void *)count_kernel, b.grid, b.threads, b.smem);
+        cudaError_t err = cudaGetLastError();
+        CHECK(err == b.err && !ran && cudaGetLastError() == cudaSuccess,
+              "a launch of %ux%u blocks of %u threads with %zu bytes of shared memory is refused as a GPU does (%s), "
+              "once", b.grid.x, b.grid.y, b.threads, b.smem, cudaGetErrorString(err));
+    }
+    CHECK(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
+              cudaErrorInvalidValue && cudaGetLastError() == cudaErrorInvalidValue,
+          "more shared memory than an H100's 227 KiB is refused");
+    CHECK(cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess,
+          "100 KiB of shared memory asked for");
+    int ran = 0;
+    emu::kernel_launch([&] { ran++; }, (const void *)count_kernel, dim3(2), 64, 100 * 1024);
+    CHECK(cudaGetLastError() == cudaSuccess && ran == 128, "then a launch with 100 KiB runs (%d threads)", ran);
+    emu::kernel_launch([&] { ran++; }, (const void *)check_launches, dim3(1), 32, 100 * 1024);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "but only for that kernel");
+    float *p = nullptr;
+    size_t free0, free1, total_b;
+    cudaMemGetInfo(&free0, &total_b);
+    CHECK(cudaMalloc((void **)&p, 1000 * sizeof(float)) == cudaSuccess && std::isnan(p[0]) && std::isnan(p[999]),
+          "cudaMalloc's memory is NaN until written");
+    cudaMemGetInfo(&free1, &total_b);
+    CHECK(free0 - free1 == 4000 && cudaFree(p) == cudaSuccess && cudaFree(p) == cudaErrorInvalidValue,
+          "allocations count in cudaMemGetInfo; a second cudaFree is an error");
+    cudaGetLastError();
+}
+
+static float bits_round(float v, int keep) { /* to nearest, ties to even, keeping keep mantissa bits */
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    uint32_t drop = 23 - keep, half = 1u << (drop - 1);
+    u = (u + half - 1 + ((u >> drop) & 1u)) & ~((1u << drop) - 1);
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static void check_gemm(void) {
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const int m = 13, n = 7, k = 37;
+    for (int mode = 0; mode < 3; mode++) /* fp32, TF32 math mode, bf16 inputs */
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int lda = (ta ? k : m) + 2, ldb = (tb ? n : k) + 1, ldc = m + 3;
+                std::vector<float> A = rand_vec((size_t)lda * (ta ? m : k), 1.0f);
+                std::vector<float> B = rand_vec((size_t)ldb * (tb ? k : n), 1.0f);
+                std::vector<float> C((size_t)ldc * n, std::numeric_limits<float>::quiet_NaN()), C0 = rand_vec(C.size(), 1.0f);
+                float one = 1.0f, zero = 0.0f, half = 0.5f;
+                cublasSetMathMode(h, mode == 1 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
+                auto call = [&](float *Cm, const float *beta) {
+                    if (mode == 2)
+                        return cublasGemmEx(h, (cublasOperation_t)ta, (cublasOperation_t)tb, m, n, k, &one, A.data(),
+                                            CUDA_R_32F, lda, B.data(), CUDA_R_32F, ldb, beta, Cm, CUDA_R_32F, ldc,
+                                            CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+                    return cublasSgemm(h, (cublasOperation_t)ta, (cublasOperation_t)tb, m, n, k, &one, A.data(), lda,
+                                       B.data(), ldb, beta, Cm, ldc);
+                };
+                std::vector<float> C1 = C0;
+                bool ok = call(C.data(), &zero) == CUBLAS_STATUS_SUCCESS && call(C1.data(), &half) == CUBLAS_STATUS_SUCCESS;
+                double err = 0.0, err1 = 0.0, scale = 0.0;
+                int keep = mode == 0 ? 23 : mode == 1 ? 10 : 7;
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double ref = 0.0;
+                        for (int l = 0; l < k; l++)
+                            ref += (double)bits_round(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda], keep) *
+                                   bits_round(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb], keep);
+                        size_t c = i + (size_t)j * ldc;
+                        err = fmax(err, fabs(C[c] - ref));
+                        if (!(fabs(C[c] - ref) <= 1e9)) err = INFINITY; /* NaN */
+                        err1 = fmax(err1, fabs(C1[c] - (ref + 0.5 * C0[c])));
+                        scale = fmax(scale, fabs(ref));
+                    }
+                CHECK(ok && err <= 1e-5 * scale && err1 <= 1e-5 * scale,
+                      "%s product, op(A) %c, op(B) %c: against float64 on %s inputs, error %.3g (beta 0 over NaN), "
+                      "%.3g (beta 0.5)", mode == 2 ? "cublasGemmEx" : "cublasSgemm", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                      mode == 0 ? "fp32" : mode == 1 ? "TF32-rounded" : "bf16-rounded", err, err1);
+            }
+    /* bf16 rounding at a tie and just above it: 1 + 2^-8 rounds to 1 (even), 1 + 3 2^-9 to 1 + 2^-7 */
+    float one = 1.0f, zero = 0.0f, out[2];
+    float a[2] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-9f}, b = 1.0f;
+    for (int i = 0; i < 2; i++)
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, &a[i], CUDA_R_32F, 1, &b, CUDA_R_32F, 1, &zero, &out[i],
+                     CUDA_R_32F, 1, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+    CHECK(out[0] == 1.0f && out[1] == 1.0f + 0x1p-7f, "bf16 inputs round to nearest, ties to even: %.9g %.9g",
+          out[0], out[1]);
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &one, a, 2, &b, 1, &zero, out, 4) ==
+              CUBLAS_STATUS_INVALID_VALUE, "a leading dimension shorter than the matrix is refused");
+}
+
 int main(void) {
     const int P = 1;
     const Case cases[] = {
@@ -368,5 +492,7 @@ int main(void) {
     check_adamw_spans();
     check_layernorm(37, 100, true);
     check_layernorm(9, 31, false);
+    check_launches();
+    check_gemm();
     return TEST_SUMMARY("test_cuda_emu");
 }

@@ -541,7 +541,7 @@ __global__ void argmax_kernel(int *correct, const float *logits, const int *targ
     sv[threadIdx.x] = best;
     si[threadIdx.x] = bi;
     __syncthreads();
-    for (int s = THREADS / 2; s > 0; s >>= 1) {
+    for (unsigned s = THREADS / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) {
             float v2 = sv[threadIdx.x + s];
             int i2 = si[threadIdx.x + s];
