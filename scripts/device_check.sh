@@ -66,7 +66,8 @@ START=$SECONDS
 OUTDIR="${OUT:-.device/out}"
 export OUTDIR PEER
 mkdir -p "$OUTDIR" .device/work
-if ! nvidia-smi -L 2>/dev/null | grep -q GPU; then
+gpus=$(nvidia-smi -L 2>/dev/null)
+if [[ "$gpus" != *GPU* ]]; then
     if [ "$ALLOW_NO_GPU" = 0 ]; then
         echo "error: no GPU visible (nvidia-smi -L lists none) (hint: run this on the lent GPU machine, or pass --allow-no-gpu for a dry run)" >&2
         exit 2
@@ -177,10 +178,19 @@ for s in "${steps[@]}"; do
     fi
     t0=$SECONDS
     echo "=== device_check: $s (${left} s left)"
-    # the step in a shell of its own, stopped with everything it started when the budget runs out (timeout
-    # signals its whole process group)
-    timeout --kill-after=10 "$((left - 5))" bash -c "$(declare -f "step_$s"); step_$s" > "$log" 2>&1
+    # the step in a shell of its own, stopped when the budget runs out (timeout signals its process group), and
+    # then whatever it started in sessions of their own (mpirun, the test runner's trainers): every process
+    # that carries this step's mark in its environment
+    mark="$s.$$.$SECONDS"
+    KVLAB_DEVICE_STEP="$mark" timeout --kill-after=10 "$((left > 10 ? left - 5 : 5))" \
+        bash -c "$(declare -f "step_$s"); step_$s" > "$log" 2>&1
     rc=$?
+    for env in /proc/[0-9]*/environ; do
+        if grep -q -z -x -F "KVLAB_DEVICE_STEP=$mark" "$env" 2>/dev/null; then
+            pid=${env#/proc/}
+            kill -9 "${pid%/environ}" 2>/dev/null && echo "device_check: stopped process ${pid%/environ}, left by $s"
+        fi
+    done
     dt=$((SECONDS - t0))
     tail -n 12 "$log"
     summary=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)

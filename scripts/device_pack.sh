@@ -48,8 +48,9 @@ mapfile -t top < <(printf '%s\n' "${top[@]}" | grep -v -E '^(python3-numpy|pytho
 [ "$FMNIST" = 1 ] || mapfile -t top < <(printf '%s\n' "${top[@]}" | grep -v -x dataset-fashion-mnist)
 mapfile -t pkgs < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
     --no-replaces --no-enhances --no-pre-depends "${top[@]}" | grep -v '^[ <]' | sort -u | grep -v -E "$EXCLUDE")
+all=$(printf '%s\n' "${pkgs[@]}")
 for p in "${top[@]}"; do
-    printf '%s\n' "${pkgs[@]}" | grep -q -x -F "$p" ||
+    grep -q -x -F -- "$p" <<< "$all" ||
         { echo "error: package $p of scripts/deps.sh is unknown to apt (hint: apt-get update)" >&2; exit 1; }
 done
 if [ "$DRY" = 1 ]; then
@@ -68,11 +69,30 @@ mkdir -p "$work/root"
 for f in "$work"/*.deb; do dpkg-deb -x "$f" "$work/root"; done
 find "$work/root" -name '*.a' -delete
 rm -rf "$work/root/usr/share/"{doc,man,info,locale,lintian}
+# The links update-alternatives makes when a package is installed (dpkg-deb -x runs no maintainer script):
+# mpirun, mpicc (which the MPI build asks for its flags), libblas.so.3, ... to files the pack holds.
+links=$(for f in "$work"/*.deb; do dpkg-deb -I "$f" postinst 2>/dev/null || true; done | /usr/bin/python3 -c '
+import os, re, sys
+root, made = sys.argv[1], 0
+for cmd in re.findall(r"update-alternatives\s+(.*)", sys.stdin.read().replace("\\\n", " ")):
+    words, i = cmd.split(), 0
+    while i < len(words):
+        n = {"--install": 4, "--slave": 3}.get(words[i], 0)
+        if not n or i + n >= len(words):
+            i += 1
+            continue
+        link, path, i = words[i + 1], words[i + 3], i + n + 1
+        if link.startswith("/") and os.path.lexists(root + path) and not os.path.lexists(root + link):
+            os.makedirs(os.path.dirname(root + link), exist_ok=True)
+            os.symlink(path, root + link)
+            made += 1
+print(made)
+' "$work/root")
 mkdir -p .device
 printf '%s\n' "${pkgs[@]}" > .device/packages.txt
 tar -C "$work/root" -cf - . | xz -T0 -6 > .device/deps.tar.xz.part
 mv .device/deps.tar.xz.part .device/deps.tar.xz
-echo "device_pack: .device/deps.tar.xz $(du -h .device/deps.tar.xz | cut -f1) (${#pkgs[@]} packages, .device/packages.txt)"
+echo "device_pack: .device/deps.tar.xz $(du -h .device/deps.tar.xz | cut -f1) (${#pkgs[@]} packages, .device/packages.txt; $links links of update-alternatives)"
 
 scripts/get_data.sh tinyshakespeare gpt2-bpe mnist-test multi30k
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)

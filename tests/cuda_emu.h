@@ -32,7 +32,9 @@
 #ifndef KVLAB_CUDA_EMU_H
 #define KVLAB_CUDA_EMU_H
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -84,7 +86,7 @@ __attribute__((naked, noinline)) inline void switch_stack(void ** /* save: rdi *
 struct Fiber {
     ucontext_t ctx;
     void *sp; /* EMU_FAST_SWITCH: its stack pointer while switched out */
-    std::vector<char> stack;
+    char *stack; /* STACK_BYTES, above a page the thread cannot touch (stack_of) */
     EmuDim3 tid;
     bool done;
     bool at_block;  /* waiting at __syncthreads, generation wait_gen */
@@ -109,6 +111,18 @@ inline std::function<void()> body;
 inline bool tf32_exact;
 inline size_t smem_bytes;
 inline int sync_counts[2]; /* __syncthreads_count, by the parity of the barrier's generation */
+/* The static __shared__ arrays of the kernels (tests/cuda_emu_src.py registers each once): NaN before every
+ * block, as the dynamic shared memory is, so a read of an element no thread of the block wrote shows. */
+struct SharedArray {
+    void *p;
+    size_t bytes;
+};
+inline std::vector<SharedArray> shared_arrays;
+inline bool shared_array(void *p, size_t bytes) {
+    shared_arrays.push_back({p, bytes});
+    memset(p, 0xff, bytes); /* its first block is under way: no thread has written it yet */
+    return true;
+}
 
 inline void yield() {
 #if EMU_FAST_SWITCH
@@ -142,16 +156,33 @@ inline void trampoline() {
 #endif
 }
 
+/* Thread t's stack, made on first use and kept: STACK_BYTES above a guard page, so that an overflow stops the
+ * program (SIGSEGV) instead of writing over another thread's stack or the heap. */
+inline char *stack_of(unsigned t) {
+    static std::vector<char *> stacks;
+    if (stacks.size() <= t) stacks.resize(t + 1, nullptr);
+    if (!stacks[t]) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        void *m = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED || mprotect(m, page, PROT_NONE)) {
+            fprintf(stderr, "cuda_emu: no memory for thread %u's stack\n", t);
+            exit(2);
+        }
+        stacks[t] = (char *)m + page;
+    }
+    return stacks[t];
+}
+
 /* A fresh fiber for thread t at the start of body (getcontext returns twice: kept out of launch's frame). */
 __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
-    f.stack.resize(STACK_BYTES);
+    f.stack = stack_of(t);
     f.tid = {t, 0, 0};
     f.done = f.at_block = false;
     f.parity = 0;
 #if EMU_FAST_SWITCH
     /* the stack as switch_stack leaves one: six registers (zero), then trampoline as the address it returns to,
      * then a fake return address of trampoline's own, so that it starts with the stack aligned as after a call */
-    uintptr_t top = ((uintptr_t)f.stack.data() + f.stack.size()) & ~(uintptr_t)15;
+    uintptr_t top = ((uintptr_t)f.stack + STACK_BYTES) & ~(uintptr_t)15;
     void **sp = (void **)top - 8;
     for (int i = 0; i < 6; i++) sp[i] = nullptr;
     sp[6] = (void *)trampoline;
@@ -159,8 +190,8 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
     f.sp = sp;
 #else
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.data();
-    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = STACK_BYTES;
     f.ctx.uc_link = &sched;
     makecontext(&f.ctx, trampoline, 0);
 #endif
@@ -184,6 +215,7 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
         block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
         for (int i = 0; i < nshared; i++)
             std::fill(shared[i], shared[i] + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+        for (const SharedArray &a : shared_arrays) memset(a.p, 0xff, a.bytes); /* NaN floats, -1 ints */
         block_bar = {(int)threads, 0, 0};
         warp_bar.assign(threads / 32, Barrier{32, 0, 0});
         for (unsigned t = 0; t < threads; t++) start_fiber(fibers[t], t);

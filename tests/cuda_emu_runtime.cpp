@@ -137,8 +137,9 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     if (bytes > MEM_TOTAL - g_allocated) return fail(cudaErrorMemoryAllocation);
-    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (!*p) return fail(cudaErrorMemoryAllocation);
+    /* 256-byte aligned as cudaMalloc's, and exactly bytes long, so that AddressSanitizer sees the first byte
+     * past the end */
+    if (posix_memalign(p, 256, bytes)) return fail(cudaErrorMemoryAllocation);
     memset(*p, 0xff, bytes); /* cudaMalloc's memory is not zeroed: NaN until written */
     g_allocs[*p] = bytes;
     g_allocated += bytes;
@@ -242,7 +243,15 @@ void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 gri
                 "warps)\n", block.x, block.y, block.z);
         exit(2);
     }
+    /* a launch with dynamic shared memory gets it NaN before every block; one without may not read it: NaN
+     * too (filled again only after a launch that had some) */
+    static bool smem_written = true;
     float *shared[2] = {sm, tsm};
+    if (!smem && smem_written) {
+        std::fill(sm, sm + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+        std::fill(tsm, tsm + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+    }
+    smem_written = smem != 0;
     launch_grid({grid.x, grid.y, grid.z}, block.x, smem, shared, smem ? 2 : 0, fn);
 }
 

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <type_traits>
 
 #include "cuda_emu.h"
 
@@ -91,6 +92,20 @@ cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value
  * after the checks a GPU makes (above); a refused launch runs nothing and sets the last error. */
 void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 grid, dim3 block, size_t smem = 0,
                    cudaStream_t stream = nullptr);
+/* kernel<<<grid, block, smem, stream>>>(args...) as tests/cuda_emu_src.py writes it:
+ * emu::launch_config(grid, block, smem, stream).run(kernel, args...), the arguments evaluated once and passed
+ * by value, as a launch does. */
+struct launch_config {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    launch_config(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr) : grid(g), block(b), smem(s), stream(st) {}
+    /* the parameter types come from the kernel alone, so each argument converts to its parameter's type at the
+     * launch (NULL to a pointer) as in CUDA */
+    template <typename... P> void run(void (*kernel)(P...), std::type_identity_t<P>... args) const {
+        kernel_launch([&] { kernel(args...); }, (const void *)kernel, grid, block, smem, stream);
+    }
+};
 } /* namespace emu */
 
 template <typename F> cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute attr, int value) {

@@ -411,11 +411,14 @@ static void check_launches(void) {
     cudaGetLastError();
 }
 
-static float bits_round(float v, int keep) { /* to nearest, ties to even, keeping keep mantissa bits */
+/* v to keep mantissa bits, to nearest: ties to even (bf16), or away from zero (TF32, as the hardware's
+ * cvt.rna.tf32.f32 and tests/cuda_emu.h's __float_to_tf32) */
+static float bits_round(float v, int keep, bool ties_even) {
+    if (keep >= 23) return v;
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     uint32_t drop = 23 - keep, half = 1u << (drop - 1);
-    u = (u + half - 1 + ((u >> drop) & 1u)) & ~((1u << drop) - 1);
+    u = (u + (ties_even ? half - 1 + ((u >> drop) & 1u) : half)) & ~((1u << drop) - 1);
     memcpy(&v, &u, sizeof v);
     return v;
 }
@@ -449,8 +452,9 @@ static void check_gemm(void) {
                     for (int j = 0; j < n; j++) {
                         double ref = 0.0;
                         for (int l = 0; l < k; l++)
-                            ref += (double)bits_round(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda], keep) *
-                                   bits_round(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb], keep);
+                            ref += (double)bits_round(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda], keep,
+                                                      mode != 1) *
+                                   bits_round(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb], keep, mode != 1);
                         size_t c = i + (size_t)j * ldc;
                         err = fmax(err, fabs(C[c] - ref));
                         if (!(fabs(C[c] - ref) <= 1e9)) err = INFINITY; /* NaN */
