@@ -270,6 +270,11 @@ cublasStatus_t cublasCreate(cublasHandle_t *h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t stream) {
     h->stream = stream;
     return CUBLAS_STATUS_SUCCESS;

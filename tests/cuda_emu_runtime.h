@@ -132,6 +132,7 @@ typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 const char *cublasGetStatusString(cublasStatus_t st);
 cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t stream);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

@@ -476,6 +476,7 @@ static void check_gemm(void) {
           out[0], out[1]);
     CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &one, a, 2, &b, 1, &zero, out, 4) ==
               CUBLAS_STATUS_INVALID_VALUE, "a leading dimension shorter than the matrix is refused");
+    cublasDestroy(h);
 }
 
 int main(void) {
