@@ -1,8 +1,9 @@
 /* The CUDA runtime and cuBLAS, as much of them as the CUDA backend
  * (kernels/cuda/) calls, on the CPU: with it and tests/cuda_emu.h the whole
  * backend, host code and kernels, builds for the CPU (make CUDA_EMU=1 on a
- * CUDA configuration; tests/cuda_emu_src.py turns each launch into a call of
- * emu::kernel_launch) and the test programs run on it where no GPU is.
+ * CUDA configuration; tests/cuda_emu_src.py turns each launch into
+ * emu::launch_config(grid, block, smem, stream).run(kernel, args...)) and the
+ * test programs run on it where no GPU is.
  *
  * Device memory is host memory; every call runs at once, in order, so the
  * stream is always idle and an event's time is the host's clock when it was

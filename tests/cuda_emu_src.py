@@ -90,7 +90,7 @@ def rewrite(path, text):
     def shared(m):  # __shared__ T name[N]; -> static T name[N]; registered once
         return (f"static {m.group(1)}{m.group(2)}{m.group(3)}; [[maybe_unused]] static const bool "
                 f"{m.group(2)}_emu_ = emu::shared_array({m.group(2)}, sizeof {m.group(2)});")
-    text, n = re.subn(r"(?<!extern )\b__shared__\s+([^;\[\]]*?)\b(\w+)\s*(\[[^;]*\])\s*;", shared, text)
+    text = re.sub(r"(?<!extern )\b__shared__\s+([^;\[\]]*?)\b(\w+)\s*(\[[^;]*\])\s*;", shared, text)
     left = re.search(r"(?<!extern )\b__shared__\b", text)
     if left:
         fail(path, text, left.start(), "a static __shared__ declaration other than 'TYPE NAME[N];'")

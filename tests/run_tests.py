@@ -516,6 +516,14 @@ CUDA_NATIVE = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"  # the GPU runs: co
 CUDA_EMU_TARGET = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n"  # the emulation (make CUDA_EMU=1) describes an H100
 
 
+def write_fragment(path, text):
+    """A configuration fragment (or any small file) at path, its folder made; returns path."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def test_cuda(build_root, tmp, sanitize, part):
     """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; where a GPU is visible, part "programs"
     runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32) and part
@@ -542,18 +550,13 @@ def test_cuda(build_root, tmp, sanitize, part):
     if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
         configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
     # with a GPU, build for it (tests/configs/cuda names one generation, for the compile-only runs)
-    native = os.path.join(tmp, "cuda-native")
-    with open(native, "w") as f:
-        f.write(CUDA_NATIVE)
+    native = write_fragment(os.path.join(tmp, "cuda-native"), CUDA_NATIVE)
     env = unit_test_env()
     progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint") if gpu else ()
     # (name, fragments, extra fragments, make variables, programs to run, tag) of every build
     builds = [(name, frags, [native] if gpu else [], ["BENCH=y"], progs, "") for name, frags in configs]
     if gpu:  # test_kernels again in TF32 builds: the tensor-core attention and TF32 matmuls at the TF32 bounds
-        tf32 = os.path.join(build_root, "tests-cuda", "tf32.frag")
-        os.makedirs(os.path.dirname(tf32), exist_ok=True)
-        with open(tf32, "w") as f:
-            f.write("CONFIG_CUDA_TF32=y\n")
+        tf32 = write_fragment(os.path.join(build_root, "tests-cuda", "tf32.frag"), "CONFIG_CUDA_TF32=y\n")
         builds += [(name, frags, [native, tf32], [], ("test_kernels",), "-tf32") for name, frags in TEST_CONFIGS
                    if name in CUDA_TF32_CONFIGS]
     cuda_config_tests(build_root, builds, env)
@@ -565,7 +568,7 @@ def test_cuda(build_root, tmp, sanitize, part):
             "hint:" in r.stderr, f"a CUDA binary on a machine without a GPU stops with one line and a hint: "
             f"{r.returncode} {r.stderr!r}")
     print("  no GPU visible (nvidia-smi -L): the CUDA backend was compiled (qkv, kv_tying_gqa_pos), its tests "
-          "were not run (the attention kernels and those of ops_kernels.cuh ran under emulation: test_cuda_emu, C unit tests)")
+          "were not run on a GPU (the whole backend runs under emulation: section emulated-gpu, and test_cuda_emu)")
 
 
 def test_emulated_gpu(build_root, tmp, sanitize):
@@ -579,12 +582,8 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     frag_dir = os.path.join(build_root, "tests-cuda")
-    os.makedirs(frag_dir, exist_ok=True)
-    frags = {}
-    for tag, text in (("-emu-tf32", "CONFIG_CUDA_TF32=y\n"), ("-emu-bf16", "CONFIG_CUDA_BF16_MATMUL=y\n")):
-        frags[tag] = os.path.join(frag_dir, tag[1:] + ".frag")
-        with open(frags[tag], "w") as f:
-            f.write(text)
+    frags = {tag: write_fragment(os.path.join(frag_dir, tag[1:] + ".frag"), text)
+             for tag, text in (("-emu-tf32", "CONFIG_CUDA_TF32=y\n"), ("-emu-bf16", "CONFIG_CUDA_BF16_MATMUL=y\n"))}
     emu = ["CUDA_EMU=1"] + (["SANITIZE=1"] if sanitize else [])
     if sanitize:
         builds = [("kv_tying_gqa_pos", dict(configs)["kv_tying_gqa_pos"], [], emu, ("test_kernels",), "-emu-san")]
@@ -598,9 +597,7 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     cuda_config_tests(build_root, builds, unit_test_env())
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
-    mpi = os.path.join(frag_dir, "emu-mpi.frag")
-    with open(mpi, "w") as f:
-        f.write("CONFIG_DIST_MPI=y\n")
+    mpi = write_fragment(os.path.join(frag_dir, "emu-mpi.frag"), "CONFIG_DIST_MPI=y\n")
     run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"),
                    os.path.join(REPO, "tests", "configs", "cuda"), mpi])
     for var, what in (("CUDA_EMU=yes", "CUDA_EMU=yes: the emulation of the CUDA backend is CUDA_EMU=1"),
@@ -700,10 +697,7 @@ def cuda_kconfig(build_root, gpu):
     stops the build with one line. Each precision choice compiles (the backend's matmuls, attention and name)."""
     for sym in ("CUDA_TF32", "CUDA_BF16_MATMUL"):
         bdir = os.path.join(build_root, "tests-cuda", "precision-" + sym.lower())
-        frag = bdir + ".frag"
-        os.makedirs(os.path.dirname(frag), exist_ok=True)
-        with open(frag, "w") as f:
-            f.write(f"CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_{sym}=y\n")
+        frag = write_fragment(bdir + ".frag", f"CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_{sym}=y\n")
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
         if R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
             ops = os.path.join(bdir, "kernels", "cuda", "ops.o")
@@ -720,10 +714,7 @@ def cuda_kconfig(build_root, gpu):
     for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
                       ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
         bdir = os.path.join(build_root, "tests-cuda", "arch-" + sym.lower())
-        frag = os.path.join(bdir + ".frag")
-        os.makedirs(os.path.dirname(frag), exist_ok=True)
-        with open(frag, "w") as f:
-            f.write(f"CONFIG_TARGET_CUDA=y\nCONFIG_{sym}=y\n")
+        frag = write_fragment(bdir + ".frag", f"CONFIG_TARGET_CUDA=y\nCONFIG_{sym}=y\n")
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
         if not R.check(r.returncode == 0, f"{sym}: configuration: {r.stderr.strip()}"):
             continue

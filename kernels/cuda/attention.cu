@@ -267,6 +267,12 @@ static const BiasInputs *bias_inputs(const AttnPos *P, int H, int T, int causal)
     return c;
 }
 
+/* The buckets of offsets d = -(T-1) .. T-1 of a call of length T <= in->T: the middle of the inputs' table, where
+ * offset d is entry d + (in->T - 1). NULL for ALiBi. */
+static const int *bias_buckets(const BiasInputs *in, int T) {
+    return in->bucket ? in->bucket + (in->T - T) : NULL;
+}
+
 /* The (H, 2T-1) table of a call of length T; reserve (>= T): the longest length the caller will ask for (a
  * decoder's cache), so that its inputs are made once. */
 static float *bias_table(const AttnPos *P, int H, int T, int reserve, int causal) {
@@ -275,9 +281,7 @@ static float *bias_table(const AttnPos *P, int H, int T, int reserve, int causal
     const BiasInputs *in = bias_inputs(P, H, reserve > T ? reserve : T, causal);
     float *tab = cuda_scratch(&buf, &cap, (size_t)H * (2 * T - 1));
     int n = H * (2 * T - 1);
-    /* offset d of this call is entry d + (in->T - 1) of the inputs' buckets */
-    bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel,
-                                                                  in->bucket ? in->bucket + (in->T - T) : NULL, H, T,
+    bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel, bias_buckets(in, T), H, T,
                                                                   P->rel_buckets);
     CUDA_LAUNCHED(bias_table);
     return tab;
@@ -494,10 +498,9 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
         diag_kernel<<<cuda_blocks(warps * 32, 256), 256, 0, kv_stream>>>(*d, dout, c->o_ld, c->o_bstride, c->lse, D,
                                                                          racc);
         CUDA_LAUNCHED(diag);
-        /* the inputs may be for a longer sequence than this call's (bias_table): its offsets are their middle */
         const BiasInputs *in = bias_inputs(pos, d->H, d->Tq, d->causal);
         rel_reduce_kernel<<<cuda_blocks((size_t)d->H * pos->rel_buckets, 128), 128, 0, kv_stream>>>(
-            dpos->drel, racc, in->bucket + (in->T - d->Tq), d->B, d->H, d->pe_nd, pos->rel_buckets);
+            dpos->drel, racc, bias_buckets(in, d->Tq), d->B, d->H, d->pe_nd, pos->rel_buckets);
         CUDA_LAUNCHED(rel_reduce);
     }
 }
