@@ -7,7 +7,7 @@
 # STEPs run in the order given (default: image programs bench models):
 #   image      what the machine has: GPU, driver, nvcc, Python, PyTorch, MPI, NCCL, cuDNN
 #   programs   tests/run_tests.py -k cuda-programs: every op and variant on the GPU against float64
-#              references and finite differences, fp32 and TF32 builds
+#              references and finite differences, fp32, TF32 and bf16 builds
 #   bench      scripts/bench.py: every variant at GPT-2 124M's shape (B 8, T 1024), TF32, one round,
 #              with the kernel-by-kernel profile; tok/s, MFU, GPU memory; PyTorch eager beside it
 #   models     tests/run_tests.py -k cuda-models: precisions, CPU against GPU training of every family,

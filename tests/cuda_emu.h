@@ -17,7 +17,11 @@
  * multiplies it, a store writes it from lane 0. __float_to_tf32 rounds to
  * 10 mantissa bits as the hardware's cvt.rna.tf32.f32 does, or leaves the
  * value alone with emu::tf32_exact set, so the tensor-core path can be
- * checked against the fp32 one to float32 rounding.
+ * checked against the fp32 one to float32 rounding. __nv_bfloat16 is two
+ * bytes as on a GPU; __float2bfloat16 rounds to 7 mantissa bits, to nearest
+ * even (a NaN to the canonical one), and bf16 fragments load from bf16
+ * memory only. Shared memory is filled with 0xff bytes, NaN as float and as
+ * bf16.
  *
  * Lanes run in turn between barriers, so a fragment load that is not
  * separated by __syncwarp from the per-lane writes it reads (lane 0 would
@@ -214,7 +218,7 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
     for (unsigned long b = 0; b < (unsigned long)grid.x * grid.y * grid.z; b++) {
         block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
         for (int i = 0; i < nshared; i++)
-            std::fill(shared[i], shared[i] + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+            memset(shared[i], 0xff, SMEM_FLOATS * sizeof(float)); /* NaN as float and as bf16 */
         for (const SharedArray &a : shared_arrays) memset(a.p, 0xff, a.bytes); /* NaN floats, -1 ints */
         block_bar = {(int)threads, 0, 0};
         warp_bar.assign(threads / 32, Barrier{32, 0, 0});
@@ -329,6 +333,37 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
+namespace emu {
+/* to nearest, ties to even, 7 mantissa bits (cvt.rn.bf16.f32); NaN and infinities unchanged */
+inline float round_bf16(float v) {
+    if (!std::isfinite(v)) return v;
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+} /* namespace emu */
+
+/* <cuda_bf16.h>: the two conversions the backend uses, on the 16 high bits of a float; a NaN becomes the
+ * canonical 0x7fff, as cvt.rn.bf16.f32 makes it */
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+inline __nv_bfloat16 __float2bfloat16(float v) {
+    if (std::isnan(v)) return __nv_bfloat16{0x7fff};
+    v = emu::round_bf16(v);
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    return __nv_bfloat16{(uint16_t)(u >> 16)};
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.bits << 16;
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
 namespace nvcuda {
 namespace wmma {
 
@@ -363,17 +398,26 @@ inline float __float_to_tf32(float v) {
     return v;
 }
 
-template <typename Use, int M, int N, int K, typename T, typename L>
-inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const float *p, unsigned ld) {
+/* An operand tile from memory: TF32 fragments from float, bf16 ones from bf16 (as the real overloads); the
+ * pointer 32-byte aligned, the stride a multiple of 16 bytes. */
+template <typename Use, int M, int N, int K, typename T, typename L, typename P>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const P *p, unsigned ld) {
     static_assert(!std::is_same<L, void>::value, "operand fragments name their layout");
+    static_assert(std::is_same<T, precision::tf32>::value ? std::is_same<P, float>::value
+                                                          : std::is_same<T, P>::value && std::is_same<P, __nv_bfloat16>::value,
+                  "a TF32 fragment loads float, a bf16 fragment bf16");
     constexpr int R = fragment<Use, M, N, K, T, L>::rows, C = fragment<Use, M, N, K, T, L>::cols;
-    if ((uintptr_t)p % 32 || ld % 4) {
+    if ((uintptr_t)p % 32 || ld * sizeof(P) % 16) {
         fprintf(stderr, "cuda_emu: load_matrix_sync of a pointer not 32-byte aligned or a stride of %u\n", ld);
         exit(2);
     }
+    auto at = [&](size_t i) {
+        if constexpr (std::is_same<P, float>::value) return p[i];
+        else return __bfloat162float(p[i]);
+    };
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
-            f.x[r * C + c] = std::is_same<L, row_major>::value ? p[(size_t)r * ld + c] : p[(size_t)c * ld + r];
+            f.x[r * C + c] = std::is_same<L, row_major>::value ? at((size_t)r * ld + c) : at((size_t)c * ld + r);
 }
 
 template <int M, int N, int K>

@@ -35,14 +35,6 @@ cudaError_t fail(cudaError_t err) {
     return err;
 }
 
-float round_bf16(float v) { /* to nearest, ties to even, 7 mantissa bits */
-    if (!std::isfinite(v)) return v;
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
 
 /* column-major C = alpha op(A) op(B) + beta C, each input element rounded by rnd first. The rounded operands are
  * packed so that each dot product reads two contiguous rows, summed in 8 interleaved float partial sums (cuBLAS
@@ -248,8 +240,8 @@ void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 gri
     static bool smem_written = true;
     float *shared[2] = {sm, tsm};
     if (!smem && smem_written) {
-        std::fill(sm, sm + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
-        std::fill(tsm, tsm + SMEM_FLOATS, std::numeric_limits<float>::quiet_NaN());
+        memset(sm, 0xff, sizeof sm); /* NaN as float and as bf16, as launch_grid fills them */
+        memset(tsm, 0xff, sizeof tsm);
     }
     smem_written = smem != 0;
     launch_grid({grid.x, grid.y, grid.z}, block.x, smem, shared, smem ? 2 : 0, fn);
@@ -303,6 +295,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (at != CUDA_R_32F || bt != CUDA_R_32F || ct != CUDA_R_32F || !gemm_args_ok(m, n, k, lda, ldb, ldc, ta, tb))
         return CUBLAS_STATUS_INVALID_VALUE;
     gemm(ta, tb, m, n, k, *(const float *)alpha, (const float *)A, lda, (const float *)B, ldb, *(const float *)beta,
-         (float *)C, ldc, compute == CUBLAS_COMPUTE_32F_FAST_16BF ? round_bf16 : keep);
+         (float *)C, ldc, compute == CUBLAS_COMPUTE_32F_FAST_16BF ? emu::round_bf16 : keep);
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -555,10 +555,11 @@ def test_cuda(build_root, tmp, sanitize, part):
     progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq", "test_mechint") if gpu else ()
     # (name, fragments, extra fragments, make variables, programs to run, tag) of every build
     builds = [(name, frags, [native] if gpu else [], ["BENCH=y"], progs, "") for name, frags in configs]
-    if gpu:  # test_kernels again in TF32 builds: the tensor-core attention and TF32 matmuls at the TF32 bounds
-        tf32 = write_fragment(os.path.join(build_root, "tests-cuda", "tf32.frag"), "CONFIG_CUDA_TF32=y\n")
-        builds += [(name, frags, [native, tf32], [], ("test_kernels",), "-tf32") for name, frags in TEST_CONFIGS
-                   if name in CUDA_TF32_CONFIGS]
+    if gpu:  # test_kernels again in TF32 and bf16 builds: the tensor-core attention and matmuls at their bounds
+        for tag, text in (("tf32", "CONFIG_CUDA_TF32=y\n"), ("bf16", "CONFIG_CUDA_BF16_MATMUL=y\n")):
+            frag = write_fragment(os.path.join(build_root, "tests-cuda", tag + ".frag"), text)
+            builds += [(name, frags, [native, frag], [], ("test_kernels",), "-" + tag) for name, frags in TEST_CONFIGS
+                       if name in CUDA_TC_CONFIGS]
     cuda_config_tests(build_root, builds, env)
     if gpu:
         return
@@ -576,9 +577,10 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     and built-ins (make CUDA_EMU=1: tests/cuda_emu_src.py, tests/cuda_emu_runtime.h, tests/cuda_emu.h) and run by
     the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
     test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
-    rounded to TF32) and with bf16 matmuls (rounded to bf16). test_mechint is left to a GPU (hours here). Under
-    --sanitize one configuration's test_kernels, so that AddressSanitizer watches the backend's host code and
-    every kernel's reads and writes of device buffers."""
+    rounded to TF32) and with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16).
+    test_mechint is left to a GPU (hours here). Under --sanitize one configuration's test_kernels in fp32 and in
+    bf16, so that AddressSanitizer watches the backend's host code and every kernel's reads and writes of device
+    buffers."""
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     frag_dir = os.path.join(build_root, "tests-cuda")
@@ -586,14 +588,15 @@ def test_emulated_gpu(build_root, tmp, sanitize):
              for tag, text in (("-emu-tf32", "CONFIG_CUDA_TF32=y\n"), ("-emu-bf16", "CONFIG_CUDA_BF16_MATMUL=y\n"))}
     emu = ["CUDA_EMU=1"] + (["SANITIZE=1"] if sanitize else [])
     if sanitize:
-        builds = [("kv_tying_gqa_pos", dict(configs)["kv_tying_gqa_pos"], [], emu, ("test_kernels",), "-emu-san")]
+        builds = [("kv_tying_gqa_pos", dict(configs)["kv_tying_gqa_pos"], extra, emu, ("test_kernels",), tag)
+                  for extra, tag in (([], "-emu-san"), ([frags["-emu-bf16"]], "-emu-san-bf16"))]
     else:
         progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq")
         builds = [(name, fr, [], emu, progs, "-emu") for name, fr in configs]
         builds += [(name, fr, [frags["-emu-tf32"]], emu, ("test_kernels",), "-emu-tf32") for name, fr in configs
-                   if name in CUDA_TF32_CONFIGS]
+                   if name in CUDA_TC_CONFIGS]
         builds += [(name, fr, [frags["-emu-bf16"]], emu, ("test_kernels",), "-emu-bf16") for name, fr in configs
-                   if name in ("qkv", "kv_tying_gqa_pos")]
+                   if name in CUDA_TC_CONFIGS]
     cuda_config_tests(build_root, builds, unit_test_env())
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
@@ -649,9 +652,9 @@ def test_device_scripts(tmp):
             "dataset-fashion-mnist" in pkgs, "device_pack.sh --no-fmnist leaves out Fashion-MNIST and only it")
 
 
-# the variant configurations whose kernel tests run again with TF32 tensor cores: Q.K^T and K.K^T scores, one
-# projection, grouped K/V heads, +Pos shared and per head
-CUDA_TF32_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
+# the variant configurations whose kernel tests run again with tensor cores (TF32, bf16): Q.K^T and K.K^T scores,
+# one projection, grouped K/V heads, +Pos shared and per head
+CUDA_TC_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
 
 
 def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):

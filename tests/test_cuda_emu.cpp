@@ -11,6 +11,8 @@
  *    and +Pos sums 1e-4 of the largest) and once rounding as the hardware
  *    does (the TF32 bounds of test_kernels.c: 5e-3 forward against the
  *    float64 reference, 1e-2 gradients against the fp32 kernels);
+ *  - the bf16 tensor-core kernels (bf16 operand tiles, m16n16k16) at the
+ *    bf16 bounds of test_kernels.c (3e-2 forward, 5e-2 gradients);
  * over head dims 16 to 128 (padded tiles), causal and bidirectional masks,
  * key padding with fully masked rows, dropout, grouped K/V heads, cross
  * attention (Tq != Tk), +Pos (shared and per head) and the relative
@@ -159,8 +161,30 @@ static void reference_forward(const Problem &pr, std::vector<double> &out, std::
         }
 }
 
+/* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16). */
+template <typename E>
+static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, size_t o_bs, float *lse) {
+    int nt = tc_nt(c.hd);
+    unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
+    auto k = TC_PICK(tc_forward_kernel, nt, E);
+    emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+}
+template <typename E>
+static void tc_backward(const Case &c, const AttnDev &p, const float *dout, int o_ld, size_t o_bs, const float *L,
+                        const float *Dp, float *dQ, float *dK, float *dV, float *rowacc, float *colacc) {
+    int nt = tc_nt(c.hd);
+    unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
+    unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
+    auto kq = TC_PICK(tc_dq_kernel, nt, E);
+    auto kk = TC_PICK(tc_dkv_kernel, nt, E);
+    emu::launch(gq, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+    emu::launch(gk, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+}
+
+enum Path { FP32, TF32, BF16 };
+
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them). */
-static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
+static Result run_path(const Problem &pr, Path path, const Result *fwd_of) {
     const Case &c = pr.c;
     AttnDev p = pr.p;
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
@@ -169,11 +193,10 @@ static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
     r.out.assign((size_t)c.B * c.Tq * C, NAN);
     r.lse.assign((size_t)c.B * c.H * c.Tq, NAN);
     float *out = r.out.data(), *lse = r.lse.data();
-    if (tc) {
-        int nt = tc_nt(hd);
-        unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
-        auto k = ATT_PICK(tc_forward_kernel, nt);
-        emu::launch(grid, TC_THREADS, tc_smem_forward(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+    if (path == TF32) {
+        tc_forward<float>(c, p, out, o_ld, o_bs, lse);
+    } else if (path == BF16) {
+        tc_forward<__nv_bfloat16>(c, p, out, o_ld, o_bs, lse);
     } else {
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         auto k = ATT_PICK(forward_kernel, att_npl(hd));
@@ -200,15 +223,10 @@ static Result run_path(const Problem &pr, bool tc, const Result *fwd_of) {
     const float *dout = pr.dout.data(), *L = fwd_of->lse.data(), *Dp = D.data();
     float *dQ = r.dQ.data(), *dK = r.dK.data(), *dV = r.dV.data();
     float *rowacc = c.pos ? r.rowacc.data() : nullptr, *colacc = c.pos ? r.colacc.data() : nullptr;
-    if (tc) {
-        int nt = tc_nt(hd);
-        unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
-        unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
-        auto kq = ATT_PICK(tc_dq_kernel, nt);
-        auto kk = ATT_PICK(tc_dkv_kernel, nt);
-        emu::launch(gq, TC_THREADS, tc_smem_backward(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
-        emu::launch(gk, TC_THREADS, tc_smem_backward(nt), tsm,
-                    [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+    if (path == TF32) {
+        tc_backward<float>(c, p, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
+    } else if (path == BF16) {
+        tc_backward<__nv_bfloat16>(c, p, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
     } else {
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
@@ -238,14 +256,17 @@ static void check_case(const Case &c) {
     std::vector<double> ref_out, ref_lse;
     reference_forward(pr, ref_out, ref_lse);
     emu::tf32_exact = true;
-    Result f32 = run_path(pr, false, nullptr);
+    Result f32 = run_path(pr, FP32, nullptr);
     double e = rel_err(f32.out, ref_out), el = rel_err(f32.lse, ref_lse);
     CHECK(e <= 2e-5 && el <= 2e-5, "%s: fp32 kernels' forward against float64: output %.3g, lse %.3g", c.name, e, el);
-    for (int rounding = 0; rounding < 2; rounding++) {
-        emu::tf32_exact = !rounding;
-        Result tc = run_path(pr, true, &f32);
-        const char *mode = rounding ? "TF32" : "TF32 rounding off";
-        double fwd_tol = rounding ? 5e-3 : 2e-5, grad_tol = rounding ? 1e-2 : 1e-4;
+    /* TF32 with its rounding off (the same sums as the fp32 kernels), TF32, and bf16 (7 mantissa bits: the
+     * bounds of test_kernels' bf16 builds) */
+    for (int mode_k = 0; mode_k < 3; mode_k++) {
+        emu::tf32_exact = mode_k == 0;
+        Result tc = run_path(pr, mode_k == 2 ? BF16 : TF32, &f32);
+        const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : "bf16";
+        double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? 5e-3 : 3e-2;
+        double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? 1e-2 : 5e-2;
         e = rel_err(tc.out, ref_out), el = rel_err(tc.lse, ref_lse);
         CHECK(e <= fwd_tol && el <= fwd_tol, "%s, %s: tensor-core forward against float64: output %.3g, lse %.3g "
               "(bound %g)", c.name, mode, e, el, fwd_tol);

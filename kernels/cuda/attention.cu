@@ -19,9 +19,10 @@
  *  4. unpack: each role's gradient is added back into the projection gradient
  *     (rotated back for RoPE); roles that share a block add in turn.
  *
- * With a tensor-core precision (CUDA_TF32, CUDA_BF16_MATMUL) steps 2 and 3 run
- * as the tensor-core kernels, the same per-score code around TF32 WMMA
- * products. Both sets of kernels are in attention_kernels.cuh.
+ * With a tensor-core precision steps 2 and 3 run as the tensor-core kernels,
+ * the same per-score code around WMMA products: TF32 with CUDA_TF32, bf16
+ * (operand tiles stored as bf16) with CUDA_BF16_MATMUL. Both sets of kernels
+ * are in attention_kernels.cuh.
  *
  * Order of operations per score, as on the CPU: rotation, scale, +Pos,
  * position bias, masks, softmax, dropout (the same hash of the same global
@@ -29,7 +30,9 @@
 #include <cmath>
 #include <cstring>
 
+#include <cuda_bf16.h>
 #include <mma.h>
+#include <type_traits>
 
 #include "cuda.cuh"
 #include "attention_kernels.cuh"
@@ -424,10 +427,13 @@ static void launch(const char *name, void (*kernel)(KArgs...), unsigned grid, un
 /* The tensor-core kernels' NT (head dim padded to 16 NT) for a call, or 0 for the fp32 kernels: a tensor-core
  * precision, a head dim up to 128 and the shared memory for it on this GPU. Forward and backward choose alike. */
 #define TC_ATTN (!IS_ENABLED(CONFIG_CUDA_FP32))
+/* the operand tiles' element type: bf16 products with CUDA_BF16_MATMUL, TF32 otherwise */
+typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL), __nv_bfloat16, float>::type TcElem;
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
-    size_t need = tc_smem_forward(nt) > tc_smem_backward(nt) ? tc_smem_forward(nt) : tc_smem_backward(nt);
+    size_t need = tc_smem_forward<TcElem>(nt) > tc_smem_backward<TcElem>(nt) ? tc_smem_forward<TcElem>(nt)
+                                                                              : tc_smem_backward<TcElem>(nt);
     return need <= kv_smem_max ? nt : 0;
 }
 
@@ -436,8 +442,8 @@ static void run_forward(Call *c) {
     int nt = tc_tiles(d->hd);
     if (nt) {
         unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_forward_kernel", ATT_PICK(tc_forward_kernel, nt), grid, TC_THREADS, tc_smem_forward(nt), *d,
-               c->out, c->o_ld, c->o_bstride, c->lse);
+        launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, TcElem), grid, TC_THREADS,
+               tc_smem_forward<TcElem>(nt), *d, c->out, c->o_ld, c->o_bstride, c->lse);
         return;
     }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
@@ -465,11 +471,11 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     int hd = d->hd, nt = tc_tiles(hd);
     if (nt) {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dq_kernel", ATT_PICK(tc_dq_kernel, nt), gq, TC_THREADS, tc_smem_backward(nt), *d, dout,
-               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
+        launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, TcElem), gq, TC_THREADS, tc_smem_backward<TcElem>(nt), *d,
+               dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dkv_kernel", ATT_PICK(tc_dkv_kernel, nt), gk, TC_THREADS, tc_smem_backward(nt), *d, dout,
-               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch("tc_dkv_kernel", TC_PICK(tc_dkv_kernel, nt, TcElem), gk, TC_THREADS, tc_smem_backward<TcElem>(nt),
+               *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
         launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,

@@ -2,7 +2,7 @@
  * per-score code they share; kernels/cuda/attention.cu packs the roles, launches them and owns everything else.
  * A header of its own so that tests/test_cuda_emu.cpp can run the very same kernels on the CPU under an
  * emulation of the CUDA built-ins (tests/cuda_emu.h) where no GPU is. What it needs from its includer:
- * the CUDA built-ins and nvcuda::wmma (<mma.h>), warp_sum / warp_max (warp.cuh), dropout_keep (hash.h) and
+ * the CUDA built-ins, nvcuda::wmma (<mma.h>) and __nv_bfloat16 (<cuda_bf16.h>), warp_sum / warp_max (warp.cuh), dropout_keep (hash.h) and
  * ATTN_POS (attention.h). */
 #ifndef KVLAB_ATTENTION_KERNELS_CUH
 #define KVLAB_ATTENTION_KERNELS_CUH
@@ -12,8 +12,8 @@
 #define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
 #define ATT_THREADS 256
 
-/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl), the tensor-core kernels' tiles
- * (tc_nt). */
+/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl); TC_PICK below for the
+ * tensor-core kernels. */
 #define ATT_PICK(KERNEL, n) ((n) == 1 ? KERNEL<1> : (n) == 2 ? KERNEL<2> : (n) == 4 ? KERNEL<4> : KERNEL<8>)
 
 /* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
@@ -332,16 +332,19 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
     }
 }
 
-/* ------------------------------------------------------------------ tensor-core path (TF32) */
+/* ------------------------------------------------------------------ tensor-core path (TF32, bf16) */
 
-/* With a tensor-core precision (CUDA_TF32, CUDA_BF16_MATMUL) the score products Q.K^T and dO.V^T and the value,
- * key and query products P.V, G^T.Q, P^T.dO and G.K run on the tensor cores in TF32 (inputs rounded to 10
- * mantissa bits, float32 accumulation), through the WMMA API, m16n16k8 tiles. Everything per score is the
- * fp32 kernels' own code on a tile in shared memory: the products' 16 x 16 tiles are stored there, then
- * score_x, visible, keep_factor and score_grad see one score at a time exactly as above, so the two paths
- * differ only in the products' rounding. The head dim is padded with zeros to TC_HD(NT) = 16 NT columns
- * (NT 1, 2, 4 or 8: head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32
- * kernels).
+/* With a tensor-core precision the score products Q.K^T and dO.V^T and the value, key and query products P.V,
+ * G^T.Q, P^T.dO and G.K run on the tensor cores through the WMMA API, with float32 accumulation: with CUDA_TF32
+ * in TF32 (m16n16k8 tiles of float, each operand rounded to 10 mantissa bits as it is loaded), with
+ * CUDA_BF16_MATMUL in bf16 (m16n16k16 tiles, twice the products per instruction; the operand tiles are stored
+ * in shared memory as bf16, rounded to 7 mantissa bits on the way in, half the bytes, and the probabilities
+ * and score gradients go to bf16 tiles of their own for the second products). The element type E of the
+ * operand tiles (float or __nv_bfloat16) is the kernels' template argument. Everything per score is the fp32
+ * kernels' own code on a float tile in shared memory: the products' 16 x 16 tiles are stored there, then
+ * score_x, visible, keep_factor and score_grad see one score at a time exactly as above, so the paths differ
+ * only in the products' rounding. The head dim is padded with zeros to TC_HD(NT) = 16 NT columns (NT 1, 2, 4
+ * or 8: head dims up to 128; a wider head, or a GPU with too little shared memory, takes the fp32 kernels).
  *
  * Layout: 4 warps a block, each warp 16 rows of the tile (query rows in forward and dQ, key rows in dK/dV);
  * the other side walks in tiles of 32. Per score, two lanes share a row, 16 scores each, so a row's max and
@@ -354,32 +357,93 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
 #define TC_THREADS 128
 #define TC_HD(NT) (16 * (NT))
 
+/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt) */
+#define TC_PICK(KERNEL, n, E) \
+    ((n) == 1 ? KERNEL<1, E> : (n) == 2 ? KERNEL<2, E> : (n) == 4 ? KERNEL<4, E> : KERNEL<8, E>)
+
 namespace wmma = nvcuda::wmma;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> TcA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> TcB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> TcBt;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> TcC;
 
-template <typename F> __device__ __forceinline__ void tc_round(F &f) {
-    for (int t = 0; t < f.num_elements; t++) f.x[t] = wmma::__float_to_tf32(f.x[t]);
-}
+/* The WMMA types of an operand element type: fragments, the k of a product step, the padding of a tile row
+ * (16 bytes: rows start on different banks), and put(), a float as it is stored in an operand tile. */
+template <typename E> struct Tc;
+template <> struct Tc<float> {
+    static constexpr int K = 8, PAD = 4;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> A;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> B;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> Bt;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> C;
+    static __device__ __forceinline__ float put(float v) { return v; } /* rounded as it is loaded (round) */
+    template <typename F> static __device__ __forceinline__ void round(F &f) {
+        for (int t = 0; t < f.num_elements; t++) f.x[t] = wmma::__float_to_tf32(f.x[t]);
+    }
+};
+template <> struct Tc<__nv_bfloat16> {
+    static constexpr int K = 16, PAD = 8;
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> A;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> B;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> Bt;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> C;
+    static __device__ __forceinline__ __nv_bfloat16 put(float v) { return __float2bfloat16(v); }
+    template <typename F> static __device__ __forceinline__ void round(F &) {}
+};
 
-template <int N> __device__ __forceinline__ void tc_zero(TcC (&c)[N]) {
+/* The kernels' dynamic shared memory, byte offsets of each tile (all multiples of 32, as WMMA needs), from one
+ * description that the kernels and the launches (tc_smem_forward, tc_smem_backward) share.
+ *  forward: the query rows (E, TC_ROWS x ld), a key and a value tile (E, TC_COLS x ld), the scores (float,
+ *    TC_ROWS x lds_f, also taking P.V), and with bf16 the probabilities (E, TC_ROWS x ldp_f); with TF32 the
+ *    probabilities overwrite the scores (ldp_f = lds_f).
+ *  backward (dQ and dK/dV alike): two row tiles and two column tiles (E), the scores and dO.V^T (float,
+ *    TC_ROWS x lds_b), with bf16 the probabilities and score gradients (E, TC_ROWS x ldp_b) and then the rows'
+ *    lse and D (float, TC_ROWS each). At the end the gradients leave through the score tiles, 32 columns at a
+ *    time (tc_write_rows). */
+template <typename E, int NT> struct TcShape {
+    static constexpr bool SEP = sizeof(E) != sizeof(float); /* probabilities in tiles of their own */
+    static constexpr int hdp = TC_HD(NT), ld = hdp + Tc<E>::PAD;
+    static constexpr int lds_f = (hdp > TC_COLS ? hdp : TC_COLS) + 4, lds_b = TC_COLS + 4;
+    static constexpr int ldp_f = SEP ? TC_COLS + Tc<E>::PAD : lds_f, ldp_b = SEP ? TC_COLS + Tc<E>::PAD : lds_b;
+    static constexpr size_t ROWS = (size_t)TC_ROWS * ld * sizeof(E), COLS = (size_t)TC_COLS * ld * sizeof(E);
+    /* forward */
+    static constexpr size_t F_Q = 0, F_K = ROWS, F_V = F_K + COLS, F_S = F_V + COLS;
+    static constexpr size_t F_SEND = F_S + (size_t)TC_ROWS * lds_f * sizeof(float);
+    static constexpr size_t F_P = SEP ? F_SEND : F_S;
+    static constexpr size_t F_BYTES = SEP ? F_P + (size_t)TC_ROWS * ldp_f * sizeof(E) : F_SEND;
+    /* backward: row tiles R0, R1, column tiles C0, C1 */
+    static constexpr size_t B_R0 = 0, B_R1 = ROWS, B_C0 = 2 * ROWS, B_C1 = B_C0 + COLS, B_S = B_C1 + COLS;
+    static constexpr size_t B_A = B_S + (size_t)TC_ROWS * lds_b * sizeof(float);
+    static constexpr size_t B_AEND = B_A + (size_t)TC_ROWS * lds_b * sizeof(float);
+    static constexpr size_t B_P = SEP ? B_AEND : B_S, B_G = SEP ? B_P + (size_t)TC_ROWS * ldp_b * sizeof(E) : B_A;
+    static constexpr size_t B_L = SEP ? B_G + (size_t)TC_ROWS * ldp_b * sizeof(E) : B_AEND;
+    static constexpr size_t B_D = B_L + TC_ROWS * sizeof(float), B_BYTES = B_D + TC_ROWS * sizeof(float);
+    /* WMMA: tiles, a warp's 16 rows and each k step start 32-byte aligned; leading dims are multiples of 16 bytes */
+    static_assert(ROWS % 32 == 0 && COLS % 32 == 0 && F_S % 32 == 0 && F_P % 32 == 0 && B_S % 32 == 0 &&
+                      B_A % 32 == 0 && B_P % 32 == 0 && B_G % 32 == 0 && B_L % 32 == 0,
+                  "WMMA tiles start 32-byte aligned");
+    static_assert(ld * sizeof(E) % 16 == 0 && ldp_f * sizeof(E) % 16 == 0 && ldp_b * sizeof(E) % 16 == 0 &&
+                      lds_f * sizeof(float) % 16 == 0 && lds_b * sizeof(float) % 16 == 0,
+                  "WMMA leading dims are multiples of 16 bytes");
+    static_assert(16 * ld * sizeof(E) % 32 == 0 && 16 * ldp_f * sizeof(E) % 32 == 0 &&
+                      16 * ldp_b * sizeof(E) % 32 == 0 && 16 * lds_f * sizeof(float) % 32 == 0 &&
+                      16 * lds_b * sizeof(float) % 32 == 0 && Tc<E>::K * sizeof(E) % 32 == 0,
+                  "a warp's 16 rows and each k step start 32-byte aligned");
+};
+
+template <typename E, int N> __device__ __forceinline__ void tc_zero(typename Tc<E>::C (&c)[N]) {
     for (int n = 0; n < N; n++) wmma::fill_fragment(c[n], 0.0f);
 }
 
 /* c[n] += A . X^T for the 16 x 16 tiles n < N: A 16 rows x kdim (row-major, lda), X 16 N rows x kdim (row-major,
- * ldx). kdim a multiple of 8; pointers 32-byte aligned, leading dims multiples of 4. */
-template <int N>
-__device__ __forceinline__ void tc_mma_abt(TcC (&c)[N], const float *A, int lda, const float *X, int ldx, int kdim) {
-    for (int k = 0; k < kdim; k += 8) {
-        TcA a;
+ * ldx). kdim a multiple of Tc<E>::K; pointers 32-byte aligned, leading dims multiples of 16 bytes. */
+template <typename E, int N>
+__device__ __forceinline__ void tc_mma_abt(typename Tc<E>::C (&c)[N], const E *A, int lda, const E *X, int ldx,
+                                           int kdim) {
+    for (int k = 0; k < kdim; k += Tc<E>::K) {
+        typename Tc<E>::A a;
         wmma::load_matrix_sync(a, A + k, lda);
-        tc_round(a);
+        Tc<E>::round(a);
         for (int n = 0; n < N; n++) {
-            TcBt bt;
+            typename Tc<E>::Bt bt;
             wmma::load_matrix_sync(bt, X + (size_t)n * 16 * ldx + k, ldx);
-            tc_round(bt);
+            Tc<E>::round(bt);
             wmma::mma_sync(c[n], a, bt, c[n]);
         }
     }
@@ -387,66 +451,89 @@ __device__ __forceinline__ void tc_mma_abt(TcC (&c)[N], const float *A, int lda,
 
 /* c[n] += A . Y for the 16 x 16 tiles n < N: A 16 rows x kdim (row-major, lda), Y kdim rows x 16 N (row-major,
  * ldy). */
-template <int N>
-__device__ __forceinline__ void tc_mma_ab(TcC (&c)[N], const float *A, int lda, const float *Y, int ldy, int kdim) {
-    for (int k = 0; k < kdim; k += 8) {
-        TcA a;
+template <typename E, int N>
+__device__ __forceinline__ void tc_mma_ab(typename Tc<E>::C (&c)[N], const E *A, int lda, const E *Y, int ldy,
+                                          int kdim) {
+    for (int k = 0; k < kdim; k += Tc<E>::K) {
+        typename Tc<E>::A a;
         wmma::load_matrix_sync(a, A + k, lda);
-        tc_round(a);
+        Tc<E>::round(a);
         for (int n = 0; n < N; n++) {
-            TcB bm;
+            typename Tc<E>::B bm;
             wmma::load_matrix_sync(bm, Y + (size_t)k * ldy + n * 16, ldy);
-            tc_round(bm);
+            Tc<E>::round(bm);
             wmma::mma_sync(c[n], a, bm, c[n]);
         }
     }
 }
 
-template <int N> __device__ __forceinline__ void tc_store(float *dst, int ld, TcC (&c)[N]) {
+template <typename Acc, int N> __device__ __forceinline__ void tc_store(float *dst, int ld, Acc (&c)[N]) {
     for (int n = 0; n < N; n++) wmma::store_matrix_sync(dst + n * 16, c[n], ld, wmma::mem_row_major);
+}
+
+/* A warp's 16 gradient rows (fragments c, 16 x 16 NT) to dst (row stride hd, its first `rows` rows: fewer past
+ * the end), 32 columns at a time through the warp's 16 rows of a float tile (ld >= 32) */
+template <typename Acc, int N>
+__device__ __forceinline__ void tc_write_rows(float *dst, int hd, int rows, Acc (&c)[N], float *tile, int ld) {
+    const int lane = threadIdx.x % 32;
+    for (int n0 = 0; n0 < N; n0 += 2) {
+        const int nn = N - n0 < 2 ? N - n0 : 2, d = 16 * n0 + lane;
+        for (int n = 0; n < nn; n++) wmma::store_matrix_sync(tile + n * 16, c[n0 + n], ld, wmma::mem_row_major);
+        __syncwarp();
+        if (lane < 16 * nn && d < hd)
+            for (int r = 0; r < rows; r++) dst[(size_t)r * hd + d] = tile[r * ld + lane];
+        __syncwarp();
+    }
 }
 
 /* rows r0 .. r0+rows-1 of an (n, hd) matrix with row stride src_ld (hd for the packed roles, the output's row
  * stride for dO) into shared memory (row stride ld), zeros past n and in columns hd .. hdp-1 */
-__device__ __forceinline__ void tc_load_rows(float *dst, int ld, const float *src, size_t src_ld, int r0, int n,
-                                             int hd, int hdp, int rows) {
+template <typename E>
+__device__ __forceinline__ void tc_load_rows(E *dst, int ld, const float *src, size_t src_ld, int r0, int n, int hd,
+                                             int hdp, int rows) {
     for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
         int r = e / hdp, d = e % hdp;
-        dst[r * ld + d] = r0 + r < n && d < hd ? src[(size_t)(r0 + r) * src_ld + d] : 0.0f;
+        dst[r * ld + d] = Tc<E>::put(r0 + r < n && d < hd ? src[(size_t)(r0 + r) * src_ld + d] : 0.0f);
     }
 }
 
 /* The tile count NT of a head dim (padded to 16 NT), 0 past 128. */
 static inline int tc_nt(int hd) { return hd <= 16 ? 1 : hd <= 32 ? 2 : hd <= 64 ? 4 : hd <= 128 ? 8 : 0; }
 
-/* Shared memory (bytes) of the three kernels; ld of the head-dim tiles and of the score tiles. */
-static inline int tc_ld(int nt) { return TC_HD(nt) + 4; }
-static inline int tc_lds(int nt) { return (TC_HD(nt) > TC_COLS ? TC_HD(nt) : TC_COLS) + 4; }
-static inline size_t tc_smem_forward(int nt) {
-    return ((size_t)(TC_ROWS + 2 * TC_COLS) * tc_ld(nt) + (size_t)TC_ROWS * tc_lds(nt)) * sizeof(float);
+/* Shared memory (bytes) of the forward kernel and of the two backward kernels for NT = tc_nt(hd). */
+template <typename E> static inline size_t tc_smem_forward(int nt) {
+    return nt == 1 ? TcShape<E, 1>::F_BYTES : nt == 2 ? TcShape<E, 2>::F_BYTES : nt == 4 ? TcShape<E, 4>::F_BYTES
+                                                                                           : TcShape<E, 8>::F_BYTES;
 }
-static inline size_t tc_smem_backward(int nt) { /* dQ and dK/dV alike */
-    return ((size_t)(2 * TC_ROWS + 2 * TC_COLS) * tc_ld(nt) + (size_t)2 * TC_ROWS * (TC_COLS + 4) + 2 * TC_ROWS) *
-           sizeof(float);
+template <typename E> static inline size_t tc_smem_backward(int nt) {
+    return nt == 1 ? TcShape<E, 1>::B_BYTES : nt == 2 ? TcShape<E, 2>::B_BYTES : nt == 4 ? TcShape<E, 4>::B_BYTES
+                                                                                           : TcShape<E, 8>::B_BYTES;
 }
 
-template <int NT>
+template <int NT, typename E>
 __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
                                                                 float *lse) {
     extern __shared__ __align__(128) float tsm[];
-    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = (hdp > TC_COLS ? hdp : TC_COLS) + 4, HALF = hdp / 2;
+    typedef TcShape<E, NT> S;
+    typedef typename Tc<E>::C Acc;
+    constexpr int hdp = S::hdp, ld = S::ld, lds = S::lds_f, ldp = S::ldp_f, HALF = hdp / 2;
     const int hd = p.hd;
-    float *Qs = tsm, *Ks = Qs + TC_ROWS * ld, *Vs = Ks + TC_COLS * ld, *Ss = Vs + TC_COLS * ld;
+    unsigned char *base = (unsigned char *)tsm;
+    E *Qs = (E *)(base + S::F_Q), *Ks = (E *)(base + S::F_K), *Vs = (E *)(base + S::F_V);
+    float *Ss = (float *)(base + S::F_S);
+    E *Ps = (E *)(base + S::F_P);
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
-    float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then probabilities, then P.V */
+    float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then P.V */
+    E *Pw = Ps + r0 * ldp;     /* and their probabilities (with TF32 the same tile as the scores) */
     /* two lanes a row: row rr, its keys c0 .. c0+15 of a tile and its output columns d0 .. d0+HALF-1 */
     const int rr = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), d0 = (lane & 1) * HALF, i = i0 + r0 + rr;
     float *srow = Sw + rr * lds;
+    E *prow = Pw + rr * ldp;
     float m = -INFINITY, l = 0.0f, o[HALF];
     for (int k = 0; k < HALF; k++) o[k] = 0.0f;
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
@@ -455,9 +542,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
         tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
         tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
-        TcC s[TC_COLS / 16];
-        tc_zero(s);
-        tc_mma_abt(s, Qs + r0 * ld, ld, Ks, ld, hdp);
+        Acc s[TC_COLS / 16];
+        tc_zero<E>(s);
+        tc_mma_abt<E>(s, Qs + r0 * ld, ld, Ks, ld, hdp);
         tc_store(Sw, lds, s);
         __syncwarp();
         float x[TC_COLS / 2], mt = -INFINITY;
@@ -470,7 +557,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
         for (int c = 0; c < TC_COLS / 2; c++) { /* masked scores (and all, while every key so far is) give 0 */
             float e = x[c] == -INFINITY ? 0.0f : expf(x[c] - mnew);
             st += e;
-            srow[c0 + c] = x[c] == -INFINITY ? 0.0f : e * keep_factor(p, b, h, i, j0 + c0 + c);
+            prow[c0 + c] = Tc<E>::put(x[c] == -INFINITY ? 0.0f : e * keep_factor(p, b, h, i, j0 + c0 + c));
         }
         st += __shfl_xor_sync(0xffffffffu, st, 1);
         if (mnew != -INFINITY) {
@@ -480,9 +567,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
             m = mnew;
         }
         __syncwarp();
-        TcC pv[NT];
-        tc_zero(pv);
-        tc_mma_ab(pv, Sw, lds, Vs, ld, TC_COLS);
+        Acc pv[NT];
+        tc_zero<E>(pv);
+        tc_mma_ab<E>(pv, Pw, ldp, Vs, ld, TC_COLS);
         __syncwarp();
         tc_store(Sw, lds, pv);
         __syncwarp();
@@ -498,15 +585,20 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
 }
 
 /* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's. */
-template <int NT>
+template <int NT, typename E>
 __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
                                                            const float *lse, const float *D, float *dQ,
                                                            float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
-    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = TC_COLS + 4;
+    typedef TcShape<E, NT> S;
+    typedef typename Tc<E>::C Acc;
+    constexpr int hdp = S::hdp, ld = S::ld, lds = S::lds_b, ldp = S::ldp_b;
     const int hd = p.hd;
-    float *Qs = tsm, *dOs = Qs + TC_ROWS * ld, *Ks = dOs + TC_ROWS * ld, *Vs = Ks + TC_COLS * ld;
-    float *Ss = Vs + TC_COLS * ld, *As = Ss + TC_ROWS * lds, *ls = As + TC_ROWS * lds, *Ds = ls + TC_ROWS;
+    unsigned char *base = (unsigned char *)tsm;
+    E *Qs = (E *)(base + S::B_R0), *dOs = (E *)(base + S::B_R1), *Ks = (E *)(base + S::B_C0);
+    E *Vs = (E *)(base + S::B_C1), *Ps = (E *)(base + S::B_P);
+    float *Ss = (float *)(base + S::B_S), *As = (float *)(base + S::B_A);
+    float *ls = (float *)(base + S::B_L), *Ds = (float *)(base + S::B_D);
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
@@ -520,23 +612,24 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    E *Pw = Ps + r0 * ldp; /* the score gradients (with TF32 the scores' tile) */
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
     /* two lanes a row: row rr, its keys c0 .. c0+15 of a tile */
     const int rr = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), i = i0 + r0 + rr;
     float gs = 0.0f, rs = 0.0f;
-    TcC dq[NT];
-    tc_zero(dq);
+    Acc dq[NT];
+    tc_zero<E>(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
         tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
         tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
-        TcC s[TC_COLS / 16], a[TC_COLS / 16];
-        tc_zero(s);
-        tc_zero(a);
-        tc_mma_abt(s, Qs + r0 * ld, ld, Ks, ld, hdp);
-        tc_mma_abt(a, dOs + r0 * ld, ld, Vs, ld, hdp);
+        Acc s[TC_COLS / 16], a[TC_COLS / 16];
+        tc_zero<E>(s);
+        tc_zero<E>(a);
+        tc_mma_abt<E>(s, Qs + r0 * ld, ld, Ks, ld, hdp);
+        tc_mma_abt<E>(a, dOs + r0 * ld, ld, Vs, ld, hdp);
         tc_store(Sw, lds, s);
         tc_store(Aw, lds, a);
         __syncwarp();
@@ -547,20 +640,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
             float gp = score_grad(p, b, h, i, j, sv, Aw[rr * lds + c], li, Di).gp;
             gs += gp * sv;
             rs += gp;
-            Sw[rr * lds + c] = alpha * gp;
+            Pw[rr * ldp + c] = Tc<E>::put(alpha * gp);
         }
         __syncwarp();
-        tc_mma_ab(dq, Sw, lds, Ks, ld, TC_COLS);
+        tc_mma_ab<E>(dq, Pw, ldp, Ks, ld, TC_COLS);
     }
     __syncwarp();
     for (int n = 0; n < NT; n++)
         for (int t = 0; t < dq[n].num_elements; t++) dq[n].x[t] *= p.scale;
-    tc_store(Qs + r0 * ld, ld, dq); /* this warp's own rows of Qs: no other warp reads them */
-    __syncwarp();
-    for (int r = 0; r < 16 && i0 + r0 + r < p.Tq; r++) {
-        float *row = dQ + ((size_t)bh * p.Tq + i0 + r0 + r) * hd;
-        for (int d = lane; d < hd; d += 32) row[d] = Qs[(r0 + r) * ld + d];
-    }
+    tc_write_rows(dQ + ((size_t)bh * p.Tq + i0 + r0) * hd, hd, min(16, p.Tq - i0 - r0), dq, Sw, lds);
     if (rowacc) {
         gs += __shfl_xor_sync(0xffffffffu, gs, 1);
         rs += __shfl_xor_sync(0xffffffffu, rs, 1);
@@ -574,15 +662,20 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
 /* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
  * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the
  * A operands of dV += P^T.dO and dK += G^T.Q. */
-template <int NT>
+template <int NT, typename E>
 __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
                                                             const float *lse, const float *D, float *dK, float *dV,
                                                             float *colacc) {
     extern __shared__ __align__(128) float tsm[];
-    constexpr int hdp = TC_HD(NT), ld = hdp + 4, lds = TC_COLS + 4;
+    typedef TcShape<E, NT> S;
+    typedef typename Tc<E>::C Acc;
+    constexpr int hdp = S::hdp, ld = S::ld, lds = S::lds_b, ldp = S::ldp_b;
     const int hd = p.hd;
-    float *Ks = tsm, *Vs = Ks + TC_ROWS * ld, *Qs = Vs + TC_ROWS * ld, *dOs = Qs + TC_COLS * ld;
-    float *Ss = dOs + TC_COLS * ld, *As = Ss + TC_ROWS * lds, *ls = As + TC_ROWS * lds, *Ds = ls + TC_ROWS;
+    unsigned char *base = (unsigned char *)tsm;
+    E *Ks = (E *)(base + S::B_R0), *Vs = (E *)(base + S::B_R1), *Qs = (E *)(base + S::B_C0);
+    E *dOs = (E *)(base + S::B_C1), *Ps = (E *)(base + S::B_P), *Gs = (E *)(base + S::B_G);
+    float *Ss = (float *)(base + S::B_S), *As = (float *)(base + S::B_A);
+    float *ls = (float *)(base + S::B_L), *Ds = (float *)(base + S::B_D);
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
@@ -590,11 +683,12 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    E *Pw = Ps + r0 * ldp, *Gw = Gs + r0 * ldp; /* P^T and G^T (with TF32 the score tiles themselves) */
     /* two lanes a key: key row cc, its queries c0 .. c0+15 of a tile */
     const int cc = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), j = j0 + r0 + cc;
-    TcC dk[NT], dv[NT];
-    tc_zero(dk);
-    tc_zero(dv);
+    Acc dk[NT], dv[NT];
+    tc_zero<E>(dk);
+    tc_zero<E>(dv);
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
@@ -610,11 +704,11 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
                 Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
             }
             __syncthreads();
-            TcC st[TC_COLS / 16], at[TC_COLS / 16];
-            tc_zero(st);
-            tc_zero(at);
-            tc_mma_abt(st, Ks + r0 * ld, ld, Qs, ld, hdp);
-            tc_mma_abt(at, Vs + r0 * ld, ld, dOs, ld, hdp);
+            Acc st[TC_COLS / 16], at[TC_COLS / 16];
+            tc_zero<E>(st);
+            tc_zero<E>(at);
+            tc_mma_abt<E>(st, Ks + r0 * ld, ld, Qs, ld, hdp);
+            tc_mma_abt<E>(at, Vs + r0 * ld, ld, dOs, ld, hdp);
             tc_store(Sw, lds, st);
             tc_store(Aw, lds, at);
             __syncwarp();
@@ -622,12 +716,12 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
                 int i = i0 + c;
                 ScoreGrad sg = score_grad(p, b, h, i, j, Sw[cc * lds + c] * p.scale, Aw[cc * lds + c], ls[c], Ds[c]);
                 cs += sg.gp;
-                Sw[cc * lds + c] = sg.a * sg.kf;
-                Aw[cc * lds + c] = alpha * sg.gp;
+                Pw[cc * ldp + c] = Tc<E>::put(sg.a * sg.kf);
+                Gw[cc * ldp + c] = Tc<E>::put(alpha * sg.gp);
             }
             __syncwarp();
-            tc_mma_ab(dv, Sw, lds, dOs, ld, TC_COLS);
-            tc_mma_ab(dk, Aw, lds, Qs, ld, TC_COLS);
+            tc_mma_ab<E>(dv, Pw, ldp, dOs, ld, TC_COLS);
+            tc_mma_ab<E>(dk, Gw, ldp, Qs, ld, TC_COLS);
         }
         if (colacc) {
             cs += __shfl_xor_sync(0xffffffffu, cs, 1);
@@ -637,16 +731,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     __syncwarp();
     for (int n = 0; n < NT; n++)
         for (int t = 0; t < dk[n].num_elements; t++) dk[n].x[t] *= p.scale;
-    tc_store(Ks + r0 * ld, ld, dk); /* this warp's own rows of Ks and Vs */
-    tc_store(Vs + r0 * ld, ld, dv);
-    __syncwarp();
-    for (int r = 0; r < 16 && j0 + r0 + r < p.Tk; r++) {
-        size_t row = ((size_t)bg * p.Tk + j0 + r0 + r) * hd;
-        for (int d = lane; d < hd; d += 32) {
-            dK[row + d] = Ks[(r0 + r) * ld + d];
-            dV[row + d] = Vs[(r0 + r) * ld + d];
-        }
-    }
+    size_t row = ((size_t)bg * p.Tk + j0 + r0) * hd;
+    tc_write_rows(dK + row, hd, min(16, p.Tk - j0 - r0), dk, Sw, lds);
+    tc_write_rows(dV + row, hd, min(16, p.Tk - j0 - r0), dv, Aw, lds);
 }
 
 #endif
