@@ -261,6 +261,29 @@ static double self_loss(void *vctx) {
 /* Width of the fused projection with G K/V heads, by hand: one query block of C, the other P-1 blocks G*hd. */
 static int proj_width(int H, int hd, int G) { return H * hd + (attn_num_proj(ATTN_VARIANT) - 1) * G * hd; }
 
+/* The row of (op, part) in a profile, or NULL. */
+static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, const char *part) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].op, op) && (part ? rows[i].part && !strcmp(rows[i].part, part) : !rows[i].part))
+            return &rows[i];
+    return NULL;
+}
+
+/* On a GPU the roles are copied head-major (the "pack" launches of attention_forward) before the kernels run; a
+ * block that two roles read alike is packed once: the query and key of a symmetric variant (not with grouped K/V
+ * heads, whose key has fewer heads), the key and value where they are one block (not under RoPE, which rotates the
+ * key and not the value). The CPU reads the projection in place: no parts. */
+static void check_packs(const KprofRow *rows, int n, const char *name, int kv_heads, int H) {
+    if (strncmp(backend_name(), "cuda", 4)) return;
+    int grouped = kv_heads && kv_heads != H, rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
+    int qk = attn_symmetric(ATTN_VARIANT) && !grouped;
+    int kv = attn_key_block(ATTN_VARIANT) == attn_value_block(ATTN_VARIANT) && !rope;
+    int want = 3 - qk - kv;
+    const KprofRow *pack = prof_row(rows, n, "attention_forward", "pack");
+    CHECK(pack && pack->calls == want, "%s %s: the forward packs %d role(s), one per distinct block: %ld",
+          case_label(ATTN_VARIANT, ATTN_POS), name, want, pack ? pack->calls : -1L);
+}
+
 /* One attention configuration against the float64 reference: forward, d(proj) (and +Pos gradients) against
  * central differences. kv_heads G: 0 or H standard, else grouped K/V heads (QKV and KV tying). */
 static void attention_case_kv(const char *name, int kv_heads, int B, int T, int H, int hd, int causal, int padded,
@@ -300,7 +323,11 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     if (g_scheme == ATTN_POSITION_REL_BIAS) drel = buf_zeros((size_t)H * REL_BUCKETS);
     AttnPosGrad dpos = {dw.d, db.d, drel.d};
     const AttnPos *pos = pos_arg(&pp);
+    kprof_start();
     attention_forward(out.d, lse.d, proj.d, pos, &a);
+    const KprofRow *rows;
+    int nrows = kprof_stop(&rows);
+    check_packs(rows, nrows, name, kv_heads, H);
     attention_backward(dproj.d, pos ? &dpos : NULL, R.d, proj.d, out.d, lse.d, pos, &a);
     buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db), buf_download(&drel);
 
@@ -1146,14 +1173,6 @@ static void bad_pool(void) { pool_tokens_forward(dummy, dummy, 1, 4, 2, 3, 2); }
 static void bad_cross_attention(void) {
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
     cross_attention_forward(dummy, dummy + 32, dummy, dummy, &a);
-}
-
-/* The row of (op, part) in a profile, or NULL. */
-static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, const char *part) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(rows[i].op, op) && (part ? rows[i].part && !strcmp(rows[i].part, part) : !rows[i].part))
-            return &rows[i];
-    return NULL;
 }
 
 /* The profile (kernels.h, kprof_start): every call of an op counted between start and stop and none outside; the

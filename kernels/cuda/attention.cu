@@ -4,8 +4,8 @@
  *
  *  1. pack: the query, key and value roles are copied out of the projection
  *     into head-major buffers (B, heads, T, hd), rotated on the way when the
- *     position scheme is RoPE. A variant whose roles share a block simply
- *     packs that block more than once.
+ *     position scheme is RoPE. Roles that read one block alike share one
+ *     packed copy (pack_roles).
  *  2. forward: one block per (batch, query head, 32 query rows) walks the keys
  *     in tiles of 32 held in shared memory with an online softmax (running
  *     max and sum), so the T x T scores never reach GPU memory; it writes the
@@ -311,14 +311,35 @@ enum { ROLE_Q, ROLE_K, ROLE_V };
 static float *g_pack, *g_grad, *g_misc;
 static size_t g_pack_cap, g_grad_cap, g_misc_cap;
 
-/* Packs the three roles into scratch (rotating Q and K under RoPE). */
+/* Does role r read the same rows as role s (same block, strides, rotation and shape), so that one packed copy
+ * serves both? */
+static int same_source(const Call *c, int r, int s, int rotated_r, int rotated_s) {
+    const AttnDev *d = &c->d;
+    int rows_r = r == ROLE_Q ? d->Tq : d->Tk, rows_s = s == ROLE_Q ? d->Tq : d->Tk;
+    int heads_r = r == ROLE_Q ? d->H : d->G, heads_s = s == ROLE_Q ? d->H : d->G;
+    return c->src[r] == c->src[s] && c->ld[r] == c->ld[s] && c->bstride[r] == c->bstride[s] &&
+           rotated_r == rotated_s && rows_r == rows_s && heads_r == heads_s;
+}
+
+/* Packs the roles into scratch (rotating Q and K under RoPE). A block that two roles read alike is packed once
+ * and read by both: KV's query and key, KV tying's key and value and all three of K's (without RoPE, which
+ * rotates the query and key but not the value). */
 static void pack_roles(Call *c) {
     AttnDev *d = &c->d;
     size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
     float *q = cuda_scratch(&g_pack, &g_pack_cap, nq + 2 * nk), *k = q + nq, *v = k + nk;
+    int rot = c->rope != NULL;
     pack(q, c->src[ROLE_Q], c->ld[ROLE_Q], c->bstride[ROLE_Q], d->B, d->Tq, d->H, d->hd, c->rope);
-    pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
-    pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
+    if (same_source(c, ROLE_K, ROLE_Q, rot, rot))
+        k = q;
+    else
+        pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
+    if (same_source(c, ROLE_V, ROLE_K, 0, rot))
+        v = k;
+    else if (same_source(c, ROLE_V, ROLE_Q, 0, rot))
+        v = q;
+    else
+        pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
     d->Q = q;
     d->K = k;
     d->V = v;
