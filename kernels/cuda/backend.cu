@@ -83,6 +83,11 @@ void cuda_fail(const char *file, int line, const char *call, const char *what) {
 int cuda_started(void) { return g_ready; }
 
 void (*kv_sync_check)(void);
+void (*kv_side_join)(void);
+
+void cuda_sync_before_copy(void) {
+    if (kv_sync_check) cuda_sync();
+}
 
 void cuda_sync(void) {
     if (!kv_sync_check) {
@@ -178,7 +183,9 @@ size_t dev_alloc_total(void) { return g_alloc_total; }
 void dev_free(void *p) {
     KPROF_OP();
     if (!p) return;
-    /* the stream may still use it: frees wait for the work queued before them */
+    /* the stream may still use it: frees wait for the work queued before them. cudaFree waits for the whole
+     * device, the transport's side stream included: join that to the stream first, so the poll covers it. */
+    if (kv_side_join) kv_side_join();
     cuda_sync();
     CUDA_CHECK(cudaFree(p));
     live_remove(p);
@@ -193,6 +200,7 @@ void dev_upload(void *dst, const void *src, size_t bytes) {
     KPROF_OP();
     if (!bytes) return;
     cuda_ready();
+    cuda_sync_before_copy();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
     cuda_sync(); /* the host buffer may be reused at once */
 }
@@ -200,6 +208,7 @@ void dev_upload(void *dst, const void *src, size_t bytes) {
 void dev_download(void *dst, const void *src, size_t bytes) {
     KPROF_OP();
     if (!bytes) return;
+    cuda_sync_before_copy();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, kv_stream));
     cuda_sync();
 }

@@ -55,6 +55,13 @@ int cuda_started(void);
  * instead of blocking it for good. */
 void cuda_sync(void);
 extern void (*kv_sync_check)(void);
+/* Set with kv_sync_check: makes the stream wait for the collectives queued on the transport's side stream
+ * (dev_comm_async_wait), so that a poll of the stream covers them too. */
+extern void (*kv_side_join)(void);
+/* Before a copy between pageable host memory and the device: such a copy may block in the driver until the
+ * stream has done everything before it, a failed collective included, where no poll runs; with kv_sync_check
+ * set, a polling cuda_sync first, so that the copy starts on an idle stream. */
+void cuda_sync_before_copy(void);
 
 /* Scratch device memory that grows on demand, one per use site (calls come from one host thread). */
 float *cuda_scratch(float **buf, size_t *cap, size_t floats);

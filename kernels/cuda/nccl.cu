@@ -81,6 +81,7 @@ static void check_async(void) {
     if (st == ncclSuccess || st == ncclInProgress) return;
     const char *last = ncclGetLastError(g_comm);
     kv_sync_check = NULL;
+    kv_side_join = NULL;
     ncclCommAbort(g_comm); /* frees the GPU work that waits for the failed peer */
     g_comm = NULL;
     FATAL("NCCL: a collective failed while the GPU waited for it: %s%s%s (hint: another rank or its network "
@@ -107,6 +108,7 @@ void dev_comm_join(const unsigned char id[DEV_COMM_ID_BYTES], int rank, int size
     CUDA_CHECK(cudaEventCreateWithFlags(&g_to_side, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&g_from_side, cudaEventDisableTiming));
     kv_sync_check = check_async;
+    kv_side_join = dev_comm_async_wait;
 }
 
 void dev_comm_leave(void) {
@@ -114,6 +116,7 @@ void dev_comm_leave(void) {
     dev_comm_async_wait();
     cuda_sync();
     kv_sync_check = NULL;
+    kv_side_join = NULL;
     NCCL_CHECK(ncclCommDestroy(g_comm));
     g_comm = NULL;
     CUDA_CHECK(cudaEventDestroy(g_to_side));

@@ -68,6 +68,7 @@ static int *g_ids_flag;
 static int check_ids(const char *fmt, const int *ids, int n, int V, int has_skip, int skip) {
     if (!g_ids_flag) g_ids_flag = (int *)dev_alloc(2 * sizeof(int));
     const int init[2] = {INT_MAX, 0};
+    cuda_sync_before_copy();
     CUDA_CHECK(cudaMemcpyAsync(g_ids_flag, init, sizeof init, cudaMemcpyHostToDevice, kv_stream));
     check_ids_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(g_ids_flag, ids, n, V, has_skip, skip);
     CUDA_LAUNCHED(check_ids);
