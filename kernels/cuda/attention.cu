@@ -282,7 +282,8 @@ static float *bias_table(const AttnPos *P, int H, int T, int reserve, int causal
     static float *buf;
     static size_t cap;
     const BiasInputs *in = bias_inputs(P, H, reserve > T ? reserve : T, causal);
-    float *tab = cuda_scratch(&buf, &cap, (size_t)H * (2 * T - 1));
+    /* sized for reserve: a decoder stepping through lengths T grows it once, not at each new length */
+    float *tab = cuda_scratch(&buf, &cap, (size_t)H * (2 * (reserve > T ? reserve : T) - 1));
     int n = H * (2 * T - 1);
     bias_table_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(tab, in->slopes, P->rel, bias_buckets(in, T), H, T,
                                                                   P->rel_buckets);

@@ -91,8 +91,10 @@ __global__ void __launch_bounds__(EMB_THREADS)
             const float *d = dout + (size_t)own[k] * C;
             for (int c = (int)threadIdx.x; c < C; c += EMB_THREADS) e[c] += scale * d[c];
         }
-        /* no barrier here: the next chunk writes warp_count and own only after its first __syncthreads, which
-         * every thread reaches after its reads of this chunk's */
+        /* no barrier here: the next chunk writes warp_count before its first __syncthreads, but every read of
+         * it in this chunk came before the barrier above, which all threads have passed; own and own_tok it
+         * writes only after that first __syncthreads, which every thread reaches after its reads of this
+         * chunk's */
     }
 }
 
