@@ -201,8 +201,14 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
 #endif
 }
 
+/* Bytes past a launch's dynamic shared memory that are filled before and checked after every block: a kernel that
+ * writes past the size its launch asked for (a layout bigger than its size function says) stops the emulation,
+ * one that reads there reads NaN. */
+constexpr size_t SMEM_CANARY = 16 * 1024;
+
 /* Runs body as grid x threads CUDA threads, block after block (x fastest, then y, then z), with smem bytes of
- * dynamic shared memory; each buffer of shared (nshared of them) is filled with NaN before every block. */
+ * dynamic shared memory; each buffer of shared (nshared of them) is filled with NaN (0xff bytes) before every
+ * block, SMEM_CANARY bytes past smem included, and those are checked after it. */
 inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *const *shared, int nshared,
                         const std::function<void()> &fn) {
     if (smem > SMEM_FLOATS * sizeof(float) || threads % 32) {
@@ -215,10 +221,10 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
     grid_dim = grid;
     if (fibers.size() != threads) fibers = std::vector<Fiber>(threads);
     lanes.assign(2 * (size_t)threads, 0);
+    const size_t fill = std::min(SMEM_FLOATS * sizeof(float), smem + SMEM_CANARY);
     for (unsigned long b = 0; b < (unsigned long)grid.x * grid.y * grid.z; b++) {
         block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
-        for (int i = 0; i < nshared; i++)
-            memset(shared[i], 0xff, SMEM_FLOATS * sizeof(float)); /* NaN as float and as bf16 */
+        for (int i = 0; i < nshared; i++) memset(shared[i], 0xff, fill); /* NaN as float and as bf16 */
         for (const SharedArray &a : shared_arrays) memset(a.p, 0xff, a.bytes); /* NaN floats, -1 ints */
         block_bar = {(int)threads, 0, 0};
         warp_bar.assign(threads / 32, Barrier{32, 0, 0});
@@ -253,6 +259,15 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
         if (block_bar.arrived) {
             fprintf(stderr, "cuda_emu: block %lu ended with threads waiting at __syncthreads\n", b);
             exit(2);
+        }
+        for (int i = 0; i < nshared; i++) {
+            const unsigned char *c = (const unsigned char *)shared[i];
+            for (size_t k = smem; k < fill; k++)
+                if (c[k] != 0xff) {
+                    fprintf(stderr, "cuda_emu: block %lu wrote shared memory at byte %zu, past the %zu bytes its "
+                            "launch asked for\n", b, k, smem);
+                    exit(2);
+                }
         }
     }
 }

@@ -526,7 +526,7 @@ def write_fragment(path, text):
 
 def test_cuda(build_root, tmp, sanitize, part):
     """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; where a GPU is visible, part "programs"
-    runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32) and part
+    runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32 and bf16) and part
     "models" the precision, bench and NCCL checks and the CPU-against-GPU training comparison. Two sections
     (cuda-programs, cuda-models; -k cuda runs both) so that each fits a time-limited session on a GPU machine."""
     section("CUDA target: " + ("test programs" if part == "programs" else "configurations, benchmarks, NCCL, models"))
@@ -556,8 +556,8 @@ def test_cuda(build_root, tmp, sanitize, part):
     # (name, fragments, extra fragments, make variables, programs to run, tag) of every build
     builds = [(name, frags, [native] if gpu else [], ["BENCH=y"], progs, "") for name, frags in configs]
     if gpu:  # test_kernels again in TF32 and bf16 builds: the tensor-core attention and matmuls at their bounds
-        for tag, text in (("tf32", "CONFIG_CUDA_TF32=y\n"), ("bf16", "CONFIG_CUDA_BF16_MATMUL=y\n")):
-            frag = write_fragment(os.path.join(build_root, "tests-cuda", tag + ".frag"), text)
+        for tag, sym in CUDA_TC_PRECISIONS:
+            frag = write_fragment(os.path.join(build_root, "tests-cuda", tag + ".frag"), f"CONFIG_{sym}=y\n")
             builds += [(name, frags, [native, frag], [], ("test_kernels",), "-" + tag) for name, frags in TEST_CONFIGS
                        if name in CUDA_TC_CONFIGS]
     cuda_config_tests(build_root, builds, env)
@@ -584,19 +584,18 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     frag_dir = os.path.join(build_root, "tests-cuda")
-    frags = {tag: write_fragment(os.path.join(frag_dir, tag[1:] + ".frag"), text)
-             for tag, text in (("-emu-tf32", "CONFIG_CUDA_TF32=y\n"), ("-emu-bf16", "CONFIG_CUDA_BF16_MATMUL=y\n"))}
+    frags = {tag: write_fragment(os.path.join(frag_dir, f"emu-{tag}.frag"), f"CONFIG_{sym}=y\n")
+             for tag, sym in CUDA_TC_PRECISIONS}
     emu = ["CUDA_EMU=1"] + (["SANITIZE=1"] if sanitize else [])
-    if sanitize:
-        builds = [("kv_tying_gqa_pos", dict(configs)["kv_tying_gqa_pos"], extra, emu, ("test_kernels",), tag)
-                  for extra, tag in (([], "-emu-san"), ([frags["-emu-bf16"]], "-emu-san-bf16"))]
+    if sanitize:  # one configuration, fp32 and each tensor-core precision
+        fr = dict(configs)["kv_tying_gqa_pos"]
+        builds = [("kv_tying_gqa_pos", fr, [], emu, ("test_kernels",), "-emu-san")]
+        builds += [("kv_tying_gqa_pos", fr, [frags[tag]], emu, ("test_kernels",), f"-emu-san-{tag}") for tag in frags]
     else:
         progs = ("test_kernels", "test_gpt2", "test_vit", "test_seq2seq")
         builds = [(name, fr, [], emu, progs, "-emu") for name, fr in configs]
-        builds += [(name, fr, [frags["-emu-tf32"]], emu, ("test_kernels",), "-emu-tf32") for name, fr in configs
-                   if name in CUDA_TC_CONFIGS]
-        builds += [(name, fr, [frags["-emu-bf16"]], emu, ("test_kernels",), "-emu-bf16") for name, fr in configs
-                   if name in CUDA_TC_CONFIGS]
+        builds += [(name, fr, [frags[tag]], emu, ("test_kernels",), f"-emu-{tag}") for tag in frags
+                   for name, fr in configs if name in CUDA_TC_CONFIGS]
     cuda_config_tests(build_root, builds, unit_test_env())
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
@@ -652,9 +651,10 @@ def test_device_scripts(tmp):
             "dataset-fashion-mnist" in pkgs, "device_pack.sh --no-fmnist leaves out Fashion-MNIST and only it")
 
 
-# the variant configurations whose kernel tests run again with tensor cores (TF32, bf16): Q.K^T and K.K^T scores,
-# one projection, grouped K/V heads, +Pos shared and per head
+# the variant configurations whose kernel tests run again with tensor cores: Q.K^T and K.K^T scores, one
+# projection, grouped K/V heads, +Pos shared and per head; in each tensor-core precision (tag, Kconfig symbol)
 CUDA_TC_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
+CUDA_TC_PRECISIONS = (("tf32", "CUDA_TF32"), ("bf16", "CUDA_BF16_MATMUL"))
 
 
 def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):

@@ -9,11 +9,11 @@
  *    same inputs, once with TF32 rounding turned off (then the two paths
  *    differ only in the order of float32 sums: output 2e-5, gradients
  *    and +Pos sums 1e-4 of the largest) and once rounding as the hardware
- *    does (the TF32 bounds of test_kernels.c: 5e-3 forward against the
- *    float64 reference, 1e-2 gradients against the fp32 kernels);
+ *    does (the TF32 bounds of tc_bounds.h: forward against the float64
+ *    reference, gradients against the fp32 kernels);
  *  - the bf16 tensor-core kernels (bf16 operand tiles, m16n16k16) at the
- *    bf16 bounds of test_kernels.c (3e-2 forward, 5e-2 gradients);
- * over head dims 16 to 128 (padded tiles), causal and bidirectional masks,
+ *    bf16 bounds of tc_bounds.h;
+ * over head dims 8 to 128 (padded tiles), causal and bidirectional masks,
  * key padding with fully masked rows, dropout, grouped K/V heads, cross
  * attention (Tq != Tk), +Pos (shared and per head) and the relative
  * position bias table. Then the emulated runtime and cuBLAS on which the whole
@@ -30,6 +30,7 @@ extern "C" {
 #include "attention.h"
 #include "hash.h"
 #include "kernels.h"
+#include "tc_bounds.h"
 #include "test.h"
 }
 /* The kernels read +Pos through ATTN_POS, a constant of the build; here it is on, so that one program checks
@@ -265,8 +266,8 @@ static void check_case(const Case &c) {
         emu::tf32_exact = mode_k == 0;
         Result tc = run_path(pr, mode_k == 2 ? BF16 : TF32, &f32);
         const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : "bf16";
-        double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? 5e-3 : 3e-2;
-        double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? 1e-2 : 5e-2;
+        double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
+        double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;
         e = rel_err(tc.out, ref_out), el = rel_err(tc.lse, ref_lse);
         CHECK(e <= fwd_tol && el <= fwd_tol, "%s, %s: tensor-core forward against float64: output %.3g, lse %.3g "
               "(bound %g)", c.name, mode, e, el, fwd_tol);

@@ -11,12 +11,10 @@
  * outputs must match the reference within 2e-5 relative to the largest
  * output (float32 rounding over sums of ~100 terms).
  *
- * A CUDA build with TF32 tensor cores (CUDA_TF32) rounds the inputs of the
- * matrix products, the attention's included, to 10 mantissa bits (unit
- * roundoff 2^-11 = 4.9e-4): its bounds are 5e-3 (forward, and the checks
- * that two computations agree) and 1e-2 (gradients); with bf16 products
- * (CUDA_BF16_MATMUL, 7 bits) 3e-2 and 5e-2. Bounds chosen ten times the
- * rounding, stated before measuring (docs/cuda.md). */
+ * A CUDA build with TF32 tensor cores (CUDA_TF32) or bf16 ones
+ * (CUDA_BF16_MATMUL) rounds the inputs of the matrix products, the
+ * attention's included: its bounds are those of tests/tc_bounds.h (forward,
+ * and the checks that two computations agree; gradients). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,12 +26,13 @@
 #include "common.h"
 #include "kernels.h"
 #include "ref.h"
+#include "tc_bounds.h"
 #include "test.h"
 
 #define TC_TF32 IS_ENABLED(CONFIG_CUDA_TF32)
 #define TC_BF16 IS_ENABLED(CONFIG_CUDA_BF16_MATMUL)
-#define GRAD_TOL (TC_BF16 ? 5e-2 : TC_TF32 ? 1e-2 : 1e-3)
-#define FWD_TOL (TC_BF16 ? 3e-2 : TC_TF32 ? 5e-3 : 2e-5)
+#define GRAD_TOL (TC_BF16 ? BF16_GRAD_TOL : TC_TF32 ? TF32_GRAD_TOL : 1e-3)
+#define FWD_TOL (TC_BF16 ? BF16_FWD_TOL : TC_TF32 ? TF32_FWD_TOL : 2e-5)
 /* A relative tolerance x of two float32 computations that should agree, or the tensor-core bound when one of
  * them rounds its products and the other does not. */
 #define AGREE_TOL(x) (TC_TF32 || TC_BF16 ? FWD_TOL : (x))
@@ -269,19 +268,19 @@ static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, con
     return NULL;
 }
 
-/* On a GPU the roles are copied head-major (the "pack" launches of attention_forward) before the kernels run; a
- * block that two roles read alike is packed once: the query and key of a symmetric variant (not with grouped K/V
- * heads, whose key has fewer heads), the key and value where they are one block (not under RoPE, which rotates the
- * key and not the value). The CPU reads the projection in place: no parts. */
-static void check_packs(const KprofRow *rows, int n, const char *name, int kv_heads, int H) {
+/* On a GPU the roles are copied head-major (the "pack" launches of the forward op) before the kernels run; a block
+ * that two roles read alike is packed once: the query and key of a symmetric variant, the key and value where they
+ * are one block (not under RoPE, which rotates the key and not the value). Cross-attention's three roles come from
+ * two tensors: three packs. want: the packs expected. The CPU reads the projection in place: no parts. */
+static void check_packs(const KprofRow *rows, int n, const char *op, const char *what, int want) {
     if (strncmp(backend_name(), "cuda", 4)) return;
-    int grouped = kv_heads && kv_heads != H, rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
-    int qk = attn_symmetric(ATTN_VARIANT) && !grouped;
-    int kv = attn_key_block(ATTN_VARIANT) == attn_value_block(ATTN_VARIANT) && !rope;
-    int want = 3 - qk - kv;
-    const KprofRow *pack = prof_row(rows, n, "attention_forward", "pack");
-    CHECK(pack && pack->calls == want, "%s %s: the forward packs %d role(s), one per distinct block: %ld",
-          case_label(ATTN_VARIANT, ATTN_POS), name, want, pack ? pack->calls : -1L);
+    const KprofRow *pack = prof_row(rows, n, op, "pack");
+    CHECK(pack && pack->calls == want, "%s: %s packs %d role(s), one per block and rotation: %ld", what, op, want,
+          pack ? pack->calls : -1L);
+}
+static int self_packs(void) {
+    int rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
+    return 3 - attn_symmetric(ATTN_VARIANT) - (attn_key_block(ATTN_VARIANT) == attn_value_block(ATTN_VARIANT) && !rope);
 }
 
 /* One attention configuration against the float64 reference: forward, d(proj) (and +Pos gradients) against
@@ -327,7 +326,8 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     attention_forward(out.d, lse.d, proj.d, pos, &a);
     const KprofRow *rows;
     int nrows = kprof_stop(&rows);
-    check_packs(rows, nrows, name, kv_heads, H);
+    snprintf(what, sizeof what, "%s %s", case_label(variant, ATTN_POS), name);
+    check_packs(rows, nrows, "attention_forward", what, self_packs());
     attention_backward(dproj.d, pos ? &dpos : NULL, R.d, proj.d, out.d, lse.d, pos, &a);
     buf_download(&out), buf_download(&dproj), buf_download(&dw), buf_download(&db), buf_download(&drel);
 
@@ -433,14 +433,19 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
         pad_d = dev_copy_of(pad, (size_t)B * Tk);
     }
     CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad_d, .dropout = dropout, .seed = 99};
+    char what[128];
+    kprof_start();
     cross_attention_forward(out.d, lse.d, q.d, kv.d, &a);
+    const KprofRow *rows;
+    int nrows = kprof_stop(&rows);
+    snprintf(what, sizeof what, "cross-attention %s", name);
+    check_packs(rows, nrows, "cross_attention_forward", what, 3);
     cross_attention_backward(dq.d, dkv.d, R.d, q.d, kv.d, out.d, lse.d, &a);
     buf_download(&out), buf_download(&dq), buf_download(&dkv);
     CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};
     cross_loss(&c);
     double omax, err = max_abs_diff(out.h, c.out, nq, &omax);
-    char what[128];
     snprintf(what, sizeof what, "cross-attention %s forward", name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g", what, err);
     snprintf(what, sizeof what, "cross-attention %s d(q)", name);

@@ -337,8 +337,6 @@ static void pack_roles(Call *c) {
         pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
     if (same_source(c, ROLE_V, ROLE_K, 0, rot))
         v = k;
-    else if (same_source(c, ROLE_V, ROLE_Q, 0, rot))
-        v = q;
     else
         pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
     d->Q = q;
