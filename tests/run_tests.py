@@ -578,8 +578,8 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
     test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
     rounded to TF32) and with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16).
-    test_mechint is left to a GPU (hours here). Under --sanitize one configuration's test_kernels in fp32 and in
-    bf16, so that AddressSanitizer watches the backend's host code and every kernel's reads and writes of device
+    test_mechint is left to a GPU (hours here). Under --sanitize one configuration's test_kernels in fp32, TF32
+    and bf16, so that AddressSanitizer watches the backend's host code and every kernel's reads and writes of device
     buffers."""
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
@@ -698,7 +698,7 @@ def cuda_config_tests(build_root, builds, env):
 def cuda_kconfig(build_root, gpu):
     """Each GPU architecture choice reaches nvcc as its -gencode; native asks nvidia-smi and, without a GPU,
     stops the build with one line. Each precision choice compiles (the backend's matmuls, attention and name)."""
-    for sym in ("CUDA_TF32", "CUDA_BF16_MATMUL"):
+    for _, sym in CUDA_TC_PRECISIONS:
         bdir = os.path.join(build_root, "tests-cuda", "precision-" + sym.lower())
         frag = write_fragment(bdir + ".frag", f"CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_{sym}=y\n")
         r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])

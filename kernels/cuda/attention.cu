@@ -452,9 +452,8 @@ typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL), __nv_bfloat16, flo
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
-    size_t need = tc_smem_forward<TcElem>(nt) > tc_smem_backward<TcElem>(nt) ? tc_smem_forward<TcElem>(nt)
-                                                                              : tc_smem_backward<TcElem>(nt);
-    return need <= kv_smem_max ? nt : 0;
+    size_t fwd = tc_smem_forward<TcElem>(nt), bwd = tc_smem_backward<TcElem>(nt);
+    return (fwd > bwd ? fwd : bwd) <= kv_smem_max ? nt : 0;
 }
 
 static void run_forward(Call *c) {

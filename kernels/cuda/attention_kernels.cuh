@@ -2,8 +2,8 @@
  * per-score code they share; kernels/cuda/attention.cu packs the roles, launches them and owns everything else.
  * A header of its own so that tests/test_cuda_emu.cpp can run the very same kernels on the CPU under an
  * emulation of the CUDA built-ins (tests/cuda_emu.h) where no GPU is. What it needs from its includer:
- * the CUDA built-ins, nvcuda::wmma (<mma.h>) and __nv_bfloat16 (<cuda_bf16.h>), warp_sum / warp_max (warp.cuh), dropout_keep (hash.h) and
- * ATTN_POS (attention.h). */
+ * the CUDA built-ins, nvcuda::wmma (<mma.h>) and __nv_bfloat16 (<cuda_bf16.h>), warp_sum / warp_max (warp.cuh),
+ * dropout_keep (hash.h) and ATTN_POS (attention.h). */
 #ifndef KVLAB_ATTENTION_KERNELS_CUH
 #define KVLAB_ATTENTION_KERNELS_CUH
 
