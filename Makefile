@@ -25,7 +25,7 @@ SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
 # Goals that work without a .config.
 no-config-goals := help menuconfig oldconfig olddefconfig savedefconfig defconfig-% clean mrproper \
-                   deps test bench bench-decode check-config paper paper-report
+                   deps test bench bench-decode check-config check-act paper paper-report
 need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOALS)),all)
 
 # ---------------------------------------------------------------- configuration
@@ -124,7 +124,7 @@ paper-report: deps
 
 # ---------------------------------------------------------------- configuration targets
 
-.PHONY: menuconfig oldconfig olddefconfig savedefconfig check-config
+.PHONY: menuconfig oldconfig olddefconfig savedefconfig check-config check-act
 
 defconfig-%: deps
 	@test -f defconfigs/$* || { echo "error: no defconfig named '$*' in defconfigs/ (hint: make help lists them)" >&2; exit 1; }
@@ -145,6 +145,11 @@ savedefconfig: deps
 check-config: deps
 	@$(KCONFIG) check-symbols
 	@$(PYTHON) scripts/check_layers.py
+
+# The code above the kernels with a 2-byte act_t (kernels/kernels.h): activations mixed with float fail to compile.
+check-act: deps
+	@$(KCONFIG) step $(O)/build/act-check tests/configs/base tests/configs/act-check >/dev/null
+	@$(MAKE) $(SUBMAKE_J) -f scripts/Makefile.build B=$(O)/build/act-check MECHINT=y BENCH=y check-act
 
 # ---------------------------------------------------------------- tests, benchmarks
 

@@ -52,7 +52,7 @@ static size_t cache_alloc_bytes(const GPT2Config *g, int T) {
 /* Decodes toks[pos] at the decoder's next position; the next token (greedy) goes to toks[pos + 1]. */
 static void decode_one(GPT2 *m, GPT2Decoder *d, int *toks, float *logits) {
     int pos = d->cache.len, V = m->cfg.V;
-    dev_download(logits, gpt2_decode(m, d, toks[pos]), (size_t)V * sizeof(float));
+    act_download(logits, gpt2_decode(m, d, toks[pos]), (size_t)V);
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;

@@ -31,15 +31,21 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Waits until the device has done everything queued (a download waits for the queue; free on the CPU). */
-static void device_wait(const float *any) {
-    float x;
-    dev_download(&x, any, sizeof x);
+static void device_wait(const void *any) {
+    unsigned char x;
+    dev_download(&x, any, 1);
 }
 
-/* A device buffer of n floats from values made on the host. */
+/* A device buffer of n floats (weights), and one of n activations, from values made on the host. */
 static float *uploaded(const float *host, size_t n) {
     float *d = dev_alloc(n * sizeof(float));
     dev_upload(d, host, n * sizeof(float));
+    return d;
+}
+
+static act_t *uploaded_act(const float *host, size_t n) {
+    act_t *d = dev_alloc(n * sizeof(act_t));
+    act_upload(d, host, n);
     return d;
 }
 
@@ -50,9 +56,9 @@ static double sgemm_gflops(int n, int reps, double *rates) {
     size_t nn = (size_t)n * n;
     float *h = xmalloc(nn * sizeof(float));
     for (size_t i = 0; i < nn; i++) h[i] = (float)(i % 7) * 0.1f;
-    float *a = uploaded(h, nn);
+    act_t *a = uploaded_act(h, nn), *c = dev_alloc(nn * sizeof(act_t));
     for (size_t i = 0; i < nn; i++) h[i] = (float)(i % 5) * 0.1f;
-    float *b = uploaded(h, nn), *c = dev_alloc(nn * sizeof(float));
+    float *b = uploaded(h, nn);
     double *t = xmalloc((size_t)reps * sizeof(double));
     int calls = 1;
     for (;;) { /* warm-up, and the batch size */
@@ -83,9 +89,9 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
     float *h = xmalloc((np > no ? np : no) * sizeof(float));
     Rng rng = rng_seeded(5, 6);
     for (size_t i = 0; i < np; i++) h[i] = (float)rng_normal(&rng);
-    float *proj = uploaded(h, np), *dproj = dev_alloc(np * sizeof(float));
+    act_t *proj = uploaded_act(h, np), *dproj = dev_alloc(np * sizeof(act_t));
     for (size_t i = 0; i < no; i++) h[i] = (float)rng_normal(&rng);
-    float *dout = uploaded(h, no), *out = dev_alloc(no * sizeof(float));
+    act_t *dout = uploaded_act(h, no), *out = dev_alloc(no * sizeof(act_t));
     float *lse = dev_alloc((size_t)B * H * T * sizeof(float));
     free(h);
     AttnPos pos = {0};

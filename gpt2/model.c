@@ -204,49 +204,43 @@ BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t 
     return s;
 }
 
-/* Activations for B x T tokens; every array is laid out for the current
- * B x T, so any smaller batch fits in an earlier allocation. */
-static void alloc_acts(GPT2 *m, int B, int T) {
-    const GPT2Config *c = &m->cfg;
-    size_t BT = (size_t)B * T, C = (size_t)c->C;
-    BlockShape s = gpt2_block_shape(m, B, T, 0, 0, 0);
-    size_t need = (size_t)c->L * block_act_floats(&s) + block_scratch_floats(&s) + 4 * BT * C +
-                  BT * (size_t)c->V + 6 * BT + 256;
-    if (m->act_memory && need <= m->act_capacity) return;
-    dev_free(m->act_memory);
-    dev_free(m->inputs);
-    dev_free(m->targets);
-    m->act_memory = dev_alloc(need * sizeof(float));
-    m->act_capacity = need;
-    m->inputs = dev_alloc(BT * sizeof(int));
-    m->targets = dev_alloc(BT * sizeof(int));
-    if (!m->acts.block) m->acts.block = xcalloc((size_t)c->L, sizeof(BlockActs));
-}
-
-/* Points the activation arrays into the buffer for the current B x T. */
-static void layout_acts(GPT2 *m, int B, int T) {
+/* The activation arrays for B x T tokens carved out of cv (nn/block.h): with cv->p NULL only counted. */
+static void acts_layout(GPT2 *m, Carve *cv, int B, int T) {
     const GPT2Config *c = &m->cfg;
     size_t BT = (size_t)B * T, C = (size_t)c->C;
     BlockShape s = gpt2_block_shape(m, B, T, 0, 0, 0);
     GPT2Acts *a = &m->acts;
-    float *p = m->act_memory;
-#define TAKE(ptr, count) (ptr = p, p += ((count) + 15) / 16 * 16)
-    TAKE(a->encoded, BT * C);
-    for (int l = 0; l < c->L; l++) {
-        a->block[l] = block_acts_at(p, &s);
-        p += block_act_floats(&s);
+    a->encoded = carve(cv, BT * C * sizeof(act_t));
+    for (int l = 0; l < c->L; l++) a->block[l] = block_acts_at(carve(cv, block_act_bytes(&s)), &s);
+    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&s)), &s);
+    a->lnf = carve(cv, BT * C * sizeof(act_t));
+    a->lnf_mean = carve(cv, BT * sizeof(float));
+    a->lnf_rstd = carve(cv, BT * sizeof(float));
+    a->logits = carve(cv, BT * (size_t)c->V * sizeof(act_t));
+    a->losses = carve(cv, BT * sizeof(float));
+    a->ce_lse = carve(cv, BT * sizeof(float));
+    a->dres = carve(cv, BT * C * sizeof(act_t));
+    a->dlnf = carve(cv, BT * C * sizeof(act_t));
+}
+
+/* Activations for B x T tokens, every array laid out for the current B x T: a smaller batch than an earlier one
+ * fits in its allocation. */
+static void alloc_acts(GPT2 *m, int B, int T) {
+    size_t BT = (size_t)B * T;
+    if (!m->acts.block) m->acts.block = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
+    Carve count = {NULL, 0};
+    acts_layout(m, &count, B, T);
+    if (!m->act_memory || count.bytes > m->act_capacity) {
+        dev_free(m->act_memory);
+        dev_free(m->inputs);
+        dev_free(m->targets);
+        m->act_memory = dev_alloc(count.bytes);
+        m->act_capacity = count.bytes;
+        m->inputs = dev_alloc(BT * sizeof(int));
+        m->targets = dev_alloc(BT * sizeof(int));
     }
-    a->scratch = block_scratch_at(p, &s);
-    p += block_scratch_floats(&s);
-    TAKE(a->lnf, BT * C);
-    TAKE(a->lnf_mean, BT);
-    TAKE(a->lnf_rstd, BT);
-    TAKE(a->logits, BT * (size_t)c->V);
-    TAKE(a->losses, BT);
-    TAKE(a->ce_lse, BT);
-    TAKE(a->dres, BT * C);
-    TAKE(a->dlnf, BT * C);
-#undef TAKE
+    Carve cv = {m->act_memory, 0};
+    acts_layout(m, &cv, B, T);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -262,7 +256,6 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
     if (T < 1 || T > c->T) FATAL("gpt2_forward: sequence length %d outside [1, %d]", T, c->T);
     if (B < 1) FATAL("gpt2_forward: batch size %d", B);
     alloc_acts(m, B, T);
-    layout_acts(m, B, T);
     m->fwd_B = B;
     m->fwd_T = T;
     m->fwd_training = training;
@@ -275,7 +268,7 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
     embedding_forward(a->encoded, m->inputs, PARAM(m->wte), gpt2_positions(m), B, T, C, c->V, 1.0f);
     if (training && c->dropout > 0.0f)
         dropout_forward(a->encoded, a->encoded, n, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
-    const float *x = a->encoded;
+    const act_t *x = a->encoded;
     for (int l = 0; l < c->L; l++) {
         BlockShape s = gpt2_block_shape(m, B, T, training, dropout_seed_base, l);
         block_forward(&a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
@@ -310,27 +303,27 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
     GPT2Acts *a = &m->acts;
     int B = m->fwd_B, T = m->fwd_T, C = c->C;
     size_t BT = (size_t)B * T, n = BT * C;
-    const float *last = a->block[c->L - 1].out;
+    const act_t *last = a->block[c->L - 1].out;
 
     /* loss -> logits (in place) -> head -> final LayerNorm */
     if (!m->external_dlogits)
         crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, (int)BT, c->V, -1, 0.0f,
                               loss_scale / (float)m->counted);
-    dev_zero(a->dlnf, n * sizeof(float));
+    dev_zero(a->dlnf, n * sizeof(act_t));
     linear_backward(a->dlnf, GRAD(m->headw), HEAD_BIAS(c) ? GRAD(m->headb) : NULL, a->logits, a->lnf,
                     PARAM(m->headw), (int)BT, C, c->V);
-    dev_zero(a->dres, n * sizeof(float));
+    dev_zero(a->dres, n * sizeof(act_t));
     layernorm_backward(a->dres, GRAD(m->lnfw), c->bias ? GRAD(m->lnfb) : NULL, a->dlnf, last, PARAM(m->lnfw),
                        a->lnf_mean, a->lnf_rstd, (int)BT, C);
     for (int l = c->L - 1; l >= 0; l--) {
         BlockShape s = gpt2_block_shape(m, B, T, m->fwd_training, m->dropout_seed_base, l);
-        const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
+        const act_t *x = l == 0 ? a->encoded : a->block[l - 1].out;
         block_backward(a->dres, m->w.grads, &a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
         params_grads_final_from(&m->w, m->layer[l].first); /* a tied head adds to wte, below every block */
     }
-    const float *demb = a->dres;
+    const act_t *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {
-        dev_zero(a->dlnf, n * sizeof(float));
+        dev_zero(a->dlnf, n * sizeof(act_t));
         dropout_backward(a->dlnf, a->dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
         demb = a->dlnf;
     }

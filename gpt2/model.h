@@ -33,12 +33,13 @@ GPT2Config gpt2_config_from_kconfig(int vocab);
 char *gpt2_config_json(const GPT2Config *c);
 
 typedef struct {
-    float *encoded;                   /* (B,T,C) embeddings after dropout */
+    act_t *encoded;                   /* (B,T,C) embeddings after dropout */
     BlockActs *block;                 /* per layer (nn/block.h); block[l].out feeds layer l+1 */
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;                    /* (B,T,V), overwritten by its gradient in backward */
+    act_t *lnf;                       /* (B,T,C) */
+    float *lnf_mean, *lnf_rstd;       /* (B,T) */
+    act_t *logits;                    /* (B,T,V), overwritten by its gradient in backward */
     float *losses, *ce_lse;           /* (B,T) */
-    float *dres, *dlnf;               /* backward: gradient of the residual stream, of the final LayerNorm output */
+    act_t *dres, *dlnf;               /* backward: gradient of the residual stream, of the final LayerNorm output */
     BlockScratch scratch;
 } GPT2Acts;
 
@@ -52,8 +53,8 @@ typedef struct {
     float *rope;                   /* RoPE table with POSITION_ROPE, else NULL */
     /* activations of the last forward pass (any batch up to the capacity) */
     GPT2Acts acts;
-    float *act_memory;
-    size_t act_capacity;           /* floats in act_memory */
+    void *act_memory;
+    size_t act_capacity;           /* bytes in act_memory */
     int *inputs, *targets;
     /* last forward pass */
     int fwd_B, fwd_T, fwd_training, counted;

@@ -7,7 +7,7 @@
 #include "attention.h"
 #include "kernels.h"
 
-/* one cached row: kv_heads * head_dim floats (C without grouped K/V heads) */
+/* one cached row: kv_heads * head_dim activations (C without grouped K/V heads) */
 static int kv_dim(const GPT2Config *g) { return attn_kv_width(g->C, g->H, g->kv_heads); }
 
 size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg) {
@@ -18,8 +18,8 @@ void gpt2_decoder_init(GPT2Decoder *d, const GPT2 *m) {
     const GPT2Config *g = &m->cfg;
     kv_cache_init(&d->cache, g->L, 1, g->T, kv_dim(g), g->variant);
     decode_scratch_init(&d->scratch, 1, g->C, g->H, 4 * g->C, attn_proj_width(g->variant, g->C, kv_dim(g)));
-    d->x = dev_alloc((size_t)g->C * sizeof(float));
-    d->logits = dev_alloc((size_t)g->V * sizeof(float));
+    d->x = dev_alloc((size_t)g->C * sizeof(act_t));
+    d->logits = dev_alloc((size_t)g->V * sizeof(act_t));
     d->token = dev_alloc(sizeof(int));
 }
 
@@ -30,7 +30,7 @@ void gpt2_decoder_free(GPT2Decoder *d) {
     memset(d, 0, sizeof *d);
 }
 
-const float *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token) {
+const act_t *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token) {
     const GPT2Config *g = &m->cfg;
     int C = g->C, t = d->cache.len;
     if (t >= d->cache.T) FATAL("gpt2_decode: cache full (%d positions)", d->cache.T);
@@ -93,22 +93,22 @@ int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const 
                   Err *e) {
     const GPT2Config *g = &m->cfg;
     if (nprompt == 0) return err_set(e, "sample: empty prompt");
-    size_t total = nprompt + (size_t)opt->length, vbytes = (size_t)g->V * sizeof(float);
+    size_t total = nprompt + (size_t)opt->length, V = (size_t)g->V;
     int *toks = xmalloc(total * sizeof(int));
     memcpy(toks, prompt, nprompt * sizeof(int));
-    float *logits = xmalloc(vbytes);
+    float *logits = xmalloc(V * sizeof(float));
     Rng rng = rng_seeded(opt->seed, 77);
     GPT2Decoder dec;
     if (opt->use_cache) gpt2_decoder_init(&dec, m);
     size_t n = nprompt, start = 0; /* the window is toks[start, n) */
     if (n > (size_t)g->T) start = n - (size_t)g->T;
     if (opt->use_cache)
-        for (size_t i = start; i < n; i++) dev_download(logits, gpt2_decode(m, &dec, toks[i]), vbytes);
+        for (size_t i = start; i < n; i++) act_download(logits, gpt2_decode(m, &dec, toks[i]), V);
     for (int k = 0; k < opt->length; k++) {
         if (!opt->use_cache) { /* full forward over the window, logits of its last position */
             size_t T = n - start;
             gpt2_forward(m, toks + start, NULL, 1, (int)T, 0, 0);
-            dev_download(logits, m->acts.logits + (T - 1) * (size_t)g->V, vbytes);
+            act_download(logits, m->acts.logits + (T - 1) * V, V);
         }
         int next = sample_token(logits, g->V, opt, &rng);
         toks[n++] = next;
@@ -123,7 +123,7 @@ int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const 
                 for (size_t i = start; i + 1 < n; i++) gpt2_decode(m, &dec, toks[i]);
             }
         }
-        if (opt->use_cache && k + 1 < opt->length) dev_download(logits, gpt2_decode(m, &dec, next), vbytes);
+        if (opt->use_cache && k + 1 < opt->length) act_download(logits, gpt2_decode(m, &dec, next), V);
     }
     if (opt->use_cache) gpt2_decoder_free(&dec);
     free(logits);

@@ -16,7 +16,7 @@
 typedef struct {
     KVCache cache;
     DecodeScratch scratch;
-    float *x, *logits; /* (C), (V) */
+    act_t *x, *logits; /* (C), (V) */
     int *token;        /* (1) */
 } GPT2Decoder;
 
@@ -24,9 +24,9 @@ void gpt2_decoder_init(GPT2Decoder *d, const GPT2 *m);
 void gpt2_decoder_free(GPT2Decoder *d);
 /* Bytes the cache holds per token (all layers). */
 size_t gpt2_cache_bytes_per_token(const GPT2Config *cfg);
-/* Appends token at the next position and returns its logits (V floats of
- * device memory, valid until the next call). */
-const float *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token);
+/* Appends token at the next position and returns its logits (V activations
+ * of device memory, valid until the next call: act_download reads them). */
+const act_t *gpt2_decode(GPT2 *m, GPT2Decoder *d, int token);
 
 typedef struct {
     int length, top_k, use_cache;

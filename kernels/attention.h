@@ -31,6 +31,8 @@
 
 #include <generated/attn_variants.h>
 
+#include "kernels.h" /* act_t */
+
 /* ---- the variant table ----------------------------------------------------
  * One row per variant, generated from kernels/attention.tbl (the only place
  * these facts live; Python reads the same file). The array is static const
@@ -230,11 +232,11 @@ typedef struct {
  * grouped K/V heads, attn_proj_width() with); out: (B, T, C) heads concatenated; lse: (B, H, T) row
  * log-sum-exp saved for the backward pass (the T x T probabilities are
  * recomputed there, never stored). pos: the layer's positional inputs (AttnPos) or NULL. */
-void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos,
+void attention_forward(act_t *out, float *lse, const act_t *proj, const AttnPos *pos,
                        const AttnArgs *a);
 /* dproj (B, T, W) and dpos are accumulated. */
-void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
-                        const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a);
+void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, const act_t *proj,
+                        const act_t *out, const float *lse, const AttnPos *pos, const AttnArgs *a);
 
 /* Cross-attention, always QKV: q (B, Tq, C) from the decoder, kv (B, Tk, 2C)
  * = [K|V] from the encoder, key_pad (B, Tk) or NULL, no causal mask. */
@@ -244,10 +246,10 @@ typedef struct {
     float dropout;
     uint64_t seed;
 } CrossAttnArgs;
-void cross_attention_forward(float *out, float *lse, const float *q, const float *kv,
+void cross_attention_forward(act_t *out, float *lse, const act_t *q, const act_t *kv,
                              const CrossAttnArgs *a);
-void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q,
-                              const float *kv, const float *out, const float *lse,
+void cross_attention_backward(act_t *dq, act_t *dkv, const act_t *dout, const act_t *q,
+                              const act_t *kv, const act_t *out, const float *lse,
                               const CrossAttnArgs *a);
 
 /* Decoding with a KV cache: N sequences, each with one new query at position
@@ -256,7 +258,7 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
  * per sequence, G = kv_heads (0 = H) K/V heads (they may be the same buffer,
  * as in K and KV tying, whose caches hold one tensor); out: (N, C). C = H * hd;
  * query head h reads cached head h / (H/G). */
-void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
+void attention_decode(act_t *out, const act_t *q, int q_ld, const act_t *keys, const act_t *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos);
 
 /* For backends (kernels/<backend>/attention.*), the checks every backend makes, with the same messages:
@@ -278,7 +280,7 @@ void attention_set_symmetric_path(int on);
  * the forward pass, for tests and analyses: the scores S' before any mask
  * (scale and +Pos applied), and the probabilities A (masks and softmax
  * applied, no dropout). */
-void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
-void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
+void attention_scores(float *S, const act_t *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
+void attention_probs(float *A, const act_t *proj, const AttnPos *pos, const AttnArgs *a, int b, int h);
 
 #endif

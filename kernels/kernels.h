@@ -12,13 +12,37 @@
  *  - every pointer argument is device memory (dev_alloc), token ids, targets
  *    and masks too; the few results returned by value (a count, a norm) are
  *    host values, so on an asynchronous backend those calls wait for the
- *    device: call them once per step, not per op.
+ *    device: call them once per step, not per op;
+ *  - activations, and the gradients of activations, are act_t (below);
+ *    parameters, their gradients and AdamW moments, layernorm statistics,
+ *    losses and log-sum-exps are float.
  * Attention has its own header, kernels/attention.h. */
 #ifndef KVLAB_KERNELS_H
 #define KVLAB_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* ---- the element type of activations -------------------------------------
+ * act_t is what the activations between ops are stored as: the (rows,
+ * channels) inputs and outputs of the ops below and their gradients,
+ * attention's projections and outputs, the KV cache. float in every build
+ * today; a bf16 precision of the CUDA target (issue: GPU speed) is to make
+ * it 2 bytes wide while everything else stays float. So model code sizes
+ * activation buffers with sizeof(act_t), never reads or writes one of their
+ * elements on the host (act_upload and act_download convert from and to
+ * float on the way) and never hands one where a float buffer is asked for.
+ * `make check-act` (scripts/check_act.py, part of make test) compiles the
+ * code above the kernels with KVLAB_ACT_CHECK defined: act_t is then a
+ * 2-byte struct, so that mixing it with float, arithmetic on its values and
+ * byte copies of it with dev_upload / dev_download do not compile. */
+#ifdef KVLAB_ACT_CHECK
+typedef struct {
+    unsigned short bits;
+} act_t;
+#else
+typedef float act_t;
+#endif
 
 /* ---- backend ---------------------------------------------------------- */
 
@@ -45,22 +69,36 @@ void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);
 /* device to device; the two ranges must not overlap */
 void dev_copy(void *dst, const void *src, size_t bytes);
-/* rows x cols floats from src (row stride src_ld floats) to dst (row stride
+/* n activations from float host memory, and back to float host memory. */
+void act_upload(act_t *dst, const float *host_src, size_t n);
+void act_download(float *host_dst, const act_t *src, size_t n);
+#ifdef KVLAB_ACT_CHECK
+/* an activation buffer crosses to or from the host only through act_upload / act_download */
+#define KVLAB_NOT_ACT(p)                                                                                    \
+    ((void)sizeof(struct {                                                                                  \
+        _Static_assert(_Generic((p), act_t *: 0, const act_t *: 0, default: 1),                            \
+                       "activations cross to and from the host with act_upload / act_download");           \
+        int x;                                                                                              \
+    }))
+#define dev_upload(dst, src, bytes) (KVLAB_NOT_ACT(dst), dev_upload(dst, src, bytes))
+#define dev_download(dst, src, bytes) (KVLAB_NOT_ACT(src), dev_download(dst, src, bytes))
+#endif
+/* rows x cols activations from src (row stride src_ld) to dst (row stride
  * dst_ld), both device memory, not overlapping: e.g. appending one position
  * of N sequences to a KV cache */
-void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols);
+void dev_copy_rows(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, int rows, size_t cols);
 /* dst row i = src row idx[i] for i < n (idx: n ints in device memory), cols
- * floats per row, row strides dst_ld and src_ld; dst must not overlap src:
+ * activations per row, row strides dst_ld and src_ld; dst must not overlap src:
  * e.g. reordering beam-search caches, or one source row per beam */
-void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols);
+void rows_gather(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, const int *idx, int n, size_t cols);
 
 /* ---- embedding: out[b,t,:] = scale * wte[tokens[b,t],:] + wpe[t,:] ------
  * scale is 1 for GPT-2, sqrt(C) for the translation model; wpe may be a
  * fixed table (sinusoidal), then dwpe is NULL, or NULL (positions enter in
  * attention: RoPE, ALiBi, relative bias). */
-void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale);
-void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
                         int B, int T, int C, float scale);
 
 /* ---- token assembly for encoders (ViT): out (B, T, C) --------------------
@@ -68,46 +106,46 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
  * T-1 tokens); without: out[b,i] = x[b,i] + pos[i] (x has T tokens).
  * pos may be NULL (no absolute positions). Backward adds to dx, dpos (unless
  * NULL: a fixed table or none) and (if given) dcls. */
-void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C);
-void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C);
+void tokens_embed_forward(act_t *out, const act_t *x, const float *cls, const float *pos, int B, int T, int C);
+void tokens_embed_backward(act_t *dx, float *dcls, float *dpos, const act_t *dout, int B, int T, int C);
 
 /* ---- pooling: out[b] = mean of inp[b, first .. first+count-1] (B, C) ------ */
-void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count);
-void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count);
+void pool_tokens_forward(act_t *out, const act_t *inp, int B, int T, int C, int first, int count);
+void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, int first, int count);
 
 /* ---- layernorm over the last dim, eps 1e-5, biased variance -------------
  * mean and rstd (N floats each) are saved for the backward pass; b may be
  * NULL (no bias), then db must be NULL too. */
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
                        const float *w, const float *b, int N, int C);
-void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C);
 /* A residual add and the layernorm after it, fused: res = a + b (kept: the
  * layernorm's input for its backward pass and the next residual's), then
  * out = layernorm(res); the very values of residual_forward followed by
  * layernorm_forward, in one pass over the rows on a GPU. res may be a. */
-void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd, const act_t *a, const act_t *b,
                                 const float *w, const float *bias, int N, int C);
 
 /* ---- linear: out (N,OC) = inp (N,C) W^T + b, through sgemm ---------------
  * b may be NULL (then db must be NULL). dinp may be NULL when the input
  * needs no gradient (e.g. the first layer's input is data). */
-void linear_forward(float *out, const float *inp, const float *w, const float *b,
+void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
                     int N, int C, int OC);
-void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                      const float *w, int N, int C, int OC);
 
 /* ---- activations (elementwise over n values) ---------------------------- */
 
 /* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-void gelu_forward(float *out, const float *inp, size_t n);
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void relu_forward(float *out, const float *inp, size_t n);
-void relu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void gelu_forward(act_t *out, const act_t *inp, size_t n);
+void gelu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
+void relu_forward(act_t *out, const act_t *inp, size_t n);
+void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
 
 /* ---- residual add: out = a + b. No backward op: the block passes dout on to
  * both inputs, whose backward ops accumulate into the same gradient buffer. */
-void residual_forward(float *out, const float *a, const float *b, size_t n);
+void residual_forward(act_t *out, const act_t *a, const act_t *b, size_t n);
 
 /* ---- dropout --------------------------------------------------------------
  * Inverted dropout with probability p. The keep/drop decision of element i
@@ -115,8 +153,8 @@ void residual_forward(float *out, const float *a, const float *b, size_t n);
  * it, and results do not depend on the thread count. Use a different seed
  * per call site and step (dropout_seed). out may alias inp. */
 uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site);
-void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed);
-void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed);
+void dropout_forward(act_t *out, const act_t *inp, size_t n, float p, uint64_t seed);
+void dropout_backward(act_t *dinp, const act_t *dout, size_t n, float p, uint64_t seed);
 /* Data-parallel training (train/dist.h): the batch of the following passes is rows [first, first + count) of
  * a global batch. Dropout then decides element i of a buffer of n values whose leading dimension is that
  * batch as element i + first * (n / count) of the global buffer, so the masks do not depend on how many
@@ -132,16 +170,16 @@ int dropout_batch_first(void);
  * Rows whose target equals ignore_index (use -1 for none) get loss 0 and no
  * gradient. lse (N floats) is saved for the backward pass. Returns the
  * number of rows that count (targets != ignore_index). */
-int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+int crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing);
 /* dlogits = (softmax(x) - target distribution) * scale for counted rows,
  * scale is typically 1/(counted rows) (times 1/grad-accum steps). dlogits
  * may alias logits (computed in place: the logits are not needed again). */
-void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse,
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale);
 /* Counts rows whose argmax equals the target (ignoring ignore_index rows). */
-int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index);
+int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index);
 
 /* ---- optimiser --------------------------------------------------------------
  * AdamW (decoupled weight decay, bias correction) on n values; t is the

@@ -96,7 +96,7 @@ static AttnPos hook_pos(const Runner *r, int layer, const BlockShape *s) {
     return pos;
 }
 
-static void collect_after_proj(const BlockHook *hk, int layer, const float *in, const float *proj,
+static void collect_after_proj(const BlockHook *hk, int layer, const act_t *in, const act_t *proj,
                                const BlockShape *s) {
     (void)in;
     Collect *c = hk->ctx;
@@ -329,9 +329,9 @@ typedef struct {
     size_t cap;
 } Ablate;
 
-static void ablate_after_attn(const BlockHook *hk, int layer, float *dev_atty, const BlockShape *s) {
+static void ablate_after_attn(const BlockHook *hk, int layer, act_t *dev_atty, const BlockShape *s) {
     Ablate *a = hk->ctx;
-    size_t C = (size_t)s->C, bytes = (size_t)s->B * s->T * C * sizeof(float);
+    size_t C = (size_t)s->C, n = (size_t)s->B * s->T * C, bytes = n * sizeof(float);
     if (a->mode != 0 && layer != a->layer) return;
     if (bytes > a->cap) {
         free(a->atty);
@@ -339,7 +339,7 @@ static void ablate_after_attn(const BlockHook *hk, int layer, float *dev_atty, c
         a->cap = bytes;
     }
     float *atty = a->atty;
-    dev_download(atty, dev_atty, bytes);
+    act_download(atty, dev_atty, n);
     if (a->mode == 0) {
         for (int b = 0; b < s->B; b++)
             for (int t = 0; t < s->T && t < a->T; t++)
@@ -358,7 +358,7 @@ static void ablate_after_attn(const BlockHook *hk, int layer, float *dev_atty, c
                 z[k] = a->mode == 1 ? 0.0f : (float)mu;
             }
         }
-    dev_upload(dev_atty, atty, bytes);
+    act_upload(dev_atty, atty, n);
 }
 
 static double head_ablation_delta(Runner *r, int layer, int head, int mode, int batches, const double *clean,

@@ -47,12 +47,12 @@ float *runner_logits(Runner *r) {
         r->host_logits = xmalloc(n * sizeof(float));
         r->host_logits_cap = n;
     }
-    dev_download(r->host_logits, r->dev_logits, n * sizeof(float));
+    act_download(r->host_logits, r->dev_logits, n);
     return r->host_logits;
 }
 
 void runner_backward(Runner *r, const float *dlogits) {
-    dev_upload(r->dev_logits, dlogits, (size_t)r->rows * r->V * sizeof(float));
+    act_upload(r->dev_logits, dlogits, (size_t)r->rows * r->V);
     r->backward(r);
 }
 

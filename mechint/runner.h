@@ -44,7 +44,7 @@ struct Runner {
     int max_T;               /* longest sequence a forward pass sees */
     /* held-out batches: nbatches of rows logits rows each */
     int nbatches, V;
-    float *dev_logits;       /* the model's (rows, V) logits after forward (device memory) */
+    act_t *dev_logits;       /* the model's (rows, V) logits after forward (device memory) */
     int *targets;            /* host copy of the last batch's targets (rows); < 0: does not count */
     int rows;
     double (*forward)(Runner *r, int k, const BlockHook *hook);   /* mean loss over counted rows */

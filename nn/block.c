@@ -9,8 +9,6 @@
 #include "common.h"
 #include "kernels.h"
 
-#define ALIGN16(n) (((n) + 15) / 16 * 16) /* every array starts 64-byte aligned */
-
 /* dropout sites inside a block */
 enum { SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT, SITE_MLP_INNER };
 
@@ -20,54 +18,68 @@ int block_proj_width(const BlockShape *s) {
     return attn_proj_width(ATTN_VARIANT, s->C, attn_kv_width(s->C, s->H, s->kv_heads));
 }
 
-size_t block_act_floats(const BlockShape *s) {
-    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
-    /* ln1 atty res2 ln2 out | means and rstds | proj | lse | fch fch_act */
-    return ALIGN16(n) * 5 + ALIGN16(bt(s)) * 4 + ALIGN16(np) + ALIGN16((size_t)s->B * s->H * s->T) +
-           ALIGN16(bt(s) * s->mlp) * 2;
+void *carve(Carve *c, size_t bytes) {
+    void *at = c->p ? c->p + c->bytes : NULL;
+    c->bytes += (bytes + 63) / 64 * 64;
+    return at;
 }
 
-BlockActs block_acts_at(float *mem, const BlockShape *s) {
+#define TAKE(field, count, type) ((field) = carve(c, (count) * sizeof(type)))
+
+static void block_acts_layout(BlockActs *a, Carve *c, const BlockShape *s) {
+    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s), nl = (size_t)s->B * s->H * s->T;
+    TAKE(a->ln1, n, act_t);
+    TAKE(a->ln1_mean, bt(s), float);
+    TAKE(a->ln1_rstd, bt(s), float);
+    TAKE(a->proj, np, act_t);
+    TAKE(a->atty, n, act_t);
+    TAKE(a->att_lse, nl, float);
+    TAKE(a->res2, n, act_t);
+    TAKE(a->ln2, n, act_t);
+    TAKE(a->ln2_mean, bt(s), float);
+    TAKE(a->ln2_rstd, bt(s), float);
+    TAKE(a->fch, bt(s) * s->mlp, act_t);
+    TAKE(a->fch_act, bt(s) * s->mlp, act_t);
+    TAKE(a->out, n, act_t);
+}
+
+static void block_scratch_layout(BlockScratch *sc, Carve *c, const BlockShape *s) {
     size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
+    TAKE(sc->dbranch, n, act_t);
+    TAKE(sc->dln, n, act_t);
+    TAKE(sc->datty, n, act_t);
+    TAKE(sc->dsum, n, act_t);
+    TAKE(sc->branch, n, act_t);
+    TAKE(sc->dproj, np, act_t);
+    TAKE(sc->dfch_act, bt(s) * s->mlp, act_t);
+    TAKE(sc->dfch, bt(s) * s->mlp, act_t);
+}
+
+size_t block_act_bytes(const BlockShape *s) {
     BlockActs a;
-    float *p = mem;
-#define TAKE(field, count) (a.field = p, p += ALIGN16(count))
-    TAKE(ln1, n);
-    TAKE(ln1_mean, bt(s));
-    TAKE(ln1_rstd, bt(s));
-    TAKE(proj, np);
-    TAKE(atty, n);
-    TAKE(att_lse, (size_t)s->B * s->H * s->T);
-    TAKE(res2, n);
-    TAKE(ln2, n);
-    TAKE(ln2_mean, bt(s));
-    TAKE(ln2_rstd, bt(s));
-    TAKE(fch, bt(s) * s->mlp);
-    TAKE(fch_act, bt(s) * s->mlp);
-    TAKE(out, n);
-#undef TAKE
+    Carve c = {NULL, 0};
+    block_acts_layout(&a, &c, s);
+    return c.bytes;
+}
+
+BlockActs block_acts_at(void *mem, const BlockShape *s) {
+    BlockActs a;
+    Carve c = {mem, 0};
+    block_acts_layout(&a, &c, s);
     return a;
 }
 
-size_t block_scratch_floats(const BlockShape *s) {
-    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
-    return ALIGN16(n) * 5 + ALIGN16(np) + ALIGN16(bt(s) * s->mlp) * 2;
+size_t block_scratch_bytes(const BlockShape *s) {
+    BlockScratch sc;
+    Carve c = {NULL, 0};
+    block_scratch_layout(&sc, &c, s);
+    return c.bytes;
 }
 
-BlockScratch block_scratch_at(float *mem, const BlockShape *s) {
-    size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
+BlockScratch block_scratch_at(void *mem, const BlockShape *s) {
     BlockScratch sc;
-    float *p = mem;
-#define TAKE(field, count) (sc.field = p, p += ALIGN16(count))
-    TAKE(dbranch, n);
-    TAKE(dln, n);
-    TAKE(datty, n);
-    TAKE(dsum, n);
-    TAKE(branch, n);
-    TAKE(dproj, np);
-    TAKE(dfch_act, bt(s) * s->mlp);
-    TAKE(dfch, bt(s) * s->mlp);
-#undef TAKE
+    Carve c = {mem, 0};
+    block_scratch_layout(&sc, &c, s);
     return sc;
 }
 
@@ -97,7 +109,7 @@ static const AttnPos *pos_arg(const AttnPos *pos, const BlockShape *s) {
 #define WB(flag, off) ((flag) ? params + (off) : NULL)
 
 /* The attention sublayer's output, before its residual add: branch. */
-static void attention_sublayer(BlockActs *a, const float *in, const float *params, const BlockParams *p,
+static void attention_sublayer(BlockActs *a, const act_t *in, const float *params, const BlockParams *p,
                                const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C, PW = block_proj_width(s);
     linear_forward(a->proj, in, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, PW);
@@ -112,7 +124,7 @@ static void attention_sublayer(BlockActs *a, const float *in, const float *param
 }
 
 /* The MLP sublayer's output, before its residual add: branch. */
-static void mlp_sublayer(BlockActs *a, const float *in, const float *params, const BlockParams *p,
+static void mlp_sublayer(BlockActs *a, const act_t *in, const float *params, const BlockParams *p,
                          const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t nm = bt(s) * s->mlp;
@@ -128,7 +140,7 @@ static void mlp_sublayer(BlockActs *a, const float *in, const float *params, con
         dropout_forward(sc->branch, sc->branch, bt(s) * C, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_OUT));
 }
 
-void block_forward(BlockActs *a, const float *x, const float *params, const BlockParams *p, const BlockShape *s,
+void block_forward(BlockActs *a, const act_t *x, const float *params, const BlockParams *p, const BlockShape *s,
                    BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C;
@@ -152,9 +164,9 @@ void block_forward(BlockActs *a, const float *x, const float *params, const Bloc
 }
 
 /* Gradient through a dropout site: mask * dres / (1-p), or dres itself. */
-static const float *through_dropout(const BlockShape *s, BlockScratch *sc, const float *dres, size_t n, int site) {
+static const act_t *through_dropout(const BlockShape *s, BlockScratch *sc, const act_t *dres, size_t n, int site) {
     if (s->dropout <= 0.0f) return dres;
-    dev_zero(sc->dbranch, n * sizeof(float));
+    dev_zero(sc->dbranch, n * sizeof(act_t));
     dropout_backward(sc->dbranch, dres, n, s->dropout, dropout_seed(s->seed, 0, (uint64_t)site));
     return sc->dbranch;
 }
@@ -163,21 +175,21 @@ static const float *through_dropout(const BlockShape *s, BlockScratch *sc, const
 #define GB(flag, off) ((flag) ? grads + (off) : NULL)
 
 /* MLP sublayer backward: d(branch) in dout; adds d(input) into din. */
-static void mlp_backward(float *din, const float *dout, float *grads, const BlockActs *a, const float *in,
+static void mlp_backward(act_t *din, const act_t *dout, float *grads, const BlockActs *a, const act_t *in,
                          const float *params, const BlockParams *p, const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C, nm = bt(s) * s->mlp;
-    const float *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
-    dev_zero(sc->dfch_act, nm * sizeof(float));
+    const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
+    dev_zero(sc->dfch_act, nm * sizeof(act_t));
     linear_backward(sc->dfch_act, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, W(p->fcpw), N, s->mlp, C);
-    float *dact = sc->dfch_act, *dpre = sc->dfch;
+    act_t *dact = sc->dfch_act, *dpre = sc->dfch;
     if (s->mlp_dropout && s->dropout > 0.0f) { /* back through the inner dropout into dfch, then swap */
-        dev_zero(sc->dfch, nm * sizeof(float));
+        dev_zero(sc->dfch, nm * sizeof(act_t));
         dropout_backward(sc->dfch, sc->dfch_act, nm, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_INNER));
         dact = sc->dfch;
         dpre = sc->dfch_act;
     }
-    dev_zero(dpre, nm * sizeof(float));
+    dev_zero(dpre, nm * sizeof(act_t));
     if (s->gelu)
         gelu_backward(dpre, a->fch, dact, nm);
     else
@@ -186,15 +198,15 @@ static void mlp_backward(float *din, const float *dout, float *grads, const Bloc
 }
 
 /* Attention sublayer backward: d(branch) in dout; adds d(input) into din. */
-static void attention_backward_sublayer(float *din, const float *dout, float *grads, const BlockActs *a,
-                                        const float *in, const float *params, const BlockParams *p,
+static void attention_backward_sublayer(act_t *din, const act_t *dout, float *grads, const BlockActs *a,
+                                        const act_t *in, const float *params, const BlockParams *p,
                                         const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C, PW = block_proj_width(s);
     size_t n = bt(s) * C;
-    const float *dbranch = through_dropout(s, sc, dout, n, SITE_ATTN_OUT);
-    dev_zero(sc->datty, n * sizeof(float));
+    const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_ATTN_OUT);
+    dev_zero(sc->datty, n * sizeof(act_t));
     linear_backward(sc->datty, G(p->projw), GB(s->bias, p->projb), dbranch, a->atty, W(p->projw), N, C, C);
-    dev_zero(sc->dproj, bt(s) * (size_t)PW * sizeof(float));
+    dev_zero(sc->dproj, bt(s) * (size_t)PW * sizeof(act_t));
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
     AttnPosGrad dpos = {.dw = s->pos ? G(p->posw) : NULL, .db = s->pos ? G(p->posb) : NULL,
@@ -204,30 +216,30 @@ static void attention_backward_sublayer(float *din, const float *dout, float *gr
     linear_backward(din, G(p->attnw), GB(s->attn_bias, p->attnb), sc->dproj, in, W(p->attnw), N, C, PW);
 }
 
-void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
+void block_backward(act_t *dres, float *grads, const BlockActs *a, const act_t *x, const float *params,
                     const BlockParams *p, const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C;
     if (s->post_ln) {
         /* out = ln2(sum2), sum2 = ln1 + mlp(ln1), ln1 = ln1(sum1), sum1 = x + attn(x) */
-        dev_zero(sc->dsum, n * sizeof(float));
+        dev_zero(sc->dsum, n * sizeof(act_t));
         layernorm_backward(sc->dsum, G(p->ln2w), GB(s->bias, p->ln2b), dres, a->ln2, W(p->ln2w), a->ln2_mean,
                            a->ln2_rstd, N, C);
-        dev_zero(sc->dln, n * sizeof(float));
+        dev_zero(sc->dln, n * sizeof(act_t));
         mlp_backward(sc->dln, sc->dsum, grads, a, a->ln1, params, p, s, sc);
         residual_forward(sc->dln, sc->dln, sc->dsum, n); /* the residual path into ln1 */
-        dev_zero(dres, n * sizeof(float));
+        dev_zero(dres, n * sizeof(act_t));
         layernorm_backward(dres, G(p->ln1w), GB(s->bias, p->ln1b), sc->dln, a->res2, W(p->ln1w), a->ln1_mean,
                            a->ln1_rstd, N, C);
         /* dres = d(sum1): the residual path to x, plus the attention branch */
         attention_backward_sublayer(dres, dres, grads, a, x, params, p, s, sc);
         return;
     }
-    dev_zero(sc->dln, n * sizeof(float));
+    dev_zero(sc->dln, n * sizeof(act_t));
     mlp_backward(sc->dln, dres, grads, a, a->ln2, params, p, s, sc);
     layernorm_backward(dres, G(p->ln2w), GB(s->bias, p->ln2b), sc->dln, a->res2, W(p->ln2w), a->ln2_mean,
                        a->ln2_rstd, N, C);
-    dev_zero(sc->dln, n * sizeof(float));
+    dev_zero(sc->dln, n * sizeof(act_t));
     attention_backward_sublayer(sc->dln, dres, grads, a, a->ln1, params, p, s, sc);
     layernorm_backward(dres, G(p->ln1w), GB(s->bias, p->ln1b), sc->dln, x, W(p->ln1w), a->ln1_mean, a->ln1_rstd, N,
                        C);
@@ -237,42 +249,51 @@ void block_backward(float *dres, float *grads, const BlockActs *a, const float *
 
 enum { SITE_CROSS_PROBS = 8, SITE_CROSS_OUT };
 
-size_t decblock_act_floats(const BlockShape *s, int S) {
+static void decblock_acts_layout(DecBlockActs *a, Carve *c, const BlockShape *s, int S) {
     size_t n = bt(s) * s->C;
-    return block_act_floats(s) + ALIGN16(n) * 4 + ALIGN16(bt(s)) * 2 + ALIGN16((size_t)s->B * S * 2 * s->C) +
-           ALIGN16((size_t)s->B * s->H * s->T);
+    block_acts_layout(&a->b, c, s);
+    TAKE(a->lnx, n, act_t);
+    TAKE(a->lnx_mean, bt(s), float);
+    TAKE(a->lnx_rstd, bt(s), float);
+    TAKE(a->xq, n, act_t);
+    TAKE(a->xkv, (size_t)s->B * S * 2 * s->C, act_t);
+    TAKE(a->xatty, n, act_t);
+    TAKE(a->xlse, (size_t)s->B * s->H * s->T, float);
+    TAKE(a->h2, n, act_t);
 }
 
-DecBlockActs decblock_acts_at(float *mem, const BlockShape *s, int S) {
-    size_t n = bt(s) * s->C;
-    DecBlockActs a;
-    a.b = block_acts_at(mem, s);
-    float *p = mem + block_act_floats(s);
-#define TAKE(field, count) (a.field = p, p += ALIGN16(count))
-    TAKE(lnx, n);
-    TAKE(lnx_mean, bt(s));
-    TAKE(lnx_rstd, bt(s));
-    TAKE(xq, n);
-    TAKE(xkv, (size_t)s->B * S * 2 * s->C);
-    TAKE(xatty, n);
-    TAKE(xlse, (size_t)s->B * s->H * s->T);
-    TAKE(h2, n);
+static void decblock_scratch_layout(DecBlockScratch *sc, Carve *c, const BlockShape *s, int S) {
+    block_scratch_layout(&sc->b, c, s);
+    TAKE(sc->dxq, bt(s) * s->C, act_t);
+    TAKE(sc->dxkv, (size_t)s->B * S * 2 * s->C, act_t);
+}
 #undef TAKE
+
+size_t decblock_act_bytes(const BlockShape *s, int S) {
+    DecBlockActs a;
+    Carve c = {NULL, 0};
+    decblock_acts_layout(&a, &c, s, S);
+    return c.bytes;
+}
+
+DecBlockActs decblock_acts_at(void *mem, const BlockShape *s, int S) {
+    DecBlockActs a;
+    Carve c = {mem, 0};
+    decblock_acts_layout(&a, &c, s, S);
     return a;
 }
 
-size_t decblock_scratch_floats(const BlockShape *s, int S) {
-    return block_scratch_floats(s) + ALIGN16(bt(s) * s->C) + ALIGN16((size_t)s->B * S * 2 * s->C);
+size_t decblock_scratch_bytes(const BlockShape *s, int S) {
+    DecBlockScratch sc;
+    Carve c = {NULL, 0};
+    decblock_scratch_layout(&sc, &c, s, S);
+    return c.bytes;
 }
 
-DecBlockScratch decblock_scratch_at(float *mem, const BlockShape *s, int S) {
+DecBlockScratch decblock_scratch_at(void *mem, const BlockShape *s, int S) {
     DecBlockScratch sc;
-    sc.b = block_scratch_at(mem, s);
-    float *p = mem + block_scratch_floats(s);
-    sc.dxq = p;
-    p += ALIGN16(bt(s) * s->C);
-    sc.dxkv = p;
-    (void)S; /* dxkv is the last array: its size only matters to decblock_scratch_floats */
+    Carve c = {mem, 0};
+    decblock_scratch_layout(&sc, &c, s, S);
     return sc;
 }
 
@@ -282,7 +303,7 @@ static CrossAttnArgs cross_args(const BlockShape *s, int S, const unsigned char 
     return a;
 }
 
-void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, const unsigned char *src_pad,
+void decblock_forward(DecBlockActs *a, const act_t *x, const act_t *mem, int S, const unsigned char *src_pad,
                       const float *params, const DecBlockParams *p, const BlockShape *s, DecBlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C;
@@ -307,7 +328,7 @@ void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, 
     residual_forward(b->out, a->h2, sc->b.branch, n);
 }
 
-void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
+void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockActs *a, const act_t *x, const act_t *mem,
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
@@ -315,25 +336,25 @@ void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockAct
     const BlockActs *b = &a->b;
     BlockScratch *bs = &sc->b;
     /* MLP: dres = d(out) -> d(h2) */
-    dev_zero(bs->dln, n * sizeof(float));
+    dev_zero(bs->dln, n * sizeof(act_t));
     mlp_backward(bs->dln, dres, grads, b, b->ln2, params, &p->b, s, bs);
     layernorm_backward(dres, G(p->b.ln2w), GB(s->bias, p->b.ln2b), bs->dln, a->h2, W(p->b.ln2w), b->ln2_mean,
                        b->ln2_rstd, N, C);
     /* cross-attention: d(h2) -> d(h1), and into the encoder output */
-    const float *dbranch = through_dropout(s, bs, dres, n, SITE_CROSS_OUT);
-    dev_zero(bs->datty, n * sizeof(float));
+    const act_t *dbranch = through_dropout(s, bs, dres, n, SITE_CROSS_OUT);
+    dev_zero(bs->datty, n * sizeof(act_t));
     linear_backward(bs->datty, G(p->xprojw), GB(s->bias, p->xprojb), dbranch, a->xatty, W(p->xprojw), N, C, C);
-    dev_zero(sc->dxq, n * sizeof(float));
-    dev_zero(sc->dxkv, (size_t)s->B * S * 2 * C * sizeof(float));
+    dev_zero(sc->dxq, n * sizeof(act_t));
+    dev_zero(sc->dxkv, (size_t)s->B * S * 2 * C * sizeof(act_t));
     CrossAttnArgs xa = cross_args(s, S, src_pad);
     cross_attention_backward(sc->dxq, sc->dxkv, bs->datty, a->xq, a->xkv, a->xatty, a->xlse, &xa);
     linear_backward(dmem, G(p->xkvw), GB(s->bias, p->xkvb), sc->dxkv, mem, W(p->xkvw), s->B * S, C, 2 * C);
-    dev_zero(bs->dln, n * sizeof(float));
+    dev_zero(bs->dln, n * sizeof(act_t));
     linear_backward(bs->dln, G(p->xqw), GB(s->bias, p->xqb), sc->dxq, a->lnx, W(p->xqw), N, C, C);
     layernorm_backward(dres, G(p->lnxw), GB(s->bias, p->lnxb), bs->dln, b->res2, W(p->lnxw), a->lnx_mean,
                        a->lnx_rstd, N, C);
     /* self-attention: d(h1) -> d(x) */
-    dev_zero(bs->dln, n * sizeof(float));
+    dev_zero(bs->dln, n * sizeof(act_t));
     attention_backward_sublayer(bs->dln, dres, grads, b, b->ln1, params, &p->b, s, bs);
     layernorm_backward(dres, G(p->b.ln1w), GB(s->bias, p->b.ln1b), bs->dln, x, W(p->b.ln1w), b->ln1_mean,
                        b->ln1_rstd, N, C);
@@ -420,7 +441,7 @@ double json_float(float x) {
 /* ------------------------------------------------------------------ decoding */
 
 size_t kv_cache_bytes_per_token(int L, int kv_dim, int variant) {
-    return (size_t)L * (size_t)attn_cache_tensors(variant) * (size_t)kv_dim * sizeof(float);
+    return (size_t)L * (size_t)attn_cache_tensors(variant) * (size_t)kv_dim * sizeof(act_t);
 }
 
 void kv_cache_init(KVCache *c, int L, int N, int T, int kv_dim, int variant) {
@@ -428,9 +449,9 @@ void kv_cache_init(KVCache *c, int L, int N, int T, int kv_dim, int variant) {
     c->L = L, c->N = N, c->T = T, c->C = C, c->len = 0;
     c->tensors = attn_cache_tensors(variant);
     size_t n = (size_t)L * N * T * C;
-    c->keys = dev_alloc(n * sizeof(float));
-    c->values = c->tensors == 2 ? dev_alloc(n * sizeof(float)) : c->keys;
-    c->tmp = N > 1 ? dev_alloc((size_t)N * T * C * sizeof(float)) : NULL; /* one sequence never reorders */
+    c->keys = dev_alloc(n * sizeof(act_t));
+    c->values = c->tensors == 2 ? dev_alloc(n * sizeof(act_t)) : c->keys;
+    c->tmp = N > 1 ? dev_alloc((size_t)N * T * C * sizeof(act_t)) : NULL; /* one sequence never reorders */
     c->idx = dev_alloc((size_t)N * sizeof(int));
 }
 
@@ -447,18 +468,18 @@ void kv_cache_reorder(KVCache *c, const int *parent) {
     size_t row = (size_t)c->T * c->C, used = (size_t)c->len * c->C;
     for (int tensor = 0; tensor < c->tensors; tensor++)
         for (int l = 0; l < c->L; l++) {
-            float *cache = (tensor == 0 ? c->keys : c->values) + (size_t)l * c->N * row;
+            act_t *cache = (tensor == 0 ? c->keys : c->values) + (size_t)l * c->N * row;
             rows_gather(c->tmp, used, cache, row, c->idx, c->N, used);
             dev_copy_rows(cache, row, c->tmp, used, c->N, used);
         }
 }
 
 void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int proj_width) {
-    size_t nc = (size_t)N * C * sizeof(float), nm = (size_t)N * mlp * sizeof(float);
+    size_t nc = (size_t)N * C * sizeof(act_t), nm = (size_t)N * mlp * sizeof(act_t);
     sc->ln = dev_alloc(nc), sc->att = dev_alloc(nc), sc->branch = dev_alloc(nc);
     sc->xq = dev_alloc(nc), sc->xatt = dev_alloc(nc);
     sc->mean = dev_alloc((size_t)N * sizeof(float)), sc->rstd = dev_alloc((size_t)N * sizeof(float));
-    sc->proj = dev_alloc((size_t)N * proj_width * sizeof(float));
+    sc->proj = dev_alloc((size_t)N * proj_width * sizeof(act_t));
     sc->fc = dev_alloc(nm), sc->fc_act = dev_alloc(nm);
     sc->xlse = dev_alloc((size_t)N * H * sizeof(float));
 }
@@ -470,7 +491,7 @@ void decode_scratch_free(DecodeScratch *sc) {
     memset(sc, 0, sizeof *sc);
 }
 
-void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
+void block_decode(act_t *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
                   const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc) {
     int N = s->B, C = s->C, H = s->H, PW = block_proj_width(s), kvC = attn_kv_width(C, H, s->kv_heads);
     if (N != cache->N || kvC != cache->C || t < 0 || t >= cache->T || layer < 0 || layer >= cache->L)
@@ -480,7 +501,7 @@ void block_decode(float *x, int t, KVCache *cache, int layer, const float *param
     int qo = attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC);
     int ko = attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC);
     int vo = attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC);
-    float *keys = cache->keys + (size_t)layer * N * row, *values = cache->values + (size_t)layer * N * row;
+    act_t *keys = cache->keys + (size_t)layer * N * row, *values = cache->values + (size_t)layer * N * row;
     /* self-attention over positions 0..t, this position's key-role and value-role rows cached first */
     layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln1w), WB(s->bias, p->ln1b), N, C);
     linear_forward(sc->proj, sc->ln, W(p->attnw), WB(s->attn_bias, p->attnb), N, C, PW);

@@ -38,8 +38,9 @@ typedef struct {
  * the output projection and may change them (head ablation). */
 typedef struct BlockShape BlockShape;
 typedef struct BlockHook {
-    void (*after_proj)(const struct BlockHook *h, int layer, const float *in, const float *proj, const BlockShape *s);
-    void (*after_attn)(const struct BlockHook *h, int layer, float *atty, const BlockShape *s);
+    void (*after_proj)(const struct BlockHook *h, int layer, const act_t *in, const act_t *proj,
+                       const BlockShape *s);
+    void (*after_attn)(const struct BlockHook *h, int layer, act_t *atty, const BlockShape *s);
     void *ctx;
 } BlockHook;
 
@@ -64,32 +65,44 @@ struct BlockShape {
 
 /* Activations of one block for B x T tokens, kept for the backward pass.
  * Post-LN keeps the sums before each LayerNorm in res2 (x + attention) and
- * ln2 (ln1 + MLP); ln1 is then the residual stream after attention. */
+ * ln2 (ln1 + MLP); ln1 is then the residual stream after attention. The
+ * layernorm statistics and the attention's log-sum-exp are float, the rest
+ * activations (act_t, kernels/kernels.h). */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *proj, *atty, *att_lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act,
-        *out;
+    act_t *ln1, *proj, *atty, *res2, *ln2, *fch, *fch_act, *out;
+    float *ln1_mean, *ln1_rstd, *att_lse, *ln2_mean, *ln2_rstd;
 } BlockActs;
 
 /* Scratch shared by all blocks of a model during the backward pass. */
 typedef struct {
-    float *dbranch, *dln, *datty, *dsum, *dproj, *dfch_act, *dfch; /* (B,T,C) x4, (B,T,W), (B,T,mlp) x2 */
-    float *branch;                                                 /* forward: (B,T,C) sublayer output */
+    act_t *dbranch, *dln, *datty, *dsum, *dproj, *dfch_act, *dfch; /* (B,T,C) x4, (B,T,W), (B,T,mlp) x2 */
+    act_t *branch;                                                 /* forward: (B,T,C) sublayer output */
 } BlockScratch;
 
 /* Width W of the fused self-attention projection of a block: the query block
  * C, the other blocks kv_heads*head_dim (kernels/attention.h). */
 int block_proj_width(const BlockShape *s);
-/* Floats of each activation array per block, for allocation. */
-size_t block_act_floats(const BlockShape *s);
-/* Carves one block's activations out of mem (block_act_floats(s) floats). */
-BlockActs block_acts_at(float *mem, const BlockShape *s);
-size_t block_scratch_floats(const BlockShape *s);
-BlockScratch block_scratch_at(float *mem, const BlockShape *s);
+/* Arrays carved out of one allocation in turn, each starting 64-byte aligned (activations of act_t and
+ * statistics of float side by side). A layout function written once serves both uses: with p NULL, carve
+ * returns NULL and only counts the bytes (the allocation's size); with p the allocation, it hands out the
+ * arrays in the same order. */
+typedef struct {
+    char *p;
+    size_t bytes;
+} Carve;
+void *carve(Carve *c, size_t bytes);
 
-void block_forward(BlockActs *a, const float *x, const float *params, const BlockParams *p, const BlockShape *s,
+/* Bytes of one block's activations, for allocation (each array starts 64-byte aligned). */
+size_t block_act_bytes(const BlockShape *s);
+/* Carves one block's activations out of mem (block_act_bytes(s) bytes of device memory, 64-byte aligned). */
+BlockActs block_acts_at(void *mem, const BlockShape *s);
+size_t block_scratch_bytes(const BlockShape *s);
+BlockScratch block_scratch_at(void *mem, const BlockShape *s);
+
+void block_forward(BlockActs *a, const act_t *x, const float *params, const BlockParams *p, const BlockShape *s,
                    BlockScratch *sc);
 /* dres holds d(out) on entry and d(x) on exit. */
-void block_backward(float *dres, float *grads, const BlockActs *a, const float *x, const float *params,
+void block_backward(act_t *dres, float *grads, const BlockActs *a, const act_t *x, const float *params,
                     const BlockParams *p, const BlockShape *s, BlockScratch *sc);
 
 /* ---- decoder block (pre-LN), for encoder-decoder models -------------------
@@ -103,25 +116,26 @@ typedef struct {
 } DecBlockParams;
 
 typedef struct {
-    BlockActs b;                      /* b.res2 = h1, b.ln2 = ln2(h2), b.out = out */
-    float *lnx, *lnx_mean, *lnx_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *xq, *xkv, *xatty, *xlse;   /* (B,T,C), (B,S,2C), (B,T,C), (B,H,T) */
-    float *h2;                        /* (B,T,C) */
+    BlockActs b;                 /* b.res2 = h1, b.ln2 = ln2(h2), b.out = out */
+    act_t *lnx, *xq, *xkv, *xatty; /* (B,T,C), (B,T,C), (B,S,2C), (B,T,C) */
+    act_t *h2;                   /* (B,T,C) */
+    float *lnx_mean, *lnx_rstd;  /* (B,T), (B,T) */
+    float *xlse;                 /* (B,H,T) */
 } DecBlockActs;
 
 typedef struct {
     BlockScratch b;
-    float *dxq, *dxkv; /* (B,T,C), (B,S,2C) */
+    act_t *dxq, *dxkv; /* (B,T,C), (B,S,2C) */
 } DecBlockScratch;
 
-/* s->T is the target length; S and src_pad describe the encoder side. */
-size_t decblock_act_floats(const BlockShape *s, int S);
-DecBlockActs decblock_acts_at(float *mem, const BlockShape *s, int S);
-size_t decblock_scratch_floats(const BlockShape *s, int S);
-DecBlockScratch decblock_scratch_at(float *mem, const BlockShape *s, int S);
-void decblock_forward(DecBlockActs *a, const float *x, const float *mem, int S, const unsigned char *src_pad,
+/* s->T is the target length; S and src_pad describe the encoder side. Sizes in bytes, as the block's. */
+size_t decblock_act_bytes(const BlockShape *s, int S);
+DecBlockActs decblock_acts_at(void *mem, const BlockShape *s, int S);
+size_t decblock_scratch_bytes(const BlockShape *s, int S);
+DecBlockScratch decblock_scratch_at(void *mem, const BlockShape *s, int S);
+void decblock_forward(DecBlockActs *a, const act_t *x, const act_t *mem, int S, const unsigned char *src_pad,
                       const float *params, const DecBlockParams *p, const BlockShape *s, DecBlockScratch *sc);
-void decblock_backward(float *dres, float *dmem, float *grads, const DecBlockActs *a, const float *x, const float *mem,
+void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockActs *a, const act_t *x, const act_t *mem,
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc);
 
@@ -165,13 +179,13 @@ double json_float(float x);
 typedef struct {
     int L, N, T, C, tensors; /* layers, sequences, positions, row width, tensors per layer (1 or 2); the row
                               * width is kv_heads * head_dim: the channels unless K/V heads are grouped */
-    float *keys, *values;    /* (L, N, T, C) each; values == keys with one tensor */
-    float *tmp;              /* (N, T, C): room for reordering */
+    act_t *keys, *values;    /* (L, N, T, C) each; values == keys with one tensor */
+    act_t *tmp;              /* (N, T, C): room for reordering */
     int *idx;                /* (N) device ints for reordering */
     int len;                 /* positions filled */
 } KVCache;
 
-/* Cache bytes one generated token adds: layers x tensors x kv_dim floats,
+/* Cache bytes one generated token adds: layers x tensors x kv_dim activations,
  * kv_dim = kv_heads * head_dim (C without grouped K/V heads). */
 size_t kv_cache_bytes_per_token(int L, int kv_dim, int variant);
 void kv_cache_init(KVCache *c, int L, int N, int T, int kv_dim, int variant);
@@ -183,14 +197,15 @@ void kv_cache_reorder(KVCache *c, const int *parent);
 /* Cross-attention inputs of one decoder layer while decoding. */
 typedef struct {
     const DecBlockParams *p;      /* the layer's cross-attention weights */
-    const float *xkv;             /* (N, S, 2C): the encoder's keys and values, one copy per row */
+    const act_t *xkv;             /* (N, S, 2C): the encoder's keys and values, one copy per row */
     int S;
     const unsigned char *src_pad; /* (N, S): nonzero = padding, or NULL */
 } DecodeCross;
 
 /* Scratch for decoding N rows of width C, MLP width mlp. */
 typedef struct {
-    float *ln, *mean, *rstd, *proj, *att, *branch, *fc, *fc_act, *xq, *xatt, *xlse;
+    act_t *ln, *proj, *att, *branch, *fc, *fc_act, *xq, *xatt;
+    float *mean, *rstd, *xlse;
 } DecodeScratch;
 /* proj_width: the self-attention projection width (block_proj_width()). */
 void decode_scratch_init(DecodeScratch *sc, int N, int C, int H, int mlp, int proj_width);
@@ -200,7 +215,7 @@ void decode_scratch_free(DecodeScratch *sc);
  * `layer` of the model; the layer's rows for position t go into the cache
  * (the caller advances cache->len after the last layer). s describes the
  * block (C, H, mlp, activation, biases, +Pos) with B = N, T = 1; pre-LN. */
-void block_decode(float *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
+void block_decode(act_t *x, int t, KVCache *cache, int layer, const float *params, const BlockParams *p,
                   const DecodeCross *cross, const BlockShape *s, DecodeScratch *sc);
 
 #endif

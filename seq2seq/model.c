@@ -213,20 +213,53 @@ static BlockShape shape(const S2S *m, int B, int T, int causal, int post_ln, con
     return s;
 }
 
-#define A16(n) (((n) + 15) / 16 * 16)
+/* The activation arrays for B sources of S tokens and targets of T carved out of cv (nn/block.h): with cv->p NULL
+ * only counted. */
+static void acts_layout(S2S *m, Carve *cv, int B, int S, int T) {
+    const S2SConfig *c = &m->cfg;
+    size_t C = (size_t)c->C, BS = (size_t)B * S, BT = (size_t)B * T, Tout = c->decoder ? BT : BS;
+    size_t V = (size_t)c->Vt, big = (BS > BT ? BS : BT) * C, A = sizeof(act_t), F = sizeof(float);
+    BlockShape es = shape(m, B, S, 0, c->post_ln, NULL, 0, 0, 0), ds = shape(m, B, T, 1, 0, NULL, 0, 0, 0);
+    S2SActs *a = &m->acts;
+    a->x0 = carve(cv, BS * C * A);
+    a->onehot = c->onehot ? carve(cv, BS * c->Vs * A) : NULL;
+    for (int l = 0; l < c->L_enc; l++) a->enc[l] = block_acts_at(carve(cv, block_act_bytes(&es)), &es);
+    a->mem = carve(cv, BS * C * A);
+    a->mem_mean = carve(cv, BS * F);
+    a->mem_rstd = carve(cv, BS * F);
+    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&es)), &es);
+    a->dres = carve(cv, big * A);
+    a->dtmp = carve(cv, big * A);
+    a->dtmp2 = carve(cv, big * A);
+    a->yout = carve(cv, big * A);
+    a->dtmp3 = carve(cv, big * A);
+    a->dmem = carve(cv, BS * C * A);
+    a->yout_mean = carve(cv, Tout * F);
+    a->yout_rstd = carve(cv, Tout * F);
+    a->losses = carve(cv, Tout * F);
+    a->ce_lse = carve(cv, Tout * F);
+    a->hln_mean = carve(cv, Tout * F);
+    a->hln_rstd = carve(cv, Tout * F);
+    a->logits = carve(cv, Tout * V * A);
+    a->hfc = carve(cv, BS * C * A);
+    a->hln = carve(cv, BS * C * A);
+    a->hact = carve(cv, BS * C * A);
+    if (c->decoder) {
+        a->y0 = carve(cv, BT * C * A);
+        for (int l = 0; l < c->L_dec; l++) a->dec[l] = decblock_acts_at(carve(cv, decblock_act_bytes(&ds, S)), &ds, S);
+        a->dscratch = decblock_scratch_at(carve(cv, decblock_scratch_bytes(&ds, S)), &ds, S);
+    }
+}
 
 static void layout(S2S *m, int B, int S, int T) {
     const S2SConfig *c = &m->cfg;
-    size_t C = (size_t)c->C, BS = (size_t)B * S, BT = (size_t)B * T, Tout = c->decoder ? BT : BS;
-    size_t V = (size_t)c->Vt, big = (BS > BT ? BS : BT) * C;
-    BlockShape es = shape(m, B, S, 0, c->post_ln, NULL, 0, 0, 0), ds = shape(m, B, T, 1, 0, NULL, 0, 0, 0);
-    size_t need = A16(BS * C) + (c->onehot ? A16(BS * c->Vs) : 0) + (size_t)c->L_enc * block_act_floats(&es) +
-                  A16(BS * C) + 2 * A16(BS) + block_scratch_floats(&es) + 5 * A16(big) + A16(BS * C) + 6 * A16(Tout) +
-                  A16(Tout * V) + 4 * A16(BS * C);
-    if (c->decoder)
-        need += A16(BT * C) + (size_t)c->L_dec * decblock_act_floats(&ds, S) + A16(BT * C) + 2 * A16(BT) +
-                decblock_scratch_floats(&ds, S);
-    /* A smaller float arena does not imply fewer tokens (e.g. a longer batch of shorter sequences),
+    size_t BS = (size_t)B * S, BT = (size_t)B * T, Tout = c->decoder ? BT : BS;
+    if (!m->acts.enc) m->acts.enc = xcalloc((size_t)c->L_enc, sizeof(BlockActs));
+    if (c->decoder && !m->acts.dec) m->acts.dec = xcalloc((size_t)c->L_dec, sizeof(DecBlockActs));
+    Carve count = {NULL, 0};
+    acts_layout(m, &count, B, S, T);
+    size_t need = count.bytes;
+    /* A smaller arena does not imply fewer tokens (e.g. a longer batch of shorter sequences),
        so the token buffers have their own capacities. */
     size_t tgt_need = Tout > BT ? Tout : BT;
     if (!m->act_memory || need > m->act_capacity || BS > m->src_capacity || tgt_need > m->tgt_capacity) {
@@ -235,7 +268,7 @@ static void layout(S2S *m, int B, int S, int T) {
         if (tgt_need < m->tgt_capacity) tgt_need = m->tgt_capacity;
         dev_free(m->act_memory), dev_free(m->src), dev_free(m->tgt_in), dev_free(m->tgt_out);
         dev_free(m->src_pad), dev_free(m->tgt_pad);
-        m->act_memory = dev_alloc(need * sizeof(float));
+        m->act_memory = dev_alloc(need);
         m->act_capacity = need;
         m->src_capacity = BS, m->tgt_capacity = tgt_need;
         m->src = dev_alloc(BS * sizeof(int) + 64);
@@ -243,50 +276,9 @@ static void layout(S2S *m, int B, int S, int T) {
         m->tgt_out = dev_alloc(tgt_need * sizeof(int) + 64);
         m->src_pad = dev_alloc(BS + 64);
         m->tgt_pad = dev_alloc(tgt_need + 64);
-        BS = (size_t)B * S;
-        if (!m->acts.enc) m->acts.enc = xcalloc((size_t)c->L_enc, sizeof(BlockActs));
-        if (c->decoder && !m->acts.dec) m->acts.dec = xcalloc((size_t)c->L_dec, sizeof(DecBlockActs));
     }
-    S2SActs *a = &m->acts;
-    float *p = m->act_memory;
-#define TAKE(ptr, count) (ptr = p, p += A16(count))
-    TAKE(a->x0, BS * C);
-    if (c->onehot) TAKE(a->onehot, BS * c->Vs);
-    for (int l = 0; l < c->L_enc; l++) {
-        a->enc[l] = block_acts_at(p, &es);
-        p += block_act_floats(&es);
-    }
-    TAKE(a->mem, BS * C);
-    TAKE(a->mem_mean, BS);
-    TAKE(a->mem_rstd, BS);
-    a->scratch = block_scratch_at(p, &es);
-    p += block_scratch_floats(&es);
-    TAKE(a->dres, big);
-    TAKE(a->dtmp, big);
-    TAKE(a->dtmp2, big);
-    TAKE(a->yout, big);
-    TAKE(a->dtmp3, big);
-    TAKE(a->dmem, BS * C);
-    TAKE(a->yout_mean, Tout);
-    TAKE(a->yout_rstd, Tout);
-    TAKE(a->losses, Tout);
-    TAKE(a->ce_lse, Tout);
-    TAKE(a->hln_mean, Tout);
-    TAKE(a->hln_rstd, Tout);
-    TAKE(a->logits, Tout * V);
-    TAKE(a->hfc, BS * C);
-    TAKE(a->hln, BS * C);
-    TAKE(a->hact, BS * C);
-    if (c->decoder) {
-        TAKE(a->y0, BT * C);
-        for (int l = 0; l < c->L_dec; l++) {
-            a->dec[l] = decblock_acts_at(p, &ds, S);
-            p += decblock_act_floats(&ds, S);
-        }
-        a->dscratch = decblock_scratch_at(p, &ds, S);
-        p += decblock_scratch_floats(&ds, S);
-    }
-#undef TAKE
+    Carve cv = {m->act_memory, 0};
+    acts_layout(m, &cv, B, S, T);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -300,7 +292,7 @@ static void pad_mask(unsigned char *mask, const int *tok, size_t n, int pad) {
 }
 
 /* Encoder: src (B, S) -> a->mem (after the final LayerNorm of pre-LN models). */
-static const float *encode(S2S *m, int B, int S, int training) {
+static const act_t *encode(S2S *m, int B, int S, int training) {
     const S2SConfig *c = &m->cfg;
     S2SActs *a = &m->acts;
     size_t BS = (size_t)B * S, n = BS * c->C;
@@ -309,7 +301,7 @@ static const float *encode(S2S *m, int B, int S, int training) {
         dev_download(src, m->src, BS * sizeof(int));
         float *oh = xcalloc(BS * c->Vs, sizeof(float));
         for (size_t i = 0; i < BS; i++) oh[i * c->Vs + src[i]] = 1.0f;
-        dev_upload(a->onehot, oh, BS * c->Vs * sizeof(float));
+        act_upload(a->onehot, oh, BS * c->Vs);
         free(oh), free(src);
         linear_forward(a->dtmp, a->onehot, PARAM(m->inw), PARAM(m->inb), (int)BS, c->Vs, c->C);
         tokens_embed_forward(a->x0, a->dtmp, NULL, m->pe, B, S, c->C);
@@ -319,7 +311,7 @@ static const float *encode(S2S *m, int B, int S, int training) {
         if (training && c->dropout > 0.0f)
             dropout_forward(a->x0, a->x0, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_SRC));
     }
-    const float *x = a->x0;
+    const act_t *x = a->x0;
     for (int l = 0; l < c->L_enc; l++) {
         BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
@@ -346,8 +338,8 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
     dev_upload(m->src, src, BS * sizeof(int));
     pad_mask(mask, src, BS, c->pad);
     dev_upload(m->src_pad, mask, BS);
-    const float *mem = encode(m, B, S, training);
-    const float *final;
+    const act_t *mem = encode(m, B, S, training);
+    const act_t *final;
     size_t Nout;
     if (!c->decoder) {
         Nout = BS;
@@ -372,7 +364,7 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
                           c->scale_emb ? sqrtf((float)c->C) : 1.0f);
         if (training && c->dropout > 0.0f)
             dropout_forward(a->y0, a->y0, BT * c->C, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_TGT));
-        const float *y = a->y0;
+        const act_t *y = a->y0;
         for (int l = 0; l < c->L_dec; l++) {
             BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, training,
                                  dropout_seed(dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
@@ -404,22 +396,22 @@ int s2s_correct(S2S *m) {
 /* ------------------------------------------------------------------ backward */
 
 /* dres = d(memory) -> encoder parameters. */
-static void encode_backward(S2S *m, float *dres) {
+static void encode_backward(S2S *m, act_t *dres) {
     const S2SConfig *c = &m->cfg;
     S2SActs *a = &m->acts;
     int B = m->fwd_B, S = m->fwd_S;
     size_t BS = (size_t)B * S, n = BS * c->C;
-    const float *last = a->enc[c->L_enc - 1].out;
+    const act_t *last = a->enc[c->L_enc - 1].out;
     if (!c->post_ln) { /* through the final LayerNorm */
-        dev_zero(a->dtmp, n * sizeof(float));
+        dev_zero(a->dtmp, n * sizeof(act_t));
         layernorm_backward(a->dtmp, GRAD(m->enc_lnfw), GRAD(m->enc_lnfb), dres, last, PARAM(m->enc_lnfw),
                            a->mem_mean, a->mem_rstd, (int)BS, c->C);
-        dev_copy(dres, a->dtmp, n * sizeof(float));
+        dev_copy(dres, a->dtmp, n * sizeof(act_t));
     }
     for (int l = c->L_enc - 1; l >= 0; l--) {
         BlockShape s = shape(m, B, S, 0, c->post_ln, m->src_pad, m->fwd_training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_ENC + (uint64_t)l), l);
-        const float *x = l == 0 ? a->x0 : a->enc[l - 1].out;
+        const act_t *x = l == 0 ? a->x0 : a->enc[l - 1].out;
         block_backward(dres, m->w.grads, &a->enc[l], x, m->w.params, &m->enc[l], &s, &a->scratch);
         params_grads_final_from(&m->w, m->enc[l].first); /* the decoder, heads and later blocks are done */
     }
@@ -427,9 +419,9 @@ static void encode_backward(S2S *m, float *dres) {
         linear_backward(NULL, GRAD(m->inw), GRAD(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
         return;
     }
-    const float *demb = dres;
+    const act_t *demb = dres;
     if (m->fwd_training && c->dropout > 0.0f) {
-        dev_zero(a->dtmp, n * sizeof(float));
+        dev_zero(a->dtmp, n * sizeof(act_t));
         dropout_backward(a->dtmp, dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_SRC));
         demb = a->dtmp;
     }
@@ -447,22 +439,22 @@ void s2s_backward(S2S *m, float loss_scale) {
         crossentropy_backward(a->logits, a->logits, a->ce_lse, m->tgt_out, (int)Nout, c->Vt, c->pad,
                               c->label_smoothing, loss_scale / (float)m->counted);
     if (!c->decoder) {
-        const float *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
-        dev_zero(a->dres, BS * C * sizeof(float));
+        const act_t *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
+        dev_zero(a->dres, BS * C * sizeof(act_t));
         if (c->head_mlp) {
-            dev_zero(a->dtmp, BS * C * sizeof(float));
+            dev_zero(a->dtmp, BS * C * sizeof(act_t));
             linear_backward(a->dtmp, GRAD(m->houtw), GRAD(m->houtb), a->logits, a->hact, PARAM(m->houtw), (int)BS,
                             c->C, c->Vt);
-            const float *dact = a->dtmp;
+            const act_t *dact = a->dtmp;
             if (m->fwd_training && c->dropout > 0.0f) {
-                dev_zero(a->dtmp2, BS * C * sizeof(float));
+                dev_zero(a->dtmp2, BS * C * sizeof(act_t));
                 dropout_backward(a->dtmp2, a->dtmp, BS * C, c->dropout,
                                  dropout_seed(m->dropout_seed_base, 0, SITE_HEAD));
                 dact = a->dtmp2;
             }
-            dev_zero(a->dtmp3, BS * C * sizeof(float));
+            dev_zero(a->dtmp3, BS * C * sizeof(act_t));
             relu_backward(a->dtmp3, a->hln, dact, BS * C);
-            dev_zero(a->dtmp, BS * C * sizeof(float));
+            dev_zero(a->dtmp, BS * C * sizeof(act_t));
             layernorm_backward(a->dtmp, GRAD(m->hlnw), GRAD(m->hlnb), a->dtmp3, a->hfc, PARAM(m->hlnw), a->hln_mean,
                                a->hln_rstd, (int)BS, c->C);
             linear_backward(a->dres, GRAD(m->hfcw), GRAD(m->hfcb), a->dtmp, mem, PARAM(m->hfcw), (int)BS, c->C, c->C);
@@ -474,30 +466,30 @@ void s2s_backward(S2S *m, float loss_scale) {
         return;
     }
     /* decoder: logits -> generator -> final LayerNorm -> blocks; memory gradients gather in dmem */
-    dev_zero(a->dtmp, BT * C * sizeof(float));
+    dev_zero(a->dtmp, BT * C * sizeof(act_t));
     linear_backward(a->dtmp, GRAD(m->genw), GRAD(m->genb), a->logits, a->yout, PARAM(m->genw), (int)BT, c->C, c->Vt);
-    const float *last = a->dec[c->L_dec - 1].b.out;
-    dev_zero(a->dres, BT * C * sizeof(float));
+    const act_t *last = a->dec[c->L_dec - 1].b.out;
+    dev_zero(a->dres, BT * C * sizeof(act_t));
     layernorm_backward(a->dres, GRAD(m->dec_lnfw), GRAD(m->dec_lnfb), a->dtmp, last, PARAM(m->dec_lnfw),
                        a->yout_mean, a->yout_rstd, (int)BT, c->C);
-    dev_zero(a->dmem, BS * C * sizeof(float));
-    const float *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
+    dev_zero(a->dmem, BS * C * sizeof(act_t));
+    const act_t *mem = c->post_ln ? a->enc[c->L_enc - 1].out : a->mem;
     for (int l = c->L_dec - 1; l >= 0; l--) {
         BlockShape s = shape(m, B, T, 1, 0, m->tgt_pad, m->fwd_training,
                              dropout_seed(m->dropout_seed_base, 0, SITE_DEC + (uint64_t)l), c->L_enc + l);
-        const float *y = l == 0 ? a->y0 : a->dec[l - 1].b.out;
+        const act_t *y = l == 0 ? a->y0 : a->dec[l - 1].b.out;
         decblock_backward(a->dres, a->dmem, m->w.grads, &a->dec[l], y, mem, S, m->src_pad, m->w.params, &m->dec[l], &s,
                           &a->dscratch);
         params_grads_final_from(&m->w, m->dec[l].b.first);
     }
-    const float *demb = a->dres;
+    const act_t *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {
-        dev_zero(a->dtmp, BT * C * sizeof(float));
+        dev_zero(a->dtmp, BT * C * sizeof(act_t));
         dropout_backward(a->dtmp, a->dres, BT * C, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_TGT));
         demb = a->dtmp;
     }
     embedding_backward(GRAD(m->tgt_emb), NULL, demb, m->tgt_in, B, T, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
-    dev_copy(a->dres, a->dmem, BS * C * sizeof(float));
+    dev_copy(a->dres, a->dmem, BS * C * sizeof(act_t));
     encode_backward(m, a->dres);
 }
 
@@ -509,14 +501,14 @@ typedef struct {
     int N;
     KVCache cache;
     DecodeScratch scratch;
-    float **xkv;            /* per layer (N, S, 2C): cross-attention keys and values of each row's source */
+    act_t **xkv;            /* per layer (N, S, 2C): cross-attention keys and values of each row's source */
     unsigned char *src_pad; /* (N, S) */
-    float *x, *logits;      /* (N, C), (N, V) */
+    act_t *x, *logits;      /* (N, C), (N, V) */
     int *tokens;            /* (N) */
 } DecodeState;
 
 /* One decoder step for all N rows at position t: logits (N, V) of the next token (device memory). */
-static const float *decode_step(S2S *m, DecodeState *d, const int *tokens, int t, int S) {
+static const act_t *decode_step(S2S *m, DecodeState *d, const int *tokens, int t, int S) {
     const S2SConfig *c = &m->cfg;
     const float *W = m->w.params;
     int N = d->N, C = c->C;
@@ -562,7 +554,7 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     dev_upload(m->src, src, BS * sizeof(int));
     pad_mask(mask, src, BS, c->pad);
     dev_upload(m->src_pad, mask, BS);
-    const float *mem = encode(m, B, S, 0);
+    const act_t *mem = encode(m, B, S, 0);
     DecodeState d = {.N = N};
     kv_cache_init(&d.cache, c->L_dec, N, max_len, kv_dim(c), c->variant);
     decode_scratch_init(&d.scratch, N, C, c->H, c->mlp, attn_proj_width(c->variant, C, kv_dim(c)));
@@ -571,11 +563,11 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     for (int n = 0; n < N; n++) rowsrc[n] = n / K;
     dev_upload(rowsrc_dev, rowsrc, (size_t)N * sizeof(int));
     size_t kvrow = (size_t)S * 2 * C;
-    d.xkv = xmalloc((size_t)c->L_dec * sizeof(float *));
-    float *xkv = dev_alloc(BS * 2 * C * sizeof(float));
+    d.xkv = xmalloc((size_t)c->L_dec * sizeof(act_t *));
+    act_t *xkv = dev_alloc(BS * 2 * C * sizeof(act_t));
     for (int l = 0; l < c->L_dec; l++) {
         linear_forward(xkv, mem, m->w.params + m->dec[l].xkvw, m->w.params + m->dec[l].xkvb, (int)BS, C, 2 * C);
-        d.xkv[l] = dev_alloc((size_t)N * kvrow * sizeof(float));
+        d.xkv[l] = dev_alloc((size_t)N * kvrow * sizeof(act_t));
         rows_gather(d.xkv[l], kvrow, xkv, kvrow, rowsrc_dev, N, kvrow);
     }
     dev_free(xkv), dev_free(rowsrc_dev);
@@ -584,8 +576,8 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     d.src_pad = dev_alloc((size_t)N * S);
     dev_upload(d.src_pad, pad, (size_t)N * S);
     free(pad), free(mask), free(rowsrc);
-    d.x = dev_alloc((size_t)N * C * sizeof(float));
-    d.logits = dev_alloc((size_t)N * V * sizeof(float));
+    d.x = dev_alloc((size_t)N * C * sizeof(act_t));
+    d.logits = dev_alloc((size_t)N * V * sizeof(act_t));
     d.tokens = dev_alloc((size_t)N * sizeof(int));
 
     /* hypotheses: tokens so far per row, log-probabilities, and the best finished one per sentence */
@@ -602,7 +594,7 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
         lens[b] = 0;
     }
     for (int t = 0; t < max_len; t++) {
-        dev_download(logits, decode_step(m, &d, tokens, t, S), (size_t)N * V * sizeof(float));
+        act_download(logits, decode_step(m, &d, tokens, t, S), (size_t)N * V);
         int all_done = 1;
         for (int b = 0; b < B; b++) {
             if (done[b]) { /* keep the rows busy with something harmless */

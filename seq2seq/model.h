@@ -42,16 +42,20 @@ typedef struct {
 char *s2s_config_json(const S2SConfig *c);
 
 typedef struct {
-    float *x0;                      /* (B,S,C) encoder input after positions and dropout */
+    act_t *x0;                      /* (B,S,C) encoder input after positions and dropout */
     BlockActs *enc;                 /* per encoder layer */
-    float *mem, *mem_mean, *mem_rstd; /* encoder output (after the final LayerNorm when there is one) */
-    float *hfc, *hln, *hln_mean, *hln_rstd, *hact; /* encoder-only head */
-    float *y0;                      /* (B,T,C) decoder input */
+    act_t *mem;                     /* encoder output (after the final LayerNorm when there is one) */
+    float *mem_mean, *mem_rstd;     /* its LayerNorm's statistics */
+    act_t *hfc, *hln, *hact;        /* encoder-only head */
+    float *hln_mean, *hln_rstd;
+    act_t *y0;                      /* (B,T,C) decoder input */
     DecBlockActs *dec;
-    float *yout, *yout_mean, *yout_rstd; /* decoder output after its LayerNorm */
-    float *logits, *losses, *ce_lse;
-    float *onehot;                  /* (B*S, Vs) one-hot input */
-    float *dres, *dmem, *dtmp, *dtmp2, *dtmp3;
+    act_t *yout;                    /* decoder output after its LayerNorm */
+    float *yout_mean, *yout_rstd;
+    act_t *logits;
+    float *losses, *ce_lse;
+    act_t *onehot;                  /* (B*S, Vs) one-hot input */
+    act_t *dres, *dmem, *dtmp, *dtmp2, *dtmp3;
     BlockScratch scratch;
     DecBlockScratch dscratch;
 } S2SActs;
@@ -67,8 +71,8 @@ typedef struct {
     float *rope;                    /* RoPE table with POSITION_ROPE, else NULL */
     float *pos_feat;                /* +Pos basis */
     S2SActs acts;
-    float *act_memory;
-    size_t act_capacity;
+    void *act_memory;
+    size_t act_capacity; /* bytes */
     size_t src_capacity, tgt_capacity; /* token slots behind src/src_pad and tgt_*; grown with the arena */
     int *src, *tgt_in, *tgt_out;    /* device copies of the batch */
     unsigned char *src_pad, *tgt_pad;

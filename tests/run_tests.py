@@ -79,6 +79,37 @@ def section(title):
 
 # ---------------------------------------------------------------- 1. Kconfig
 
+def test_check_act(tmp):
+    """make check-act: the code above the kernels compiles with a 2-byte act_t (kernels/kernels.h), and a copy of
+    the sources where a family hands an activation to float code, or downloads one as float bytes, does not."""
+    r = run(["make", "-s", "check-act", f"O={os.path.join(tmp, 'act-check')}"])
+    R.check(r.returncode == 0 and "files compile with a 2-byte act_t" in r.stdout,
+            f"make check-act: model code keeps activations apart from float\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    copy = os.path.join(tmp, "act-copy")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        if os.path.isfile(os.path.join(REPO, name)):
+            os.makedirs(os.path.dirname(os.path.join(copy, name)) or copy, exist_ok=True)
+            shutil.copy(os.path.join(REPO, name), os.path.join(copy, name))
+    mutations = [  # (file, kvlab's line, the mistake, what the compiler names)
+        ("gpt2/model.c", "const act_t *x = a->encoded;", "const float *x = a->encoded;", "incompatible-pointer-types"),
+        ("vit/model.c", "act_download(logits, m->acts.logits, (size_t)B * c->classes);",
+         "dev_download(logits, m->acts.logits, (size_t)B * c->classes * sizeof(float));", "act_download"),
+    ]
+    for path, good, bad, named in mutations:
+        with open(os.path.join(REPO, path)) as f:
+            text = f.read()
+        if not R.check(text.count(good) == 1, f"check-act mutation: {path} has the line `{good}` once"):
+            continue
+        with open(os.path.join(copy, path), "w") as f:
+            f.write(text.replace(good, bad))
+        r = run(["make", "-s", "-C", copy, "check-act", f"O={os.path.join(tmp, 'act-copy-build')}"])
+        R.check(r.returncode != 0 and path in r.stderr and named in r.stderr,
+                f"make check-act stops at `{bad}` in {path}, naming {named}:\n{r.stderr[-1500:]}")
+        with open(os.path.join(copy, path), "w") as f:
+            f.write(text)
+
+
 def test_kconfig(tmp):
     section("Kconfig and configuration front end")
     r = run(KCONFIG + ["check-symbols"])
@@ -106,6 +137,7 @@ def test_kconfig(tmp):
     R.check(r.returncode == 1 and "gpt2/model.c" in r.stderr and "only kernels/cuda, train/ may use" in r.stderr
             and "kernels/attention.c" not in r.stderr,
             f"check_layers names a family that includes the device collectives' header: {r.stderr}")
+    test_check_act(tmp)
     defconfigs = sorted(p for p in glob.glob(os.path.join(REPO, "defconfigs", "*")) if os.path.isfile(p))
     R.check(len(defconfigs) >= 3, "defconfigs exist")
     for path in defconfigs:

@@ -229,48 +229,48 @@ static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, 
     return s;
 }
 
-static void layout_acts(ViT *m, int B) {
+/* The activation arrays for a batch of B images carved out of cv (nn/block.h): with cv->p NULL only counted. */
+static void acts_layout(ViT *m, Carve *cv, int B) {
     const ViTConfig *c = &m->cfg;
     size_t BT = (size_t)B * c->T, BN = (size_t)B * c->N, C = (size_t)c->C, pd = (size_t)c->P * c->P * c->img_c;
+    size_t A = sizeof(act_t), Bm = (size_t)B * c->mlp;
     BlockShape s = block_shape(m, B, 0, 0, 0);
-    size_t need = BN * pd + BN * C * 2 + BT * C * 4 + (size_t)c->L * block_act_floats(&s) +
-                  block_scratch_floats(&s) + 2 * BT + (size_t)B * (4 * C + 4 * c->mlp + 3 * c->classes) + 1024;
-    if (!m->act_memory || need > m->act_capacity) {
+    ViTActs *a = &m->acts;
+    a->patches = carve(cv, BN * pd * A);
+    a->pemb = carve(cv, BN * C * A);
+    a->dpemb = carve(cv, BN * C * A);
+    a->encoded = carve(cv, BT * C * A);
+    for (int l = 0; l < c->L; l++) a->block[l] = block_acts_at(carve(cv, block_act_bytes(&s)), &s);
+    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&s)), &s);
+    a->lnf = carve(cv, BT * C * A);
+    a->lnf_mean = carve(cv, BT * sizeof(float));
+    a->lnf_rstd = carve(cv, BT * sizeof(float));
+    a->dres = carve(cv, BT * C * A);
+    a->dtmp = carve(cv, BT * C * A);
+    a->pooled = carve(cv, (size_t)B * C * A);
+    a->dpooled = carve(cv, (size_t)B * C * A);
+    a->hfc = carve(cv, Bm * A);
+    a->hact = carve(cv, Bm * A);
+    a->dhfc = carve(cv, Bm * A);
+    a->dhact = carve(cv, Bm * A);
+    a->logits = carve(cv, (size_t)B * c->classes * A);
+    a->losses = carve(cv, (size_t)B * sizeof(float));
+    a->ce_lse = carve(cv, (size_t)B * sizeof(float));
+}
+
+static void layout_acts(ViT *m, int B) {
+    if (!m->acts.block) m->acts.block = xcalloc((size_t)m->cfg.L, sizeof(BlockActs));
+    Carve count = {NULL, 0};
+    acts_layout(m, &count, B);
+    if (!m->act_memory || count.bytes > m->act_capacity) {
         dev_free(m->act_memory);
         dev_free(m->targets);
-        m->act_memory = dev_alloc(need * sizeof(float));
-        m->act_capacity = need;
+        m->act_memory = dev_alloc(count.bytes);
+        m->act_capacity = count.bytes;
         m->targets = dev_alloc((size_t)B * sizeof(int));
-        if (!m->acts.block) m->acts.block = xcalloc((size_t)c->L, sizeof(BlockActs));
     }
-    ViTActs *a = &m->acts;
-    float *p = m->act_memory;
-#define TAKE(ptr, count) (ptr = p, p += ((count) + 15) / 16 * 16)
-    TAKE(a->patches, BN * pd);
-    TAKE(a->pemb, BN * C);
-    TAKE(a->dpemb, BN * C);
-    TAKE(a->encoded, BT * C);
-    for (int l = 0; l < c->L; l++) {
-        a->block[l] = block_acts_at(p, &s);
-        p += block_act_floats(&s);
-    }
-    a->scratch = block_scratch_at(p, &s);
-    p += block_scratch_floats(&s);
-    TAKE(a->lnf, BT * C);
-    TAKE(a->lnf_mean, BT);
-    TAKE(a->lnf_rstd, BT);
-    TAKE(a->dres, BT * C);
-    TAKE(a->dtmp, BT * C);
-    TAKE(a->pooled, (size_t)B * C);
-    TAKE(a->dpooled, (size_t)B * C);
-    TAKE(a->hfc, (size_t)B * c->mlp);
-    TAKE(a->hact, (size_t)B * c->mlp);
-    TAKE(a->dhfc, (size_t)B * c->mlp);
-    TAKE(a->dhact, (size_t)B * c->mlp);
-    TAKE(a->logits, (size_t)B * c->classes);
-    TAKE(a->losses, (size_t)B);
-    TAKE(a->ce_lse, (size_t)B);
-#undef TAKE
+    Carve cv = {m->act_memory, 0};
+    acts_layout(m, &cv, B);
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -280,7 +280,7 @@ static void layout_acts(ViT *m, int B) {
 #define SITE_EMB 0
 
 /* the output of the encoder the pooling reads */
-static const float *encoder_out(const ViT *m) {
+static const act_t *encoder_out(const ViT *m) {
     return m->cfg.final_ln ? m->acts.lnf : m->acts.block[m->cfg.L - 1].out;
 }
 
@@ -294,13 +294,13 @@ double vit_forward(ViT *m, const float *patches, const int *labels, int B, int t
     ViTActs *a = &m->acts;
     int C = c->C, pd = c->P * c->P * c->img_c;
     size_t BT = (size_t)B * c->T;
-    dev_upload(a->patches, patches, (size_t)B * c->N * pd * sizeof(float));
+    act_upload(a->patches, patches, (size_t)B * c->N * pd);
 
     linear_forward(a->pemb, a->patches, PARAM(m->patchw), PARAM(m->patchb), B * c->N, pd, C);
     tokens_embed_forward(a->encoded, a->pemb, c->cls ? PARAM(m->clstok) : NULL, vit_positions(m), B, c->T, C);
     if (training && c->dropout > 0.0f)
         dropout_forward(a->encoded, a->encoded, BT * C, c->dropout, dropout_seed(dropout_seed_base, 0, SITE_EMB));
-    const float *x = a->encoded;
+    const act_t *x = a->encoded;
     for (int l = 0; l < c->L; l++) {
         BlockShape s = block_shape(m, B, training, dropout_seed_base, l);
         block_forward(&a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
@@ -335,7 +335,7 @@ int vit_correct(ViT *m, int *pred) {
     int B = m->fwd_B, correct = 0;
     float *logits = xmalloc((size_t)B * c->classes * sizeof(float));
     int *labels = xmalloc((size_t)B * sizeof(int));
-    dev_download(logits, m->acts.logits, (size_t)B * c->classes * sizeof(float));
+    act_download(logits, m->acts.logits, (size_t)B * c->classes);
     dev_download(labels, m->targets, (size_t)B * sizeof(int));
     for (int b = 0; b < B; b++) {
         int best = 0;
@@ -361,12 +361,12 @@ void vit_backward(ViT *m, float loss_scale) {
     if (!m->external_dlogits)
         crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, B, c->classes, -1, 0.0f,
                               loss_scale / (float)m->counted);
-    dev_zero(a->dpooled, (size_t)B * C * sizeof(float));
+    dev_zero(a->dpooled, (size_t)B * C * sizeof(act_t));
     if (c->head_mlp) {
-        dev_zero(a->dhact, (size_t)B * c->mlp * sizeof(float));
+        dev_zero(a->dhact, (size_t)B * c->mlp * sizeof(act_t));
         linear_backward(a->dhact, GRAD(m->headw), GRAD(m->headb), a->logits, a->hact, PARAM(m->headw), B, c->mlp,
                         c->classes);
-        dev_zero(a->dhfc, (size_t)B * c->mlp * sizeof(float));
+        dev_zero(a->dhfc, (size_t)B * c->mlp * sizeof(act_t));
         gelu_backward(a->dhfc, a->hfc, a->dhact, (size_t)B * c->mlp);
         linear_backward(a->dpooled, GRAD(m->headfcw), GRAD(m->headfcb), a->dhfc, a->pooled, PARAM(m->headfcw), B, C,
                         c->mlp);
@@ -375,28 +375,28 @@ void vit_backward(ViT *m, float loss_scale) {
                         c->classes);
     }
     /* pooling -> encoder output (through the final LayerNorm when there is one) */
-    float *denc = c->final_ln ? a->dtmp : a->dres;
-    dev_zero(denc, BT * C * sizeof(float));
+    act_t *denc = c->final_ln ? a->dtmp : a->dres;
+    dev_zero(denc, BT * C * sizeof(act_t));
     pool_tokens_backward(denc, a->dpooled, B, c->T, C, 0, c->cls ? 1 : c->N);
-    const float *last = a->block[c->L - 1].out;
+    const act_t *last = a->block[c->L - 1].out;
     if (c->final_ln) {
-        dev_zero(a->dres, BT * C * sizeof(float));
+        dev_zero(a->dres, BT * C * sizeof(act_t));
         layernorm_backward(a->dres, GRAD(m->lnfw), GRAD(m->lnfb), a->dtmp, last, PARAM(m->lnfw), a->lnf_mean,
                            a->lnf_rstd, (int)BT, C);
     }
     for (int l = c->L - 1; l >= 0; l--) {
         BlockShape s = block_shape(m, B, m->fwd_training, m->dropout_seed_base, l);
-        const float *x = l == 0 ? a->encoded : a->block[l - 1].out;
+        const act_t *x = l == 0 ? a->encoded : a->block[l - 1].out;
         block_backward(a->dres, m->w.grads, &a->block[l], x, m->w.params, &m->layer[l], &s, &a->scratch);
         params_grads_final_from(&m->w, m->layer[l].first);
     }
-    const float *demb = a->dres;
+    const act_t *demb = a->dres;
     if (m->fwd_training && c->dropout > 0.0f) {
-        dev_zero(a->dtmp, BT * C * sizeof(float));
+        dev_zero(a->dtmp, BT * C * sizeof(act_t));
         dropout_backward(a->dtmp, a->dres, BT * C, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_EMB));
         demb = a->dtmp;
     }
-    dev_zero(a->dpemb, (size_t)B * c->N * C * sizeof(float));
+    dev_zero(a->dpemb, (size_t)B * c->N * C * sizeof(act_t));
     tokens_embed_backward(a->dpemb, c->cls ? GRAD(m->clstok) : NULL,
                           ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? GRAD(m->posemb) : NULL, demb, B, c->T, C);
     /* the patches are data: no input gradient */

@@ -32,15 +32,17 @@ ViTConfig vit_config_from_kconfig(int h, int w, int c, int classes);
 char *vit_config_json(const ViTConfig *c);
 
 typedef struct {
-    float *patches;                  /* (B, N, P*P*c) input */
-    float *pemb;                     /* (B, N, C) patch embeddings */
-    float *encoded;                  /* (B, T, C) tokens + positions (after dropout) */
+    act_t *patches;                  /* (B, N, P*P*c) input */
+    act_t *pemb;                     /* (B, N, C) patch embeddings */
+    act_t *encoded;                  /* (B, T, C) tokens + positions (after dropout) */
     BlockActs *block;                /* per layer */
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *pooled;                   /* (B, C) */
-    float *hfc, *hact;               /* (B, mlp) head hidden layer */
-    float *logits, *losses, *ce_lse; /* (B, classes), (B), (B) */
-    float *dres, *dtmp, *dpooled, *dhact, *dhfc, *dpemb;
+    act_t *lnf;                      /* (B, T, C) */
+    float *lnf_mean, *lnf_rstd;      /* (B, T) */
+    act_t *pooled;                   /* (B, C) */
+    act_t *hfc, *hact;               /* (B, mlp) head hidden layer */
+    act_t *logits;                   /* (B, classes) */
+    float *losses, *ce_lse;          /* (B), (B) */
+    act_t *dres, *dtmp, *dpooled, *dhact, *dhfc, *dpemb;
     BlockScratch scratch;
 } ViTActs;
 
@@ -53,8 +55,8 @@ typedef struct {
     float *pe;   /* fixed sinusoidal positions (T, C) with POSITION_SINUSOIDAL, else NULL */
     float *rope; /* RoPE table with POSITION_ROPE, else NULL */
     ViTActs acts;
-    float *act_memory;
-    size_t act_capacity;
+    void *act_memory;
+    size_t act_capacity; /* bytes */
     int *targets;
     int fwd_B, fwd_training, counted;
     uint64_t dropout_seed_base;
