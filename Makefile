@@ -159,7 +159,7 @@ test: deps
 	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
 
 # AGAINST=DIR: another checkout's benchmark runs beside this one's (scripts/bench.py --against).
-# TARGET=cuda: the variants on this machine's GPU, with MFU and GPU memory (PRECISION=tf32|bf16: the matmuls').
+# TARGET=cuda: the variants on this machine's GPU, with MFU and GPU memory (PRECISION=tf32|bf16|bf16-matmul).
 # BENCH_ARGS passes more options to scripts/bench.py (--peer torch: PyTorch running the same model beside it).
 bench: deps
 	@$(PYTHON) scripts/bench.py $(if $(AGAINST),--against "$(AGAINST)") $(if $(TARGET),--target "$(TARGET)") \

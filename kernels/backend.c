@@ -1,21 +1,10 @@
 /* The backend-neutral part of every backend's non-attention ops
- * (kernels/backend.h): dropout seeds, thresholds and batch offsets, and the
- * host crossings of activations while act_t is float. */
+ * (kernels/backend.h): dropout seeds, thresholds and batch offsets. */
 #include "backend.h"
 
 #include "common.h"
 #include "hash.h"
 #include "kernels.h"
-
-/* ------------------------------------------------------------------ activations to and from the host */
-
-/* act_t is float in every build so far, so an activation crosses as its bytes; a backend with a narrower act_t
- * converts on the way and defines these itself. */
-_Static_assert(sizeof(act_t) == sizeof(float), "a 2-byte act_t needs converting act_upload/act_download");
-
-void act_upload(act_t *dst, const float *host_src, size_t n) { dev_upload(dst, host_src, n * sizeof(float)); }
-
-void act_download(float *host_dst, const act_t *src, size_t n) { dev_download(host_dst, src, n * sizeof(float)); }
 
 /* ------------------------------------------------------------------ dropout */
 

@@ -26,17 +26,25 @@
 /* ---- the element type of activations -------------------------------------
  * act_t is what the activations between ops are stored as: the (rows,
  * channels) inputs and outputs of the ops below and their gradients,
- * attention's projections and outputs, the KV cache. float in every build
- * today; a bf16 precision of the CUDA target (issue: GPU speed) is to make
- * it 2 bytes wide while everything else stays float. So model code sizes
- * activation buffers with sizeof(act_t), never reads or writes one of their
- * elements on the host (act_upload and act_download convert from and to
- * float on the way) and never hands one where a float buffer is asked for.
- * `make check-act` (scripts/check_act.py, part of make test) compiles the
- * code above the kernels with KVLAB_ACT_CHECK defined: act_t is then a
- * 2-byte struct, so that mixing it with float, arithmetic on its values and
- * byte copies of it with dev_upload / dev_download do not compile. */
-#ifdef KVLAB_ACT_CHECK
+ * attention's projections and outputs, the KV cache. float, except in the
+ * CUDA target's bf16 mixed precision (CUDA_BF16), where it is bf16 (2
+ * bytes) while everything else stays float. So model code sizes activation
+ * buffers with sizeof(act_t), never reads or writes one of their elements
+ * on the host (act_upload and act_download convert from and to float on
+ * the way) and never hands one where a float buffer is asked for.
+ * `make check-act` (check-act in scripts/Makefile.build, part of make test)
+ * compiles the code above the kernels with KVLAB_ACT_CHECK defined: act_t
+ * is then a 2-byte struct, so that mixing it with float, arithmetic on its
+ * values and byte copies of it with dev_upload / dev_download do not
+ * compile (a CUDA_BF16 build compiles that code against the same struct). */
+#if IS_ENABLED(CONFIG_CUDA_BF16)
+#define KVLAB_ACT_BYTES 2 /* bf16: C sees its bits, the CUDA sources (C++, cuda_bf16.h first) __nv_bfloat16 */
+#else
+#define KVLAB_ACT_BYTES 4
+#endif
+#if defined(__cplusplus) && KVLAB_ACT_BYTES == 2
+typedef __nv_bfloat16 act_t;
+#elif defined(KVLAB_ACT_CHECK) || KVLAB_ACT_BYTES == 2
 typedef struct {
     unsigned short bits;
 } act_t;
@@ -127,7 +135,7 @@ void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, co
 void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd, const act_t *a, const act_t *b,
                                 const float *w, const float *bias, int N, int C);
 
-/* ---- linear: out (N,OC) = inp (N,C) W^T + b, through sgemm ---------------
+/* ---- linear: out (N,OC) = inp (N,C) W^T + b, one matrix product (sgemm) ----
  * b may be NULL (then db must be NULL). dinp may be NULL when the input
  * needs no gradient (e.g. the first layer's input is data). */
 void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,

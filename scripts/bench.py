@@ -2,8 +2,9 @@
 """make bench: training-step speed of every attention variant against this
 machine's sgemm rate, measured in one run.
 
-On a GPU (--target cuda, make bench TARGET=cuda; --precision tf32 or bf16,
-make bench PRECISION=..., for tensor-core matmuls)
+On a GPU (--target cuda, make bench TARGET=cuda; --precision tf32, bf16 (mixed
+precision: bf16 activations and products) or bf16-matmul (bf16 products on
+float32 activations), make bench PRECISION=..., for tensor cores)
 the same programs are built for the GPU of this machine (CUDA_NATIVE); the
 reference is then cuBLAS's matmul at 2048^3, and each record adds the GPU's
 peak memory and its MFU: achieved model FLOP/s over the dense peak of the
@@ -54,7 +55,7 @@ token. Round-robin like the others; writes output/bench/decode.json.
 usage: scripts/bench.py [--rounds N] [--steps N] [--shape L H C T B V] [--profile] [--against DIR]
                         [--peer torch [--peer-compile]]
                         [--only variants|dp|decode] [--bucket-kib N]
-                        [--target cpu|cuda] [--precision fp32|tf32|bf16]
+                        [--target cpu|cuda] [--precision fp32|tf32|bf16|bf16-matmul]
                         [--decode-shape L H C T V] [--tokens N] [--reps N] [--threads N] [--configs A,B] [--out DIR] [--build DIR]
 """
 import argparse
@@ -130,8 +131,10 @@ def gpu_peak(backend):
 
 
 TARGETS = {"cpu": "", "cuda": "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n"}
-# the GPU precision choice of kernels/Kconfig per --precision
-PRECISIONS = {"fp32": "CONFIG_CUDA_FP32=y\n", "tf32": "CONFIG_CUDA_TF32=y\n", "bf16": "CONFIG_CUDA_BF16_MATMUL=y\n"}
+# the GPU precision choice of kernels/Kconfig per --precision: bf16 is mixed precision (bf16 activations and
+# products), bf16-matmul bf16 products on float32 activations
+PRECISIONS = {"fp32": "CONFIG_CUDA_FP32=y\n", "tf32": "CONFIG_CUDA_TF32=y\n", "bf16": "CONFIG_CUDA_BF16=y\n",
+              "bf16-matmul": "CONFIG_CUDA_BF16_MATMUL=y\n"}
 
 
 def target_name(target, precision):
@@ -579,8 +582,8 @@ def main():
     ap.add_argument("--peer-compile", action="store_true", help="--peer torch: also torch.compile (PyTorch 2.0+)")
     ap.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="variants: the compute target to build "
                     "for (cuda: this machine's GPU, CUDA_NATIVE)")
-    ap.add_argument("--precision", choices=sorted(PRECISIONS), help="--target cuda: the matmuls' precision "
-                    "(kernels/Kconfig, GPU precision; default fp32)")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), help="--target cuda: the GPU precision "
+                    "(kernels/Kconfig; default fp32; bf16: bf16 activations and products)")
     ap.add_argument("--only", choices=["variants", "dp", "decode"], help="run only the attention-variant benchmark, "
                     "only the data-parallel one (output/bench/dp.json) or only the decode one (make bench-decode: "
                     "output/bench/decode.json)")
@@ -608,6 +611,10 @@ def main():
     args.precision = args.precision or "fp32"
     if args.only == "decode":
         return bench_decode(args)
+    if args.peer and args.precision == "bf16-matmul":
+        print("error: --peer torch has no form with bf16 products on float32 activations (hint: --precision bf16, "
+              "where PyTorch runs under bf16 autocast)", file=sys.stderr)
+        return 2
     if args.peer_compile and not args.peer:
         print("error: --peer-compile goes with --peer torch", file=sys.stderr)
         return 2

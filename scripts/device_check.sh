@@ -4,12 +4,14 @@
 #
 #   scripts/device_check.sh [--budget S] [--peer CMD] [--allow-no-gpu] [--plan] [STEP...]
 #
-# STEPs run in the order given (default: image programs bench models):
+# STEPs run in the order given (default: image programs bench bench-bf16 models):
 #   image      what the machine has: GPU, driver, nvcc, Python, PyTorch, MPI, NCCL, cuDNN
 #   programs   tests/run_tests.py -k cuda-programs: every op and variant on the GPU against float64
 #              references and finite differences, fp32, TF32 and bf16 builds
 #   bench      scripts/bench.py: every variant at GPT-2 124M's shape (B 8, T 1024), TF32, one round,
 #              with the kernel-by-kernel profile; tok/s, MFU, GPU memory; PyTorch eager beside it
+#   bench-bf16 the same in bf16 mixed precision (CUDA_BF16: bf16 activations and products), PyTorch
+#              eager with bf16 autocast beside it
 #   models     tests/run_tests.py -k cuda-models: precisions, CPU against GPU training of every family,
 #              checkpoints across targets, NCCL
 #   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, 40 steps, TF32, no dropout, twice; writes its
@@ -42,19 +44,20 @@ while [ $# -gt 0 ]; do
         *) steps+=("$1"); shift ;;
     esac
 done
-[ ${#steps[@]} -gt 0 ] || steps=(image programs bench models)
+[ ${#steps[@]} -gt 0 ] || steps=(image programs bench bench-bf16 models)
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "error: --budget $BUDGET is not a number of seconds (hint: --budget 570)" >&2; exit 2; }
 
 # seconds a step needs at least to be worth starting
 min_seconds() {
     case "$1" in
-        image) echo 5 ;; programs) echo 150 ;; bench) echo 120 ;; models) echo 150 ;; gpt2-124m) echo 90 ;;
+        image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; models) echo 150 ;;
+        gpt2-124m) echo 90 ;;
         *) echo "" ;;
     esac
 }
 for s in "${steps[@]}"; do
     [ -n "$(min_seconds "$s")" ] ||
-        { echo "error: unknown step '$s' (hint: image, programs, bench, models, gpt2-124m)" >&2; exit 2; }
+        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, models, gpt2-124m)" >&2; exit 2; }
 done
 if [ "$PLAN" = 1 ]; then
     echo "device_check: budget ${BUDGET} s"
@@ -132,15 +135,20 @@ step_image() {
 }
 step_programs() { /usr/bin/python3 tests/run_tests.py -k cuda-programs; }
 step_models() { /usr/bin/python3 tests/run_tests.py -k cuda-models; }
-step_bench() {
-    local peer=()
+# bench_at PRECISION TARBALL [ARGS...]: every variant at GPT-2 124M's shape in that precision, one round
+bench_at() {
+    local precision="$1" tarball="$2" peer=()
+    shift 2
     # PyTorch eager beside every variant where the image has a CUDA PyTorch (torch.compile takes minutes per
     # variant: a call of its own, scripts/bench.py --peer-compile)
     python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && peer=(--peer torch)
-    /usr/bin/python3 scripts/bench.py --only variants --target cuda --precision tf32 --shape 12 12 768 1024 8 50257 \
-        --rounds 1 --profile "${peer[@]}" || return
-    tar -C output/bench -czf "$OUTDIR/bench.tgz" . && echo "device_check: output/bench -> bench.tgz"
+    rm -rf output/bench
+    /usr/bin/python3 scripts/bench.py --only variants --target cuda --precision "$precision" \
+        --shape 12 12 768 1024 8 50257 --rounds 1 "$@" "${peer[@]}" || return
+    tar -C output/bench -czf "$OUTDIR/$tarball" . && echo "device_check: output/bench -> $tarball"
 }
+step_bench() { bench_at tf32 bench.tgz --profile; }
+step_bench-bf16() { bench_at bf16 bench-bf16.tgz; }
 step_gpt2-124m() {
     local w=.device/work/gpt2-124m round rc=0
     mkdir -p "$w"
@@ -183,7 +191,7 @@ for s in "${steps[@]}"; do
     # that carries this step's mark in its environment
     mark="$s.$$.$SECONDS"
     KVLAB_DEVICE_STEP="$mark" timeout --kill-after=10 "$((left > 10 ? left - 5 : 5))" \
-        bash -c "$(declare -f "step_$s"); step_$s" > "$log" 2>&1
+        bash -c "$(declare -f bench_at "step_$s"); step_$s" > "$log" 2>&1
     rc=$?
     for env in /proc/[0-9]*/environ; do
         if grep -q -z -x -F "KVLAB_DEVICE_STEP=$mark" "$env" 2>/dev/null; then

@@ -39,15 +39,23 @@ cudaError_t fail(cudaError_t err) {
 /* column-major C = alpha op(A) op(B) + beta C, each input element rounded by rnd first. The rounded operands are
  * packed so that each dot product reads two contiguous rows, summed in 8 interleaved float partial sums (cuBLAS
  * promises no order either). */
-void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const float *A, int lda,
-          const float *B, int ldb, float beta, float *C, int ldc, float (*rnd)(float)) {
+static float as_float(float v) { return v; }
+static float as_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+static void store(float *c, float v) { *c = v; }
+static void store(__nv_bfloat16 *c, float v) { *c = __float2bfloat16(v); }
+
+/* Column-major C = alpha op(A) op(B) + beta C, inputs of type TI (float or bf16) rounded by rnd, C of type TO:
+ * float sums, and C read as float and stored rounded to TO (bf16: to nearest even), as cuBLAS does. */
+template <typename TI, typename TO>
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const TI *A, int lda,
+          const TI *B, int ldb, float beta, TO *C, int ldc, float (*rnd)(float)) {
     std::vector<float> a((size_t)m * k), b((size_t)n * k); /* op(A) row i, op(B) column j, each k long */
     for (int i = 0; i < m; i++)
         for (int l = 0; l < k; l++)
-            a[(size_t)i * k + l] = rnd(ta == CUBLAS_OP_N ? A[i + (size_t)l * lda] : A[l + (size_t)i * lda]);
+            a[(size_t)i * k + l] = rnd(as_float(ta == CUBLAS_OP_N ? A[i + (size_t)l * lda] : A[l + (size_t)i * lda]));
     for (int j = 0; j < n; j++)
         for (int l = 0; l < k; l++)
-            b[(size_t)j * k + l] = rnd(tb == CUBLAS_OP_N ? B[l + (size_t)j * ldb] : B[j + (size_t)l * ldb]);
+            b[(size_t)j * k + l] = rnd(as_float(tb == CUBLAS_OP_N ? B[l + (size_t)j * ldb] : B[j + (size_t)l * ldb]));
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             const float *x = &a[(size_t)i * k], *y = &b[(size_t)j * k];
@@ -58,8 +66,9 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
             float s = 0.0f;
             for (; l < k; l++) s += x[l] * y[l];
             for (int u = 0; u < 8; u++) s += part[u];
-            float &c = C[i + (size_t)j * ldc];
-            c = alpha * s + (beta == 0.0f ? 0.0f : beta * c); /* beta 0: C is not read (it may hold NaN) */
+            TO *c = &C[i + (size_t)j * ldc];
+            /* beta 0: C is not read (it may hold NaN) */
+            store(c, alpha * s + (beta == 0.0f ? 0.0f : beta * as_float(*c)));
         }
 }
 
@@ -292,9 +301,20 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo) {
     (void)h, (void)algo;
-    if (at != CUDA_R_32F || bt != CUDA_R_32F || ct != CUDA_R_32F || !gemm_args_ok(m, n, k, lda, ldb, ldc, ta, tb))
+    /* what kvlab asks for: float32 buffers (FAST_16BF rounds their inputs to bf16), or bf16 inputs with a bf16 or
+     * float32 output and a float32 accumulator */
+    float a = *(const float *)alpha, b = *(const float *)beta;
+    if (!gemm_args_ok(m, n, k, lda, ldb, ldc, ta, tb) || at != bt) return CUBLAS_STATUS_INVALID_VALUE;
+    if (at == CUDA_R_32F && ct == CUDA_R_32F)
+        gemm(ta, tb, m, n, k, a, (const float *)A, lda, (const float *)B, ldb, b, (float *)C, ldc,
+             compute == CUBLAS_COMPUTE_32F_FAST_16BF ? emu::round_bf16 : keep);
+    else if (at == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F && ct == CUDA_R_16BF)
+        gemm(ta, tb, m, n, k, a, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb, b, (__nv_bfloat16 *)C,
+             ldc, keep);
+    else if (at == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F && ct == CUDA_R_32F)
+        gemm(ta, tb, m, n, k, a, (const __nv_bfloat16 *)A, lda, (const __nv_bfloat16 *)B, ldb, b, (float *)C, ldc,
+             keep);
+    else
         return CUBLAS_STATUS_INVALID_VALUE;
-    gemm(ta, tb, m, n, k, *(const float *)alpha, (const float *)A, lda, (const float *)B, ldb, *(const float *)beta,
-         (float *)C, ldc, compute == CUBLAS_COMPUTE_32F_FAST_16BF ? emu::round_bf16 : keep);
     return CUBLAS_STATUS_SUCCESS;
 }

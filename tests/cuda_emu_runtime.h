@@ -15,7 +15,8 @@
  * (sm_90, 132 multiprocessors, 227 KiB of shared memory per block, 80 GiB).
  * cuBLAS's products are float loops in the order of the sum index; TF32 math
  * mode and the FAST_16BF compute type round the inputs to 10 and 7 mantissa
- * bits first, as the tensor cores see them. */
+ * bits first, as the tensor cores see them; cublasGemmEx also takes bf16
+ * inputs with a bf16 or float output (read as float, stored rounded). */
 #ifndef KVLAB_CUDA_EMU_RUNTIME_H
 #define KVLAB_CUDA_EMU_RUNTIME_H
 
@@ -127,7 +128,7 @@ typedef enum {
     CUBLAS_PEDANTIC_MATH = 2,
     CUBLAS_TF32_TENSOR_OP_MATH = 3
 } cublasMath_t;
-typedef enum { CUDA_R_32F = 0 } cudaDataType;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
 typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_16BF = 75 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 

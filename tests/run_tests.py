@@ -609,10 +609,10 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     and built-ins (make CUDA_EMU=1: tests/cuda_emu_src.py, tests/cuda_emu_runtime.h, tests/cuda_emu.h) and run by
     the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
     test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
-    rounded to TF32) and with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16).
-    test_mechint is left to a GPU (hours here). Under --sanitize one configuration's test_kernels in fp32, TF32
-    and bf16, so that AddressSanitizer watches the backend's host code and every kernel's reads and writes of device
-    buffers."""
+    rounded to TF32), with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16) and in
+    bf16 mixed precision (activations stored as bf16 as well). test_mechint is left to a GPU (hours here). Under
+    --sanitize one configuration's test_kernels in fp32 and each tensor-core precision, so that AddressSanitizer
+    watches the backend's host code and every kernel's reads and writes of device buffers."""
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
     frag_dir = os.path.join(build_root, "tests-cuda")
@@ -684,9 +684,10 @@ def test_device_scripts(tmp):
 
 
 # the variant configurations whose kernel tests run again with tensor cores: Q.K^T and K.K^T scores, one
-# projection, grouped K/V heads, +Pos shared and per head; in each tensor-core precision (tag, Kconfig symbol)
+# projection, grouped K/V heads, +Pos shared and per head; in each tensor-core precision (tag, Kconfig symbol):
+# TF32 and bf16 products on float32 activations, and bf16 mixed precision (bf16 activations too)
 CUDA_TC_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
-CUDA_TC_PRECISIONS = (("tf32", "CUDA_TF32"), ("bf16", "CUDA_BF16_MATMUL"))
+CUDA_TC_PRECISIONS = (("tf32", "CUDA_TF32"), ("bf16", "CUDA_BF16_MATMUL"), ("bf16act", "CUDA_BF16"))
 
 
 def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):
@@ -742,9 +743,9 @@ def cuda_kconfig(build_root, gpu):
             if R.check(r.returncode == 0, f"{sym}: the CUDA backend's matmuls and attention compile:\n"
                        f"{r.stdout[-1500:]}"
                        f"{r.stderr[-1500:]}"):
-                # the choice reaches the code: the bf16 build calls cublasGemmEx only, the TF32 one cublasSgemm only
+                # the choice reaches the code: the bf16 builds call cublasGemmEx only, the TF32 one cublasSgemm only
                 calls = set(re.findall(r"\bcublas(?:GemmEx|Sgemm\w*)\b", run(["nm", "-u", ops]).stdout))
-                want = {"cublasGemmEx"} if sym == "CUDA_BF16_MATMUL" else {"cublasSgemm_v2"}
+                want = {"cublasGemmEx"} if sym in ("CUDA_BF16_MATMUL", "CUDA_BF16") else {"cublasSgemm_v2"}
                 R.check(calls == want, f"{sym}: the backend's products call {sorted(want)}: {sorted(calls)}")
     for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
                       ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
@@ -909,7 +910,7 @@ def cuda_against_cpu(tmp, emulated=False):
     section(("Emulated " if emulated else "") + "CUDA against CPU: GPT-2, ViT and seq2seq training, checkpoints "
             "across targets, TF32 and bf16 matmuls")
     tol = 2e-3
-    cpu_losses = {}
+    cpu_losses, cpu_ws = {}, {}
     for label, text, run_name, family in (("gpt2", TINY, "tiny", "gpt2"), ("vit", TINY_VIT, "tinyvit", "vit"),
                                           ("seq2seq", TINY_SYNTH, "tinysynth", "seq2seq")):
         if family == "vit" and not os.path.isdir("/usr/share/datasets/fashion-mnist"):
@@ -918,7 +919,7 @@ def cuda_against_cpu(tmp, emulated=False):
         if family == "vit" and emulated:  # 120,000 images through the emulation: most of an hour
             print("  vit: left to a GPU under emulation (its test_vit ran above)")
             continue
-        wc = Workspace(tmp, f"cmp-cpu-{label}", text, False)
+        wc = cpu_ws[label] = Workspace(tmp, f"cmp-cpu-{label}", text, False)
         wg = Workspace(tmp, f"cmp-gpu{'-emu' if emulated else ''}-{label}", text + target, False)
         rc, rg = wc.make(), wg.make(*emu)
         if not R.check(rc.returncode == 0 and rg.returncode == 0, f"{label} on both targets:\n"
@@ -971,24 +972,42 @@ def cuda_against_cpu(tmp, emulated=False):
             R.check(t_gpu.returncode == 0 and t_cpu.stdout == t_gpu.stdout,
                     f"{step}: the CPU's checkpoint samples the same greedy text on the GPU: {t_cpu.stdout!r} / "
                     f"{t_gpu.stdout!r} {t_gpu.stderr[-500:]}")
-    # tensor-core matmuls: every matmul input rounded to TF32 (10 mantissa bits) or bf16 (7), so the curves part
-    # from the CPU's by more than float32 rounding; the stated tolerances for 30 steps of the tiny GPT-2
-    for sym, name, tag, ptol in (("CUDA_TF32", "TF32", "tf32", 2e-2), ("CUDA_BF16_MATMUL", "bf16", "bf16", 5e-2)):
+    # tensor-core matmuls: every matmul input rounded to TF32 (10 mantissa bits) or bf16 (7), and with bf16 mixed
+    # precision every activation stored as bf16, so the curves part from the CPU's by more than float32 rounding;
+    # the stated tolerances for 30 steps of the tiny GPT-2 (backend: what the metrics name the backend)
+    for sym, name, tag, ptol, backend in (("CUDA_TF32", "TF32 matmuls", "tf32", 2e-2, "tf32 matmuls"),
+                                          ("CUDA_BF16_MATMUL", "bf16 matmuls", "bf16", 5e-2, "bf16 matmuls"),
+                                          ("CUDA_BF16", "bf16 mixed precision", "bf16act", 5e-2,
+                                           "bf16 activations and matmuls")):
         wt = Workspace(tmp, f"cmp-gpu{'-emu' if emulated else ''}-{tag}-gpt2", TINY + target + f"CONFIG_{sym}=y\n",
                        False)
         rt = wt.make(*emu)
-        if not R.check(rt.returncode == 0, f"gpt2 with {name} matmuls on the GPU:\n{rt.stdout[-1500:]}"
+        if not R.check(rt.returncode == 0, f"gpt2 with {name} on the GPU:\n{rt.stdout[-1500:]}"
                        f"{rt.stderr[-1500:]}"):
             continue
         for step in ("V0", "V1"):
             mt = metrics(os.path.join(wt.run_dir("tiny"), f"training_metrics_step{step}.json"))
             lc, lt = cpu_losses.get(("gpt2", step), []), mt["metrics"].get("train_losses", [])
             worst = max((abs(a - b) / max(abs(a), 1e-6) for a, b in zip(lc, lt)), default=float("inf"))
-            R.check(len(lc) == len(lt) > 0 and worst <= ptol and f"{tag} matmuls" in mt.get("backend", ""),
+            R.check(len(lc) == len(lt) > 0 and worst <= ptol and backend in mt.get("backend", ""),
                     f"gpt2 {step}: {name} GPU and fp32 CPU train losses agree within {ptol:g} relative over "
                     f"{len(lt)} steps (worst {worst:.2e}; backend {mt.get('backend')})")
-            print(f"  gpt2 {step}, {name} matmuls: worst relative difference from the CPU {worst:.2e} "
-                  f"(tolerance {ptol:g})")
+            print(f"  gpt2 {step}, {name}: worst relative difference from the CPU {worst:.2e} (tolerance {ptol:g})")
+            if sym != "CUDA_BF16":
+                continue
+            # float32 checkpoints from bf16 training: the CPU loads and samples them, the GPU samples with its
+            # cache (its greedy text may part from the CPU's where two logits are within bf16's rounding)
+            ck = os.path.join(wt.run_dir("tiny"), f"final_model_step{step}.safetensors")
+            args = ["sample", "--ckpt", ck, "--prompt", "one hundred", "--length", "24", "--temperature", "0"]
+            s_cpu = run([cpu_ws["gpt2"].binary(step)] + args) if "gpt2" in cpu_ws else None
+            s_gpu = run([wt.binary(step)] + args)
+            # the prompt, then 24 generated tokens: a character at least each
+            sampled = [s is not None and s.returncode == 0 and s.stdout.startswith("one hundred") and
+                       len(s.stdout.rstrip("\n")) >= len("one hundred") + 24 for s in (s_cpu, s_gpu)]
+            R.check(all(sampled),
+                    f"gpt2 {step}: the bf16 GPU run's checkpoint samples on the CPU and on the GPU: "
+                    f"{s_cpu and s_cpu.stdout!r} {s_cpu and s_cpu.stderr[-300:]} / {s_gpu.stdout!r} "
+                    f"{s_gpu.stderr[-300:]}")
     if not emulated:
         precision_long_run(tmp, CUDA_NATIVE)
 
@@ -1016,13 +1035,14 @@ CONFIG_RUN_NAME="long"
 LONG_RTOL = 2e-2
 
 
-def precision_long_run(tmp, target, precisions=(("fp32", "CONFIG_CUDA_FP32=y\n"), ("bf16", "CONFIG_CUDA_BF16_MATMUL=y\n"))):
-    """500 steps of a small GPT-2 in each precision on target; the second against the first."""
+def precision_long_run(tmp, target, precisions=(("fp32", "CONFIG_CUDA_FP32=y\n"), ("bf16", "CONFIG_CUDA_BF16=y\n"))):
+    """500 steps of a small GPT-2 in each precision on target (fp32, and bf16 mixed precision: bf16 activations
+    and products); the second against the first."""
     runs = {}
     for tag, sym in precisions:
         w = Workspace(tmp, f"long-{tag}", LONG_RUN + target + sym, False)
         r = w.make()
-        if not R.check(r.returncode == 0, f"500 steps with {tag} matmuls:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+        if not R.check(r.returncode == 0, f"500 steps in {tag}:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
             return
         runs[tag] = metrics(os.path.join(w.run_dir("long"), "training_metrics_stepbase.json"))
     (ta, a), (tb, b) = runs.items()

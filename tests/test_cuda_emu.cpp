@@ -354,12 +354,12 @@ static void check_layernorm(int N, int C, bool bias) {
     const float *bp = bias ? bb.data() : nullptr;
     unsigned grid = (unsigned)((N * 32 + 255) / 256);
     emu::launch(grid, 256, 0, sm, [&] {
-        layernorm_forward_kernel(out.data(), mean.data(), rstd.data(), nullptr, sum.data(), nullptr, w.data(), bp, N,
-                                 C);
+        layernorm_forward_kernel<float>(out.data(), mean.data(), rstd.data(), nullptr, sum.data(), nullptr, w.data(),
+                                        bp, N, C);
     });
     emu::launch(grid, 256, 0, sm, [&] {
-        layernorm_forward_kernel(out2.data(), mean2.data(), rstd2.data(), res.data(), a.data(), b.data(), w.data(),
-                                 bp, N, C);
+        layernorm_forward_kernel<float>(out2.data(), mean2.data(), rstd2.data(), res.data(), a.data(), b.data(),
+                                        w.data(), bp, N, C);
     });
     std::vector<double> want((size_t)N * C);
     for (int r = 0; r < N; r++) {
@@ -498,6 +498,50 @@ static void check_gemm(void) {
           out[0], out[1]);
     CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 1, 1, &one, a, 2, &b, 1, &zero, out, 4) ==
               CUBLAS_STATUS_INVALID_VALUE, "a leading dimension shorter than the matrix is refused");
+    /* bf16 buffers (CUDA_BF16: activations stored as bf16): bf16 inputs with a float32 accumulator, into a bf16
+     * output (read as float for beta, stored rounded to nearest even) or a float32 one */
+    for (int out16 = 0; out16 < 2; out16++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int lda = (ta ? k : m) + 1, ldb = (tb ? n : k) + 2, ldc = m + 1;
+                std::vector<__nv_bfloat16> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n));
+                for (auto &x : A) x = __float2bfloat16(rand_vec(1, 1.0f)[0]);
+                for (auto &x : B) x = __float2bfloat16(rand_vec(1, 1.0f)[0]);
+                std::vector<float> C0 = rand_vec((size_t)ldc * n, 1.0f), Cf = C0;
+                std::vector<__nv_bfloat16> Cb(C0.size());
+                for (size_t i = 0; i < C0.size(); i++) Cb[i] = __float2bfloat16(C0[i]);
+                float half = 0.5f;
+                void *Cm = out16 ? (void *)Cb.data() : (void *)Cf.data();
+                cublasStatus_t st = cublasGemmEx(h, (cublasOperation_t)ta, (cublasOperation_t)tb, m, n, k, &one,
+                                                  A.data(), CUDA_R_16BF, lda, B.data(), CUDA_R_16BF, ldb, &half, Cm,
+                                                  out16 ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                                  CUBLAS_GEMM_DEFAULT);
+                double err = 0.0, scale = 0.0;
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double ref = 0.0;
+                        for (int l = 0; l < k; l++)
+                            ref += (double)__bfloat162float(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda]) *
+                                   __bfloat162float(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb]);
+                        size_t c = i + (size_t)j * ldc;
+                        /* beta reads C as stored: bf16-rounded in a bf16 output */
+                        ref += 0.5 * (out16 ? (double)__bfloat162float(__float2bfloat16(C0[c])) : (double)C0[c]);
+                        double got = out16 ? __bfloat162float(Cb[c]) : Cf[c];
+                        /* a bf16 output keeps 8 significant bits: half an ulp, 2^-8 relative, on top */
+                        err = fmax(err, fabs(got - ref) - (out16 ? 0x1p-8 * fabs(ref) : 0.0));
+                        scale = fmax(scale, fabs(ref));
+                    }
+                CHECK(st == CUBLAS_STATUS_SUCCESS && err <= 1e-5 * scale,
+                      "cublasGemmEx on bf16 inputs into %s, op(A) %c, op(B) %c: against float64, error %.3g "
+                      "(beta 0.5)", out16 ? "bf16" : "float32", ta ? 'T' : 'N', tb ? 'T' : 'N', err);
+            }
+    __nv_bfloat16 x16 = __float2bfloat16(1.0f);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, &x16, CUDA_R_16BF, 1, &b, CUDA_R_32F, 1, &zero,
+                       out, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE &&
+              cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, &x16, CUDA_R_16BF, 1, &x16, CUDA_R_16BF, 1,
+                           &zero, out, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT) ==
+                  CUBLAS_STATUS_INVALID_VALUE,
+          "cublasGemmEx refuses what kvlab never asks for: mixed input types, FAST_16BF on bf16 inputs");
     cublasDestroy(h);
 }
 

@@ -103,18 +103,19 @@ static void test_param_counts(void) {
         g.variant = ATTN_KV_TYING;
         CHECK(oracle_count(&g) == 110856192, "GPT-2 124M KV tying, MQA: %ld parameters, expected 110,856,192",
               oracle_count(&g));
-        /* KV cache per token: layers x tensors x G x hd floats (QKV: K and V; KV tying: V only) */
+        /* KV cache per token: layers x tensors x G x hd activations (QKV: K and V; KV tying: V only) */
+        const size_t A = sizeof(act_t);
         g.variant = ATTN_QKV, g.kv_heads = 4;
-        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 256 * 4, "124M QKV, 4 K/V heads: cache %zu bytes per "
-              "token, expected 24,576", gpt2_cache_bytes_per_token(&g));
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 256 * A, "124M QKV, 4 K/V heads: cache %zu bytes per "
+              "token, expected 24,576 in float32", gpt2_cache_bytes_per_token(&g));
         g.kv_heads = 1;
-        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 64 * 4, "124M QKV, MQA: cache %zu bytes per token, "
-              "expected 6,144", gpt2_cache_bytes_per_token(&g));
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 2 * 64 * A, "124M QKV, MQA: cache %zu bytes per token, "
+              "expected 6,144 in float32", gpt2_cache_bytes_per_token(&g));
         g.variant = ATTN_KV_TYING;
-        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 64 * 4, "124M KV tying, MQA: cache %zu bytes per token, "
-              "expected 3,072", gpt2_cache_bytes_per_token(&g));
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 64 * A, "124M KV tying, MQA: cache %zu bytes per token, "
+              "expected 3,072 in float32", gpt2_cache_bytes_per_token(&g));
         g.kv_heads = 0;
-        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 768 * 4, "124M KV tying: cache %zu bytes per token",
+        CHECK(gpt2_cache_bytes_per_token(&g) == 12 * 1 * 768 * A, "124M KV tying: cache %zu bytes per token",
               gpt2_cache_bytes_per_token(&g));
         /* matmul parameters and FLOPs: the projection is (C + 2 G hd) x C; the attention products stay 12 L T C */
         q = char_gpt();
@@ -257,12 +258,11 @@ static void test_cache_equivalence(int H, int kv_heads) {
     GPT2Decoder d;
     gpt2_decoder_init(&d, &m);
     double worst = 0.0, lmax = 0.0;
-    size_t vbytes = (size_t)c.V * sizeof(float);
-    float *full = xmalloc(vbytes), *dec = xmalloc(vbytes);
+    float *full = xmalloc((size_t)c.V * sizeof(float)), *dec = xmalloc((size_t)c.V * sizeof(float));
     for (int t = 0; t < c.T; t++) {
-        dev_download(dec, gpt2_decode(&m, &d, toks[t]), vbytes);
+        act_download(dec, gpt2_decode(&m, &d, toks[t]), (size_t)c.V);
         gpt2_forward(&m, toks, NULL, 1, t + 1, 0, 0);
-        dev_download(full, m.acts.logits + (size_t)t * c.V, vbytes);
+        act_download(full, m.acts.logits + (size_t)t * c.V, (size_t)c.V);
         for (int v = 0; v < c.V; v++) {
             worst = fmax(worst, fabs(dec[v] - full[v]));
             lmax = fmax(lmax, fabs(full[v]));
@@ -277,8 +277,8 @@ static void test_cache_equivalence(int H, int kv_heads) {
           "%s caches %d tensor(s) per layer, expected %d", attn_variant_label(ATTN_VARIANT, ATTN_POS), d.cache.tensors,
           tensors);
     int G = kv_heads ? kv_heads : H;
-    CHECK(gpt2_cache_bytes_per_token(&c) == (size_t)c.L * tensors * G * 4 * sizeof(float), "cache bytes per token");
-    CHECK(d.cache.C == G * 4, "the cache keeps %d floats per position, expected G x hd = %d", d.cache.C, G * 4);
+    CHECK(gpt2_cache_bytes_per_token(&c) == (size_t)c.L * tensors * G * 4 * sizeof(act_t), "cache bytes per token");
+    CHECK(d.cache.C == G * 4, "the cache keeps %d values per position, expected G x hd = %d", d.cache.C, G * 4);
     gpt2_decoder_free(&d);
     free(full), free(dec);
     gpt2_free(&m);

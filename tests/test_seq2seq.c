@@ -528,7 +528,7 @@ static void next_logprobs(S2S *m, const int *src, int S, const int *prefix, int 
     for (int i = 0; i <= t; i++) tout[i] = 0;
     s2s_forward(m, src, S, tin, tout, t + 1, 1, 0, 0);
     float *logits = xmalloc((size_t)(t + 1) * V * sizeof(float));
-    dev_download(logits, m->acts.logits, (size_t)(t + 1) * V * sizeof(float));
+    act_download(logits, m->acts.logits, (size_t)(t + 1) * V);
     const float *row = logits + (size_t)t * V;
     double mx = row[0], z = 0.0;
     for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;

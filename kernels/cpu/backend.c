@@ -79,17 +79,24 @@ void dev_copy(void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
 }
 
+/* The CPU's activations are float: they cross as their bytes. */
+_Static_assert(sizeof(act_t) == sizeof(float), "the CPU backend computes on float activations");
+
+void act_upload(act_t *dst, const float *host_src, size_t n) { dev_upload(dst, host_src, n * sizeof(float)); }
+
+void act_download(float *host_dst, const act_t *src, size_t n) { dev_download(host_dst, src, n * sizeof(float)); }
+
 void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
     KPROF_OP();
     if (rows < 0 || cols > dst_ld || cols > src_ld)
-        FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
+        FATAL("dev_copy_rows: %d rows of %zu values with strides %zu and %zu", rows, cols, dst_ld, src_ld);
     for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * dst_ld, src + (size_t)i * src_ld, cols * sizeof(float));
 }
 
 void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
     KPROF_OP();
     if (n < 0 || cols > dst_ld || cols > src_ld)
-        FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
+        FATAL("rows_gather: %d rows of %zu values with strides %zu and %zu", n, cols, dst_ld, src_ld);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * dst_ld, src + (size_t)idx[i] * src_ld, cols * sizeof(float));

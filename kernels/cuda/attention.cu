@@ -45,52 +45,52 @@ void attention_set_symmetric_path(int on) { (void)on; }
 
 /* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
  * table (T rows of hd/2 (cos, sin) pairs) when rope is given. */
-__global__ void pack_kernel(float *dst, const float *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+__global__ void pack_kernel(float *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
                             const float *rope) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * heads * T * hd) return;
     int d = (int)(idx % hd);
     size_t r = idx / hd;
     int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
-    const float *x = src + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
+    const act_t *x = src + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
     if (rope) {
         int k = d / 2;
         float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
-        float x0 = x[2 * k], x1 = x[2 * k + 1];
+        float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
         dst[idx] = d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1;
     } else {
-        dst[idx] = x[d];
+        dst[idx] = act_ld(x[d]);
     }
 }
 
 /* dst rows += src (packed), rotated back (R^T) when rope is given. */
-__global__ void unpack_add_kernel(float *dst, int ld, size_t bstride, const float *src, int B, int T, int heads,
+__global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const float *src, int B, int T, int heads,
                                   int hd, const float *rope) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * heads * T * hd) return;
     int d = (int)(idx % hd);
     size_t r = idx / hd;
     int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
-    float *y = dst + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
+    act_t *y = dst + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
     if (rope) {
         int k = d / 2;
         float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
         const float *x = src + (idx - d);
         float x0 = x[2 * k], x1 = x[2 * k + 1];
-        y[d] += d % 2 == 0 ? c * x0 + s * x1 : -s * x0 + c * x1;
+        y[d] = act_st(act_ld(y[d]) + (d % 2 == 0 ? c * x0 + s * x1 : -s * x0 + c * x1));
     } else {
-        y[d] += src[idx];
+        y[d] = act_st(act_ld(y[d]) + src[idx]);
     }
 }
 
-static void pack(float *dst, const float *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+static void pack(float *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
                  const float *rope) {
     size_t n = (size_t)B * heads * T * hd;
     pack_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, ld, bstride, B, T, heads, hd, rope);
     CUDA_LAUNCHED(pack);
 }
 
-static void unpack_add(float *dst, int ld, size_t bstride, const float *src, int B, int T, int heads, int hd,
+static void unpack_add(act_t *dst, int ld, size_t bstride, const float *src, int B, int T, int heads, int hd,
                        const float *rope) {
     size_t n = (size_t)B * heads * T * hd;
     unpack_add_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, ld, bstride, src, B, T, heads, hd, rope);
@@ -298,14 +298,38 @@ typedef struct {
     AttnDev d;
     const float *rope;
     /* sources of the roles: base pointer, row stride, batch stride */
-    const float *src[3];
+    const act_t *src[3];
     int ld[3];
     size_t bstride[3];
-    float *out;
+    float *out; /* the output as the kernels read and write it: float (float_out) */
     int o_ld;
     size_t o_bstride;
     float *lse;
 } Call;
+
+/* The attention kernels read and write float. With float activations the caller's output and its gradient are
+ * theirs; with bf16 ones they pass through float scratch, one conversion each way (B T C values, against the
+ * kernels' B H T T scores). */
+static float *g_outf, *g_doutf;
+static size_t g_outf_cap, g_doutf_cap;
+
+/* Where the kernels write the output act of n values: act itself, or scratch that store_out converts into it. */
+static float *float_out(act_t *act, size_t n) {
+    if (KVLAB_ACT_BYTES == sizeof(float)) return (float *)act;
+    return cuda_scratch(&g_outf, &g_outf_cap, n);
+}
+
+static void store_out(act_t *act, const float *f, size_t n) {
+    if ((const void *)act != (const void *)f) cuda_to_act(act, f, n);
+}
+
+/* n activations as float for the kernels to read: x itself, or a converted copy in the scratch *buf. */
+static const float *float_in(const act_t *x, size_t n, float **buf, size_t *cap) {
+    if (KVLAB_ACT_BYTES == sizeof(float)) return (const float *)x;
+    float *f = cuda_scratch(buf, cap, n);
+    cuda_to_float(f, x, n);
+    return f;
+}
 
 enum { ROLE_Q, ROLE_K, ROLE_V };
 
@@ -361,7 +385,7 @@ static void common_setup(AttnDev *d, int B, int Tq, int Tk, int H, int G, int hd
     d->batch_first = dropout_batch_first();
 }
 
-static void self_call(Call *c, const char *op, float *out, float *lse, const float *proj, const AttnPos *pos,
+static void self_call(Call *c, const char *op, float *out, float *lse, const act_t *proj, const AttnPos *pos,
                       const AttnArgs *a) {
     attn_check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
     if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
@@ -409,7 +433,7 @@ static void self_call(Call *c, const char *op, float *out, float *lse, const flo
     pack_roles(c);
 }
 
-static void cross_call(Call *c, const char *op, float *out, float *lse, const float *q, const float *kv,
+static void cross_call(Call *c, const char *op, float *out, float *lse, const act_t *q, const act_t *kv,
                        const CrossAttnArgs *a) {
     attn_check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
     if (!q || !kv || !out || !lse) FATAL("%s: NULL buffer", op);
@@ -447,8 +471,9 @@ static void launch(const char *name, void (*kernel)(KArgs...), unsigned grid, un
 /* The tensor-core kernels' NT (head dim padded to 16 NT) for a call, or 0 for the fp32 kernels: a tensor-core
  * precision, a head dim up to 128 and the shared memory for it on this GPU. Forward and backward choose alike. */
 #define TC_ATTN (!IS_ENABLED(CONFIG_CUDA_FP32))
-/* the operand tiles' element type: bf16 products with CUDA_BF16_MATMUL, TF32 otherwise */
-typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL), __nv_bfloat16, float>::type TcElem;
+/* the operand tiles' element type: bf16 products with CUDA_BF16_MATMUL and CUDA_BF16, TF32 otherwise */
+typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) || IS_ENABLED(CONFIG_CUDA_BF16), __nv_bfloat16,
+                         float>::type TcElem;
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
@@ -532,15 +557,18 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
 
 /* ------------------------------------------------------------------ entry points */
 
-void attention_forward(float *out, float *lse, const float *proj, const AttnPos *pos, const AttnArgs *a) {
+void attention_forward(act_t *out, float *lse, const act_t *proj, const AttnPos *pos, const AttnArgs *a) {
     KPROF_OP();
     Call c;
-    self_call(&c, "attention_forward", out, lse, proj, pos, a);
+    self_call(&c, "attention_forward", (float *)out, lse, proj, pos, a); /* the checks first */
+    size_t n = (size_t)a->B * a->T * a->H * a->hd;
+    c.out = float_out(out, n);
     run_forward(&c);
+    store_out(out, c.out, n);
 }
 
-void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, const float *proj,
-                        const float *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
+void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, const act_t *proj,
+                        const act_t *out, const float *lse, const AttnPos *pos, const AttnArgs *a) {
     KPROF_OP();
     if (!dproj || !dout) FATAL("attention_backward: NULL gradient buffer");
     if (ATTN_POS && (!dpos || !dpos->dw || !dpos->db))
@@ -549,8 +577,10 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
         FATAL("attention_backward: relative bias without its gradient buffer");
     Call c;
     self_call(&c, "attention_backward", (float *)out, (float *)lse, proj, pos, a);
+    size_t n = (size_t)a->B * a->T * a->H * a->hd;
+    c.out = (float *)float_in(out, n, &g_outf, &g_outf_cap);
     float *dq, *dk, *dv;
-    run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
+    run_backward(&c, float_in(dout, n, &g_doutf, &g_doutf_cap), &dq, &dk, &dv, pos, dpos);
     AttnDev *d = &c.d;
     int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
     size_t bs = (size_t)a->T * W;
@@ -563,21 +593,26 @@ void attention_backward(float *dproj, AttnPosGrad *dpos, const float *dout, cons
                d->G, a->hd, NULL);
 }
 
-void cross_attention_forward(float *out, float *lse, const float *q, const float *kv, const CrossAttnArgs *a) {
+void cross_attention_forward(act_t *out, float *lse, const act_t *q, const act_t *kv, const CrossAttnArgs *a) {
     KPROF_OP();
     Call c;
-    cross_call(&c, "cross_attention_forward", out, lse, q, kv, a);
+    cross_call(&c, "cross_attention_forward", (float *)out, lse, q, kv, a);
+    size_t n = (size_t)a->B * a->Tq * a->H * a->hd;
+    c.out = float_out(out, n);
     run_forward(&c);
+    store_out(out, c.out, n);
 }
 
-void cross_attention_backward(float *dq, float *dkv, const float *dout, const float *q, const float *kv,
-                              const float *out, const float *lse, const CrossAttnArgs *a) {
+void cross_attention_backward(act_t *dq, act_t *dkv, const act_t *dout, const act_t *q, const act_t *kv,
+                              const act_t *out, const float *lse, const CrossAttnArgs *a) {
     KPROF_OP();
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     Call c;
     cross_call(&c, "cross_attention_backward", (float *)out, (float *)lse, q, kv, a);
+    size_t n = (size_t)a->B * a->Tq * a->H * a->hd;
+    c.out = (float *)float_in(out, n, &g_outf, &g_outf_cap);
     float *gq, *gk, *gv;
-    run_backward(&c, dout, &gq, &gk, &gv, NULL, NULL);
+    run_backward(&c, float_in(dout, n, &g_doutf, &g_doutf_cap), &gq, &gk, &gv, NULL, NULL);
     int C = a->H * a->hd;
     unpack_add(dq, C, (size_t)a->Tq * C, gq, a->B, a->Tq, a->H, a->hd, NULL);
     unpack_add(dkv, 2 * C, (size_t)a->Tk * 2 * C, gk, a->B, a->Tk, a->H, a->hd, NULL);
@@ -587,23 +622,24 @@ void cross_attention_backward(float *dq, float *dkv, const float *dout, const fl
 /* ------------------------------------------------------------------ decoding */
 
 /* One warp per (sequence, query head): scores of the cached rows 0..t in shared memory, softmax, weighted sum. */
-__global__ void decode_kernel(float *out, const float *q, int q_ld, const float *keys, const float *values, int T,
+__global__ void decode_kernel(act_t *out, const act_t *q, int q_ld, const act_t *keys, const act_t *values, int T,
                               int t, int H, int hd, int G, const float *rope, AttnDev p, const float *w,
                               const float *pb, const float *feat, int m) {
     extern __shared__ float sm[];
     int n = t + 1, r = blockIdx.x / H, h = blockIdx.x % H, lane = threadIdx.x;
     float *s = sm, *qr = sm + n;
     int kvC = G * hd, group = H / G;
-    const float *qh = q + (size_t)r * q_ld + (size_t)h * hd;
+    const act_t *qh = q + (size_t)r * q_ld + (size_t)h * hd;
     size_t kvo = (size_t)r * T * kvC + (size_t)(h / group) * hd;
-    const float *kh = keys + kvo, *vh = values + kvo;
+    const act_t *kh = keys + kvo, *vh = values + kvo;
     for (int d = lane; d < hd; d += 32) {
         if (rope) {
             int k = d / 2;
             float c = rope[(size_t)t * hd + 2 * k], sn = rope[(size_t)t * hd + 2 * k + 1];
-            qr[d] = d % 2 == 0 ? c * qh[2 * k] - sn * qh[2 * k + 1] : sn * qh[2 * k] + c * qh[2 * k + 1];
+            float q0 = act_ld(qh[2 * k]), q1 = act_ld(qh[2 * k + 1]);
+            qr[d] = d % 2 == 0 ? c * q0 - sn * q1 : sn * q0 + c * q1;
         } else {
-            qr[d] = qh[d];
+            qr[d] = act_ld(qh[d]);
         }
     }
     __syncwarp();
@@ -621,16 +657,17 @@ __global__ void decode_kernel(float *out, const float *q, int q_ld, const float 
     }
     float mx = -INFINITY;
     for (int j = lane; j < n; j += 32) {
-        const float *kj = kh + (size_t)j * kvC;
+        const act_t *kj = kh + (size_t)j * kvC;
         float acc = 0.0f;
         if (rope) {
             for (int k = 0; k < hd / 2; k++) {
                 float cc = rope[(size_t)j * hd + 2 * k], sn = rope[(size_t)j * hd + 2 * k + 1];
-                float k0 = cc * kj[2 * k] - sn * kj[2 * k + 1], k1 = sn * kj[2 * k] + cc * kj[2 * k + 1];
+                float x0 = act_ld(kj[2 * k]), x1 = act_ld(kj[2 * k + 1]);
+                float k0 = cc * x0 - sn * x1, k1 = sn * x0 + cc * x1;
                 acc += qr[2 * k] * k0 + qr[2 * k + 1] * k1;
             }
         } else {
-            for (int d = 0; d < hd; d++) acc += qr[d] * kj[d];
+            for (int d = 0; d < hd; d++) acc += qr[d] * act_ld(kj[d]);
         }
         float x = p.scale * acc;
         if (ATTN_POS && w) {
@@ -655,12 +692,12 @@ __global__ void decode_kernel(float *out, const float *q, int q_ld, const float 
     float inv = 1.0f / sum;
     for (int d = lane; d < hd; d += 32) {
         float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc += s[j] * vh[(size_t)j * kvC + d];
-        out[(size_t)r * H * hd + (size_t)h * hd + d] = acc * inv;
+        for (int j = 0; j < n; j++) acc += s[j] * act_ld(vh[(size_t)j * kvC + d]);
+        out[(size_t)r * H * hd + (size_t)h * hd + d] = act_st(acc * inv);
     }
 }
 
-void attention_decode(float *out, const float *q, int q_ld, const float *keys, const float *values, int T, int t,
+void attention_decode(act_t *out, const act_t *q, int q_ld, const act_t *keys, const act_t *values, int T, int t,
                       int N, int H, int hd, int kv_heads, const AttnPos *pos) {
     KPROF_OP();
     int scheme = attn_check_decode(pos, q_ld, T, t, N, H, hd, kv_heads);
@@ -717,7 +754,7 @@ __global__ void dense_softmax_kernel(float *A, AttnDev p, int b) {
     for (int j = lane; j < p.Tk; j += 32) row[j] = sum > 0.0f ? row[j] / sum : 0.0f;
 }
 
-void attention_scores(float *S, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+void attention_scores(float *S, const act_t *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
     KPROF_OP();
     Call c;
     float *dummy = (float *)&c; /* out and lse are not used */
@@ -728,7 +765,7 @@ void attention_scores(float *S, const float *proj, const AttnPos *pos, const Att
     CUDA_LAUNCHED(dense_scores);
 }
 
-void attention_probs(float *A, const float *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
+void attention_probs(float *A, const act_t *proj, const AttnPos *pos, const AttnArgs *a, int b, int h) {
     KPROF_OP();
     attention_scores(A, proj, pos, a, b, h);
     Call c;

@@ -16,7 +16,7 @@ size_t kv_smem_max;
 int kv_device = CONFIG_CUDA_DEVICE;
 static int g_ready;
 
-__global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n,
+__global__ void rows_gather_kernel(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, const int *idx, int n,
                                    size_t cols);
 static size_t g_alloc_total; /* dev_alloc_total() */
 
@@ -133,10 +133,11 @@ void cuda_ready(void) {
     CUBLAS_CHECK(cublasCreate(&kv_cublas));
     CUBLAS_CHECK(cublasSetStream(kv_cublas, kv_stream));
     /* fp32: pedantic (no reduced precision anywhere); TF32: allowed on the tensor cores; bf16: the products ask
-     * for it themselves (ops.cu, gemm), the default mode lets them */
-    CUBLAS_CHECK(cublasSetMathMode(kv_cublas, IS_ENABLED(CONFIG_CUDA_TF32)          ? CUBLAS_TF32_TENSOR_OP_MATH
-                                              : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_DEFAULT_MATH
-                                                                                    : CUBLAS_PEDANTIC_MATH));
+     * for it themselves (ops.cu, gemm: bf16 inputs, or FAST_16BF), the default mode lets them */
+    CUBLAS_CHECK(cublasSetMathMode(kv_cublas, IS_ENABLED(CONFIG_CUDA_TF32) ? CUBLAS_TF32_TENSOR_OP_MATH
+                                              : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) || IS_ENABLED(CONFIG_CUDA_BF16)
+                                                  ? CUBLAS_DEFAULT_MATH
+                                                  : CUBLAS_PEDANTIC_MATH));
     g_ready = 1;
 }
 
@@ -152,8 +153,10 @@ const char *backend_name(void) {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, kv_device));
         snprintf(name, sizeof name, "cuda (%s, sm_%d%d, %s, cuBLAS)", prop.name, prop.major, prop.minor,
-                 IS_ENABLED(CONFIG_CUDA_TF32) ? "tf32 matmuls" : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? "bf16 matmuls"
-                                                                                                   : "fp32");
+                 IS_ENABLED(CONFIG_CUDA_TF32)          ? "tf32 matmuls"
+                 : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? "bf16 matmuls"
+                 : IS_ENABLED(CONFIG_CUDA_BF16)        ? "bf16 activations and matmuls"
+                                                       : "fp32");
     }
     return name;
 }
@@ -218,34 +221,80 @@ void dev_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kv_stream));
 }
 
-void dev_copy_rows(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, size_t cols) {
+/* Activations cross as float on the host side: as their bytes where act_t is float, converted on the host
+ * (bf16 rounded to nearest even, as the kernels store) where it is bf16. */
+void act_upload(act_t *dst, const float *host_src, size_t n) {
+    if (KVLAB_ACT_BYTES == sizeof(float)) {
+        dev_upload(dst, host_src, n * sizeof(float));
+        return;
+    }
+    act_t *h = (act_t *)xmalloc(n * sizeof(act_t) + 1);
+    for (size_t i = 0; i < n; i++) h[i] = act_st(host_src[i]);
+    dev_upload(dst, h, n * sizeof(act_t));
+    free(h);
+}
+
+void act_download(float *host_dst, const act_t *src, size_t n) {
+    if (KVLAB_ACT_BYTES == sizeof(float)) {
+        dev_download(host_dst, src, n * sizeof(float));
+        return;
+    }
+    act_t *h = (act_t *)xmalloc(n * sizeof(act_t) + 1);
+    dev_download(h, src, n * sizeof(act_t));
+    for (size_t i = 0; i < n; i++) host_dst[i] = act_ld(h[i]);
+    free(h);
+}
+
+void dev_copy_rows(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, int rows, size_t cols) {
     KPROF_OP();
     if (rows < 0 || cols > dst_ld || cols > src_ld)
-        FATAL("dev_copy_rows: %d rows of %zu floats with strides %zu and %zu", rows, cols, dst_ld, src_ld);
+        FATAL("dev_copy_rows: %d rows of %zu values with strides %zu and %zu", rows, cols, dst_ld, src_ld);
     if (rows == 0 || cols == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), cols * sizeof(float),
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_ld * sizeof(act_t), src, src_ld * sizeof(act_t), cols * sizeof(act_t),
                                  (size_t)rows, cudaMemcpyDeviceToDevice, kv_stream));
 }
 
-__global__ void rows_gather_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n,
+__global__ void rows_gather_kernel(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, const int *idx, int n,
                                    size_t cols) {
     int i = blockIdx.x;
     if (i >= n) return;
-    const float *s = src + (size_t)idx[i] * src_ld;
-    float *d = dst + (size_t)i * dst_ld;
+    const act_t *s = src + (size_t)idx[i] * src_ld;
+    act_t *d = dst + (size_t)i * dst_ld;
     for (size_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
 }
 
-void rows_gather(float *dst, size_t dst_ld, const float *src, size_t src_ld, const int *idx, int n, size_t cols) {
+void rows_gather(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, const int *idx, int n, size_t cols) {
     KPROF_OP();
     if (n < 0 || cols > dst_ld || cols > src_ld)
-        FATAL("rows_gather: %d rows of %zu floats with strides %zu and %zu", n, cols, dst_ld, src_ld);
+        FATAL("rows_gather: %d rows of %zu values with strides %zu and %zu", n, cols, dst_ld, src_ld);
     if (n == 0 || cols == 0) return;
     rows_gather_kernel<<<n, 256, 0, kv_stream>>>(dst, dst_ld, src, src_ld, idx, n, cols);
     CUDA_LAUNCHED(rows_gather);
 }
 
 /* ------------------------------------------------------------------ helpers for the other sources */
+
+__global__ void to_act_kernel(act_t *dst, const float *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = act_st(src[i]);
+}
+
+__global__ void to_float_kernel(float *dst, const act_t *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = act_ld(src[i]);
+}
+
+void cuda_to_act(act_t *dst, const float *src, size_t n) {
+    if (!n) return;
+    to_act_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, n);
+    CUDA_LAUNCHED(to_act);
+}
+
+void cuda_to_float(float *dst, const act_t *src, size_t n) {
+    if (!n) return;
+    to_float_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, n);
+    CUDA_LAUNCHED(to_float);
+}
 
 float *cuda_scratch(float **buf, size_t *cap, size_t floats) {
     if (floats > *cap) {

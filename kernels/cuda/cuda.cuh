@@ -5,6 +5,7 @@
 #define KVLAB_CUDA_CUH
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -62,6 +63,15 @@ extern void (*kv_side_join)(void);
  * stream has done everything before it, a failed collective included, where no poll runs; with kv_sync_check
  * set, a polling cuda_sync first, so that the copy starts on an idle stream. */
 void cuda_sync_before_copy(void);
+
+/* Activations (act_t, kernels.h) loaded as float (act_ld, act.cuh) and stored rounded from float. */
+#include "act.cuh"
+__host__ __device__ inline act_t act_st(float x) { return act_as<act_t>(x); }
+/* cuBLAS's name of act_t */
+#define CUDA_R_ACT (KVLAB_ACT_BYTES == 2 ? CUDA_R_16BF : CUDA_R_32F)
+/* n values converted on the stream, float to act_t (rounded) and back. */
+void cuda_to_act(act_t *dst, const float *src, size_t n);
+void cuda_to_float(float *dst, const act_t *src, size_t n);
 
 /* Scratch device memory that grows on demand, one per use site (calls come from one host thread). */
 float *cuda_scratch(float **buf, size_t *cap, size_t floats);

@@ -84,17 +84,17 @@ static int check_ids(const char *fmt, const int *ids, int n, int V, int has_skip
 
 /* ------------------------------------------------------------------ embedding */
 
-__global__ void embedding_forward_kernel(float *out, const int *tokens, const float *wte, const float *wpe, int BT,
+__global__ void embedding_forward_kernel(act_t *out, const int *tokens, const float *wte, const float *wpe, int BT,
                                          int T, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)BT * C) return;
     int i = (int)(idx / C), c = (int)(idx % C);
     float v = scale * wte[(size_t)tokens[i] * C + c];
     if (wpe) v += wpe[(size_t)(i % T) * C + c];
-    out[idx] = v;
+    out[idx] = act_st(v);
 }
 
-void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
@@ -107,19 +107,19 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 
 /* dwte: embedding_backward_wte_kernel (ops_kernels.cuh); dwpe: one thread per (position, channel) sums over the
  * batch. */
-__global__ void embedding_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+__global__ void embedding_backward_wpe_kernel(float *dwpe, const act_t *dout, int B, int T, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * C) return;
     float s = 0.0f;
-    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + idx];
+    for (int b = 0; b < B; b++) s += act_ld(dout[(size_t)b * T * C + idx]);
     dwpe[idx] += s;
 }
 
-void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
                         int B, int T, int C, float scale) {
     KPROF_OP();
     ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
-    embedding_backward_wte_kernel<<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
+    embedding_backward_wte_kernel<act_t><<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
                                                                                         B * T, C, scale, EMB_BUCKETS);
     CUDA_LAUNCHED(embedding_backward_wte);
     if (dwpe) {
@@ -131,18 +131,18 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
 
 /* ------------------------------------------------------------------ token assembly */
 
-__global__ void tokens_embed_forward_kernel(float *out, const float *x, const float *cls, const float *pos, int B,
+__global__ void tokens_embed_forward_kernel(act_t *out, const act_t *x, const float *cls, const float *pos, int B,
                                             int T, int C, int off) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * T * C) return;
     int c = (int)(idx % C);
     int bt = (int)(idx / C), b = bt / T, t = bt % T;
-    float v = t < off ? cls[c] : x[((size_t)b * (T - off) + (size_t)(t - off)) * C + c];
+    float v = t < off ? cls[c] : act_ld(x[((size_t)b * (T - off) + (size_t)(t - off)) * C + c]);
     if (pos) v += pos[(size_t)t * C + c];
-    out[idx] = v;
+    out[idx] = act_st(v);
 }
 
-void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
+void tokens_embed_forward(act_t *out, const act_t *x, const float *cls, const float *pos, int B, int T, int C) {
     KPROF_OP();
     ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
     size_t n = (size_t)B * T * C;
@@ -152,22 +152,25 @@ void tokens_embed_forward(float *out, const float *x, const float *cls, const fl
 }
 
 /* one thread per (token row, channel): its batch sum in order */
-__global__ void tokens_embed_backward_kernel(float *dx, float *dcls, float *dpos, const float *dout, int B, int T,
+__global__ void tokens_embed_backward_kernel(act_t *dx, float *dcls, float *dpos, const act_t *dout, int B, int T,
                                              int C, int off) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * C) return;
     int t = (int)(idx / C), c = (int)(idx % C);
     float sum = 0.0f;
     for (int b = 0; b < B; b++) {
-        float d = dout[((size_t)b * T + t) * C + c];
-        if (t >= off) dx[((size_t)b * (T - off) + (size_t)(t - off)) * C + c] += d;
+        float d = act_ld(dout[((size_t)b * T + t) * C + c]);
+        if (t >= off) {
+            act_t *o = &dx[((size_t)b * (T - off) + (size_t)(t - off)) * C + c];
+            *o = act_st(act_ld(*o) + d);
+        }
         sum += d;
     }
     if (t < off) dcls[c] += sum;
     if (dpos) dpos[idx] += sum;
 }
 
-void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
+void tokens_embed_backward(act_t *dx, float *dcls, float *dpos, const act_t *dout, int B, int T, int C) {
     KPROF_OP();
     ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
     tokens_embed_backward_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(
@@ -177,24 +180,25 @@ void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dou
 
 /* ------------------------------------------------------------------ pooling */
 
-__global__ void pool_forward_kernel(float *out, const float *inp, int B, int T, int C, int first, int count) {
+__global__ void pool_forward_kernel(act_t *out, const act_t *inp, int B, int T, int C, int first, int count) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * C) return;
     int b = (int)(idx / C), c = (int)(idx % C);
     float s = 0.0f;
-    for (int t = first; t < first + count; t++) s += inp[((size_t)b * T + t) * C + c];
-    out[idx] = s * (1.0f / count);
+    for (int t = first; t < first + count; t++) s += act_ld(inp[((size_t)b * T + t) * C + c]);
+    out[idx] = act_st(s * (1.0f / count));
 }
 
-__global__ void pool_backward_kernel(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+__global__ void pool_backward_kernel(act_t *dinp, const act_t *dout, int B, int T, int C, int first, int count) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * count * C) return;
     int c = (int)(idx % C);
     int bt = (int)(idx / C), b = bt / count, t = first + bt % count;
-    dinp[((size_t)b * T + t) * C + c] += dout[(size_t)b * C + c] * (1.0f / count);
+    act_t *d = &dinp[((size_t)b * T + t) * C + c];
+    *d = act_st(act_ld(*d) + act_ld(dout[(size_t)b * C + c]) * (1.0f / count));
 }
 
-void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
+void pool_tokens_forward(act_t *out, const act_t *inp, int B, int T, int C, int first, int count) {
     KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
@@ -203,7 +207,7 @@ void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int 
     CUDA_LAUNCHED(pool_forward);
 }
 
-void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
+void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, int first, int count) {
     KPROF_OP();
     ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
               "bad range: tokens %d..%d of %d", first, first + count - 1, T);
@@ -214,57 +218,57 @@ void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, i
 
 /* ------------------------------------------------------------------ layernorm */
 
-void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
                        const float *w, const float *b, int N, int C) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
-    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, NULL,
-                                                                                              inp, NULL, w, b, N, C);
+    layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
+        out, mean, rstd, NULL, inp, NULL, w, b, N, C);
     CUDA_LAUNCHED(layernorm_forward);
 }
 
-void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd, const act_t *a, const act_t *b,
                                 const float *w, const float *bias, int N, int C) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
-    layernorm_forward_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(out, mean, rstd, res,
-                                                                                              a, b, w, bias, N, C);
+    layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
+        out, mean, rstd, res, a, b, w, bias, N, C);
     CUDA_LAUNCHED(residual_layernorm_forward);
 }
 
-__global__ void layernorm_backward_dx_kernel(float *dinp, const float *dout, const float *inp, const float *w,
+__global__ void layernorm_backward_dx_kernel(act_t *dinp, const act_t *dout, const act_t *inp, const float *w,
                                              const float *mean, const float *rstd, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
-    float *dx = dinp + (size_t)row * C;
+    const act_t *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    act_t *dx = dinp + (size_t)row * C;
     float m = mean[row], s = rstd[row];
     float sum_d = 0.0f, sum_dx = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        float xh = (x[c] - m) * s, dxh = d[c] * w[c];
+        float xh = (act_ld(x[c]) - m) * s, dxh = act_ld(d[c]) * w[c];
         sum_d += dxh;
         sum_dx += dxh * xh;
     }
     sum_d = warp_sum(sum_d) / C;
     sum_dx = warp_sum(sum_dx) / C;
     for (int c = lane; c < C; c += 32) {
-        float xh = (x[c] - m) * s;
-        dx[c] += s * (d[c] * w[c] - sum_d - xh * sum_dx);
+        float xh = (act_ld(x[c]) - m) * s;
+        dx[c] = act_st(act_ld(dx[c]) + s * (act_ld(d[c]) * w[c] - sum_d - xh * sum_dx));
     }
 }
 
 #define COLSUM_ROWS 64 /* rows per partial sum of the column reductions */
 
 /* partial[chunk][c] (and partial[chunk][C + c]) over the chunk's rows: sum of dout * xhat and of dout */
-__global__ void layernorm_backward_dw_kernel(float *partial, const float *dout, const float *inp, const float *mean,
+__global__ void layernorm_backward_dw_kernel(float *partial, const act_t *dout, const act_t *inp, const float *mean,
                                              const float *rstd, int N, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= C) return;
     float sw = 0.0f, sb = 0.0f;
     int r1 = min(N, (chunk + 1) * COLSUM_ROWS);
     for (int r = chunk * COLSUM_ROWS; r < r1; r++) {
-        float d = dout[(size_t)r * C + c];
-        sw += d * (inp[(size_t)r * C + c] - mean[r]) * rstd[r];
+        float d = act_ld(dout[(size_t)r * C + c]);
+        sw += d * (act_ld(inp[(size_t)r * C + c]) - mean[r]) * rstd[r];
         sb += d;
     }
     partial[(size_t)chunk * 2 * C + c] = sw;
@@ -283,7 +287,7 @@ __global__ void colsum_finish_kernel(float *a, const float *partial, int chunks,
 static float *g_partial;
 static size_t g_partial_cap;
 
-void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
@@ -305,57 +309,75 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
 
 /* ------------------------------------------------------------------ linear */
 
-__global__ void add_bias_kernel(float *out, const float *b, size_t N, int OC) {
+__global__ void add_bias_kernel(act_t *out, const float *b, size_t N, int OC) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < N * OC) out[idx] += b[idx % OC];
+    if (idx < N * OC) out[idx] = act_st(act_ld(out[idx]) + b[idx % OC]);
 }
 
-/* Column-major C = op(A) op(B) + beta C on float32 buffers: cublasSgemm (fp32, or TF32 by the handle's math
- * mode), or with CUDA_BF16_MATMUL the same product with its inputs rounded to bf16 on the tensor cores and a
- * float32 accumulator (cuBLAS's FAST_16BF compute type). */
-static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *Cm, int ldc) {
+/* A weight matrix as the products' input type: w itself where act_t is float; with bf16 activations a copy
+ * rounded to bf16 (to nearest even) in scratch memory, made for each call (a read of the float32 matrix and a
+ * write of half its bytes: about a millisecond per step of GPT-2 124M on an H100). */
+static const act_t *weights_as_act(const float *w, size_t n) {
+    if (KVLAB_ACT_BYTES == sizeof(float)) return (const act_t *)w;
+    static float *buf;
+    static size_t cap;
+    act_t *d = (act_t *)cuda_scratch(&buf, &cap, (n * sizeof(act_t) + sizeof(float) - 1) / sizeof(float));
+    cuda_to_act(d, w, n);
+    return d;
+}
+
+/* Column-major C = op(A) op(B) + beta C with a float32 accumulator, A and B of the activations' type (act_t), C
+ * of the activations' type or (ct_float: a weight gradient) float32. cublasSgemm where everything is float32
+ * (fp32, or TF32 by the handle's math mode); cublasGemmEx otherwise: bf16 inputs with CUDA_BF16, float32 buffers
+ * whose inputs the tensor cores round to bf16 with CUDA_BF16_MATMUL (cuBLAS's FAST_16BF compute type). */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const act_t *A, int lda,
+                 const act_t *B, int ldb, float beta, void *Cm, int ct_float, int ldc) {
     const float one = 1.0f;
-    if (IS_ENABLED(CONFIG_CUDA_BF16_MATMUL))
-        CUBLAS_CHECK(cublasGemmEx(kv_cublas, ta, tb, m, n, k, &one, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, Cm,
-                                  CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    cudaDataType ct = ct_float ? CUDA_R_32F : CUDA_R_ACT;
+    cublasComputeType_t compute =
+        IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+    if (KVLAB_ACT_BYTES == 2 || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL))
+        CUBLAS_CHECK(cublasGemmEx(kv_cublas, ta, tb, m, n, k, &one, A, CUDA_R_ACT, lda, B, CUDA_R_ACT, ldb, &beta, Cm,
+                                  ct, ldc, compute, CUBLAS_GEMM_DEFAULT));
     else
-        CUBLAS_CHECK(cublasSgemm(kv_cublas, ta, tb, m, n, k, &one, A, lda, B, ldb, &beta, Cm, ldc));
+        CUBLAS_CHECK(cublasSgemm(kv_cublas, ta, tb, m, n, k, &one, (const float *)A, lda, (const float *)B, ldb, &beta,
+                                 (float *)Cm, ldc));
     kprof_part("cublas_gemm");
 }
 
-void linear_forward(float *out, const float *inp, const float *w, const float *b,
+void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
                     int N, int C, int OC) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
     cuda_ready();
     /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, inp, C, 0.0f, out, OC);
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, 0.0f, out, 0, OC);
     if (b) {
         add_bias_kernel<<<cuda_blocks((size_t)N * OC, THREADS), THREADS, 0, kv_stream>>>(out, b, (size_t)N, OC);
         CUDA_LAUNCHED(add_bias);
     }
 }
 
-__global__ void bias_grad_partial_kernel(float *partial, const float *dout, int N, int OC) {
+__global__ void bias_grad_partial_kernel(float *partial, const act_t *dout, int N, int OC) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= OC) return;
     float s = 0.0f;
     int r1 = min(N, (chunk + 1) * COLSUM_ROWS);
-    for (int r = chunk * COLSUM_ROWS; r < r1; r++) s += dout[(size_t)r * OC + c];
+    for (int r = chunk * COLSUM_ROWS; r < r1; r++) s += act_ld(dout[(size_t)r * OC + c]);
     partial[(size_t)chunk * OC + c] = s;
 }
 
-void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                      const float *w, int N, int C, int OC) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     cuda_ready();
     /* dinp (N, C) += dout W: column-major dinp' = W' dout' */
-    if (dinp) gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, C);
-    /* dW (OC, C) += dout^T inp: column-major dW' = inp' dout'^T */
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, C);
+    if (dinp)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weights_as_act(w, (size_t)OC * C), C, dout, OC, 1.0f, dinp, 0, C);
+    /* dW (OC, C) += dout^T inp: column-major dW' = inp' dout'^T, into the float32 gradient */
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, 1, C);
     if (db) {
         int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
         float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * OC);
@@ -370,38 +392,38 @@ void linear_backward(float *dinp, float *dw, float *db, const float *dout, const
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+__global__ void gelu_forward_kernel(act_t *out, const act_t *inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = inp[i];
+    float x = act_ld(inp[i]);
     float u = GELU_K * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
+    out[i] = act_st(0.5f * x * (1.0f + tanhf(u)));
 }
 
-__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
+__global__ void gelu_backward_kernel(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float x = inp[i];
+    float x = act_ld(inp[i]);
     float u = GELU_K * (x + 0.044715f * x * x * x);
     float th = tanhf(u);
     float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
     float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] += g * dout[i];
+    dinp[i] = act_st(act_ld(dinp[i]) + g * act_ld(dout[i]));
 }
 
-__global__ void relu_forward_kernel(float *out, const float *inp, size_t n) {
+__global__ void relu_forward_kernel(act_t *out, const act_t *inp, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    if (i < n) out[i] = act_st(act_ld(inp[i]) > 0.0f ? act_ld(inp[i]) : 0.0f);
 }
 
-__global__ void relu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n) {
+__global__ void relu_backward_kernel(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+    if (i < n) dinp[i] = act_st(act_ld(dinp[i]) + (act_ld(inp[i]) > 0.0f ? act_ld(dout[i]) : 0.0f));
 }
 
-__global__ void residual_kernel(float *out, const float *a, const float *b, size_t n) {
+__global__ void residual_kernel(act_t *out, const act_t *a, const act_t *b, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
+    if (i < n) out[i] = act_st(act_ld(a[i]) + act_ld(b[i]));
 }
 
 #define ELEMENTWISE(kernel, n, ...)                                                          \
@@ -411,45 +433,45 @@ __global__ void residual_kernel(float *out, const float *a, const float *b, size
         CUDA_LAUNCHED(kernel);                                                               \
     } while (0)
 
-void gelu_forward(float *out, const float *inp, size_t n) {
+void gelu_forward(act_t *out, const act_t *inp, size_t n) {
     KPROF_OP();
     ELEMENTWISE(gelu_forward_kernel, n, out, inp);
 }
-void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void gelu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
     KPROF_OP();
     ELEMENTWISE(gelu_backward_kernel, n, dinp, inp, dout);
 }
-void relu_forward(float *out, const float *inp, size_t n) {
+void relu_forward(act_t *out, const act_t *inp, size_t n) {
     KPROF_OP();
     ELEMENTWISE(relu_forward_kernel, n, out, inp);
 }
-void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
     KPROF_OP();
     ELEMENTWISE(relu_backward_kernel, n, dinp, inp, dout);
 }
-void residual_forward(float *out, const float *a, const float *b, size_t n) {
+void residual_forward(act_t *out, const act_t *a, const act_t *b, size_t n) {
     KPROF_OP();
     ELEMENTWISE(residual_kernel, n, out, a, b);
 }
 
 /* ------------------------------------------------------------------ dropout */
 
-__global__ void dropout_kernel(float *out, const float *inp, size_t off, uint32_t thr, float scale, uint64_t seed,
+__global__ void dropout_kernel(act_t *out, const act_t *inp, size_t off, uint32_t thr, float scale, uint64_t seed,
                                int accumulate, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = dropout_keep(seed, off + i, thr) ? inp[i] * scale : 0.0f;
-    out[i] = accumulate ? out[i] + v : v;
+    float v = dropout_keep(seed, off + i, thr) ? act_ld(inp[i]) * scale : 0.0f;
+    out[i] = act_st(accumulate ? act_ld(out[i]) + v : v);
 }
 
-void dropout_forward(float *out, const float *inp, size_t n, float p, uint64_t seed) {
+void dropout_forward(act_t *out, const act_t *inp, size_t n, float p, uint64_t seed) {
     KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_forward");
     size_t off = dropout_batch_offset(n, "dropout_forward");
     ELEMENTWISE(dropout_kernel, n, out, inp, off, thr, 1.0f / (1.0f - p), seed, 0);
 }
 
-void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_t seed) {
+void dropout_backward(act_t *dinp, const act_t *dout, size_t n, float p, uint64_t seed) {
     KPROF_OP();
     uint32_t thr = dropout_threshold(p, "dropout_backward");
     size_t off = dropout_batch_offset(n, "dropout_backward");
@@ -459,17 +481,17 @@ void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_
 /* ------------------------------------------------------------------ cross-entropy */
 
 /* one block per row */
-__global__ void crossentropy_forward_kernel(float *losses, float *lse, const float *logits, const int *targets,
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const act_t *logits, const int *targets,
                                             int V, int ignore_index, float smoothing) {
     int i = blockIdx.x;
-    const float *x = logits + (size_t)i * V;
+    const act_t *x = logits + (size_t)i * V;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, x[j]);
+    for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, act_ld(x[j]));
     mx = block_max(mx);
     float s = 0.0f, sx = 0.0f;
     for (int j = threadIdx.x; j < V; j += THREADS) {
-        s += expf(x[j] - mx);
-        sx += x[j];
+        s += expf(act_ld(x[j]) - mx);
+        sx += act_ld(x[j]);
     }
     s = block_sum(s);
     sx = block_sum(sx);
@@ -477,11 +499,11 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const flo
         float l = mx + logf(s);
         lse[i] = l;
         int t = targets[i];
-        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * x[t] - smoothing * sx / V;
+        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * act_ld(x[t]) - smoothing * sx / V;
     }
 }
 
-int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+int crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
@@ -494,27 +516,27 @@ int crossentropy_forward(float *losses, float *lse, const float *logits, const i
     return counted;
 }
 
-__global__ void crossentropy_backward_kernel(float *dlogits, const float *logits, const float *lse,
+__global__ void crossentropy_backward_kernel(act_t *dlogits, const act_t *logits, const float *lse,
                                              const int *targets, int V, int ignore_index, float smoothing,
                                              float scale) {
     int i = blockIdx.x;
-    const float *x = logits + (size_t)i * V;
-    float *d = dlogits + (size_t)i * V;
+    const act_t *x = logits + (size_t)i * V;
+    act_t *d = dlogits + (size_t)i * V;
     int t = targets[i];
     int inplace = d == x;
     if (t == ignore_index) {
         if (inplace)
-            for (int j = threadIdx.x; j < V; j += THREADS) d[j] = 0.0f;
+            for (int j = threadIdx.x; j < V; j += THREADS) d[j] = act_st(0.0f);
         return;
     }
     float l = lse[i], off = smoothing / V;
     for (int j = threadIdx.x; j < V; j += THREADS) {
-        float g = (expf(x[j] - l) - off) * scale - (j == t ? (1.0f - smoothing) * scale : 0.0f);
-        d[j] = inplace ? g : d[j] + g;
+        float g = (expf(act_ld(x[j]) - l) - off) * scale - (j == t ? (1.0f - smoothing) * scale : 0.0f);
+        d[j] = act_st(inplace ? g : act_ld(d[j]) + g);
     }
 }
 
-void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse,
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale) {
     KPROF_OP();
@@ -525,16 +547,16 @@ void crossentropy_backward(float *dlogits, const float *logits, const float *lse
 }
 
 /* one block per row: the first index of the maximum, as the CPU loop finds it */
-__global__ void argmax_kernel(int *correct, const float *logits, const int *targets, int V, int ignore_index) {
+__global__ void argmax_kernel(int *correct, const act_t *logits, const int *targets, int V, int ignore_index) {
     int i = blockIdx.x;
     int t = targets[i];
     if (t == ignore_index) return;
-    const float *x = logits + (size_t)i * V;
+    const act_t *x = logits + (size_t)i * V;
     float best = -INFINITY;
     int bi = INT_MAX;
     for (int j = threadIdx.x; j < V; j += THREADS)
-        if (x[j] > best || bi == INT_MAX) {
-            best = x[j];
+        if (act_ld(x[j]) > best || bi == INT_MAX) {
+            best = act_ld(x[j]);
             bi = j;
         }
     __shared__ float sv[THREADS];
@@ -557,7 +579,7 @@ __global__ void argmax_kernel(int *correct, const float *logits, const int *targ
     if (threadIdx.x == 0 && si[0] == t) atomicAdd(correct, 1);
 }
 
-int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index) {
     KPROF_OP();
     ARG_CHECK(N > 0 && V > 0, "argmax_correct", "bad shape N=%d V=%d", N, V);
     static int *count;

@@ -7,6 +7,7 @@
 #ifndef KVLAB_OPS_KERNELS_CUH
 #define KVLAB_OPS_KERNELS_CUH
 
+#include "act.cuh"
 #include "warp.cuh"
 
 /* ------------------------------------------------------------------ layernorm forward */
@@ -14,31 +15,31 @@
 /* One warp per row: out = (x - mean) rstd w + b, mean and rstd saved. x is the row of inp, or with res given
  * the residual add inp + inp2, written to res on the way (each lane reads back only what it wrote), so that
  * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit. */
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, float *res, const float *inp,
-                                         const float *inp2, const float *w, const float *b, int N, int C) {
+template <typename A>
+__global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *res, const A *inp, const A *inp2,
+                                         const float *w, const float *b, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float *x = inp + (size_t)row * C;
+    const A *x = inp + (size_t)row * C;
     float s = 0.0f;
-    if (res) {
-        const float *y = inp2 + (size_t)row * C;
-        float *r = res + (size_t)row * C;
+    if (res) { /* the sum as stored (rounded to A), which is what the layernorm of it reads */
+        const A *y = inp2 + (size_t)row * C;
+        A *r = res + (size_t)row * C;
         for (int c = lane; c < C; c += 32) {
-            float v = x[c] + y[c];
-            r[c] = v;
-            s += v;
+            r[c] = act_as<A>(act_ld(x[c]) + act_ld(y[c]));
+            s += act_ld(r[c]);
         }
         x = r;
     } else {
-        for (int c = lane; c < C; c += 32) s += x[c];
+        for (int c = lane; c < C; c += 32) s += act_ld(x[c]);
     }
     float m = warp_sum(s) / C;
     float v = 0.0f;
-    for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+    for (int c = lane; c < C; c += 32) v += (act_ld(x[c]) - m) * (act_ld(x[c]) - m);
     v = warp_sum(v) / C;
     float rs = 1.0f / sqrtf(v + 1e-5f);
-    float *o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * rs * w[c] + (b ? b[c] : 0.0f);
+    A *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = act_as<A>((act_ld(x[c]) - m) * rs * w[c] + (b ? b[c] : 0.0f));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = rs;
@@ -60,8 +61,9 @@ static inline size_t emb_smem_bytes(void) { return (2 * EMB_THREADS + EMB_THREAD
  * order, and the block adds their rows one after the other, a thread per channel. Every row of dwte so gets its
  * updates in increasing position order, the order of the CPU backend's loop. The cost is one read of the token
  * ids per block (from L2) against the old kernel's one thread per channel walking all B*T positions in turn. */
+template <typename A>
 __global__ void __launch_bounds__(EMB_THREADS)
-    embedding_backward_wte_kernel(float *__restrict__ dwte, const float *__restrict__ dout,
+    embedding_backward_wte_kernel(float *__restrict__ dwte, const A *__restrict__ dout,
                                   const int *__restrict__ tokens, int BT, int C, float scale, int buckets) {
     extern __shared__ float sm[];
     int *own = (int *)sm;                      /* the chunk's positions in this block's bucket, in order */
@@ -88,8 +90,8 @@ __global__ void __launch_bounds__(EMB_THREADS)
         __syncthreads();
         for (int k = 0; k < n; k++) {
             float *e = dwte + (size_t)own_tok[k] * C;
-            const float *d = dout + (size_t)own[k] * C;
-            for (int c = (int)threadIdx.x; c < C; c += EMB_THREADS) e[c] += scale * d[c];
+            const A *d = dout + (size_t)own[k] * C;
+            for (int c = (int)threadIdx.x; c < C; c += EMB_THREADS) e[c] += scale * act_ld(d[c]);
         }
         /* no barrier here: the next chunk writes warp_count before its first __syncthreads, but every read of
          * it in this chunk came before the barrier above, which all threads have passed; own and own_tok it
