@@ -148,6 +148,21 @@ void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const
 /* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 void gelu_forward(act_t *out, const act_t *inp, size_t n);
 void gelu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
+
+/* ---- a linear layer and the GELU after it, fused where the backend can ----
+ * (the MLP's two matrix products; on a GPU the bias, the GELU and its
+ * derivative run in the matmul's epilogue, docs/cuda.md):
+ * linear_gelu_forward: pre = inp W^T + b (kept for the backward pass) and
+ *   out = gelu(pre); the values of linear_forward then gelu_forward.
+ * gelu_linear_backward: the backward of the layer y = gelu(pre) W^T + b that
+ *   reads the GELU's output act = gelu(pre): dw += dout^T act, db += the
+ *   column sums of dout, and dpre = gelu'(pre) * (dout W), which overwrites
+ *   dpre (it is not added); the values of linear_backward into a zeroed
+ *   buffer then gelu_backward into another. */
+void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *w, const float *b,
+                         int N, int C, int OC);
+void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, const act_t *act,
+                          const act_t *pre, const float *w, int N, int C, int OC);
 void relu_forward(act_t *out, const act_t *inp, size_t n);
 void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
 

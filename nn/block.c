@@ -128,11 +128,12 @@ static void mlp_sublayer(BlockActs *a, const act_t *in, const float *params, con
                          const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t nm = bt(s) * s->mlp;
-    linear_forward(a->fch, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-    if (s->gelu)
-        gelu_forward(a->fch_act, a->fch, nm);
-    else
+    if (s->gelu) { /* one op: on a GPU the GELU runs in the product's epilogue */
+        linear_gelu_forward(a->fch, a->fch_act, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
+    } else {
+        linear_forward(a->fch, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
         relu_forward(a->fch_act, a->fch, nm);
+    }
     if (s->mlp_dropout && s->dropout > 0.0f)
         dropout_forward(a->fch_act, a->fch_act, nm, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_INNER));
     linear_forward(sc->branch, a->fch_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
@@ -180,6 +181,12 @@ static void mlp_backward(act_t *din, const act_t *dout, float *grads, const Bloc
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C, nm = bt(s) * s->mlp;
     const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
+    if (s->gelu && !(s->mlp_dropout && s->dropout > 0.0f)) { /* GELU's gradient in the product (one op) */
+        gelu_linear_backward(sc->dfch, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, a->fch, W(p->fcpw), N,
+                             s->mlp, C);
+        linear_backward(din, G(p->fcw), GB(s->bias, p->fcb), sc->dfch, in, W(p->fcw), N, C, s->mlp);
+        return;
+    }
     dev_zero(sc->dfch_act, nm * sizeof(act_t));
     linear_backward(sc->dfch_act, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, W(p->fcpw), N, s->mlp, C);
     act_t *dact = sc->dfch_act, *dpre = sc->dfch;
@@ -523,11 +530,12 @@ void block_decode(act_t *x, int t, KVCache *cache, int layer, const float *param
     }
     /* MLP */
     layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
-    linear_forward(sc->fc, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-    if (s->gelu)
-        gelu_forward(sc->fc_act, sc->fc, (size_t)N * s->mlp);
-    else
+    if (s->gelu) {
+        linear_gelu_forward(sc->fc, sc->fc_act, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
+    } else {
+        linear_forward(sc->fc, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
         relu_forward(sc->fc_act, sc->fc, (size_t)N * s->mlp);
+    }
     linear_forward(sc->branch, sc->fc_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
     residual_forward(x, x, sc->branch, nc);
 }

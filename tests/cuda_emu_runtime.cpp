@@ -263,7 +263,12 @@ struct cublasContext {
 };
 
 const char *cublasGetStatusString(cublasStatus_t st) {
-    return st == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_INVALID_VALUE";
+    switch (st) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
@@ -316,5 +321,236 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
              keep);
     else
         return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ cuBLASLt */
+
+struct cublasLtContext {
+    int unused;
+};
+struct cublasLtMatmulDescEmu {
+    cublasComputeType_t compute;
+    cublasOperation_t ta, tb;
+    uint32_t epilogue;
+    const void *bias;
+    void *aux;
+    int64_t aux_ld;
+    int bias_type; /* -1: the output's type */
+};
+struct cublasLtMatrixLayoutEmu {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct cublasLtMatmulPreferenceEmu {
+    uint32_t align[4]; /* A, B, C, D: the alignment the caller promises (bytes) */
+};
+
+namespace {
+
+bool lt_type_ok(int t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
+float lt_load(const void *p, int t, size_t i) {
+    return t == CUDA_R_16BF ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+void lt_store(void *p, int t, size_t i, float v) {
+    if (t == CUDA_R_16BF)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* GELU (tanh form) and its derivative, in float */
+float lt_gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+float lt_dgelu(float x) {
+    float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* Whether the descriptor and layouts make a product the emulation computes: the shapes of op(A) (m x k), op(B)
+ * (k x n), C and D (m x n), the types (A and B alike, C and D alike) and the compute type, the epilogue and its
+ * inputs. */
+bool lt_problem_ok(const cublasLtMatmulDescEmu *op, const cublasLtMatrixLayoutEmu *a, const cublasLtMatrixLayoutEmu *b,
+                   const cublasLtMatrixLayoutEmu *c, const cublasLtMatrixLayoutEmu *d) {
+    uint64_t m = d->rows, n = d->cols, k = op->ta == CUBLAS_OP_N ? a->cols : a->rows;
+    if ((op->ta == CUBLAS_OP_N ? a->rows : a->cols) != m) return false;
+    if ((op->tb == CUBLAS_OP_N ? b->rows : b->cols) != k || (op->tb == CUBLAS_OP_N ? b->cols : b->rows) != n)
+        return false;
+    if (c->rows != m || c->cols != n || c->type != d->type || a->type != b->type) return false;
+    for (const cublasLtMatrixLayoutEmu *l : {a, b, c, d})
+        if (!lt_type_ok(l->type) || l->ld < (int64_t)std::max<uint64_t>(1, l->rows)) return false;
+    bool bf16_in = a->type == CUDA_R_16BF;
+    if (!(op->compute == CUBLAS_COMPUTE_32F ||
+          (!bf16_in && (op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 || op->compute == CUBLAS_COMPUTE_32F_FAST_16BF))))
+        return false;
+    switch (op->epilogue) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return true;
+    case CUBLASLT_EPILOGUE_BIAS: break;
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+    case CUBLASLT_EPILOGUE_DGELU:
+        if (!op->aux || op->aux_ld < (int64_t)m || op->aux_ld % 8) return false;
+        break;
+    default: return false;
+    }
+    if (op->epilogue & CUBLASLT_EPILOGUE_BIAS)
+        if (!op->bias || !(op->bias_type == -1 || lt_type_ok(op->bias_type))) return false;
+    return true;
+}
+
+uint32_t alignment_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al) al /= 2;
+    return al;
+}
+
+} /* namespace */
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = new cublasLtContext{0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType scale) {
+    if (scale != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
+    *d = new cublasLtMatmulDescEmu{compute, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0,
+                                   -1};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+    case CUBLASLT_MATMUL_DESC_TRANSB: {
+        if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        int32_t v = *(const int32_t *)buf;
+        if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
+        (attr == CUBLASLT_MATMUL_DESC_TRANSA ? d->ta : d->tb) = (cublasOperation_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+        if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        d->epilogue = *(const uint32_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER)
+            d->bias = *(const void *const *)buf;
+        else
+            d->aux = *(void *const *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (size != sizeof(int64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        d->aux_ld = *(const int64_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+        if (size != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        d->bias_type = *(const int32_t *)buf;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    *l = new cublasLtMatrixLayoutEmu{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new cublasLtMatmulPreferenceEmu{{256, 256, 256, 256}};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size) {
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return size == sizeof(uint64_t) ? CUBLAS_STATUS_SUCCESS
+                                                                                           : CUBLAS_STATUS_INVALID_VALUE;
+    if (attr < CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES || attr > CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ||
+        size != sizeof(uint32_t))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = *(const uint32_t *)buf;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref,
+                                              int requested, cublasLtMatmulHeuristicResult_t *results,
+                                              int *returned) {
+    (void)h;
+    *returned = 0;
+    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    const char *no = getenv("KVLAB_CUDA_EMU_NO_EPILOGUE");
+    bool refuse = no && *no && strcmp(no, "0") && op->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+    if (refuse || !lt_problem_ok(op, a, b, c, d)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(&results[0], 0, sizeof results[0]);
+    for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref->align[i]; /* what the algorithm may assume */
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t adesc, const void *B, cublasLtMatrixLayout_t bdesc,
+                              const void *beta, const void *C, cublasLtMatrixLayout_t cdesc, void *D,
+                              cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+    (void)h, (void)workspace, (void)workspace_bytes, (void)stream;
+    if (!algo || !lt_problem_ok(op, adesc, bdesc, cdesc, ddesc)) return CUBLAS_STATUS_INVALID_VALUE;
+    const void *bufs[4] = {A, B, C, D};
+    for (int i = 0; i < 4; i++) /* a buffer less aligned than the algorithm was told it may assume */
+        if (alignment_of(bufs[i]) < algo->data[i]) return CUBLAS_STATUS_NOT_SUPPORTED;
+    int m = (int)ddesc->rows, n = (int)ddesc->cols, k = (int)(op->ta == CUBLAS_OP_N ? adesc->cols : adesc->rows);
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    std::vector<float> acc((size_t)m * n); /* alpha op(A) op(B), column-major with ld m */
+    float (*rnd)(float) = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32   ? round_tf32
+                          : op->compute == CUBLAS_COMPUTE_32F_FAST_16BF ? emu::round_bf16
+                                                                        : keep;
+    if (adesc->type == CUDA_R_16BF)
+        gemm(op->ta, op->tb, m, n, k, al, (const __nv_bfloat16 *)A, (int)adesc->ld, (const __nv_bfloat16 *)B,
+             (int)bdesc->ld, 0.0f, acc.data(), m, rnd);
+    else
+        gemm(op->ta, op->tb, m, n, k, al, (const float *)A, (int)adesc->ld, (const float *)B, (int)bdesc->ld, 0.0f,
+             acc.data(), m, rnd);
+    int ot = ddesc->type, bt = op->bias_type == -1 ? ot : op->bias_type;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float v = acc[i + (size_t)j * m];
+            if (be != 0.0f) v += be * lt_load(C, cdesc->type, i + (size_t)j * cdesc->ld); /* beta 0: C not read */
+            if (op->epilogue & CUBLASLT_EPILOGUE_BIAS) v += lt_load(op->bias, bt, i);
+            if (op->epilogue == CUBLASLT_EPILOGUE_DGELU)
+                v *= lt_dgelu(lt_load(op->aux, ot, i + (size_t)j * op->aux_ld));
+            else if (op->epilogue & CUBLASLT_EPILOGUE_GELU) {
+                lt_store(op->aux, ot, i + (size_t)j * op->aux_ld, v);
+                v = lt_gelu(v);
+            }
+            lt_store(D, ot, i + (size_t)j * ddesc->ld, v);
+        }
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -628,7 +628,19 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         builds = [(name, fr, [], emu, progs, "-emu") for name, fr in configs]
         builds += [(name, fr, [frags[tag]], emu, ("test_kernels",), f"-emu-{tag}") for tag in frags
                    for name, fr in configs if name in CUDA_TC_CONFIGS]
+        # CONFIG_CUDA_LT_EPILOGUE off: the bias and GELU in kernels of their own, as before cuBLASLt
+        lt_off = write_fragment(os.path.join(frag_dir, "emu-lt-off.frag"), "# CONFIG_CUDA_LT_EPILOGUE is not set\n")
+        builds += [("qkv", dict(configs)["qkv"], [lt_off], emu, ("test_kernels", "test_gpt2"), "-emu-lt-off")]
     cuda_config_tests(build_root, builds, unit_test_env())
+    if not sanitize:  # the fallbacks where cuBLASLt offers no epilogue (the emulation told to offer none)
+        for prog in ("test_kernels", "test_gpt2"):
+            path = os.path.join(build_root, "tests-cuda", "qkv-emu", "tests", prog)
+            if os.path.exists(path):
+                env = dict(unit_test_env(), KVLAB_CUDA_EMU_NO_EPILOGUE="1")
+                r, counts, secs = run_test_program(path, f"cuda-emu/qkv/{prog} without cuBLASLt epilogues", env)
+                if counts is not None:
+                    print(f"  cuda-emu/qkv/{prog} without cuBLASLt epilogues: {counts[0]} passed, {counts[1]} "
+                          f"failed ({secs:.1f} s)")
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
     mpi = write_fragment(os.path.join(frag_dir, "emu-mpi.frag"), "CONFIG_DIST_MPI=y\n")
@@ -747,6 +759,21 @@ def cuda_kconfig(build_root, gpu):
                 calls = set(re.findall(r"\bcublas(?:GemmEx|Sgemm\w*)\b", run(["nm", "-u", ops]).stdout))
                 want = {"cublasGemmEx"} if sym in ("CUDA_BF16_MATMUL", "CUDA_BF16") else {"cublasSgemm_v2"}
                 R.check(calls == want, f"{sym}: the backend's products call {sorted(want)}: {sorted(calls)}")
+                lt = set(re.findall(r"\bcublasLt\w+", run(["nm", "-u", ops]).stdout))
+                R.check("cublasLtMatmul" in lt, f"{sym}: CONFIG_CUDA_LT_EPILOGUE (default y) reaches the code: "
+                        f"the backend calls cublasLtMatmul: {sorted(lt)}")
+    # CONFIG_CUDA_LT_EPILOGUE off: no cuBLASLt call in the backend, and libcublasLt not linked
+    bdir = os.path.join(build_root, "tests-cuda", "lt-off")
+    frag = write_fragment(bdir + ".frag", "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n# CONFIG_CUDA_LT_EPILOGUE is not set\n")
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
+    if R.check(r.returncode == 0, f"CUDA_LT_EPILOGUE off: configuration: {r.stderr.strip()}"):
+        ops = os.path.join(bdir, "kernels", "cuda", "ops.o")
+        r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", ops])
+        flags = open(os.path.join(bdir, ".cflags")).read() if os.path.exists(os.path.join(bdir, ".cflags")) else ""
+        lt = set(re.findall(r"\bcublasLt\w+", run(["nm", "-u", ops]).stdout)) if r.returncode == 0 else {"?"}
+        R.check(r.returncode == 0 and not lt and "-lcublasLt" not in flags and "-lcublas " in flags,
+                f"CUDA_LT_EPILOGUE off: the backend compiles without cuBLASLt and does not link it: {sorted(lt)} "
+                f"{r.stderr[-800:]}")
     for sym, arch in (("CUDA_SM80", "80"), ("CUDA_SM86", "86"), ("CUDA_SM89", "89"), ("CUDA_SM90", "90"),
                       ("CUDA_SM100", "100"), ("CUDA_NATIVE", None)):
         bdir = os.path.join(build_root, "tests-cuda", "arch-" + sym.lower())
@@ -817,7 +844,8 @@ def cuda_bench(tmp, gpu):
     prof = json.load(open(path)) if out.returncode == 0 and os.path.isfile(path) else {}
     parts = {v: {(x["op"], x["part"]) for x in p["rows"] if "part" in x} for v, p in prof.items()}
     R.check(len(prof) == len(bench_mod.VARIANTS) and
-            all(("linear_forward", "cublas_gemm") in ps and ("attention_backward", "rowdot") in ps for ps in
+            all((("linear_forward", "cublas_gemm") in ps or ("linear_forward", "cublaslt_bias") in ps) and
+                ("attention_backward", "rowdot") in ps for ps in
                 parts.values()) and
             all(0 < p["ops_ms"] <= p["step_ms"] * 1.001 + 0.01 for p in prof.values()),
             f"make bench TARGET=cuda --profile: every variant's ops and the kernels inside them: {parts}")
@@ -1601,9 +1629,11 @@ def profile_by_hand(binary, out, step, sets, steps, want_calls):
 def test_profile_by_hand(ws, tmp):
     section("KVLAB_PROFILE_STEPS: a training run's steps op by op, evaluation between them not counted")
     # steps 3-11 of a 1-layer GPT-2; the evaluation and checkpoint after step 10 fall inside the window, and would
-    # add 4 batches' forward passes (20 linear_forward calls) if the pause between steps did not keep them out
+    # add 4 batches' forward passes (16 linear_forward calls) if the pause between steps did not keep them out;
+    # the MLP's first product is linear_gelu_forward (with its GELU), its second's backward gelu_linear_backward
     profile_by_hand(ws.binary("V0"), os.path.join(tmp, "profile-gpt2"), "V0", ["GPT2_MAX_ITERS=12"], 9,
-                    {"linear_forward": 5, "linear_backward": 5, "attention_forward": 1, "attention_backward": 1,
+                    {"linear_forward": 4, "linear_backward": 4, "linear_gelu_forward": 1, "gelu_linear_backward": 1,
+                     "attention_forward": 1, "attention_backward": 1,
                      "crossentropy_forward": 1, "adamw_update_spans": 1})
     for bad in ("abc", "-1", "3x", "100001"):
         r = run_binary(ws.binary("V0"), os.path.join(tmp, "profile-bad"), "V0", env={"KVLAB_PROFILE_STEPS": bad})
@@ -3143,9 +3173,11 @@ def test_bench_profile(tmp):
     r = run([prog, "--profile", str(L), "2", "32", "16", "2", "65", "2"])
     prof = json.loads(r.stdout).get("profile", {}) if r.returncode == 0 else {}
     calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
-    # per step: qkv, proj, fc, fc-proj per block and the tied head; one attention per block; one AdamW call over
-    # every tensor; the forward's one download of the loss count
-    want = {"linear_forward": 4 * L + 1, "linear_backward": 4 * L + 1, "attention_forward": L,
+    # per step: qkv, proj, fc-proj per block and the tied head, and fc with its GELU (linear_gelu_forward; backward:
+    # gelu_linear_backward of fc-proj, linear_backward of fc); one attention per block; one AdamW call over every
+    # tensor; the forward's one download of the loss count
+    want = {"linear_forward": 3 * L + 1, "linear_backward": 3 * L + 1, "linear_gelu_forward": L,
+            "gelu_linear_backward": L, "attention_forward": L,
             "attention_backward": L, "embedding_forward": 1, "embedding_backward": 1, "crossentropy_forward": 1,
             "crossentropy_backward": 1, "adamw_update_spans": 1}
     R.check({k: calls.get(k) for k in want} == want, f"bench_step --profile: calls per step of a {L}-layer GPT-2 "

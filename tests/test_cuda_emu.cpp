@@ -545,6 +545,152 @@ static void check_gemm(void) {
     cublasDestroy(h);
 }
 
+/* The emulated cuBLASLt matmul with each epilogue kvlab uses, against float64: D = epilogue(op(A) op(B) + beta C)
+ * with BIAS (a float32 vector down the rows), GELU_AUX (with and without the bias: D = GELU of the sum, the sum
+ * kept in the aux matrix) and DGELU (the product times GELU's derivative at the aux matrix), on float32 inputs
+ * (fp32 and TF32 compute) and bf16 buffers; then what it refuses. */
+static double gelu64(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+static double dgelu64(double x) {
+    double th = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+struct LtCall {
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulPreference_t pref;
+    LtCall(cublasComputeType_t compute, cudaDataType in, cudaDataType out, int ta, int m, int n, int k, int lda,
+           int ldb, int ldc) {
+        cublasLtCreate(&h);
+        cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F);
+        int32_t t = ta, nt = CUBLAS_OP_N;
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
+        cublasLtMatrixLayoutCreate(&a, in, ta ? k : m, ta ? m : k, lda);
+        cublasLtMatrixLayoutCreate(&b, in, k, n, ldb);
+        cublasLtMatrixLayoutCreate(&c, out, m, n, ldc);
+        cublasLtMatmulPreferenceCreate(&pref);
+        uint32_t four = 4;
+        for (auto at : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+            cublasLtMatmulPreferenceSetAttribute(pref, at, &four, sizeof four);
+    }
+    ~LtCall() {
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+        cublasLtMatmulDescDestroy(op);
+        cublasLtDestroy(h);
+    }
+    void epilogue(uint32_t e, const float *bias, void *aux, int64_t aux_ld) {
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+        int32_t bt = CUDA_R_32F;
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    }
+    /* the heuristic's answer (0: no algorithm), then the product when there is one */
+    int run(const void *A, const void *B, float beta, void *C, cublasStatus_t *st) {
+        cublasLtMatmulHeuristicResult_t r;
+        int got = 0;
+        cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 1, &r, &got);
+        float one = 1.0f;
+        *st = got ? cublasLtMatmul(h, op, &one, A, a, B, b, &beta, C, c, C, c, &r.algo, nullptr, 0, nullptr)
+                  : CUBLAS_STATUS_NOT_SUPPORTED;
+        return got;
+    }
+};
+
+static void check_lt(void) {
+    const int m = 16, n = 5, k = 37, ldc = m + 8; /* aux ld = ldc: a multiple of 8 */
+    const uint32_t epis[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
+                             CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
+    const char *names[] = {"DEFAULT", "BIAS", "GELU_AUX", "GELU_AUX_BIAS", "DGELU"};
+    for (int mode = 0; mode < 3; mode++) /* fp32, TF32 compute, bf16 buffers */
+        for (int ta = 0; ta < 2; ta++)
+            for (int e = 0; e < 5; e++) {
+                int lda = (ta ? k : m) + 1, ldb = k + 2;
+                bool b16 = mode == 2;
+                std::vector<float> A = rand_vec((size_t)lda * (ta ? m : k), 1.0f), B = rand_vec((size_t)ldb * n, 1.0f);
+                std::vector<float> bias = rand_vec(m, 1.0f), C0 = rand_vec((size_t)ldc * n, 1.0f);
+                std::vector<float> aux0 = rand_vec((size_t)ldc * n, 2.0f);
+                /* the buffers as the call sees them: float, or bf16 copies (whose values the reference reads) */
+                std::vector<__nv_bfloat16> A16(A.size()), B16(B.size()), C16(C0.size()), X16(aux0.size());
+                if (b16) {
+                    for (size_t i = 0; i < A.size(); i++) A[i] = __bfloat162float(A16[i] = __float2bfloat16(A[i]));
+                    for (size_t i = 0; i < B.size(); i++) B[i] = __bfloat162float(B16[i] = __float2bfloat16(B[i]));
+                    for (size_t i = 0; i < C0.size(); i++) C0[i] = __bfloat162float(C16[i] = __float2bfloat16(C0[i]));
+                    for (size_t i = 0; i < aux0.size(); i++)
+                        aux0[i] = __bfloat162float(X16[i] = __float2bfloat16(aux0[i]));
+                }
+                std::vector<float> C = C0, aux = aux0;
+                LtCall lt(mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, b16 ? CUDA_R_16BF : CUDA_R_32F,
+                          b16 ? CUDA_R_16BF : CUDA_R_32F, ta, m, n, k, lda, ldb, ldc);
+                lt.epilogue(epis[e], bias.data(), b16 ? (void *)X16.data() : (void *)aux.data(), ldc);
+                float beta = epis[e] == CUBLASLT_EPILOGUE_DGELU ? 0.0f : 0.5f;
+                cublasStatus_t st;
+                int got = lt.run(b16 ? (const void *)A16.data() : A.data(), b16 ? (const void *)B16.data() : B.data(),
+                                 beta, b16 ? (void *)C16.data() : C.data(), &st);
+                int keep = mode == 1 ? 10 : 23;
+                double err = 0.0, errx = 0.0, scale = 0.0;
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double s = 0.0;
+                        for (int l = 0; l < k; l++)
+                            s += (double)bits_round(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda], keep, false) *
+                                 bits_round(B[l + (size_t)j * ldb], keep, false);
+                        size_t c = i + (size_t)j * ldc;
+                        s += beta * C0[c];
+                        if (epis[e] & CUBLASLT_EPILOGUE_BIAS) s += bias[i];
+                        double ref = s, refx = 0.0;
+                        if (epis[e] == CUBLASLT_EPILOGUE_DGELU) ref = s * dgelu64(aux0[c]);
+                        else if (epis[e] & CUBLASLT_EPILOGUE_GELU) ref = gelu64(s), refx = s;
+                        double got_d = b16 ? __bfloat162float(C16[c]) : C[c];
+                        double got_x = b16 ? __bfloat162float(X16[c]) : aux[c];
+                        double tol16 = b16 ? 0x1p-8 : 0.0; /* a bf16 output: half an ulp on top */
+                        err = fmax(err, fabs(got_d - ref) - tol16 * fabs(ref));
+                        if (epis[e] == CUBLASLT_EPILOGUE_GELU_AUX || epis[e] == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+                            errx = fmax(errx, fabs(got_x - refx) - tol16 * fabs(refx));
+                        else
+                            errx = fmax(errx, fabs(got_x - aux0[c])); /* the aux matrix is only read */
+                        scale = fmax(scale, fabs(s));
+                    }
+                CHECK(got == 1 && st == CUBLAS_STATUS_SUCCESS && err <= 1e-5 * scale && errx <= 1e-5 * scale,
+                      "cublasLtMatmul, %s, op(A) %c, epilogue %s: against float64, output %.3g, aux %.3g",
+                      mode == 0 ? "fp32" : mode == 1 ? "TF32" : "bf16", ta ? 'T' : 'N', names[e], err, errx);
+            }
+    /* refusals: an aux leading dimension not a multiple of 8, a buffer less aligned than promised, an unknown
+     * epilogue; and every epilogue but DEFAULT with KVLAB_CUDA_EMU_NO_EPILOGUE set */
+    std::vector<float> A = rand_vec(64 * 64, 1.0f), B = rand_vec(64 * 64, 1.0f), C(64 * 64), aux(64 * 64);
+    std::vector<float> bias = rand_vec(64, 1.0f);
+    cublasStatus_t st;
+    {
+        LtCall lt(CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, 1, 12, 3, 8, 8, 8, 12);
+        lt.epilogue(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.data(), aux.data(), 12);
+        CHECK(lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 0, "an aux leading dimension of 12 is refused");
+        lt.epilogue(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.data(), aux.data(), 16);
+        CHECK(lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 1 && st == CUBLAS_STATUS_SUCCESS, "16 is taken");
+        CHECK(lt.run(A.data() + 1, B.data(), 0.0f, C.data(), &st) == 1 && st == CUBLAS_STATUS_SUCCESS,
+              "A 4-byte aligned where 4 bytes were promised: taken");
+        uint32_t a16 = 16;
+        cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a16, sizeof a16);
+        CHECK(lt.run(A.data() + 1, B.data(), 0.0f, C.data(), &st) == 1 && st == CUBLAS_STATUS_NOT_SUPPORTED,
+              "A 4-byte aligned where 16 bytes were promised: refused by the matmul");
+        lt.epilogue(CUBLASLT_EPILOGUE_GELU, bias.data(), aux.data(), 16);
+        CHECK(lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 0, "an epilogue kvlab does not use is refused");
+        setenv("KVLAB_CUDA_EMU_NO_EPILOGUE", "1", 1);
+        int refused = 0;
+        for (uint32_t e : epis) {
+            lt.epilogue(e, bias.data(), aux.data(), 16);
+            refused += lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 0;
+        }
+        unsetenv("KVLAB_CUDA_EMU_NO_EPILOGUE");
+        CHECK(refused == 4, "KVLAB_CUDA_EMU_NO_EPILOGUE: no algorithm for the 4 epilogues, one for DEFAULT (%d)",
+              refused);
+    }
+}
+
 int main(void) {
     const int P = 1;
     const Case cases[] = {
@@ -565,5 +711,6 @@ int main(void) {
     check_layernorm(9, 31, false);
     check_launches();
     check_gemm();
+    check_lt();
     return TEST_SUMMARY("test_cuda_emu");
 }

@@ -853,6 +853,85 @@ static void test_linear(int with_bias) {
         buf_free(&db);
 }
 
+/* Whether linear layers on this backend run their bias and GELU in cuBLASLt's epilogues: a GPU build with
+ * CONFIG_CUDA_LT_EPILOGUE, unless the emulation is told to offer none (KVLAB_CUDA_EMU_NO_EPILOGUE, its test of
+ * the fallbacks). */
+static int lt_epilogues(void) {
+    const char *no = getenv("KVLAB_CUDA_EMU_NO_EPILOGUE");
+    return !strncmp(backend_name(), "cuda", 4) && IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE) && !(no && *no && strcmp(no, "0"));
+}
+
+/* The MLP's fused ops (linear_gelu_forward, gelu_linear_backward) against float64: the forward's pre-activation
+ * and GELU against a linear layer and GELU in float64; the backward of y = gelu(pre) W^T + b against finite
+ * differences in pre, W and b, with dpre filled with garbage first (it is overwritten, not added to). width is the
+ * MLP's (the forward's output, the backward's input): a multiple of 8 runs the cuBLASLt epilogues on a GPU with
+ * CONFIG_CUDA_LT_EPILOGUE, and the profile says so; another width runs the separate kernels (cuBLASLt needs the
+ * aux matrix's leading dimension a multiple of 8), as does every width with KVLAB_CUDA_EMU_NO_EPILOGUE set under
+ * the emulation, where the library offers no epilogue. */
+typedef struct {
+    int N, C, OC;
+    double *pre, *w, *b, *act, *out;
+    const float *R;
+} MlpCtx;
+
+static double mlp_loss(void *v) {
+    MlpCtx *c = v;
+    ref_gelu(c->act, c->pre, (size_t)c->N * c->C);
+    ref_linear(c->out, c->act, c->w, c->b, c->N, c->C, c->OC);
+    return dot(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+static void test_mlp_fused(int with_bias, int width) {
+    int N = 9, Cin = 24, gpu = !strncmp(backend_name(), "cuda", 4);
+    int fused = lt_epilogues() && width % 8 == 0;
+    size_t nm = (size_t)N * width;
+    Buf x = act_rand((size_t)N * Cin, 1.0), w1 = buf_rand((size_t)width * Cin, 0.5);
+    Buf b1 = with_bias ? buf_rand(width, 1.0) : NONE, pre = act_zeros(nm), act = act_zeros(nm);
+    Buf w2 = buf_rand((size_t)Cin * width, 0.5), b2 = with_bias ? buf_rand(Cin, 1.0) : NONE;
+    Buf R = act_rand((size_t)N * Cin, 1.0), dpre = act_rand(nm, 100.0), dw2 = buf_zeros((size_t)Cin * width);
+    Buf db2 = with_bias ? buf_zeros(Cin) : NONE;
+    kprof_start();
+    linear_gelu_forward(pre.a, act.a, x.a, w1.d, b1.d, N, Cin, width);
+    gelu_linear_backward(dpre.a, dw2.d, db2.d, R.a, act.a, pre.a, w2.d, N, width, Cin);
+    const KprofRow *rows;
+    int nr = kprof_stop(&rows);
+    /* forward: pre = x W1^T + b1 and gelu(pre), relative to the largest pre-activation (a bf16 build stores both
+     * rounded, and GELU may read the sum before its rounding) */
+    double *xd = to_double(x.h, (size_t)N * Cin), *w1d = to_double(w1.h, (size_t)width * Cin);
+    double *b1d = with_bias ? to_double(b1.h, width) : NULL, *pref = xmalloc(nm * sizeof(double));
+    double *gref = xmalloc(nm * sizeof(double));
+    ref_linear(pref, xd, w1d, b1d, N, Cin, width);
+    ref_gelu(gref, pref, nm);
+    double pmax, perr = max_abs_diff(buf_download(&pre), pref, nm, &pmax), gmax;
+    double gerr = max_abs_diff(buf_download(&act), gref, nm, &gmax);
+    CHECK(perr <= (FWD_TOL + ACT_U) * pmax && gerr <= (FWD_TOL + 2 * ACT_U) * pmax,
+          "linear_gelu_forward (width %d%s): pre-activation error %.3g, GELU error %.3g (largest %.3g)", width,
+          with_bias ? "" : ", no bias", perr, gerr, pmax);
+    /* backward, at the pre-activation as stored */
+    MlpCtx c = {N, width, Cin, to_double(pre.h, nm), to_double(w2.h, (size_t)Cin * width),
+                with_bias ? to_double(b2.h, Cin) : NULL, xmalloc(nm * sizeof(double)),
+                xmalloc((size_t)N * Cin * sizeof(double)), R.h};
+    char what[96];
+    snprintf(what, sizeof what, "gelu_linear_backward (width %d%s) d(pre)", width, with_bias ? "" : ", no bias");
+    check_grad(what, c.pre, nm, buf_download(&dpre), mlp_loss, &c, 300);
+    snprintf(what, sizeof what, "gelu_linear_backward (width %d%s) d(w)", width, with_bias ? "" : ", no bias");
+    check_grad(what, c.w, (size_t)Cin * width, buf_download(&dw2), mlp_loss, &c, 300);
+    if (with_bias) check_grad("gelu_linear_backward d(b)", c.b, Cin, buf_download(&db2), mlp_loss, &c, 100);
+    /* which path ran: the epilogues where cuBLASLt takes them, the separate kernels otherwise */
+    int lt_fwd = prof_row(rows, nr, "linear_gelu_forward", "cublaslt_gelu") != NULL;
+    int lt_bwd = prof_row(rows, nr, "gelu_linear_backward", "cublaslt_dgelu") != NULL;
+    int sep_fwd = prof_row(rows, nr, "linear_gelu_forward", "gelu_forward_kernel") != NULL;
+    int sep_bwd = prof_row(rows, nr, "gelu_linear_backward", "gelu_grad_scale_kernel") != NULL;
+    if (gpu)
+        CHECK(lt_fwd == fused && lt_bwd == fused && sep_fwd == !fused && sep_bwd == !fused,
+              "width %d%s: the GELU %s (profile: epilogue %d/%d, kernels %d/%d)", width, with_bias ? "" : ", no bias",
+              fused ? "in the cuBLASLt epilogues" : "in kernels of its own", lt_fwd, lt_bwd, sep_fwd, sep_bwd);
+    free(xd), free(w1d), free(b1d), free(pref), free(gref), free(c.pre), free(c.w), free(c.b), free(c.act),
+        free(c.out);
+    buf_free(&x), buf_free(&w1), buf_free(&b1), buf_free(&pre), buf_free(&act), buf_free(&w2), buf_free(&b2),
+        buf_free(&R), buf_free(&dpre), buf_free(&dw2), buf_free(&db2);
+}
+
 static double gelu_loss(void *v) {
     OpCtx *c = v;
     ref_gelu(c->out, c->x, (size_t)c->N);
@@ -1265,10 +1344,13 @@ static void test_profile(void) {
     CHECK(lin && gel && lin->ms > gel->ms, "profile: the %d^3 products' time (%.3f ms) is theirs, not the small "
           "GELU's beside them (%.3f ms)", N, lin ? lin->ms : -1.0, gel ? gel->ms : -1.0);
     CHECK(parts_ok, "profile: every part lies within its op's time");
-    if (gpu) { /* the product and the bias are launches of linear_forward */
-        const KprofRow *gemm = prof_row(rows, n, "linear_forward", "cublas_gemm");
-        CHECK(gemm && gemm->calls == 3 && prof_row(rows, n, "gelu_forward", "gelu_forward_kernel"),
-              "profile on a GPU: the cuBLAS products and the GELU kernel are parts of their ops");
+    if (gpu) { /* the product and the bias are launches of linear_forward (one, the bias in its epilogue, with
+                * CONFIG_CUDA_LT_EPILOGUE) */
+        const char *part = lt_epilogues() ? "cublaslt_bias" : "cublas_gemm";
+        const KprofRow *gemm = prof_row(rows, n, "linear_forward", part);
+        CHECK(gemm && gemm->calls == 3 && prof_row(rows, n, "gelu_forward", "gelu_forward_kernel") &&
+                  !prof_row(rows, n, "linear_forward", lt_epilogues() ? "add_bias" : "cublaslt_bias"),
+              "profile on a GPU: the cuBLAS products (%s) and the GELU kernel are parts of their ops", part);
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }
@@ -1525,6 +1607,9 @@ int main(int argc, char **argv) {
     test_layernorm(0);
     test_linear(1);
     test_linear(0);
+    test_mlp_fused(1, 72);
+    test_mlp_fused(0, 72);
+    test_mlp_fused(1, 70);
     test_activations();
     test_embedding();
     test_tokens_and_pooling();

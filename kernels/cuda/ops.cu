@@ -7,6 +7,8 @@
 #include <climits>
 #include <cmath>
 
+#include <cublasLt.h>
+
 #include "cuda.cuh"
 #include "ops_kernels.cuh"
 
@@ -316,7 +318,8 @@ __global__ void add_bias_kernel(act_t *out, const float *b, size_t N, int OC) {
 
 /* A weight matrix as the products' input type: w itself where act_t is float; with bf16 activations a copy
  * rounded to bf16 (to nearest even) in scratch memory, made for each call (a read of the float32 matrix and a
- * write of half its bytes: about a millisecond per step of GPT-2 124M on an H100). */
+ * write of half its bytes; by counting bytes over an H100's bandwidth, not measured: under a millisecond per step
+ * of GPT-2 124M). */
 static const act_t *weights_as_act(const float *w, size_t n) {
     if (KVLAB_ACT_BYTES == sizeof(float)) return (const act_t *)w;
     static float *buf;
@@ -345,6 +348,101 @@ static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k
     kprof_part("cublas_gemm");
 }
 
+/* ---- cuBLASLt epilogues (CONFIG_CUDA_LT_EPILOGUE): the bias, the GELU and GELU's derivative applied by the
+ * matmul as it writes its result, instead of a kernel that reads the result back and writes it again. */
+
+enum { LT_BIAS, LT_GELU, LT_DGELU, LT_KINDS };
+static const char *const lt_name[LT_KINDS] = {"cublaslt_bias", "cublaslt_gelu", "cublaslt_dgelu"};
+#define LT_WORKSPACE ((size_t)32 << 20) /* bytes the library may use (cuBLAS's own default on Hopper) */
+
+/* The largest power of two up to 256 that divides p's address: the alignment the heuristic may assume. */
+static uint32_t alignment_of(const void *p) {
+    uint32_t al = 256;
+    while (al > 1 && (uintptr_t)p % al) al /= 2;
+    return al;
+}
+
+/* Column-major D (m x n) = epilogue(op(A) B), op(A) m x k and B k x n of the activations' type, with the epilogue
+ * of kind: LT_BIAS adds the float32 bias (m values) down every column; LT_GELU adds the bias where there is one,
+ * keeps that sum in aux and writes its GELU to D; LT_DGELU multiplies the product by GELU's derivative at aux. aux
+ * has the shape and leading dimension of D. Returns false, having done nothing, where the library offers no such
+ * product (the caller then runs the plain product and its own kernels): the option off, an aux leading dimension
+ * that is not a multiple of 8 (cuBLASLt's rule), a bias or aux buffer under 16-byte alignment (which some library
+ * versions mishandle), or no algorithm for this GPU and precision, said once per kind on stderr. */
+static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const act_t *A, int lda, const act_t *B,
+                      int ldb, act_t *D, int ldd, const float *bias, act_t *aux) {
+    static cublasLtHandle_t lt;
+    static void *workspace;
+    static int noted[LT_KINDS];
+    if (!IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE)) return false;
+    if ((kind != LT_BIAS && ldd % 8) || alignment_of(bias) < 16 || alignment_of(aux) < 16) return false;
+    if (!lt) {
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        workspace = dev_alloc(LT_WORKSPACE);
+    }
+    cublasComputeType_t compute = IS_ENABLED(CONFIG_CUDA_TF32)           ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                  : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                        : CUBLAS_COMPUTE_32F;
+    uint32_t epi = kind == LT_BIAS ? CUBLASLT_EPILOGUE_BIAS
+                   : kind == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                   : bias             ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                      : CUBLASLT_EPILOGUE_GELU_AUX;
+    int32_t op_a = ta, op_b = CUBLAS_OP_N, bias_type = CUDA_R_32F;
+    int64_t aux_ld = ldd;
+    uint64_t ws = LT_WORKSPACE;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                    sizeof bias_type));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    if (aux) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_ACT, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m,
+                                            lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_ACT, k, n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_ACT, m, n, ldd));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const void *bufs[4] = {A, B, D, D};
+    for (int i = 0; i < 4; i++) {
+        uint32_t al = alignment_of(bufs[i]);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al,
+            sizeof al));
+    }
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    const float one = 1.0f, zero = 0.0f;
+    if (st == CUBLAS_STATUS_SUCCESS && found)
+        st = cublasLtMatmul(lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo, workspace, LT_WORKSPACE,
+                            kv_stream);
+    else if (st == CUBLAS_STATUS_SUCCESS)
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        kprof_part(lt_name[kind]);
+        return true;
+    }
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+        cuda_fail(__FILE__, __LINE__, "cublasLtMatmul", cublasGetStatusString(st));
+    if (!noted[kind]++)
+        fprintf(stderr, "note: cuBLASLt offers no %s epilogue here (%s, %d x %d x %d): separate kernels do it "
+                "instead\n", lt_name[kind] + 9, cublasGetStatusString(st), m, n, k);
+    return false;
+}
+
 void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
                     int N, int C, int OC) {
     KPROF_OP();
@@ -352,7 +450,9 @@ void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b
     ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
     cuda_ready();
     /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, 0.0f, out, 0, OC);
+    const act_t *wa = weights_as_act(w, (size_t)OC * C);
+    if (b && lt_matmul(LT_BIAS, CUBLAS_OP_T, OC, N, C, wa, C, inp, C, out, OC, b, NULL)) return;
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wa, C, inp, C, 0.0f, out, 0, OC);
     if (b) {
         add_bias_kernel<<<cuda_blocks((size_t)N * OC, THREADS), THREADS, 0, kv_stream>>>(out, b, (size_t)N, OC);
         CUDA_LAUNCHED(add_bias);
@@ -400,15 +500,23 @@ __global__ void gelu_forward_kernel(act_t *out, const act_t *inp, size_t n) {
     out[i] = act_st(0.5f * x * (1.0f + tanhf(u)));
 }
 
-__global__ void gelu_backward_kernel(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float x = act_ld(inp[i]);
+/* GELU's derivative at x */
+__device__ float gelu_grad(float x) {
     float u = GELU_K * (x + 0.044715f * x * x * x);
     float th = tanhf(u);
     float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = act_st(act_ld(dinp[i]) + g * act_ld(dout[i]));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+__global__ void gelu_backward_kernel(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dinp[i] = act_st(act_ld(dinp[i]) + gelu_grad(act_ld(inp[i])) * act_ld(dout[i]));
+}
+
+/* d = gelu'(pre) * d, in place */
+__global__ void gelu_grad_scale_kernel(act_t *d, const act_t *pre, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = act_st(0.0f + gelu_grad(act_ld(pre[i])) * act_ld(d[i]));
 }
 
 __global__ void relu_forward_kernel(act_t *out, const act_t *inp, size_t n) {
@@ -444,6 +552,37 @@ void gelu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
 void relu_forward(act_t *out, const act_t *inp, size_t n) {
     KPROF_OP();
     ELEMENTWISE(relu_forward_kernel, n, out, inp);
+}
+
+/* The bias and the GELU in the product's epilogue (cuBLASLt: GELU_AUX_BIAS writes the pre-activation to aux and
+ * its GELU to the output); otherwise linear_forward then the GELU kernel. */
+void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *w, const float *b, int N, int C,
+                         int OC) {
+    KPROF_OP();
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_gelu_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    ARG_CHECK(pre != out && pre != inp && out != inp, "linear_gelu_forward", "pre, out and inp must not alias");
+    cuda_ready();
+    if (lt_matmul(LT_GELU, CUBLAS_OP_T, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, out, OC, b, pre))
+        return;
+    linear_forward(pre, inp, w, b, N, C, OC);
+    ELEMENTWISE(gelu_forward_kernel, (size_t)N * OC, out, pre);
+}
+
+/* dpre = gelu'(pre) * (dout W) in the product's epilogue (cuBLASLt: DGELU reads pre as its aux matrix); otherwise
+ * the product into dpre, then a kernel scaling it in place. The weight and bias gradients as in linear_backward. */
+void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, const act_t *act, const act_t *pre,
+                          const float *w, int N, int C, int OC) {
+    KPROF_OP();
+    ARG_CHECK(N > 0 && C > 0 && OC > 0, "gelu_linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    ARG_CHECK(dpre != pre && dpre != act && dpre != dout, "gelu_linear_backward",
+              "dpre must not alias pre, act or dout");
+    cuda_ready();
+    linear_backward(NULL, dw, db, dout, act, w, N, C, OC);
+    /* column-major dpre' (C x N) = W' dout', W' the (C, OC) view of W */
+    const act_t *wa = weights_as_act(w, (size_t)OC * C);
+    if (lt_matmul(LT_DGELU, CUBLAS_OP_N, C, N, OC, wa, C, dout, OC, dpre, C, NULL, (act_t *)pre)) return;
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wa, C, dout, OC, 0.0f, dpre, 0, C);
+    ELEMENTWISE(gelu_grad_scale_kernel, (size_t)N * C, dpre, pre);
 }
 void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
     KPROF_OP();
