@@ -932,6 +932,72 @@ static void test_mlp_fused(int with_bias, int width) {
         buf_free(&R), buf_free(&dpre), buf_free(&dw2), buf_free(&db2);
 }
 
+/* A weight matrix written between two products is what the second one reads, whatever wrote it: dev_upload,
+ * dev_copy, dev_zero, scale_inplace, AdamW (one tensor, and a span of a larger buffer), and a matrix freed and
+ * its memory given to another. (A bf16 build keeps a rounded copy of each weight matrix between products,
+ * kernels/cuda/ops.cu weights_as_act; this is the test that the copy is never stale. Elsewhere it holds
+ * trivially.) Each product: linear_forward and linear_backward's input gradient, against float64 from the
+ * matrix as the device holds it. */
+static int weight_product_ok(Buf *w, const Buf *x, const Buf *dy, int N, int C, int OC) {
+    Buf out = act_zeros((size_t)N * OC), dx = act_zeros((size_t)N * C), dw = buf_zeros((size_t)OC * C);
+    linear_forward(out.a, x->a, w->d, NULL, N, C, OC);
+    linear_backward(dx.a, dw.d, NULL, dy->a, x->a, w->d, N, C, OC);
+    buf_download(w);
+    double *wd = to_double(w->h, (size_t)OC * C), *xd = to_double(x->h, (size_t)N * C);
+    double *ref = xmalloc((size_t)N * (OC > C ? OC : C) * sizeof(double)), rmax;
+    ref_linear(ref, xd, wd, NULL, N, C, OC);
+    double e1 = max_abs_diff(buf_download(&out), ref, (size_t)N * OC, &rmax), m1 = rmax;
+    for (int i = 0; i < N; i++) /* dx = dy W */
+        for (int c = 0; c < C; c++) {
+            double sum = 0.0;
+            for (int o = 0; o < OC; o++) sum += (double)dy->h[(size_t)i * OC + o] * wd[(size_t)o * C + c];
+            ref[(size_t)i * C + c] = sum;
+        }
+    double e2 = max_abs_diff(buf_download(&dx), ref, (size_t)N * C, &rmax);
+    int ok = e1 <= (FWD_TOL + ACT_U) * m1 + 1e-30 && e2 <= (FWD_TOL + ACT_U) * rmax + 1e-30;
+    free(wd), free(xd), free(ref);
+    buf_free(&out), buf_free(&dx), buf_free(&dw);
+    return ok;
+}
+
+static void test_weight_writes(void) {
+    int N = 5, C = 16, OC = 24;
+    size_t n = (size_t)OC * C;
+    Buf x = act_rand((size_t)N * C, 1.0), dy = act_rand((size_t)N * OC, 1.0), w = buf_rand(n, 0.5);
+    Buf other = buf_rand(n, 0.5), g = buf_rand(n, 1.0), m = buf_zeros(n), v = buf_zeros(n);
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a weight matrix");
+    for (size_t i = 0; i < n; i++) w.h[i] = -w.h[i] + 0.25f;
+    buf_upload(&w);
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after dev_upload of the matrix");
+    dev_copy(w.d, other.d, n * sizeof(float));
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after dev_copy into it");
+    scale_inplace(w.d + n / 2, n / 4, 3.0f); /* a part of it */
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after scale_inplace of a part of it");
+    adamw_update(w.d, g.d, m.d, v.d, n, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after adamw_update");
+    /* the matrix as the tail of a larger buffer, updated by a span of it */
+    Buf big = buf_rand(2 * n, 0.5), bg = buf_rand(2 * n, 1.0), bm = buf_zeros(2 * n), bv = buf_zeros(2 * n);
+    Buf tail = {big.h + n, big.d + n, NULL, n};
+    CHECK(weight_product_ok(&tail, &x, &dy, N, C, OC), "products with a matrix inside a larger buffer");
+    AdamwSpan span = {.offset = n + 7, .state_offset = n + 7, .n = 3, .weight_decay = 0.1f};
+    adamw_update_spans(big.d, bg.d, bm.d, bv.d, &span, 1, 0.5f, 0.9f, 0.999f, 1e-8f, 1);
+    CHECK(weight_product_ok(&tail, &x, &dy, N, C, OC), "products after AdamW on a span of 3 of its values");
+    dev_zero(w.d, n * sizeof(float));
+    CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after dev_zero of the matrix");
+    /* freed, and another matrix in (likely) the same memory: dev_alloc's zeros first, then values uploaded */
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < n; i++) w.h[i] = 1.0f + (float)k;
+        buf_upload(&w);
+        CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a matrix of %d.0s", k + 1);
+        buf_free(&w);
+        w = buf_zeros(n);
+        CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a new matrix (dev_alloc's zeros) in the "
+              "memory of the last, freed (%d)", k);
+    }
+    buf_free(&x), buf_free(&dy), buf_free(&w), buf_free(&other), buf_free(&g), buf_free(&m), buf_free(&v);
+    buf_free(&big), buf_free(&bg), buf_free(&bm), buf_free(&bv);
+}
+
 static double gelu_loss(void *v) {
     OpCtx *c = v;
     ref_gelu(c->out, c->x, (size_t)c->N);
@@ -1607,6 +1673,7 @@ int main(int argc, char **argv) {
     test_layernorm(0);
     test_linear(1);
     test_linear(0);
+    test_weight_writes();
     test_mlp_fused(1, 72);
     test_mlp_fused(0, 72);
     test_mlp_fused(1, 70);

@@ -49,6 +49,13 @@ static void live_add(void *p, size_t bytes) {
     if (g_live_bytes > g_live_peak) g_live_peak = g_live_bytes;
 }
 
+/* the bytes of live buffer p (0 if unknown) */
+static size_t live_bytes(void *p) {
+    if (!g_live_cap) return 0;
+    size_t i = live_slot(p);
+    return g_live[i].p == p ? g_live[i].bytes : 0;
+}
+
 /* removes p and re-inserts the rest of its cluster (deletion in linear probing) */
 static void live_remove(void *p) {
     if (!g_live_cap) return;
@@ -188,6 +195,7 @@ void dev_free(void *p) {
     if (!p) return;
     /* the stream may still use it: frees wait for the work queued before them. cudaFree waits for the whole
      * device, the transport's side stream included: join that to the stream first, so the poll covers it. */
+    cuda_float_freed(p, live_bytes(p));
     if (kv_side_join) kv_side_join();
     cuda_sync();
     CUDA_CHECK(cudaFree(p));
@@ -196,12 +204,14 @@ void dev_free(void *p) {
 
 void dev_zero(void *p, size_t bytes) {
     KPROF_OP();
+    cuda_float_written(p, bytes);
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
 }
 
 void dev_upload(void *dst, const void *src, size_t bytes) {
     KPROF_OP();
     if (!bytes) return;
+    cuda_float_written(dst, bytes);
     cuda_ready();
     cuda_sync_before_copy();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
@@ -218,6 +228,7 @@ void dev_download(void *dst, const void *src, size_t bytes) {
 
 void dev_copy(void *dst, const void *src, size_t bytes) {
     KPROF_OP();
+    cuda_float_written(dst, bytes);
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, kv_stream));
 }
 
@@ -292,6 +303,7 @@ void cuda_to_act(act_t *dst, const float *src, size_t n) {
 
 void cuda_to_float(float *dst, const act_t *src, size_t n) {
     if (!n) return;
+    cuda_float_written(dst, n * sizeof(float));
     to_float_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, n);
     CUDA_LAUNCHED(to_float);
 }

@@ -73,6 +73,12 @@ __host__ __device__ inline act_t act_st(float x) { return act_as<act_t>(x); }
 void cuda_to_act(act_t *dst, const float *src, size_t n);
 void cuda_to_float(float *dst, const act_t *src, size_t n);
 
+/* The backend wrote bytes at p, or freed them: a kept bf16 copy of a weight matrix there is stale, or freed (the
+ * copies of ops.cu, weights_as_act). Every op that may write parameters calls the first: the transfers, dev_zero,
+ * dev_copy, AdamW, scale_inplace (and so clip_grad_norm) and the collectives; dev_free the second. */
+void cuda_float_written(const void *p, size_t bytes);
+void cuda_float_freed(const void *p, size_t bytes);
+
 /* Scratch device memory that grows on demand, one per use site (calls come from one host thread). */
 float *cuda_scratch(float **buf, size_t *cap, size_t floats);
 

@@ -133,11 +133,13 @@ static void need_comm(const char *op) {
 
 void dev_comm_allreduce(float *buf, size_t n) {
     need_comm("dev_comm_allreduce");
+    cuda_float_written(buf, n * sizeof(float));
     if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_comm, kv_stream));
 }
 
 void dev_comm_reduce_scatter(float *buf, const size_t *lo, const size_t *cnt) {
     need_comm("dev_comm_reduce_scatter");
+    for (int r = 0; r < g_size; r++) cuda_float_written(buf + lo[r], cnt[r] * sizeof(float));
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < g_size; r++)
         if (cnt[r]) NCCL_CHECK(ncclReduce(buf + lo[r], buf + lo[r], cnt[r], ncclFloat, ncclSum, r, g_comm, kv_stream));
@@ -146,6 +148,7 @@ void dev_comm_reduce_scatter(float *buf, const size_t *lo, const size_t *cnt) {
 
 void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt) {
     need_comm("dev_comm_allgather");
+    for (int r = 0; r < g_size; r++) cuda_float_written(buf + lo[r], cnt[r] * sizeof(float));
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < g_size; r++)
         if (cnt[r]) NCCL_CHECK(ncclBroadcast(buf + lo[r], buf + lo[r], cnt[r], ncclFloat, r, g_comm, kv_stream));
@@ -154,6 +157,7 @@ void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt) {
 
 void dev_comm_bcast(float *buf, size_t n) {
     need_comm("dev_comm_bcast");
+    cuda_float_written(buf, n * sizeof(float));
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, 0, g_comm, kv_stream));
 }
 
@@ -171,12 +175,14 @@ static void need_side(const char *op) {
 void dev_comm_allreduce_async(float *buf, size_t n) {
     need_side("dev_comm_allreduce_async");
     if (!n) return;
+    cuda_float_written(buf, n * sizeof(float));
     side_after_main();
     NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, g_comm, g_side));
 }
 
 void dev_comm_reduce_scatter_async(float *buf, const size_t *lo, const size_t *cnt) {
     need_side("dev_comm_reduce_scatter_async");
+    for (int r = 0; r < g_size; r++) cuda_float_written(buf + lo[r], cnt[r] * sizeof(float));
     side_after_main();
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < g_size; r++)

@@ -316,17 +316,65 @@ __global__ void add_bias_kernel(act_t *out, const float *b, size_t N, int OC) {
     if (idx < N * OC) out[idx] = act_st(act_ld(out[idx]) + b[idx % OC]);
 }
 
-/* A weight matrix as the products' input type: w itself where act_t is float; with bf16 activations a copy
- * rounded to bf16 (to nearest even) in scratch memory, made for each call (a read of the float32 matrix and a
- * write of half its bytes; by counting bytes over an H100's bandwidth, not measured: under a millisecond per step
- * of GPT-2 124M). */
+/* ---- weight matrices as the products' input type: w itself where act_t is float; with bf16 activations a copy
+ * rounded to bf16 (to nearest even), made at the matrix's first use and kept, so that a step's forward and
+ * backward passes, the micro-steps of an accumulated batch and every token of cached decoding read one copy
+ * instead of rounding the matrix again for each product (until 2026-11-27 each product did: a whole pass over
+ * the weights per token of decoding). A copy goes stale when the backend writes any byte of its float32 matrix
+ * through an op that may write parameters, cuda_float_written: the transfers, dev_zero and dev_copy, AdamW,
+ * scale_inplace, clip_grad_norm and the collectives call it; the next product rounds the matrix again into the
+ * same copy. The ops whose float32 outputs are gradients, statistics or losses do not call it: those are never
+ * weights. dev_free of a matrix frees its copies (cuda_float_freed). The copies count in the GPU memory the
+ * metrics report: half the bytes of the weight matrices. */
+struct WeightCopy {
+    const float *src;
+    size_t n;
+    act_t *copy;
+    int fresh;
+};
+static WeightCopy *g_wcopy;
+static size_t g_wcopy_n, g_wcopy_cap;
+
+static bool overlaps(const WeightCopy &c, const void *p, size_t bytes) {
+    uintptr_t lo = (uintptr_t)p, s = (uintptr_t)c.src;
+    return s < lo + bytes && lo < s + c.n * sizeof(float);
+}
+
+void cuda_float_written(const void *p, size_t bytes) {
+    for (size_t i = 0; i < g_wcopy_n; i++)
+        if (overlaps(g_wcopy[i], p, bytes)) g_wcopy[i].fresh = 0;
+}
+
+void cuda_float_freed(const void *p, size_t bytes) {
+    for (size_t i = 0; i < g_wcopy_n;) {
+        if (!overlaps(g_wcopy[i], p, bytes)) {
+            i++;
+            continue;
+        }
+        act_t *copy = g_wcopy[i].copy;
+        g_wcopy[i] = g_wcopy[--g_wcopy_n]; /* before dev_free, which comes back here with the copy's range */
+        dev_free(copy);
+    }
+}
+
 static const act_t *weights_as_act(const float *w, size_t n) {
     if (KVLAB_ACT_BYTES == sizeof(float)) return (const act_t *)w;
-    static float *buf;
-    static size_t cap;
-    act_t *d = (act_t *)cuda_scratch(&buf, &cap, (n * sizeof(act_t) + sizeof(float) - 1) / sizeof(float));
-    cuda_to_act(d, w, n);
-    return d;
+    WeightCopy *c = NULL;
+    for (size_t i = 0; i < g_wcopy_n && !c; i++)
+        if (g_wcopy[i].src == w && g_wcopy[i].n == n) c = &g_wcopy[i];
+    if (!c) {
+        if (g_wcopy_n == g_wcopy_cap) {
+            g_wcopy_cap = g_wcopy_cap ? 2 * g_wcopy_cap : 64;
+            g_wcopy = (WeightCopy *)xrealloc(g_wcopy, g_wcopy_cap * sizeof *g_wcopy);
+        }
+        c = &g_wcopy[g_wcopy_n++];
+        *c = WeightCopy{w, n, (act_t *)dev_alloc(n * sizeof(act_t)), 0};
+    }
+    if (!c->fresh) {
+        cuda_to_act(c->copy, w, n);
+        c->fresh = 1;
+    }
+    return c->copy;
 }
 
 /* Column-major C = op(A) op(B) + beta C with a float32 accumulator, A and B of the activations' type (act_t), C
@@ -739,6 +787,7 @@ void adamw_update_spans(float *param, const float *grad, float *m, float *v, con
     KPROF_OP();
     ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    for (int k = 0; k < nspans; k++) cuda_float_written(param + spans[k].offset, spans[k].n * sizeof(float));
     AdamwBatch batch;
     int next = 0;
     for (unsigned blocks; (blocks = adamw_next_batch(&batch, spans, nspans, &next)) > 0;) {
@@ -786,6 +835,7 @@ __global__ void scale_kernel(float *x, float s, size_t n) {
 
 void scale_inplace(float *x, size_t n, float s) {
     KPROF_OP();
+    cuda_float_written(x, n * sizeof(float));
     ELEMENTWISE(scale_kernel, n, x, s);
 }
 
