@@ -394,7 +394,7 @@ bool lt_problem_ok(const cublasLtMatmulDescEmu *op, const cublasLtMatrixLayoutEm
     default: return false;
     }
     if (op->epilogue & CUBLASLT_EPILOGUE_BIAS)
-        if (!op->bias || !(op->bias_type == -1 || lt_type_ok(op->bias_type))) return false;
+        if (!op->bias || !(op->bias_type == -1 || op->bias_type == (int)d->type)) return false;
     return true;
 }
 
@@ -488,8 +488,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
                                                     size_t size) {
-    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return size == sizeof(uint64_t) ? CUBLAS_STATUS_SUCCESS
-                                                                                           : CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return size == sizeof(uint64_t) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
     if (attr < CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES || attr > CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ||
         size != sizeof(uint32_t))
         return CUBLAS_STATUS_INVALID_VALUE;

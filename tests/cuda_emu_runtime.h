@@ -155,14 +155,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasGemmAlgo_t algo);
 
 /* cuBLASLt, as much as kvlab calls: one matmul D = epilogue(alpha op(A) op(B) + beta C) with the epilogues DEFAULT,
- * BIAS (a float32 or output-typed vector added to each column), GELU_AUX (GELU of the result, the result itself kept
- * in the aux matrix) with or without BIAS, and DGELU (the result times GELU's derivative at the aux matrix). The
- * compute types are those of cublasGemmEx plus FAST_TF32 (inputs rounded to TF32). What it refuses, as the library
- * documents: an aux leading dimension that is not a multiple of 8 or under the rows of D, a missing bias or aux
- * pointer, unknown attributes and types; and a buffer less aligned than the heuristic's preferences said (default
- * 256 bytes), which a GPU's kernels may assume. With KVLAB_CUDA_EMU_NO_EPILOGUE=1 in the environment the heuristic
- * offers no algorithm for any epilogue but DEFAULT, as a library without the fused kernels would, so that the
- * callers' fallbacks run. */
+ * BIAS (a vector of the output's type, the documented default bias type, added to each column), GELU_AUX (GELU of
+ * the result, the result itself kept in the aux matrix) with or without BIAS, and DGELU (the result times GELU's
+ * derivative at the aux matrix). The compute types are those of cublasGemmEx plus FAST_TF32 (inputs rounded to
+ * TF32). What it refuses: what the library documents refusing (an aux leading dimension that is not a multiple of 8
+ * or under the rows of D, a missing bias or aux pointer), a buffer less aligned than the heuristic's preferences
+ * said (default 256 bytes), which a GPU's kernels may assume; and, stricter than the library, any other epilogue,
+ * attribute, type or bias type (kvlab asks for none of them). Its GELU is kvlab's tanh form, taken to be the
+ * library's: a GPU run checks that. With KVLAB_CUDA_EMU_NO_EPILOGUE=1 in the environment the heuristic offers no
+ * algorithm for any epilogue but DEFAULT, as a library without the fused kernels would, so that the callers'
+ * fallbacks run. */
 typedef struct cublasLtContext *cublasLtHandle_t;
 typedef struct cublasLtMatmulDescEmu *cublasLtMatmulDesc_t;
 typedef struct cublasLtMatrixLayoutEmu *cublasLtMatrixLayout_t;

@@ -641,6 +641,8 @@ def test_emulated_gpu(build_root, tmp, sanitize):
                 if counts is not None:
                     print(f"  cuda-emu/qkv/{prog} without cuBLASLt epilogues: {counts[0]} passed, {counts[1]} "
                           f"failed ({secs:.1f} s)")
+                    for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
+                        print(f"    {ln}")
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
     mpi = write_fragment(os.path.join(frag_dir, "emu-mpi.frag"), "CONFIG_DIST_MPI=y\n")
@@ -764,7 +766,8 @@ def cuda_kconfig(build_root, gpu):
                         f"the backend calls cublasLtMatmul: {sorted(lt)}")
     # CONFIG_CUDA_LT_EPILOGUE off: no cuBLASLt call in the backend, and libcublasLt not linked
     bdir = os.path.join(build_root, "tests-cuda", "lt-off")
-    frag = write_fragment(bdir + ".frag", "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n# CONFIG_CUDA_LT_EPILOGUE is not set\n")
+    frag = write_fragment(bdir + ".frag",
+                          "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\n# CONFIG_CUDA_LT_EPILOGUE is not set\n")
     r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
     if R.check(r.returncode == 0, f"CUDA_LT_EPILOGUE off: configuration: {r.stderr.strip()}"):
         ops = os.path.join(bdir, "kernels", "cuda", "ops.o")

@@ -546,7 +546,7 @@ static void check_gemm(void) {
 }
 
 /* The emulated cuBLASLt matmul with each epilogue kvlab uses, against float64: D = epilogue(op(A) op(B) + beta C)
- * with BIAS (a float32 vector down the rows), GELU_AUX (with and without the bias: D = GELU of the sum, the sum
+ * with BIAS (a vector of the output's type down the rows), GELU_AUX (with and without the bias: D = GELU of the sum, the sum
  * kept in the aux matrix) and DGELU (the product times GELU's derivative at the aux matrix), on float32 inputs
  * (fp32 and TF32 compute) and bf16 buffers; then what it refuses. */
 static double gelu64(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
@@ -582,10 +582,8 @@ struct LtCall {
         cublasLtMatmulDescDestroy(op);
         cublasLtDestroy(h);
     }
-    void epilogue(uint32_t e, const float *bias, void *aux, int64_t aux_ld) {
+    void epilogue(uint32_t e, const void *bias, void *aux, int64_t aux_ld) {
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
-        int32_t bt = CUDA_R_32F;
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
@@ -617,7 +615,10 @@ static void check_lt(void) {
                 std::vector<float> aux0 = rand_vec((size_t)ldc * n, 2.0f);
                 /* the buffers as the call sees them: float, or bf16 copies (whose values the reference reads) */
                 std::vector<__nv_bfloat16> A16(A.size()), B16(B.size()), C16(C0.size()), X16(aux0.size());
+                std::vector<__nv_bfloat16> bias16(bias.size()); /* the bias has the output's type */
                 if (b16) {
+                    for (size_t i = 0; i < bias.size(); i++)
+                        bias[i] = __bfloat162float(bias16[i] = __float2bfloat16(bias[i]));
                     for (size_t i = 0; i < A.size(); i++) A[i] = __bfloat162float(A16[i] = __float2bfloat16(A[i]));
                     for (size_t i = 0; i < B.size(); i++) B[i] = __bfloat162float(B16[i] = __float2bfloat16(B[i]));
                     for (size_t i = 0; i < C0.size(); i++) C0[i] = __bfloat162float(C16[i] = __float2bfloat16(C0[i]));
@@ -627,7 +628,8 @@ static void check_lt(void) {
                 std::vector<float> C = C0, aux = aux0;
                 LtCall lt(mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, b16 ? CUDA_R_16BF : CUDA_R_32F,
                           b16 ? CUDA_R_16BF : CUDA_R_32F, ta, m, n, k, lda, ldb, ldc);
-                lt.epilogue(epis[e], bias.data(), b16 ? (void *)X16.data() : (void *)aux.data(), ldc);
+                lt.epilogue(epis[e], b16 ? (const void *)bias16.data() : bias.data(),
+                            b16 ? (void *)X16.data() : (void *)aux.data(), ldc);
                 float beta = epis[e] == CUBLASLT_EPILOGUE_DGELU ? 0.0f : 0.5f;
                 cublasStatus_t st;
                 int got = lt.run(b16 ? (const void *)A16.data() : A.data(), b16 ? (const void *)B16.data() : B.data(),
@@ -679,6 +681,13 @@ static void check_lt(void) {
               "A 4-byte aligned where 16 bytes were promised: refused by the matmul");
         lt.epilogue(CUBLASLT_EPILOGUE_GELU, bias.data(), aux.data(), 16);
         CHECK(lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 0, "an epilogue kvlab does not use is refused");
+        lt.epilogue(CUBLASLT_EPILOGUE_BIAS, bias.data(), aux.data(), 16);
+        int32_t bt = CUDA_R_16BF;
+        cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        CHECK(lt.run(A.data(), B.data(), 0.0f, C.data(), &st) == 0,
+              "a bias type other than the output's (the documented default) is refused");
+        bt = -1;
+        cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
         setenv("KVLAB_CUDA_EMU_NO_EPILOGUE", "1", 1);
         int refused = 0;
         for (uint32_t e : epis) {

@@ -827,6 +827,36 @@ static void test_layernorm(int with_bias) {
         buf_free(&dx), buf_free(&dw), buf_free(&db);
 }
 
+/* Whether linear layers on this backend run their bias and GELU in cuBLASLt's epilogues: a GPU build with
+ * CONFIG_CUDA_LT_EPILOGUE, unless the emulation is told to offer none (KVLAB_CUDA_EMU_NO_EPILOGUE, its test of
+ * the fallbacks). */
+static int lt_epilogues(void) {
+    const char *no = getenv("KVLAB_CUDA_EMU_NO_EPILOGUE");
+    return !strncmp(backend_name(), "cuda", 4) && IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE) &&
+           !(no && *no && strcmp(no, "0"));
+}
+
+/* The emulated backend (its device is "cuda_emu H100"): there the library's answer is known, so a test can insist
+ * on the fused path; a real cuBLASLt may refuse a shape or type (the backend then runs its own kernels, correctly),
+ * so on a GPU a test reports which path ran and insists only that one did. */
+static int emulated(void) { return strstr(backend_name(), "cuda_emu") != NULL; }
+
+/* On a GPU: the profile of one op shows the epilogue's part (want_lt) or the separate kernels' (every name of
+ * plain, a NULL-ended list), and not both; insisting on want_lt under the emulation. Prints which on a GPU. */
+static void check_lt_path(const KprofRow *rows, int n, const char *op, const char *lt_part, const char *const *plain,
+                          int want_lt, const char *what) {
+    int lt = prof_row(rows, n, op, lt_part) != NULL, sep = 1;
+    for (int i = 0; plain[i]; i++) sep &= prof_row(rows, n, op, plain[i]) != NULL;
+    if (emulated())
+        CHECK(lt == want_lt && sep == !want_lt, "%s: %s (profile of %s: %s %d, separate kernels %d)", what,
+              want_lt ? "the cuBLASLt epilogue ran" : "the separate kernels ran", op, lt_part, lt, sep);
+    else
+        CHECK(lt != sep && (want_lt || !lt), "%s: one path ran: %s", what, lt ? "the cuBLASLt epilogue" : "the "
+              "separate kernels");
+    if (!emulated() && want_lt && !lt)
+        printf("note: %s: cuBLASLt refused the epilogue on this GPU; the separate kernels ran\n", what);
+}
+
 static double lin_loss(void *v) {
     OpCtx *c = v;
     ref_linear(c->out, c->x, c->w, c->b, c->N, c->C, c->OC);
@@ -838,7 +868,14 @@ static void test_linear(int with_bias) {
     Buf x = act_rand((size_t)N * C, 1.0), w = buf_rand((size_t)OC * C, 0.5), b = with_bias ? buf_rand(OC, 1.0) : NONE;
     Buf R = act_rand((size_t)N * OC, 1.0), out = act_zeros((size_t)N * OC), dx = act_zeros((size_t)N * C),
         dw = buf_zeros((size_t)OC * C), db = with_bias ? buf_zeros(OC) : NONE;
+    kprof_start();
     linear_forward(out.a, x.a, w.d, b.d, N, C, OC);
+    const KprofRow *rows;
+    int nr = kprof_stop(&rows);
+    if (with_bias && !strncmp(backend_name(), "cuda", 4)) {
+        const char *const plain[] = {"cublas_gemm", "add_bias", NULL};
+        check_lt_path(rows, nr, "linear_forward", "cublaslt_bias", plain, lt_epilogues(), "linear_forward's bias");
+    }
     linear_backward(dx.a, dw.d, db.d, R.a, x.a, w.d, N, C, OC);
     OpCtx c = {N, C, OC, to_double(x.h, (size_t)N * C), to_double(w.h, (size_t)OC * C),
                b.n ? to_double(b.h, OC) : NULL, xmalloc((size_t)N * OC * sizeof(double)), R.h};
@@ -851,14 +888,6 @@ static void test_linear(int with_bias) {
     free(c.x), free(c.w), free(c.b), free(c.out);
     buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&dx), buf_free(&dw),
         buf_free(&db);
-}
-
-/* Whether linear layers on this backend run their bias and GELU in cuBLASLt's epilogues: a GPU build with
- * CONFIG_CUDA_LT_EPILOGUE, unless the emulation is told to offer none (KVLAB_CUDA_EMU_NO_EPILOGUE, its test of
- * the fallbacks). */
-static int lt_epilogues(void) {
-    const char *no = getenv("KVLAB_CUDA_EMU_NO_EPILOGUE");
-    return !strncmp(backend_name(), "cuda", 4) && IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE) && !(no && *no && strcmp(no, "0"));
 }
 
 /* The MLP's fused ops (linear_gelu_forward, gelu_linear_backward) against float64: the forward's pre-activation
@@ -918,14 +947,13 @@ static void test_mlp_fused(int with_bias, int width) {
     check_grad(what, c.w, (size_t)Cin * width, buf_download(&dw2), mlp_loss, &c, 300);
     if (with_bias) check_grad("gelu_linear_backward d(b)", c.b, Cin, buf_download(&db2), mlp_loss, &c, 100);
     /* which path ran: the epilogues where cuBLASLt takes them, the separate kernels otherwise */
-    int lt_fwd = prof_row(rows, nr, "linear_gelu_forward", "cublaslt_gelu") != NULL;
-    int lt_bwd = prof_row(rows, nr, "gelu_linear_backward", "cublaslt_dgelu") != NULL;
-    int sep_fwd = prof_row(rows, nr, "linear_gelu_forward", "gelu_forward_kernel") != NULL;
-    int sep_bwd = prof_row(rows, nr, "gelu_linear_backward", "gelu_grad_scale_kernel") != NULL;
-    if (gpu)
-        CHECK(lt_fwd == fused && lt_bwd == fused && sep_fwd == !fused && sep_bwd == !fused,
-              "width %d%s: the GELU %s (profile: epilogue %d/%d, kernels %d/%d)", width, with_bias ? "" : ", no bias",
-              fused ? "in the cuBLASLt epilogues" : "in kernels of its own", lt_fwd, lt_bwd, sep_fwd, sep_bwd);
+    if (gpu) {
+        const char *const fwd[] = {"gelu_forward_kernel", NULL}, *const bwd[] = {"gelu_grad_scale_kernel", NULL};
+        snprintf(what, sizeof what, "linear_gelu_forward (width %d%s)", width, with_bias ? "" : ", no bias");
+        check_lt_path(rows, nr, "linear_gelu_forward", "cublaslt_gelu", fwd, fused, what);
+        snprintf(what, sizeof what, "gelu_linear_backward (width %d%s)", width, with_bias ? "" : ", no bias");
+        check_lt_path(rows, nr, "gelu_linear_backward", "cublaslt_dgelu", bwd, fused, what);
+    }
     free(xd), free(w1d), free(b1d), free(pref), free(gref), free(c.pre), free(c.w), free(c.b), free(c.act),
         free(c.out);
     buf_free(&x), buf_free(&w1), buf_free(&b1), buf_free(&pre), buf_free(&act), buf_free(&w2), buf_free(&b2),
@@ -985,15 +1013,22 @@ static void test_weight_writes(void) {
     dev_zero(w.d, n * sizeof(float));
     CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products after dev_zero of the matrix");
     /* freed, and another matrix in (likely) the same memory: dev_alloc's zeros first, then values uploaded */
+    int reused = 0;
     for (int k = 0; k < 3; k++) {
         for (size_t i = 0; i < n; i++) w.h[i] = 1.0f + (float)k;
         buf_upload(&w);
         CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a matrix of %d.0s", k + 1);
+        const float *old = w.d;
         buf_free(&w);
         w = buf_zeros(n);
-        CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a new matrix (dev_alloc's zeros) in the "
-              "memory of the last, freed (%d)", k);
+        reused += w.d == old;
+        CHECK(weight_product_ok(&w, &x, &dy, N, C, OC), "products with a new matrix (dev_alloc's zeros) after the "
+              "last was freed (%d)", k);
     }
+    /* where the allocator gave the freed memory back (not under AddressSanitizer, which quarantines it), the
+     * checks above saw a stale copy of the last matrix if dev_free had kept it */
+    if (!reused) printf("note: test_weight_writes: no freed matrix's memory was reused; the freed-copy case was "
+                        "not exercised\n");
     buf_free(&x), buf_free(&dy), buf_free(&w), buf_free(&other), buf_free(&g), buf_free(&m), buf_free(&v);
     buf_free(&big), buf_free(&bg), buf_free(&bm), buf_free(&bv);
 }
@@ -1412,11 +1447,13 @@ static void test_profile(void) {
     CHECK(parts_ok, "profile: every part lies within its op's time");
     if (gpu) { /* the product and the bias are launches of linear_forward (one, the bias in its epilogue, with
                 * CONFIG_CUDA_LT_EPILOGUE) */
-        const char *part = lt_epilogues() ? "cublaslt_bias" : "cublas_gemm";
-        const KprofRow *gemm = prof_row(rows, n, "linear_forward", part);
-        CHECK(gemm && gemm->calls == 3 && prof_row(rows, n, "gelu_forward", "gelu_forward_kernel") &&
-                  !prof_row(rows, n, "linear_forward", lt_epilogues() ? "add_bias" : "cublaslt_bias"),
-              "profile on a GPU: the cuBLAS products (%s) and the GELU kernel are parts of their ops", part);
+        const KprofRow *lt = prof_row(rows, n, "linear_forward", "cublaslt_bias");
+        const KprofRow *plain = prof_row(rows, n, "linear_forward", "cublas_gemm");
+        int lt_ok = lt && lt->calls == 3 && !plain, plain_ok = plain && plain->calls == 3 && !lt;
+        CHECK((emulated() ? (lt_epilogues() ? lt_ok : plain_ok) : lt_ok || plain_ok) &&
+                  prof_row(rows, n, "gelu_forward", "gelu_forward_kernel"),
+              "profile on a GPU: the cuBLAS products (%s) and the GELU kernel are parts of their ops",
+              lt ? "cublaslt_bias" : "cublas_gemm");
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }

@@ -328,7 +328,8 @@ void gelu_linear_backward(float *dpre, float *dw, float *db, const float *dout, 
                           const float *w, int N, int C, int OC) {
     KPROF_OP();
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "gelu_linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(dpre != pre && dpre != act, "gelu_linear_backward", "dpre must not alias pre or act");
+    ARG_CHECK(dpre != pre && dpre != act && dpre != dout, "gelu_linear_backward",
+              "dpre must not alias pre, act or dout");
     size_t n = (size_t)N * C;
     memset(dpre, 0, n * sizeof(float));
     linear_backward(dpre, dw, db, dout, act, w, N, C, OC);

@@ -316,8 +316,8 @@ __global__ void add_bias_kernel(act_t *out, const float *b, size_t N, int OC) {
     if (idx < N * OC) out[idx] = act_st(act_ld(out[idx]) + b[idx % OC]);
 }
 
-/* ---- weight matrices as the products' input type: w itself where act_t is float; with bf16 activations a copy
- * rounded to bf16 (to nearest even), made at the matrix's first use and kept, so that a step's forward and
+/* ---- weight matrices (and the biases of cuBLASLt's epilogues) as the products' input type: w itself where act_t
+ * is float; with bf16 activations a copy rounded to bf16 (to nearest even), made at the matrix's first use and kept, so that a step's forward and
  * backward passes, the micro-steps of an accumulated batch and every token of cached decoding read one copy
  * instead of rounding the matrix again for each product (until 2026-11-27 each product did: a whole pass over
  * the weights per token of decoding). A copy goes stale when the backend writes any byte of its float32 matrix
@@ -410,85 +410,103 @@ static uint32_t alignment_of(const void *p) {
     return al;
 }
 
+/* Problems cuBLASLt refused (no algorithm): the plain product runs for them without asking again. */
+struct LtRefused {
+    int kind, m, n, k;
+};
+static LtRefused g_lt_refused[64];
+static int g_lt_refused_n;
+
 /* Column-major D (m x n) = epilogue(op(A) B), op(A) m x k and B k x n of the activations' type, with the epilogue
- * of kind: LT_BIAS adds the float32 bias (m values) down every column; LT_GELU adds the bias where there is one,
- * keeps that sum in aux and writes its GELU to D; LT_DGELU multiplies the product by GELU's derivative at aux. aux
- * has the shape and leading dimension of D. Returns false, having done nothing, where the library offers no such
- * product (the caller then runs the plain product and its own kernels): the option off, an aux leading dimension
- * that is not a multiple of 8 (cuBLASLt's rule), a bias or aux buffer under 16-byte alignment (which some library
- * versions mishandle), or no algorithm for this GPU and precision, said once per kind on stderr. */
+ * of kind: LT_BIAS adds the bias (m values, of D's type: the library's default bias type; a bf16 build passes a
+ * bf16 copy of its float32 bias, as llm.c's bf16 trainer does) down every column; LT_GELU adds the bias where there
+ * is one, keeps that sum in aux and writes its GELU to D; LT_DGELU multiplies the product by GELU's derivative at
+ * aux. aux has the shape and leading dimension of D. Returns false, having done nothing, where the library offers
+ * no such product (the caller then runs the plain product and its own kernels): the option off, an aux leading
+ * dimension that is not a multiple of 8 (cuBLASLt's rule), a bias or aux buffer under 16-byte alignment (which
+ * some library versions mishandle), or no algorithm from the heuristic for this GPU, precision and shape (said
+ * once per kind on stderr, and not asked again for that shape). A product the heuristic offered and the matmul
+ * then refuses is a bug here: it stops the program. */
 static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const act_t *A, int lda, const act_t *B,
-                      int ldb, act_t *D, int ldd, const float *bias, act_t *aux) {
-    static cublasLtHandle_t lt;
-    static void *workspace;
-    static int noted[LT_KINDS];
-    if (!IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE)) return false;
-    if ((kind != LT_BIAS && ldd % 8) || alignment_of(bias) < 16 || alignment_of(aux) < 16) return false;
-    if (!lt) {
-        CUBLAS_CHECK(cublasLtCreate(&lt));
-        workspace = dev_alloc(LT_WORKSPACE);
+                      int ldb, act_t *D, int ldd, const act_t *bias, act_t *aux) {
+    if constexpr (!IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE)) {
+        return false;
+    } else {
+        static cublasLtHandle_t lt;
+        static void *workspace;
+        static int noted[LT_KINDS];
+        if ((kind != LT_BIAS && ldd % 8) || alignment_of(bias) < 16 || alignment_of(aux) < 16) return false;
+        for (int i = 0; i < g_lt_refused_n; i++)
+            if (g_lt_refused[i].kind == kind && g_lt_refused[i].m == m && g_lt_refused[i].n == n &&
+                g_lt_refused[i].k == k)
+                return false;
+        if (!lt) {
+            CUBLAS_CHECK(cublasLtCreate(&lt));
+            workspace = dev_alloc(LT_WORKSPACE);
+        }
+        cublasComputeType_t compute = IS_ENABLED(CONFIG_CUDA_TF32)           ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                      : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                                            : CUBLAS_COMPUTE_32F;
+        uint32_t epi = kind == LT_BIAS ? CUBLASLT_EPILOGUE_BIAS
+                       : kind == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                       : bias             ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                          : CUBLASLT_EPILOGUE_GELU_AUX;
+        int32_t op_a = ta, op_b = CUBLAS_OP_N;
+        int64_t aux_ld = ldd;
+        uint64_t ws = LT_WORKSPACE;
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, ld;
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (bias)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        if (aux) {
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        }
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_ACT, ta == CUBLAS_OP_N ? m : k,
+                                                ta == CUBLAS_OP_N ? k : m, lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_ACT, k, n, ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_ACT, m, n, ldd));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        const void *bufs[4] = {A, B, D, D};
+        for (int i = 0; i < 4; i++) {
+            uint32_t al = alignment_of(bufs[i]);
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al,
+                sizeof al));
+        }
+        cublasLtMatmulHeuristicResult_t heur;
+        int found = 0;
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+        bool offered = st == CUBLAS_STATUS_SUCCESS && found == 1 && heur.state == CUBLAS_STATUS_SUCCESS;
+        if (offered) {
+            const float one = 1.0f, zero = 0.0f;
+            CUBLAS_CHECK(cublasLtMatmul(lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo, workspace,
+                                        LT_WORKSPACE, kv_stream));
+            kprof_part(lt_name[kind]);
+        } else {
+            if (g_lt_refused_n < (int)(sizeof g_lt_refused / sizeof g_lt_refused[0]))
+                g_lt_refused[g_lt_refused_n++] = LtRefused{kind, m, n, k};
+            if (!noted[kind]) {
+                noted[kind] = 1;
+                fprintf(stderr, "note: cuBLASLt offers no %s epilogue here (%s, %d x %d x %d): separate kernels do "
+                        "it instead\n", lt_name[kind] + 9, st == CUBLAS_STATUS_SUCCESS ? "no algorithm"
+                        : cublasGetStatusString(st), m, n, k);
+            }
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(op);
+        return offered;
     }
-    cublasComputeType_t compute = IS_ENABLED(CONFIG_CUDA_TF32)           ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                  : IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) ? CUBLAS_COMPUTE_32F_FAST_16BF
-                                                                        : CUBLAS_COMPUTE_32F;
-    uint32_t epi = kind == LT_BIAS ? CUBLASLT_EPILOGUE_BIAS
-                   : kind == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
-                   : bias             ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                      : CUBLASLT_EPILOGUE_GELU_AUX;
-    int32_t op_a = ta, op_b = CUBLAS_OP_N, bias_type = CUDA_R_32F;
-    int64_t aux_ld = ldd;
-    uint64_t ws = LT_WORKSPACE;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (bias) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                    sizeof bias_type));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    if (aux) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-    }
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_ACT, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m,
-                                            lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_ACT, k, n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_ACT, m, n, ldd));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    const void *bufs[4] = {A, B, D, D};
-    for (int i = 0; i < 4; i++) {
-        uint32_t al = alignment_of(bufs[i]);
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al,
-            sizeof al));
-    }
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
-    const float one = 1.0f, zero = 0.0f;
-    if (st == CUBLAS_STATUS_SUCCESS && found)
-        st = cublasLtMatmul(lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo, workspace, LT_WORKSPACE,
-                            kv_stream);
-    else if (st == CUBLAS_STATUS_SUCCESS)
-        st = CUBLAS_STATUS_NOT_SUPPORTED;
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(op);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-        kprof_part(lt_name[kind]);
-        return true;
-    }
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
-        cuda_fail(__FILE__, __LINE__, "cublasLtMatmul", cublasGetStatusString(st));
-    if (!noted[kind]++)
-        fprintf(stderr, "note: cuBLASLt offers no %s epilogue here (%s, %d x %d x %d): separate kernels do it "
-                "instead\n", lt_name[kind] + 9, cublasGetStatusString(st), m, n, k);
-    return false;
 }
 
 void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
@@ -499,7 +517,7 @@ void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b
     cuda_ready();
     /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
     const act_t *wa = weights_as_act(w, (size_t)OC * C);
-    if (b && lt_matmul(LT_BIAS, CUBLAS_OP_T, OC, N, C, wa, C, inp, C, out, OC, b, NULL)) return;
+    if (b && lt_matmul(LT_BIAS, CUBLAS_OP_T, OC, N, C, wa, C, inp, C, out, OC, weights_as_act(b, OC), NULL)) return;
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wa, C, inp, C, 0.0f, out, 0, OC);
     if (b) {
         add_bias_kernel<<<cuda_blocks((size_t)N * OC, THREADS), THREADS, 0, kv_stream>>>(out, b, (size_t)N, OC);
@@ -610,7 +628,8 @@ void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *
     ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_gelu_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
     ARG_CHECK(pre != out && pre != inp && out != inp, "linear_gelu_forward", "pre, out and inp must not alias");
     cuda_ready();
-    if (lt_matmul(LT_GELU, CUBLAS_OP_T, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, out, OC, b, pre))
+    if (lt_matmul(LT_GELU, CUBLAS_OP_T, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, out, OC,
+                  b ? weights_as_act(b, OC) : NULL, pre))
         return;
     linear_forward(pre, inp, w, b, N, C, OC);
     ELEMENTWISE(gelu_forward_kernel, (size_t)N * OC, out, pre);
