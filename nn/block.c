@@ -43,6 +43,12 @@ static void block_acts_layout(BlockActs *a, Carve *c, const BlockShape *s) {
     TAKE(a->out, n, act_t);
 }
 
+/* Whether the MLP's backward runs GELU's gradient inside the second product (gelu_linear_backward, one op): with
+ * GELU and no dropout between the two products. Then the gradient of the GELU's output is never stored, and the
+ * scratch has no room for it (dfch_act NULL; a shape with the inner dropout keeps it, whatever its rate). */
+static int mlp_backward_fused(const BlockShape *s) { return s->gelu && !(s->mlp_dropout && s->dropout > 0.0f); }
+static int mlp_keeps_dact(const BlockShape *s) { return !s->gelu || s->mlp_dropout; }
+
 static void block_scratch_layout(BlockScratch *sc, Carve *c, const BlockShape *s) {
     size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
     TAKE(sc->dbranch, n, act_t);
@@ -51,7 +57,10 @@ static void block_scratch_layout(BlockScratch *sc, Carve *c, const BlockShape *s
     TAKE(sc->dsum, n, act_t);
     TAKE(sc->branch, n, act_t);
     TAKE(sc->dproj, np, act_t);
-    TAKE(sc->dfch_act, bt(s) * s->mlp, act_t);
+    if (mlp_keeps_dact(s))
+        TAKE(sc->dfch_act, bt(s) * s->mlp, act_t);
+    else
+        sc->dfch_act = NULL;
     TAKE(sc->dfch, bt(s) * s->mlp, act_t);
 }
 
@@ -181,7 +190,7 @@ static void mlp_backward(act_t *din, const act_t *dout, float *grads, const Bloc
     int N = (int)bt(s), C = s->C;
     size_t n = bt(s) * C, nm = bt(s) * s->mlp;
     const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
-    if (s->gelu && !(s->mlp_dropout && s->dropout > 0.0f)) { /* GELU's gradient in the product (one op) */
+    if (mlp_backward_fused(s)) { /* GELU's gradient in the product (one op) */
         gelu_linear_backward(sc->dfch, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, a->fch, W(p->fcpw), N,
                              s->mlp, C);
         linear_backward(din, G(p->fcw), GB(s->bias, p->fcb), sc->dfch, in, W(p->fcw), N, C, s->mlp);
