@@ -317,15 +317,15 @@ __global__ void add_bias_kernel(act_t *out, const float *b, size_t N, int OC) {
 }
 
 /* ---- weight matrices (and the biases of cuBLASLt's epilogues) as the products' input type: w itself where act_t
- * is float; with bf16 activations a copy rounded to bf16 (to nearest even), made at the matrix's first use and kept, so that a step's forward and
- * backward passes, the micro-steps of an accumulated batch and every token of cached decoding read one copy
- * instead of rounding the matrix again for each product (until 2026-11-27 each product did: a whole pass over
- * the weights per token of decoding). A copy goes stale when the backend writes any byte of its float32 matrix
- * through an op that may write parameters, cuda_float_written: the transfers, dev_zero and dev_copy, AdamW,
- * scale_inplace, clip_grad_norm and the collectives call it; the next product rounds the matrix again into the
- * same copy. The ops whose float32 outputs are gradients, statistics or losses do not call it: those are never
- * weights. dev_free of a matrix frees its copies (cuda_float_freed). The copies count in the GPU memory the
- * metrics report: half the bytes of the weight matrices. */
+ * is float; with bf16 activations a copy rounded to bf16 (to nearest even), made at the matrix's first use and
+ * kept, so that a step's forward and backward passes, the micro-steps of an accumulated batch and every token of
+ * cached decoding read one copy instead of rounding the matrix again for each product (until 2026-11-27 each
+ * product did: a whole pass over the weights per token of decoding). A copy goes stale when the backend writes
+ * any byte of its float32 matrix through an op that may write parameters, cuda_float_written: the transfers,
+ * dev_zero and dev_copy, AdamW, scale_inplace, clip_grad_norm and the collectives call it; the next product
+ * rounds the matrix again into the same copy. The ops whose float32 outputs are gradients, statistics or losses
+ * do not call it: those are never weights. dev_free of a matrix frees its copies (cuda_float_freed). The copies
+ * count in the GPU memory the metrics report: half the bytes of the weight matrices. */
 struct WeightCopy {
     const float *src;
     size_t n;
@@ -620,6 +620,10 @@ void relu_forward(act_t *out, const act_t *inp, size_t n) {
     ELEMENTWISE(relu_forward_kernel, n, out, inp);
 }
 
+void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
+    KPROF_OP();
+    ELEMENTWISE(relu_backward_kernel, n, dinp, inp, dout);
+}
 /* The bias and the GELU in the product's epilogue (cuBLASLt: GELU_AUX_BIAS writes the pre-activation to aux and
  * its GELU to the output); otherwise linear_forward then the GELU kernel. */
 void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *w, const float *b, int N, int C,
@@ -651,10 +655,7 @@ void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, 
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wa, C, dout, OC, 0.0f, dpre, 0, C);
     ELEMENTWISE(gelu_grad_scale_kernel, (size_t)N * C, dpre, pre);
 }
-void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
-    KPROF_OP();
-    ELEMENTWISE(relu_backward_kernel, n, dinp, inp, dout);
-}
+
 void residual_forward(act_t *out, const act_t *a, const act_t *b, size_t n) {
     KPROF_OP();
     ELEMENTWISE(residual_kernel, n, out, a, b);
