@@ -740,6 +740,9 @@ def cuda_config_tests(build_root, builds, env):
             print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
             for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
                 print(f"    {ln}")
+            # what the GPU's libraries refused (a cuBLASLt epilogue; the backend's own kernels ran instead)
+            for ln in sorted({ln for ln in (r.stdout + r.stderr).splitlines() if "cuBLASLt" in ln})[:5]:
+                print(f"    {ln}")
 
 
 def cuda_kconfig(build_root, gpu):
