@@ -252,7 +252,6 @@ static void acts_layout(ViT *m, Carve *cv, int B) {
     a->hfc = carve(cv, Bm * A);
     a->hact = carve(cv, Bm * A);
     a->dhfc = carve(cv, Bm * A);
-    a->dhact = carve(cv, Bm * A);
     a->logits = carve(cv, (size_t)B * c->classes * A);
     a->losses = carve(cv, (size_t)B * sizeof(float));
     a->ce_lse = carve(cv, (size_t)B * sizeof(float));
@@ -310,8 +309,7 @@ double vit_forward(ViT *m, const float *patches, const int *labels, int B, int t
         layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, PARAM(m->lnfw), PARAM(m->lnfb), (int)BT, C);
     pool_tokens_forward(a->pooled, encoder_out(m), B, c->T, C, 0, c->cls ? 1 : c->N);
     if (c->head_mlp) {
-        linear_forward(a->hfc, a->pooled, PARAM(m->headfcw), PARAM(m->headfcb), B, C, c->mlp);
-        gelu_forward(a->hact, a->hfc, (size_t)B * c->mlp);
+        linear_gelu_forward(a->hfc, a->hact, a->pooled, PARAM(m->headfcw), PARAM(m->headfcb), B, C, c->mlp);
         linear_forward(a->logits, a->hact, PARAM(m->headw), PARAM(m->headb), B, c->mlp, c->classes);
     } else {
         linear_forward(a->logits, a->pooled, PARAM(m->headw), PARAM(m->headb), B, C, c->classes);
@@ -363,11 +361,8 @@ void vit_backward(ViT *m, float loss_scale) {
                               loss_scale / (float)m->counted);
     dev_zero(a->dpooled, (size_t)B * C * sizeof(act_t));
     if (c->head_mlp) {
-        dev_zero(a->dhact, (size_t)B * c->mlp * sizeof(act_t));
-        linear_backward(a->dhact, GRAD(m->headw), GRAD(m->headb), a->logits, a->hact, PARAM(m->headw), B, c->mlp,
-                        c->classes);
-        dev_zero(a->dhfc, (size_t)B * c->mlp * sizeof(act_t));
-        gelu_backward(a->dhfc, a->hfc, a->dhact, (size_t)B * c->mlp);
+        gelu_linear_backward(a->dhfc, GRAD(m->headw), GRAD(m->headb), a->logits, a->hact, a->hfc, PARAM(m->headw), B,
+                             c->mlp, c->classes);
         linear_backward(a->dpooled, GRAD(m->headfcw), GRAD(m->headfcb), a->dhfc, a->pooled, PARAM(m->headfcw), B, C,
                         c->mlp);
     } else {

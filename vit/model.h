@@ -42,7 +42,7 @@ typedef struct {
     act_t *hfc, *hact;               /* (B, mlp) head hidden layer */
     act_t *logits;                   /* (B, classes) */
     float *losses, *ce_lse;          /* (B), (B) */
-    act_t *dres, *dtmp, *dpooled, *dhact, *dhfc, *dpemb;
+    act_t *dres, *dtmp, *dpooled, *dhfc, *dpemb;
     BlockScratch scratch;
 } ViTActs;
 
