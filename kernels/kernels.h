@@ -148,6 +148,8 @@ void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const
 /* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 void gelu_forward(act_t *out, const act_t *inp, size_t n);
 void gelu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
+void relu_forward(act_t *out, const act_t *inp, size_t n);
+void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
 
 /* ---- a linear layer and the GELU after it, fused where the backend can ----
  * (the MLP's two matrix products; on a GPU the bias, the GELU and its
@@ -163,8 +165,6 @@ void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *
                          int N, int C, int OC);
 void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, const act_t *act,
                           const act_t *pre, const float *w, int N, int C, int OC);
-void relu_forward(act_t *out, const act_t *inp, size_t n);
-void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
 
 /* ---- residual add: out = a + b. No backward op: the block passes dout on to
  * both inputs, whose backward ops accumulate into the same gradient buffer. */

@@ -132,17 +132,24 @@ static void attention_sublayer(BlockActs *a, const act_t *in, const float *param
         dropout_forward(sc->branch, sc->branch, bt(s) * C, s->dropout, dropout_seed(s->seed, 0, SITE_ATTN_OUT));
 }
 
+/* The MLP's first product and its activation: pre = in W^T + b, act = gelu(pre) or relu(pre), for N rows. GELU in
+ * one op: on a GPU it runs in the product's epilogue. */
+static void mlp_first_product(act_t *pre, act_t *act, const act_t *in, const float *params, const BlockParams *p,
+                              const BlockShape *s, int N) {
+    if (s->gelu) {
+        linear_gelu_forward(pre, act, in, W(p->fcw), WB(s->bias, p->fcb), N, s->C, s->mlp);
+    } else {
+        linear_forward(pre, in, W(p->fcw), WB(s->bias, p->fcb), N, s->C, s->mlp);
+        relu_forward(act, pre, (size_t)N * s->mlp);
+    }
+}
+
 /* The MLP sublayer's output, before its residual add: branch. */
 static void mlp_sublayer(BlockActs *a, const act_t *in, const float *params, const BlockParams *p,
                          const BlockShape *s, BlockScratch *sc) {
     int N = (int)bt(s), C = s->C;
     size_t nm = bt(s) * s->mlp;
-    if (s->gelu) { /* one op: on a GPU the GELU runs in the product's epilogue */
-        linear_gelu_forward(a->fch, a->fch_act, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-    } else {
-        linear_forward(a->fch, in, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-        relu_forward(a->fch_act, a->fch, nm);
-    }
+    mlp_first_product(a->fch, a->fch_act, in, params, p, s, N);
     if (s->mlp_dropout && s->dropout > 0.0f)
         dropout_forward(a->fch_act, a->fch_act, nm, s->dropout, dropout_seed(s->seed, 0, SITE_MLP_INNER));
     linear_forward(sc->branch, a->fch_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
@@ -539,12 +546,7 @@ void block_decode(act_t *x, int t, KVCache *cache, int layer, const float *param
     }
     /* MLP */
     layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
-    if (s->gelu) {
-        linear_gelu_forward(sc->fc, sc->fc_act, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-    } else {
-        linear_forward(sc->fc, sc->ln, W(p->fcw), WB(s->bias, p->fcb), N, C, s->mlp);
-        relu_forward(sc->fc_act, sc->fc, (size_t)N * s->mlp);
-    }
+    mlp_first_product(sc->fc, sc->fc_act, sc->ln, params, p, s, N);
     linear_forward(sc->branch, sc->fc_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
     residual_forward(x, x, sc->branch, nc);
 }
