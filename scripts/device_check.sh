@@ -2,7 +2,8 @@
 # The GPU checks of docs/cuda.md in one call on a lent GPU machine that
 # reaches no network (docs/cuda.md, "On a lent GPU machine"):
 #
-#   scripts/device_check.sh [--budget S] [--peer CMD] [--allow-no-gpu] [--plan] [STEP...]
+#   scripts/device_check.sh [--budget S] [--prepare CMD] [--peer CMD] [--peer-bf16 CMD] [--allow-no-gpu] [--plan]
+#                           [STEP...]
 #
 # STEPs run in the order given (default: image programs bench bench-bf16 models):
 #   image      what the machine has: GPU, driver, nvcc, Python, PyTorch, MPI, NCCL, cuDNN
@@ -14,10 +15,17 @@
 #              eager with bf16 autocast beside it
 #   models     tests/run_tests.py -k cuda-models: precisions, CPU against GPU training of every family,
 #              checkpoints across targets, NCCL
-#   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, 40 steps, TF32, no dropout, twice; writes its
-#              checkpoint in llm.c's format to .device/work/gpt2_124M.bin after the first round, and runs
-#              --peer CMD (say llm.c's train_gpt2fp32cu on that file) after each round, so the two alternate
+#   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, B 8, T 1024, 40 steps, TF32, no dropout, twice;
+#              writes its checkpoint in llm.c's format to .device/work/gpt2_124M.bin after the first round, and
+#              runs --peer CMD (say llm.c's train_gpt2fp32cu on that file) after each round, so the two alternate
+#   gpt2-124m-bf16  the same in bf16 mixed precision at B 16 (issue 17's shape), --peer-bf16 CMD (say llm.c's
+#              train_gpt2cu without and with cuDNN attention) after each round
+#   ablation-bf16  the 124M V0/V1 ablation in bf16 (defconfigs/gpt2-124m-kv-tying-ablation-cuda-bf16) end to end,
+#              each step's training capped (GPT2_MAX_TIME) so that both fit what is left of the budget; its
+#              summary (tok/s, GPU memory, val loss of V0 and V1) comes last in the log
 #
+# --prepare CMD runs in the background from the start (its output in $OUT/prepare.log), beside the steps: say,
+# building a peer from source carried under .device/; a peer waits for it before its first round.
 # Before the steps it unpacks .device/deps.tar.xz (scripts/device_pack.sh, run beforehand on a machine with
 # apt) over / without replacing any file already there, and finds a Python with numpy for the tests.
 # Each step runs under what is left of --budget (seconds, default 570: one device call is at most 600), is
@@ -30,6 +38,8 @@ cd "$(dirname "$0")/.." || exit 2
 
 BUDGET=570
 PEER=""
+PEER_BF16=""
+PREPARE=""
 ALLOW_NO_GPU=0
 PLAN=0
 steps=()
@@ -39,7 +49,9 @@ while [ $# -gt 0 ]; do
         --peer) PEER="$2"; shift 2 ;;
         --allow-no-gpu) ALLOW_NO_GPU=1; shift ;;
         --plan) PLAN=1; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        --prepare) PREPARE="$2"; shift 2 ;;
+        --peer-bf16) PEER_BF16="$2"; shift 2 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1 (hint: scripts/device_check.sh --help)" >&2; exit 2 ;;
         *) steps+=("$1"); shift ;;
     esac
@@ -51,23 +63,25 @@ done
 min_seconds() {
     case "$1" in
         image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; models) echo 150 ;;
-        gpt2-124m) echo 90 ;;
+        gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 360 ;;
         *) echo "" ;;
     esac
 }
 for s in "${steps[@]}"; do
     [ -n "$(min_seconds "$s")" ] ||
-        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, models, gpt2-124m)" >&2; exit 2; }
+        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, models, gpt2-124m," \
+            "gpt2-124m-bf16, ablation-bf16)" >&2; exit 2; }
 done
 if [ "$PLAN" = 1 ]; then
     echo "device_check: budget ${BUDGET} s"
-    for s in "${steps[@]}"; do printf '  %-10s starts with at least %s s left\n' "$s" "$(min_seconds "$s")"; done
+    [ -z "$PREPARE" ] || echo "  prepare        in the background from the start: $PREPARE"
+    for s in "${steps[@]}"; do printf '  %-14s starts with at least %s s left\n' "$s" "$(min_seconds "$s")"; done
     exit 0
 fi
 
 START=$SECONDS
 OUTDIR="${OUT:-.device/out}"
-export OUTDIR PEER
+export OUTDIR PEER PEER_BF16 PREPARE
 mkdir -p "$OUTDIR" .device/work
 gpus=$(nvidia-smi -L 2>/dev/null)
 if [[ "$gpus" != *GPU* ]]; then
@@ -149,32 +163,81 @@ bench_at() {
 }
 step_bench() { bench_at tf32 bench.tgz --profile; }
 step_bench-bf16() { bench_at bf16 bench-bf16.tgz; }
-step_gpt2-124m() {
-    local w=.device/work/gpt2-124m round rc=0
+# wait_prepare: returns once --prepare has finished (at once without one); fails when it failed
+wait_prepare() {
+    [ -n "$PREPARE" ] || return 0
+    [ -e .device/work/prepare.rc ] || echo "=== waiting for --prepare to finish"
+    while [ ! -e .device/work/prepare.rc ]; do sleep 2; done
+    read -r prc _ < .device/work/prepare.rc
+    [ "$prc" = 0 ] || { echo "device_check: --prepare failed (exit $prc; $OUTDIR/prepare.log): no peer round"; return 1; }
+}
+# gpt2_rounds TAG DEFCONFIG PEER [NAME=VALUE...]: GPT-2 124M V0 (DEFCONFIG, one of the 124M ablation's GPU forms,
+# at 40 steps, no dropout, the settings given on top) twice in .device/work/TAG, PEER (when given) after each kvlab round, so the two
+# alternate; PEER sees KVLAB_ROUND (1, 2). Its checkpoint goes to .device/work/gpt2_124M.bin in llm.c's format
+# after the first round of TAG gpt2-124m (train_gpt2fp32cu starts from it).
+gpt2_rounds() {
+    local tag="$1" defconfig="$2" peer_cmd="$3" w=".device/work/$1" round rc=0
+    shift 3
     mkdir -p "$w"
-    /usr/bin/python3 scripts/kconfig.py defconfig defconfigs/gpt2-124m-kv-tying-ablation-cuda "$w/.config" &&
+    /usr/bin/python3 scripts/kconfig.py defconfig "defconfigs/$defconfig" "$w/.config" &&
     /usr/bin/python3 scripts/kconfig.py set "$w/.config" CUDA_NATIVE=y GPT2_MAX_ITERS=40 GPT2_DROPOUT=0 \
         GPT2_EVAL_INTERVAL=40 GPT2_EVAL_ITERS=2 GPT2_LOG_INTERVAL=10 ABLATION_STEPS=V0 \
-        "OUTPUT_DIR=$PWD/$w/output" || return
+        "OUTPUT_DIR=$PWD/$w/output" "$@" || return
     for round in 1 2; do
-        echo "=== round $round: kvlab"
+        echo "=== round $round: kvlab ($tag)"
         rm -rf "$w/output"
         make O="$w" || return
         grep -h 'ms/step' "$w"/output/*/train_stepV0.log | tail -2
-        if [ "$round" = 1 ]; then
+        if [ "$round" = 1 ] && [ "$tag" = gpt2-124m ]; then
             /usr/bin/python3 scripts/export_llmc.py --ckpt "$(ls "$w"/output/*/final_model_stepV0.safetensors)" \
                 --out .device/work/gpt2_124M.bin || return
         fi
-        if [ -n "$PEER" ]; then
-            echo "=== round $round: peer: $PEER"
-            bash -c "$PEER" || rc=$?
+        if [ -n "$peer_cmd" ]; then
+            wait_prepare || return
+            echo "=== round $round: peer: $peer_cmd"
+            KVLAB_ROUND=$round bash -c "$peer_cmd" || rc=$?
         fi
     done
+    echo "kvlab, round 2: $(grep -h 'ms/step' "$w"/output/*/train_stepV0.log | tail -1 |
+        sed -E 's/.*\| *([0-9.]+ ms\/step) \| *([0-9]+ tok\/s).*/\1, \2/')"
     return $rc
+}
+step_gpt2-124m() { gpt2_rounds gpt2-124m gpt2-124m-kv-tying-ablation-cuda "$PEER"; }
+step_gpt2-124m-bf16() { gpt2_rounds gpt2-124m-bf16 gpt2-124m-kv-tying-ablation-cuda-bf16 "$PEER_BF16" GPT2_BATCH_SIZE=16; }
+# the ablation end to end: both steps' training capped alike so that the whole fits the step's time (two builds,
+# the evaluations and checkpoints of two steps and the summary take the rest, about 240 s)
+step_ablation-bf16() {
+    local w=.device/work/ablation-bf16 each=$(((KVLAB_STEP_SECONDS - 240) / 2))
+    [ "$each" -ge 60 ] || { echo "device_check: ablation-bf16 needs at least 360 s, has $KVLAB_STEP_SECONDS"; return 1; }
+    mkdir -p "$w"
+    echo "=== the 124M ablation in bf16, each step's training capped at $each s (GPT2_MAX_TIME)"
+    /usr/bin/python3 scripts/kconfig.py defconfig defconfigs/gpt2-124m-kv-tying-ablation-cuda-bf16 "$w/.config" &&
+    /usr/bin/python3 scripts/kconfig.py set "$w/.config" CUDA_NATIVE=y "GPT2_MAX_TIME=$each" \
+        "OUTPUT_DIR=$PWD/$w/output" || return
+    make O="$w"
 }
 
 results=()
 failed=0
+# --prepare in the background, marked like a step (stopped at the end if still running); it leaves its exit status
+# and end time in .device/work/prepare.rc for wait_prepare and the table
+rm -f .device/work/prepare.rc
+if [ -n "$PREPARE" ]; then
+    prep_t0=$(date +%s)
+    (KVLAB_DEVICE_STEP="prepare.$$" bash -c "$PREPARE" > "$OUTDIR/prepare.log" 2>&1
+     echo "$? $(date +%s)" > .device/work/prepare.rc) &
+    echo "=== device_check: prepare in the background: $PREPARE"
+fi
+# stop_marked MARK WHAT: kill every process that carries MARK in its environment
+stop_marked() {
+    local env pid
+    for env in /proc/[0-9]*/environ; do
+        if grep -q -z -x -F "KVLAB_DEVICE_STEP=$1" "$env" 2>/dev/null; then
+            pid=${env#/proc/}
+            kill -9 "${pid%/environ}" 2>/dev/null && echo "device_check: stopped process ${pid%/environ}, left by $2"
+        fi
+    done
+}
 for s in "${steps[@]}"; do
     left=$((BUDGET - (SECONDS - START)))
     need=$(min_seconds "$s")
@@ -190,15 +253,11 @@ for s in "${steps[@]}"; do
     # then whatever it started in sessions of their own (mpirun, the test runner's trainers): every process
     # that carries this step's mark in its environment
     mark="$s.$$.$SECONDS"
-    KVLAB_DEVICE_STEP="$mark" timeout --kill-after=10 "$((left > 10 ? left - 5 : 5))" \
-        bash -c "$(declare -f bench_at "step_$s"); step_$s" > "$log" 2>&1
+    limit=$((left > 10 ? left - 5 : 5))
+    KVLAB_DEVICE_STEP="$mark" KVLAB_STEP_SECONDS="$limit" timeout --kill-after=10 "$limit" \
+        bash -c "$(declare -f bench_at wait_prepare gpt2_rounds "step_$s"); step_$s" > "$log" 2>&1
     rc=$?
-    for env in /proc/[0-9]*/environ; do
-        if grep -q -z -x -F "KVLAB_DEVICE_STEP=$mark" "$env" 2>/dev/null; then
-            pid=${env#/proc/}
-            kill -9 "${pid%/environ}" 2>/dev/null && echo "device_check: stopped process ${pid%/environ}, left by $s"
-        fi
-    done
+    stop_marked "$mark" "$s"
     dt=$((SECONDS - t0))
     tail -n 12 "$log"
     summary=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
@@ -208,14 +267,27 @@ for s in "${steps[@]}"; do
     esac
     results+=("$s|$status|$dt|$summary")
 done
+if [ -n "$PREPARE" ]; then
+    # part of the call's work: waited for while the budget lasts, then stopped
+    while [ ! -e .device/work/prepare.rc ] && [ $((SECONDS - START)) -lt "$BUDGET" ]; do sleep 1; done
+    if [ -e .device/work/prepare.rc ]; then
+        read -r prc pend < .device/work/prepare.rc
+        if [ "$prc" = 0 ]; then status=ok; else status="FAILED ($prc)"; failed=1; fi
+        results+=("prepare|$status|$((pend - prep_t0))|$(grep -v '^\s*$' "$OUTDIR/prepare.log" | tail -1 | cut -c1-70)")
+    else
+        stop_marked "prepare.$$" prepare
+        results+=("prepare|not finished|$(($(date +%s) - prep_t0))|stopped at the end of the steps")
+        failed=1
+    fi
+fi
 
 {
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     echo "device_check: ${gpu:-no GPU}, commit $(git rev-parse --short HEAD 2>/dev/null), $((SECONDS - START)) s"
-    printf '%-10s | %-12s | %5s | %s\n' step status s result
+    printf '%-14s | %-12s | %5s | %s\n' step status s result
     for r in "${results[@]}"; do
         IFS='|' read -r a b c d <<< "$r"
-        printf '%-10s | %-12s | %5s | %s\n' "$a" "$b" "$c" "$d"
+        printf '%-14s | %-12s | %5s | %s\n' "$a" "$b" "$c" "$d"
     done
 } | tee "$OUTDIR/summary.txt"
 exit $failed

@@ -681,6 +681,27 @@ def test_device_scripts(tmp):
             and "needs 150" in rows["programs"][2] and os.path.getsize(os.path.join(out, "image.log")) > 0,
             f"device_check.sh: a step runs and logs to $OUT, one that the budget cannot fit is skipped and fails "
             f"the run: {r.returncode} {summary!r} {r.stdout[-800:]}")
+    # --prepare runs beside the steps; its failure, or a prepare still running when the budget is spent (then
+    # stopped, with what it started), fails the run and has a row of its own
+    for prep, want in (("echo building; exit 3", "FAILED (3)"), ("echo building; sleep 317", "not finished")):
+        out = os.path.join(tmp, "device-out-prepare")
+        shutil.rmtree(out, ignore_errors=True)
+        try:  # a prepare left running would hold the output pipe open: the call would not return
+            r = run([check, "--allow-no-gpu", "--budget", "8", "--prepare", prep, "image"],
+                    env=dict(os.environ, OUT=out), timeout=60)
+        except subprocess.TimeoutExpired:
+            r = subprocess.CompletedProcess([], "timed out after 60 s")
+        summary = open(os.path.join(out, "summary.txt")).read() if os.path.exists(os.path.join(out, "summary.txt")) \
+            else ""
+        rows = {ln.split("|")[0].strip(): [c.strip() for c in ln.split("|")[1:]] for ln in summary.splitlines()[2:]}
+        log = open(os.path.join(out, "prepare.log")).read() if os.path.exists(os.path.join(out, "prepare.log")) else ""
+        left = run(["pgrep", "-f", "sleep 317"]).stdout.strip()
+        R.check(r.returncode == 1 and rows.get("image", [""])[0] == "ok" and rows.get("prepare", [""])[0] == want
+                and "building" in log and not left,
+                f"device_check.sh --prepare '{prep}': its own row '{want}', the run fails, nothing left running: "
+                f"{r.returncode} {summary!r} left {left!r}")
+        if left:
+            run(["pkill", "-f", "sleep 317"])
     pack = os.path.join(REPO, "scripts", "device_pack.sh")
     if not shutil.which("apt-cache") or run(["apt-cache", "show", "libopenblas0-openmp"]).returncode != 0:
         print("  device_pack.sh: skipped, apt knows no package lists on this machine (apt-get update)")
