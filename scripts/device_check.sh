@@ -25,7 +25,7 @@
 #              summary (tok/s, GPU memory, val loss of V0 and V1) comes last in the log
 #
 # --prepare CMD runs in the background from the start (its output in $OUT/prepare.log), beside the steps: say,
-# building a peer from source carried under .device/; a peer waits for it before its first round.
+# building a peer from source carried under .device/; a peer waits for it (at most 240 s) before its first round.
 # Before the steps it unpacks .device/deps.tar.xz (scripts/device_pack.sh, run beforehand on a machine with
 # apt) over / without replacing any file already there, and finds a Python with numpy for the tests.
 # Each step runs under what is left of --budget (seconds, default 570: one device call is at most 600), is
@@ -40,6 +40,7 @@ BUDGET=570
 PEER=""
 PEER_BF16=""
 PREPARE=""
+PREPARE_WAIT=240
 ALLOW_NO_GPU=0
 PLAN=0
 steps=()
@@ -63,7 +64,7 @@ done
 min_seconds() {
     case "$1" in
         image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; models) echo 150 ;;
-        gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 360 ;;
+        gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 365 ;;
         *) echo "" ;;
     esac
 }
@@ -81,7 +82,7 @@ fi
 
 START=$SECONDS
 OUTDIR="${OUT:-.device/out}"
-export OUTDIR PEER PEER_BF16 PREPARE
+export OUTDIR PEER PEER_BF16 PREPARE PREPARE_WAIT
 mkdir -p "$OUTDIR" .device/work
 gpus=$(nvidia-smi -L 2>/dev/null)
 if [[ "$gpus" != *GPU* ]]; then
@@ -163,11 +164,18 @@ bench_at() {
 }
 step_bench() { bench_at tf32 bench.tgz --profile; }
 step_bench-bf16() { bench_at bf16 bench-bf16.tgz; }
-# wait_prepare: returns once --prepare has finished (at once without one); fails when it failed
+# wait_prepare: returns once --prepare has finished (at once without one); fails when it failed or is still
+# running after PREPARE_WAIT seconds of waiting (a hung build must not take the call's remaining steps with it)
 wait_prepare() {
     [ -n "$PREPARE" ] || return 0
-    [ -e .device/work/prepare.rc ] || echo "=== waiting for --prepare to finish"
-    while [ ! -e .device/work/prepare.rc ]; do sleep 2; done
+    local waited=0
+    [ -e .device/work/prepare.rc ] || echo "=== waiting for --prepare to finish (at most ${PREPARE_WAIT} s)"
+    while [ ! -e .device/work/prepare.rc ]; do
+        [ "$waited" -lt "$PREPARE_WAIT" ] ||
+            { echo "device_check: --prepare still running after ${PREPARE_WAIT} s of waiting: no peer round"; return 1; }
+        sleep 2
+        waited=$((waited + 2))
+    done
     read -r prc _ < .device/work/prepare.rc
     [ "$prc" = 0 ] || { echo "device_check: --prepare failed (exit $prc; $OUTDIR/prepare.log): no peer round"; return 1; }
 }
@@ -193,9 +201,13 @@ gpt2_rounds() {
                 --out .device/work/gpt2_124M.bin || return
         fi
         if [ -n "$peer_cmd" ]; then
-            wait_prepare || return
-            echo "=== round $round: peer: $peer_cmd"
-            KVLAB_ROUND=$round bash -c "$peer_cmd" || rc=$?
+            if wait_prepare; then  # a peer's pipeline fails when any part of it does
+                echo "=== round $round: peer: $peer_cmd"
+                KVLAB_ROUND=$round bash -o pipefail -c "$peer_cmd" || rc=$?
+            else  # kvlab's rounds still run; the step fails
+                peer_cmd=""
+                rc=1
+            fi
         fi
     done
     echo "kvlab, round 2: $(grep -h 'ms/step' "$w"/output/*/train_stepV0.log | tail -1 |
@@ -221,11 +233,11 @@ results=()
 failed=0
 # --prepare in the background, marked like a step (stopped at the end if still running); it leaves its exit status
 # and end time in .device/work/prepare.rc for wait_prepare and the table
-rm -f .device/work/prepare.rc
+rm -f .device/work/prepare.rc .device/work/prepare.rc.part
 if [ -n "$PREPARE" ]; then
     prep_t0=$(date +%s)
     (KVLAB_DEVICE_STEP="prepare.$$" bash -c "$PREPARE" > "$OUTDIR/prepare.log" 2>&1
-     echo "$? $(date +%s)" > .device/work/prepare.rc) &
+     echo "$? $(date +%s)" > .device/work/prepare.rc.part && mv .device/work/prepare.rc.part .device/work/prepare.rc) &
     echo "=== device_check: prepare in the background: $PREPARE"
 fi
 # stop_marked MARK WHAT: kill every process that carries MARK in its environment
