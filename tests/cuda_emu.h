@@ -29,9 +29,17 @@
  * shuffle stands between them: here a shuffle is a barrier after which
  * every write is visible, where the hardware promises no memory order.
  *
+ * With KVLAB_CUDA_EMU_ORDER=reverse in the environment, blocks, warps and
+ * the lanes of a warp run in the opposite order (the last first). A GPU
+ * promises no order at all, so a kernel's results may differ only by the
+ * rounding of its atomics: a missing __syncthreads or __syncwarp, where one
+ * thread reads what another writes in the same interval between barriers,
+ * reads the right value in one order and NaN or a stale value in the
+ * other, and the tests run in both.
+ *
  * What it cannot show: timing, occupancy, register or shared memory limits
  * of a real GPU, bank conflicts, and races that only true concurrency
- * exposes. The GPU tests (-k cuda) remain the judge; this catches indexing,
+ * exposes (two writes of one interval, say, that happen to agree). The GPU tests (-k cuda) remain the judge; this catches indexing,
  * masking and bookkeeping errors without one. */
 #ifndef KVLAB_CUDA_EMU_H
 #define KVLAB_CUDA_EMU_H
@@ -201,12 +209,25 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
 #endif
 }
 
+/* KVLAB_CUDA_EMU_ORDER=reverse: blocks, warps and lanes last first (read once; anything else is an error). */
+inline bool reverse_order() {
+    static const int rev = [] {
+        const char *e = getenv("KVLAB_CUDA_EMU_ORDER");
+        if (!e || !*e || !strcmp(e, "forward")) return 0;
+        if (!strcmp(e, "reverse")) return 1;
+        fprintf(stderr, "cuda_emu: KVLAB_CUDA_EMU_ORDER=%s (hint: forward or reverse)\n", e);
+        exit(2);
+    }();
+    return rev;
+}
+
 /* Bytes past a launch's dynamic shared memory that are filled before and checked after every block: a kernel that
  * writes past the size its launch asked for (a layout bigger than its size function says) stops the emulation,
  * one that reads there reads NaN. */
 constexpr size_t SMEM_CANARY = 16 * 1024;
 
-/* Runs body as grid x threads CUDA threads, block after block (x fastest, then y, then z), with smem bytes of
+/* Runs body as grid x threads CUDA threads, block after block (x fastest, then y, then z; the other way round
+ * under reverse_order, as are the warps and lanes), with smem bytes of
  * dynamic shared memory; each buffer of shared (nshared of them) is filled with NaN (0xff bytes) before every
  * block, SMEM_CANARY bytes past smem included, and those are checked after it. */
 inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *const *shared, int nshared,
@@ -222,7 +243,10 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
     if (fibers.size() != threads) fibers = std::vector<Fiber>(threads);
     lanes.assign(2 * (size_t)threads, 0);
     const size_t fill = std::min(SMEM_FLOATS * sizeof(float), smem + SMEM_CANARY);
-    for (unsigned long b = 0; b < (unsigned long)grid.x * grid.y * grid.z; b++) {
+    const bool rev = reverse_order();
+    const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z, nwarps = threads / 32;
+    for (unsigned long bi = 0; bi < nblocks; bi++) {
+        unsigned long b = rev ? nblocks - 1 - bi : bi;
         block_idx = {(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / grid.x / grid.y)};
         for (int i = 0; i < nshared; i++) memset(shared[i], 0xff, fill); /* NaN as float and as bf16 */
         for (const SharedArray &a : shared_arrays) memset(a.p, 0xff, a.bytes); /* NaN floats, -1 ints */
@@ -233,10 +257,12 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
          * through 32 fibers only), then the next warp; then again, until every thread is done */
         for (bool busy = true; busy;) {
             busy = false;
-            for (unsigned w = 0; w < threads / 32; w++)
+            for (unsigned wi = 0; wi < nwarps; wi++) {
+                unsigned w = rev ? (unsigned)nwarps - 1 - wi : wi;
                 for (long rounds = 0;; rounds++) {
                     bool ran = false;
-                    for (unsigned t = w * 32; t < w * 32 + 32; t++) {
+                    for (unsigned li = 0; li < 32; li++) {
+                        unsigned t = w * 32 + (rev ? 31 - li : li);
                         Fiber &f = fibers[t];
                         if (f.done || (f.at_block && block_bar.gen == f.wait_gen)) continue;
                         cur = (int)t;
@@ -254,6 +280,7 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
                         exit(2);
                     }
                 }
+            }
             for (unsigned t = 0; t < threads; t++) busy = busy || !fibers[t].done;
         }
         if (block_bar.arrived) {

@@ -610,7 +610,8 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
     test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
     rounded to TF32), with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16) and in
-    bf16 mixed precision (activations stored as bf16 as well). test_mechint is left to a GPU (hours here). Under
+    bf16 mixed precision (activations stored as bf16 as well); some again with cuBLASLt's epilogues refused and with
+    the emulation's threads in reverse order. test_mechint is left to a GPU (hours here). Under
     --sanitize one configuration's test_kernels in fp32 and each tensor-core precision, so that AddressSanitizer
     watches the backend's host code and every kernel's reads and writes of device buffers."""
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
@@ -632,15 +633,20 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         lt_off = write_fragment(os.path.join(frag_dir, "emu-lt-off.frag"), "# CONFIG_CUDA_LT_EPILOGUE is not set\n")
         builds += [("qkv", dict(configs)["qkv"], [lt_off], emu, ("test_kernels", "test_gpt2"), "-emu-lt-off")]
     cuda_config_tests(build_root, builds, unit_test_env())
-    if not sanitize:  # the fallbacks where cuBLASLt offers no epilogue (the emulation told to offer none)
-        for prog in ("test_kernels", "test_gpt2"):
-            path = os.path.join(build_root, "tests-cuda", "qkv-emu", "tests", prog)
+    if not sanitize:  # the same programs again in other conditions of the emulation:
+        # the fallbacks where cuBLASLt offers no epilogue (the emulation told to offer none), and threads, warps
+        # and blocks in reverse order (a missing barrier reads unwritten shared memory in one order or the other)
+        reruns = [(f"qkv-emu/{prog}", "without cuBLASLt epilogues", "KVLAB_CUDA_EMU_NO_EPILOGUE", "1")
+                  for prog in ("test_kernels", "test_gpt2")]
+        reruns += [(f"{b}/test_kernels", "in reverse order", "KVLAB_CUDA_EMU_ORDER", "reverse")
+                   for b in ("qkv-emu", "kv_tying_gqa_pos-emu-tf32", "kv_tying_gqa_pos-emu-bf16act")]
+        for prog, how, var, value in reruns:
+            path = os.path.join(build_root, "tests-cuda", prog.split("/")[0], "tests", prog.split("/")[1])
             if os.path.exists(path):
-                env = dict(unit_test_env(), KVLAB_CUDA_EMU_NO_EPILOGUE="1")
-                r, counts, secs = run_test_program(path, f"cuda-emu/qkv/{prog} without cuBLASLt epilogues", env)
+                label = f"cuda-emu/{prog} {how}"
+                r, counts, secs = run_test_program(path, label, dict(unit_test_env(), **{var: value}))
                 if counts is not None:
-                    print(f"  cuda-emu/qkv/{prog} without cuBLASLt epilogues: {counts[0]} passed, {counts[1]} "
-                          f"failed ({secs:.1f} s)")
+                    print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
                     for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
                         print(f"    {ln}")
     # what the emulation cannot build stops make with one line: another value, or NCCL
@@ -1157,6 +1163,14 @@ def test_units(build_root, sanitize, only):
             if r.returncode != 0 and counts[1] == 0:
                 R.check(False, f"{label} exited {r.returncode}: {r.stderr[-2000:]}")
             print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
+            if os.path.basename(prog) == "test_cuda_emu":  # again with the emulation's threads in reverse order
+                label += " in reverse order"
+                r, counts, secs = run_test_program(prog, label, dict(env, KVLAB_CUDA_EMU_ORDER="reverse"))
+                if counts is not None:
+                    for line in r.stdout.splitlines():
+                        if line.startswith("FAIL"):
+                            print(f"  {label}: {line}")
+                    print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
 
 
 # ---------------------------------------------------------------- 3. integration

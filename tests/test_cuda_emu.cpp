@@ -19,7 +19,7 @@
  * position bias table. Then the emulated runtime and cuBLAS on which the whole
  * CUDA backend runs under make CUDA_EMU=1 (tests/cuda_emu_runtime.h): the
  * launches a GPU refuses, two-dimensional grids, __syncthreads_count and
- * atomics, cudaMalloc's unwritten memory, and the products (every transpose,
+ * atomics, the order of threads and blocks (forward, or reversed to show races), cudaMalloc's unwritten memory, and the products (every transpose,
  * beta 0 over NaN, TF32 and bf16 rounding of the inputs) against float64.
  * One configuration builds and runs it (tests/Makefile): what it runs does
  * not depend on the configuration. */
@@ -387,6 +387,38 @@ __global__ void count_kernel(int *hits, int *total, int gx) {
     atomicAdd(total, n + 1000 * m);
 }
 
+/* A race on purpose: thread 0 writes, every thread reads, no barrier between; each block also takes a ticket. */
+__global__ void race_kernel(float *seen, int *ticket, int *next) {
+    static float v; /* __shared__ float v, as tests/cuda_emu_src.py rewrites it: NaN before every block */
+    static bool registered = emu::shared_array(&v, sizeof v);
+    (void)registered;
+    if (threadIdx.x == 0) v = 1.0f;
+    seen[blockIdx.x * blockDim.x + threadIdx.x] = v;
+    if (threadIdx.x == 0) ticket[blockIdx.x] = (*next)++;
+}
+
+/* The emulation's order (KVLAB_CUDA_EMU_ORDER, tests/cuda_emu.h): forward, the race above goes unseen (thread 0
+ * runs first); reversed, the last lane of the last warp runs first and reads the unwritten (NaN) value while
+ * thread 0 reads its own write, and blocks run last first. run_tests.py runs this program in both orders. */
+static void check_order(void) {
+    const unsigned threads = 256, blocks = 2;
+    float seen[blocks * threads];
+    int ticket[blocks] = {-1, -1}, next = 0;
+    emu::kernel_launch([&] { race_kernel(seen, ticket, &next); }, (const void *)race_kernel, dim3(blocks), threads);
+    int unseen = 0;
+    for (float x : seen) unseen += x != 1.0f;
+    const bool rev = emu::reverse_order();
+    if (rev)
+        CHECK(std::isnan(seen[threads - 1]) && std::isnan(seen[1]) && seen[0] == 1.0f && std::isnan(seen[threads + 32])
+              && ticket[1] == 0 && ticket[0] == 1, "reversed order: a read before the write it races with sees NaN "
+              "(threads 255, 1 (lanes too), 0: %g %g %g), the last block first (tickets %d %d)", seen[threads - 1],
+              seen[1], seen[0], ticket[0], ticket[1]);
+    else
+        CHECK(unseen == 0 && ticket[0] == 0 && ticket[1] == 1, "forward order: thread 0 first (%d reads before the "
+              "write), block 0 first (tickets %d %d)", unseen, ticket[0], ticket[1]);
+    printf("# emulation order: %s\n", rev ? "reverse" : "forward");
+}
+
 static void check_launches(void) {
     const unsigned gx = 3, gy = 4, threads = 96; /* 32 of 96 have pred */
     int hits[12] = {0}, total = 0;
@@ -719,6 +751,7 @@ int main(void) {
     check_layernorm(37, 100, true);
     check_layernorm(9, 31, false);
     check_launches();
+    check_order();
     check_gemm();
     check_lt();
     return TEST_SUMMARY("test_cuda_emu");
