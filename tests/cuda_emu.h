@@ -39,8 +39,9 @@
  *
  * What it cannot show: timing, occupancy, register or shared memory limits
  * of a real GPU, bank conflicts, and races that only true concurrency
- * exposes (two writes of one interval, say, that happen to agree). The GPU tests (-k cuda) remain the judge; this catches indexing,
- * masking and bookkeeping errors without one. */
+ * exposes (two writes of one interval, say, that happen to agree). The GPU
+ * tests (-k cuda) remain the judge; this catches indexing, masking and
+ * bookkeeping errors without one. */
 #ifndef KVLAB_CUDA_EMU_H
 #define KVLAB_CUDA_EMU_H
 

@@ -19,7 +19,8 @@
  * position bias table. Then the emulated runtime and cuBLAS on which the whole
  * CUDA backend runs under make CUDA_EMU=1 (tests/cuda_emu_runtime.h): the
  * launches a GPU refuses, two-dimensional grids, __syncthreads_count and
- * atomics, the order of threads and blocks (forward, or reversed to show races), cudaMalloc's unwritten memory, and the products (every transpose,
+ * atomics, the order of threads and blocks (forward, or reversed to show
+ * races), cudaMalloc's unwritten memory, and the products (every transpose,
  * beta 0 over NaN, TF32 and bf16 rounding of the inputs) against float64.
  * One configuration builds and runs it (tests/Makefile): what it runs does
  * not depend on the configuration. */
