@@ -663,6 +663,13 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         cuda_against_cpu(tmp, emulated=True)
 
 
+def device_summary(out):
+    """device_check.sh's table in out/summary.txt: (its text, {step: [status, seconds, result]}); ("", {}) if none."""
+    path = os.path.join(out, "summary.txt")
+    summary = open(path).read() if os.path.exists(path) else ""
+    return summary, {ln.split("|")[0].strip(): [c.strip() for c in ln.split("|")[1:]] for ln in summary.splitlines()[2:]}
+
+
 def test_device_scripts(tmp):
     """scripts/device_pack.sh (the Debian packages a GPU machine without a registry needs) and
     scripts/device_check.sh (the GPU checks in one device call): what can be checked without a GPU."""
@@ -681,8 +688,7 @@ def test_device_scripts(tmp):
                 f"device_check.sh without a GPU stops at once: {r.returncode} {r.stderr!r}")
     out = os.path.join(tmp, "device-out")
     r = run([check, "--allow-no-gpu", "--budget", "40", "image", "programs"], env=dict(os.environ, OUT=out))
-    summary = open(os.path.join(out, "summary.txt")).read() if os.path.exists(os.path.join(out, "summary.txt")) else ""
-    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]] for line in summary.splitlines()[2:]}
+    summary, rows = device_summary(out)
     R.check(r.returncode == 1 and rows.get("image", [""])[0] == "ok" and rows.get("programs", [""])[0] == "skipped"
             and "needs 150" in rows["programs"][2] and os.path.getsize(os.path.join(out, "image.log")) > 0,
             f"device_check.sh: a step runs and logs to $OUT, one that the budget cannot fit is skipped and fails "
@@ -697,9 +703,7 @@ def test_device_scripts(tmp):
                     env=dict(os.environ, OUT=out), timeout=60)
         except subprocess.TimeoutExpired:
             r = subprocess.CompletedProcess([], "timed out after 60 s")
-        summary = open(os.path.join(out, "summary.txt")).read() if os.path.exists(os.path.join(out, "summary.txt")) \
-            else ""
-        rows = {ln.split("|")[0].strip(): [c.strip() for c in ln.split("|")[1:]] for ln in summary.splitlines()[2:]}
+        summary, rows = device_summary(out)
         log = open(os.path.join(out, "prepare.log")).read() if os.path.exists(os.path.join(out, "prepare.log")) else ""
         left = run(["pgrep", "-f", "sleep 317"]).stdout.strip()
         R.check(r.returncode == 1 and rows.get("image", [""])[0] == "ok" and rows.get("prepare", [""])[0] == want
