@@ -59,6 +59,7 @@ struct Case {
     const char *name;
     int B, H, G, Tq, Tk, hd, causal, pad, pos, pos_groups, pe;
     float dropout;
+    int sym; /* K is Q (KV, K: G = H, Tq = Tk): the symmetric backward too (check_symmetric) */
 };
 
 /* The inputs of one case and the outputs of one path. */
@@ -77,7 +78,7 @@ static Problem make_problem(const Case &c) {
     pr.c = c;
     int C = c.H * c.hd;
     pr.Q = rand_vec((size_t)c.B * c.H * c.Tq * c.hd, 1.5f);
-    pr.K = rand_vec((size_t)c.B * c.G * c.Tk * c.hd, 1.5f);
+    pr.K = c.sym ? pr.Q : rand_vec((size_t)c.B * c.G * c.Tk * c.hd, 1.5f);
     pr.V = rand_vec((size_t)c.B * c.G * c.Tk * c.hd, 1.0f);
     pr.dout = rand_vec((size_t)c.B * c.Tq * C, 1.0f);
     AttnDev &p = pr.p;
@@ -171,22 +172,27 @@ static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, si
     auto k = TC_PICK(tc_forward_kernel, nt, E);
     emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
 }
+/* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles. */
 template <typename E>
-static void tc_backward(const Case &c, const AttnDev &p, const float *dout, int o_ld, size_t o_bs, const float *L,
-                        const float *Dp, float *dQ, float *dK, float *dV, float *rowacc, float *colacc) {
+static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *dout, int o_ld, size_t o_bs,
+                        const float *L, const float *Dp, float *dQ, float *dK, float *dV, float *rowacc,
+                        float *colacc) {
     int nt = tc_nt(c.hd);
     unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
     auto kq = TC_PICK(tc_dq_kernel, nt, E);
-    auto kk = TC_PICK(tc_dkv_kernel, nt, E);
-    emu::launch(gq, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
-    emu::launch(gk, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+    auto kk = sym ? TC_PICK_SYM(tc_dkv_kernel, nt, E, true) : TC_PICK_SYM(tc_dkv_kernel, nt, E, false);
+    if (!sym)
+        emu::launch(gq, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+    emu::launch(gk, TC_THREADS, sym ? tc_smem_backward_sym<E>(nt) : tc_smem_backward<E>(nt), tsm,
+                [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
 }
 
 enum Path { FP32, TF32, BF16 };
 
-/* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them). */
-static Result run_path(const Problem &pr, Path path, const Result *fwd_of) {
+/* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them);
+ * sym: the symmetric backward (dQ left unwritten, NaN). */
+static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false) {
     const Case &c = pr.c;
     AttnDev p = pr.p;
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
@@ -226,16 +232,18 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of) {
     float *dQ = r.dQ.data(), *dK = r.dK.data(), *dV = r.dV.data();
     float *rowacc = c.pos ? r.rowacc.data() : nullptr, *colacc = c.pos ? r.colacc.data() : nullptr;
     if (path == TF32) {
-        tc_backward<float>(c, p, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
+        tc_backward<float>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
     } else if (path == BF16) {
-        tc_backward<__nv_bfloat16>(c, p, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
+        tc_backward<__nv_bfloat16>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
     } else {
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
         auto kq = ATT_PICK(dq_kernel, att_npl(hd));
-        auto kk = ATT_PICK(dkv_kernel, att_npl(hd));
-        emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
-        emu::launch(gk, ATT_THREADS, att_smem_dkv(hd), sm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+        auto kk = sym ? ATT_PICK_SYM(dkv_kernel, att_npl(hd), true) : ATT_PICK_SYM(dkv_kernel, att_npl(hd), false);
+        if (!sym)
+            emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+        emu::launch(gk, ATT_THREADS, att_smem_dkv(hd, sym), sm,
+                    [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
     }
     return r;
 }
@@ -253,6 +261,29 @@ template <typename T> static double rel_err(const std::vector<float> &a, const s
     return m > 0 ? e / m : e;
 }
 
+/* The symmetric backward of a case whose K is Q against the general path of the same kernels (gen, from the
+ * forward fwd): dK of both roles = the general dQ + dK within tol (the same scores, summed in another order; with
+ * tensor-core rounding each role's score gradient rounded apart or summed first), the +Pos row sums within tol,
+ * dV and the column sums bit for bit (the same code and order), and no dQ written. */
+static void check_symmetric(const Problem &pr, Path path, const Result &gen, const Result *fwd, double tol,
+                            const char *mode) {
+    const Case &c = pr.c;
+    Result s = run_path(pr, path, fwd, true);
+    std::vector<float> both(gen.dK.size());
+    for (size_t k = 0; k < both.size(); k++) both[k] = gen.dQ[k] + gen.dK[k];
+    double ek = rel_err(s.dK, both), er = c.pos ? rel_err(s.rowacc, gen.rowacc) : 0.0;
+    CHECK(ek <= tol, "%s, %s: symmetric backward's dK against the general dQ + dK: %.3g (bound %g)", c.name, mode, ek,
+          tol);
+    CHECK(er <= tol, "%s, %s: symmetric backward's +Pos row sums against the general path's: %.3g (bound %g)", c.name,
+          mode, er, tol);
+    size_t differ = 0, written = 0;
+    for (size_t k = 0; k < gen.dV.size(); k++) differ += memcmp(&s.dV[k], &gen.dV[k], sizeof(float)) != 0;
+    for (size_t k = 0; k < gen.colacc.size(); k++) differ += memcmp(&s.colacc[k], &gen.colacc[k], sizeof(float)) != 0;
+    for (float x : s.dQ) written += !std::isnan(x);
+    CHECK(differ == 0 && written == 0, "%s, %s: symmetric backward: %zu values of dV and the column sums differ from "
+          "the general path's (want 0), %zu of dQ written (want 0)", c.name, mode, differ, written);
+}
+
 static void check_case(const Case &c) {
     Problem pr = make_problem(c);
     std::vector<double> ref_out, ref_lse;
@@ -261,11 +292,13 @@ static void check_case(const Case &c) {
     Result f32 = run_path(pr, FP32, nullptr);
     double e = rel_err(f32.out, ref_out), el = rel_err(f32.lse, ref_lse);
     CHECK(e <= 2e-5 && el <= 2e-5, "%s: fp32 kernels' forward against float64: output %.3g, lse %.3g", c.name, e, el);
+    if (c.sym) check_symmetric(pr, FP32, f32, &f32, 2e-5, "fp32");
     /* TF32 with its rounding off (the same sums as the fp32 kernels), TF32, and bf16 (7 mantissa bits: the
      * bounds of test_kernels' bf16 builds) */
     for (int mode_k = 0; mode_k < 3; mode_k++) {
         emu::tf32_exact = mode_k == 0;
-        Result tc = run_path(pr, mode_k == 2 ? BF16 : TF32, &f32);
+        Path path = mode_k == 2 ? BF16 : TF32;
+        Result tc = run_path(pr, path, &f32);
         const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : "bf16";
         double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
         double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;
@@ -281,6 +314,7 @@ static void check_case(const Case &c) {
             CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
                   what[k], ek, grad_tol);
         }
+        if (c.sym) check_symmetric(pr, path, tc, &f32, mode_k == 0 ? 2e-5 : grad_tol, mode);
     }
     emu::tf32_exact = false;
 }
@@ -736,13 +770,17 @@ static void check_lt(void) {
 int main(void) {
     const int P = 1;
     const Case cases[] = {
-        /* name                          B  H  G  Tq  Tk  hd  causal pad pos groups pe dropout */
-        {"hd 16, causal", 2, 2, 2, 70, 70, 16, 1, 0, 0, 1, 0, 0.0f},
-        {"hd 64, causal, GQA, pad, +Pos, bias, dropout", 1, 4, 2, 70, 70, 64, 1, 1, P, 1, 1, 0.2f},
-        {"hd 24, bidirectional, MQA, pad, +Pos per head", 2, 2, 1, 33, 33, 24, 0, 1, P, 2, 0, 0.1f},
-        {"hd 32, cross, masked batch, dropout", 2, 2, 2, 40, 70, 32, 0, 2, 0, 1, 0, 0.1f},
-        {"hd 128, bidirectional, bias", 1, 2, 2, 40, 40, 128, 0, 0, 0, 1, 1, 0.0f},
-        {"hd 8, causal, pad, +Pos", 3, 1, 1, 65, 65, 8, 1, 1, P, 1, 0, 0.0f},
+        /* name                          B  H  G  Tq  Tk  hd  causal pad pos groups pe dropout sym */
+        {"hd 16, causal", 2, 2, 2, 70, 70, 16, 1, 0, 0, 1, 0, 0.0f, 0},
+        {"hd 64, causal, GQA, pad, +Pos, bias, dropout", 1, 4, 2, 70, 70, 64, 1, 1, P, 1, 1, 0.2f, 0},
+        {"hd 24, bidirectional, MQA, pad, +Pos per head", 2, 2, 1, 33, 33, 24, 0, 1, P, 2, 0, 0.1f, 0},
+        {"hd 32, cross, masked batch, dropout", 2, 2, 2, 40, 70, 32, 0, 2, 0, 1, 0, 0.1f, 0},
+        {"hd 128, bidirectional, bias", 1, 2, 2, 40, 40, 128, 0, 0, 0, 1, 1, 0.0f, 0},
+        {"hd 8, causal, pad, +Pos", 3, 1, 1, 65, 65, 8, 1, 1, P, 1, 0, 0.0f, 0},
+        {"hd 24, symmetric, pad, +Pos per head, dropout", 2, 2, 2, 45, 45, 24, 0, 1, P, 2, 0, 0.1f, 1},
+        {"hd 64, symmetric, bias", 1, 2, 2, 70, 70, 64, 0, 0, 0, 1, 1, 0.0f, 1},
+        {"hd 128, symmetric, masked batch, +Pos", 2, 1, 1, 40, 40, 128, 0, 2, P, 1, 0, 0.0f, 1},
+        {"hd 8, symmetric", 1, 3, 3, 65, 65, 8, 0, 0, 0, 1, 0, 0.0f, 1},
     };
     for (const Case &c : cases) check_case(c);
     check_embedding_backward(700, 300, 23, 5);

@@ -37,9 +37,11 @@
 #include "cuda.cuh"
 #include "attention_kernels.cuh"
 
-/* The symmetric (each pair once) path is a CPU optimisation; the GPU kernels take one path for every variant,
- * so the switch changes nothing here and tests and benchmarks that flip it run unchanged. */
-void attention_set_symmetric_path(int on) { (void)on; }
+/* The symmetric backward of KV and K (each pair's score once, attention_kernels.cuh dkv_kernel): on unless a
+ * test or benchmark turns it off to compare with the general path. The forward pass has none: each block of
+ * query rows keeps its rows' online softmax, which needs every score of those rows. */
+static int g_symmetric_path = 1;
+void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
 
 /* ------------------------------------------------------------------ pack and unpack */
 
@@ -495,7 +497,15 @@ static void run_forward(Call *c) {
            *d, c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
-/* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. */
+/* Whether a backward call takes the symmetric path: the query and key one packed copy (KV and K, so the raw
+ * scores are symmetric), bidirectional, self-attention, one K/V head per query head, and the larger shared memory
+ * it needs available on this GPU (smem: its bytes). */
+static bool symmetric_backward(const AttnDev *d, size_t smem) {
+    return g_symmetric_path && d->Q == d->K && !d->causal && d->Tq == d->Tk && d->G == d->H && smem <= kv_smem_max;
+}
+
+/* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. On the
+ * symmetric path *dq is NULL: *dk holds the gradient of both roles. */
 static void run_backward(Call *c, const float *dout, float **dq, float **dk, float **dv, const AttnPos *pos,
                          AttnPosGrad *dpos) {
     AttnDev *d = &c->d;
@@ -513,20 +523,28 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
                                                                       d->H, d->Tq, d->hd);
     CUDA_LAUNCHED(rowdot);
     int hd = d->hd, nt = tc_tiles(hd);
+    bool sym = symmetric_backward(d, nt ? tc_smem_backward_sym<TcElem>(nt) : att_smem_dkv(hd, 1));
+    if (sym) *dq = NULL;
     if (nt) {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, TcElem), gq, TC_THREADS, tc_smem_backward<TcElem>(nt), *d,
-               dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
+        if (!sym)
+            launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, TcElem), gq, TC_THREADS, tc_smem_backward<TcElem>(nt),
+                   *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dkv_kernel", TC_PICK(tc_dkv_kernel, nt, TcElem), gk, TC_THREADS, tc_smem_backward<TcElem>(nt),
-               *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch("tc_dkv_kernel",
+               sym ? TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, true) : TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, false), gk,
+               TC_THREADS, sym ? tc_smem_backward_sym<TcElem>(nt) : tc_smem_backward<TcElem>(nt), *d, dout, c->o_ld,
+               c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-        launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
-               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
+        if (!sym)
+            launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
+                   c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-        launch("dkv_kernel", ATT_PICK(dkv_kernel, att_npl(hd)), gk, ATT_THREADS, att_smem_dkv(hd), *d, dout,
-               c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc);
+        launch("dkv_kernel",
+               sym ? ATT_PICK_SYM(dkv_kernel, att_npl(hd), true) : ATT_PICK_SYM(dkv_kernel, att_npl(hd), false), gk,
+               ATT_THREADS, att_smem_dkv(hd, sym), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse,
+               (const float *)D, *dk, *dv, colacc, rowacc);
     }
     if (d->pos) {
         static float *buf;
@@ -584,9 +602,11 @@ void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, cons
     AttnDev *d = &c.d;
     int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
     size_t bs = (size_t)a->T * W;
-    /* each role's gradient into its block; roles sharing a block add in turn */
-    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC), W, bs, dq, a->B, a->T,
-               a->H, a->hd, c.rope);
+    /* each role's gradient into its block; roles sharing a block add in turn (the query's in the key's on the
+     * symmetric path) */
+    if (dq)
+        unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC), W, bs, dq, a->B,
+                   a->T, a->H, a->hd, c.rope);
     unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC), W, bs, dk, a->B, a->T,
                d->G, a->hd, c.rope);
     unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC), W, bs, dv, a->B, a->T,

@@ -12,9 +12,11 @@
 #define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
 #define ATT_THREADS 256
 
-/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl); TC_PICK below for the
- * tensor-core kernels. */
+/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl); ATT_PICK_SYM for the key-side
+ * backward kernel, KERNEL<n, S> (S: the symmetric backward); TC_PICK below for the tensor-core kernels. */
 #define ATT_PICK(KERNEL, n) ((n) == 1 ? KERNEL<1> : (n) == 2 ? KERNEL<2> : (n) == 4 ? KERNEL<4> : KERNEL<8>)
+#define ATT_PICK_SYM(KERNEL, n, S) \
+    ((n) == 1 ? KERNEL<1, S> : (n) == 2 ? KERNEL<2, S> : (n) == 4 ? KERNEL<4, S> : KERNEL<8, S>)
 
 /* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
 static inline int att_npl(int hd) {
@@ -23,8 +25,8 @@ static inline int att_npl(int hd) {
 }
 static inline size_t att_smem_forward(int hd) { return (size_t)(BR * hd + BC * (hd + 1) + BC * hd) * sizeof(float); }
 static inline size_t att_smem_dq(int hd) { return (size_t)(2 * BR * hd + 2 * BC * (hd + 1)) * sizeof(float); }
-static inline size_t att_smem_dkv(int hd) {
-    return (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR) * sizeof(float);
+static inline size_t att_smem_dkv(int hd, int sym) {
+    return (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR + (sym ? BC * hd + BR * (hd + 1) : 0)) * sizeof(float);
 }
 
 /* One attention call on packed roles. */
@@ -247,14 +249,21 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
 }
 
 /* dK, dV (packed, written) per block of 32 keys of one K/V head, over its query heads in order; colacc
- * (B*H*Tk): sum_i G'_ij per query head (+Pos). */
-template <int NPL>
+ * (B*H*Tk): sum_i G'_ij per query head (+Pos).
+ * With SYM (KV and K bidirectional: the packed Q is K, S_ij = S_ji; a template argument, so that the general
+ * kernel is compiled without its registers) the block's keys are queries too, and the
+ * score it forms for the pair (key j, query i) is also the score of (query j, key i): from it, dO_j . V_i and row
+ * j's lse and D it takes G'_ji as well, so dK_j gets both roles, s sum_i (G_ij + G_ji) K_i, in one product, and
+ * rowacc (as dq_kernel's) the row sums of its keys. No dq_kernel runs: each pair's score is computed once in the
+ * backward pass, where the general path computes it in both kernels. */
+template <int NPL, bool SYM>
 __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
                                                           const float *lse, const float *D, float *dK, float *dV,
-                                                          float *colacc) {
+                                                          float *colacc, float *rowacc) {
     extern __shared__ float sm[];
     const int hd = p.hd, ldq = hd + 1;
     float *Ks = sm, *Vs = Ks + BC * hd, *Qs = Vs + BC * hd, *dOs = Qs + BR * ldq, *ls = dOs + BR * ldq, *Ds = ls + BR;
+    float *dOk = Ds + BR, *Vq = dOk + BC * hd; /* SYM: the keys' own dO rows, the query tile's values */
     int tiles = (p.Tk + BC - 1) / BC;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
     int b = bg / p.G, g = bg % p.G;
@@ -263,6 +272,8 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
         bool in = j0 + e / hd < p.Tk;
         Ks[e] = in ? K[(size_t)j0 * hd + e] : 0.0f;
         Vs[e] = in ? V[(size_t)j0 * hd + e] : 0.0f;
+        if (SYM) /* G = H: head g */
+            dOk[e] = in ? dout[(size_t)b * o_bstride + (size_t)(j0 + e / hd) * o_ld + (size_t)g * hd + e % hd] : 0.0f;
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float dk[RPW][NPL], dv[RPW][NPL];
@@ -272,7 +283,13 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
         const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-        float cs[RPW] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float cs[RPW], lk[RPW], Dk[RPW], gr[RPW], rq[RPW]; /* rq, gr: row j's sums of G'_ji and G'_ji S_ji */
+        for (int cc = 0; cc < RPW; cc++) {
+            int j = j0 + warp * RPW + cc;
+            cs[cc] = gr[cc] = rq[cc] = 0.0f;
+            lk[cc] = SYM && j < p.Tq ? lse[(size_t)bh * p.Tq + j] : -INFINITY;
+            Dk[cc] = SYM && j < p.Tq ? D[(size_t)bh * p.Tq + j] : 0.0f;
+        }
         for (int i0 = p.causal ? j0 / BR * BR : 0; i0 < p.Tq; i0 += BR) {
             __syncthreads();
             for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
@@ -280,6 +297,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
                 bool in = i0 + r < p.Tq;
                 Qs[r * ldq + d] = in ? Q[(size_t)(i0 + r) * hd + d] : 0.0f;
                 dOs[r * ldq + d] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+                if (SYM) Vq[r * ldq + d] = in ? V[(size_t)(i0 + r) * hd + d] : 0.0f;
             }
             for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
                 bool in = i0 + r < p.Tq;
@@ -300,6 +318,14 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
                 ScoreGrad sg = score_grad(p, b, h, i, j, s, dA, ls[lane], Ds[lane]);
                 float pa = sg.a * sg.kf, gk = alpha * sg.gp;
                 cs[cc] += sg.gp;
+                if (SYM) { /* the pair as (query j, key i) */
+                    float dAq = 0.0f;
+                    for (int d = 0; d < hd; d++) dAq += dOk[c * hd + d] * Vq[lane * ldq + d];
+                    float gq = score_grad(p, b, h, j, i, s, dAq, lk[cc], Dk[cc]).gp;
+                    gk += alpha * gq;
+                    gr[cc] += gq * s;
+                    rq[cc] += gq;
+                }
                 for (int ii = 0; ii < BR; ii++) {
                     float pi = __shfl_sync(0xffffffffu, pa, ii), gi = __shfl_sync(0xffffffffu, gk, ii);
                     for (int k = 0; k < NPL; k++) {
@@ -317,6 +343,15 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
                 int j = j0 + warp * RPW + cc;
                 float t = warp_sum(cs[cc]);
                 if (lane == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = t;
+            }
+        if (SYM && rowacc)
+            for (int cc = 0; cc < RPW; cc++) {
+                int j = j0 + warp * RPW + cc;
+                float a = warp_sum(gr[cc]), t = warp_sum(rq[cc]);
+                if (lane == 0 && j < p.Tq) {
+                    rowacc[((size_t)bh * p.Tq + j) * 2] = a;
+                    rowacc[((size_t)bh * p.Tq + j) * 2 + 1] = t;
+                }
             }
     }
     for (int cc = 0; cc < RPW; cc++) {
@@ -357,9 +392,11 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
 #define TC_THREADS 128
 #define TC_HD(NT) (16 * (NT))
 
-/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt) */
+/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt); TC_PICK_SYM: KERNEL<n, E, S> */
 #define TC_PICK(KERNEL, n, E) \
     ((n) == 1 ? KERNEL<1, E> : (n) == 2 ? KERNEL<2, E> : (n) == 4 ? KERNEL<4, E> : KERNEL<8, E>)
+#define TC_PICK_SYM(KERNEL, n, E, S) \
+    ((n) == 1 ? KERNEL<1, E, S> : (n) == 2 ? KERNEL<2, E, S> : (n) == 4 ? KERNEL<4, E, S> : KERNEL<8, E, S>)
 
 namespace wmma = nvcuda::wmma;
 
@@ -395,7 +432,9 @@ template <> struct Tc<__nv_bfloat16> {
  *  backward (dQ and dK/dV alike): two row tiles and two column tiles (E), the scores and dO.V^T (float,
  *    TC_ROWS x lds_b), with bf16 the probabilities and score gradients (E, TC_ROWS x ldp_b) and then the rows'
  *    lse and D (float, TC_ROWS each). At the end the gradients leave through the score tiles, 32 columns at a
- *    time (tc_write_rows). */
+ *    time (tc_write_rows).
+ *  symmetric backward (tc_dkv_kernel with SYM), after those: the key rows' own dO (E, TC_ROWS x ld), the
+ *    query tile's values (E, TC_COLS x ld) and dO_j.V_i^T (float, TC_ROWS x lds_b). */
 template <typename E, int NT> struct TcShape {
     static constexpr bool SEP = sizeof(E) != sizeof(float); /* probabilities in tiles of their own */
     static constexpr int hdp = TC_HD(NT), ld = hdp + Tc<E>::PAD;
@@ -414,9 +453,12 @@ template <typename E, int NT> struct TcShape {
     static constexpr size_t B_P = SEP ? B_AEND : B_S, B_G = SEP ? B_P + (size_t)TC_ROWS * ldp_b * sizeof(E) : B_A;
     static constexpr size_t B_L = SEP ? B_G + (size_t)TC_ROWS * ldp_b * sizeof(E) : B_AEND;
     static constexpr size_t B_D = B_L + TC_ROWS * sizeof(float), B_BYTES = B_D + TC_ROWS * sizeof(float);
+    static constexpr size_t B_SO = B_BYTES, B_SV = B_SO + ROWS, B_SA = B_SV + COLS;
+    static constexpr size_t B_SBYTES = B_SA + (size_t)TC_ROWS * lds_b * sizeof(float);
     /* WMMA: tiles, a warp's 16 rows and each k step start 32-byte aligned; leading dims are multiples of 16 bytes */
     static_assert(ROWS % 32 == 0 && COLS % 32 == 0 && F_S % 32 == 0 && F_P % 32 == 0 && B_S % 32 == 0 &&
-                      B_A % 32 == 0 && B_P % 32 == 0 && B_G % 32 == 0 && B_L % 32 == 0,
+                      B_A % 32 == 0 && B_P % 32 == 0 && B_G % 32 == 0 && B_L % 32 == 0 && B_SO % 32 == 0 &&
+                      B_SV % 32 == 0 && B_SA % 32 == 0,
                   "WMMA tiles start 32-byte aligned");
     static_assert(ld * sizeof(E) % 16 == 0 && ldp_f * sizeof(E) % 16 == 0 && ldp_b * sizeof(E) % 16 == 0 &&
                       lds_f * sizeof(float) % 16 == 0 && lds_b * sizeof(float) % 16 == 0,
@@ -508,6 +550,10 @@ template <typename E> static inline size_t tc_smem_forward(int nt) {
 template <typename E> static inline size_t tc_smem_backward(int nt) {
     return nt == 1 ? TcShape<E, 1>::B_BYTES : nt == 2 ? TcShape<E, 2>::B_BYTES : nt == 4 ? TcShape<E, 4>::B_BYTES
                                                                                            : TcShape<E, 8>::B_BYTES;
+}
+template <typename E> static inline size_t tc_smem_backward_sym(int nt) {
+    return nt == 1 ? TcShape<E, 1>::B_SBYTES : nt == 2 ? TcShape<E, 2>::B_SBYTES : nt == 4 ? TcShape<E, 4>::B_SBYTES
+                                                                                            : TcShape<E, 8>::B_SBYTES;
 }
 
 template <int NT, typename E>
@@ -660,12 +706,13 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
 }
 
 /* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
- * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the
- * A operands of dV += P^T.dO and dK += G^T.Q. */
-template <int NT, typename E>
+ * dkv_kernel's, and with SYM dK of both roles and rowacc as dkv_kernel's. The scores are formed transposed
+ * (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the A operands of dV += P^T.dO and dK += G^T.Q; with
+ * SYM dO_j.V_i^T is a third product, and G^T + G'' (G''_ji, the pair as query j, key i) the A operand of dK's. */
+template <int NT, typename E, bool SYM>
 __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
                                                             const float *lse, const float *D, float *dK, float *dV,
-                                                            float *colacc) {
+                                                            float *colacc, float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef TcShape<E, NT> S;
     typedef typename Tc<E>::C Acc;
@@ -679,10 +726,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
+    /* SYM: the keys' own dO rows, the query tile's values and dO_j.V_i^T */
+    E *dOk = (E *)(base + S::B_SO), *Vq = (E *)(base + S::B_SV);
+    float *Aq = (float *)(base + S::B_SA);
     tc_load_rows(Ks, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
     tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    if (SYM) /* G = H: head g */
+        tc_load_rows(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
-    float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds;
+    float *Sw = Ss + r0 * lds, *Aw = As + r0 * lds, *Aqw = Aq + r0 * lds;
     E *Pw = Ps + r0 * ldp, *Gw = Gs + r0 * ldp; /* P^T and G^T (with TF32 the score tiles themselves) */
     /* two lanes a key: key row cc, its queries c0 .. c0+15 of a tile */
     const int cc = lane >> 1, c0 = (lane & 1) * (TC_COLS / 2), j = j0 + r0 + cc;
@@ -693,11 +745,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
         const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-        float cs = 0.0f;
+        float cs = 0.0f, gr = 0.0f, rq = 0.0f; /* rq, gr (SYM): row j's sums of G'_ji and G'_ji S_ji */
+        float lk = SYM && j < p.Tq ? lse[(size_t)bh * p.Tq + j] : -INFINITY;
+        float Dk = SYM && j < p.Tq ? D[(size_t)bh * p.Tq + j] : 0.0f;
         for (int i0 = p.causal ? j0 / TC_COLS * TC_COLS : 0; i0 < p.Tq; i0 += TC_COLS) {
             __syncthreads();
             tc_load_rows(Qs, ld, Q, hd, i0, p.Tq, hd, hdp, TC_COLS);
             tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_COLS);
+            if (SYM) tc_load_rows(Vq, ld, p.V + (size_t)bg * p.Tk * hd, hd, i0, p.Tk, hd, hdp, TC_COLS);
             for (int r = threadIdx.x; r < TC_COLS; r += TC_THREADS) {
                 bool in = i0 + r < p.Tq;
                 ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -711,13 +766,26 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
             tc_mma_abt<E>(at, Vs + r0 * ld, ld, dOs, ld, hdp);
             tc_store(Sw, lds, st);
             tc_store(Aw, lds, at);
+            if (SYM) { /* the same fragments again, now dO_j.V_i^T */
+                tc_zero<E>(at);
+                tc_mma_abt<E>(at, dOk + r0 * ld, ld, Vq, ld, hdp);
+                tc_store(Aqw, lds, at);
+            }
             __syncwarp();
             for (int c = c0; c < c0 + TC_COLS / 2; c++) {
                 int i = i0 + c;
-                ScoreGrad sg = score_grad(p, b, h, i, j, Sw[cc * lds + c] * p.scale, Aw[cc * lds + c], ls[c], Ds[c]);
+                float sv = Sw[cc * lds + c] * p.scale;
+                ScoreGrad sg = score_grad(p, b, h, i, j, sv, Aw[cc * lds + c], ls[c], Ds[c]);
+                float gk = sg.gp;
                 cs += sg.gp;
+                if (SYM) { /* the pair as (query j, key i) */
+                    float gq = score_grad(p, b, h, j, i, sv, Aqw[cc * lds + c], lk, Dk).gp;
+                    gk += gq;
+                    gr += gq * sv;
+                    rq += gq;
+                }
                 Pw[cc * ldp + c] = Tc<E>::put(sg.a * sg.kf);
-                Gw[cc * ldp + c] = Tc<E>::put(alpha * sg.gp);
+                Gw[cc * ldp + c] = Tc<E>::put(alpha * gk);
             }
             __syncwarp();
             tc_mma_ab<E>(dv, Pw, ldp, dOs, ld, TC_COLS);
@@ -726,6 +794,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
         if (colacc) {
             cs += __shfl_xor_sync(0xffffffffu, cs, 1);
             if (c0 == 0 && j < p.Tk) colacc[(size_t)bh * p.Tk + j] = cs;
+        }
+        if (SYM && rowacc) {
+            gr += __shfl_xor_sync(0xffffffffu, gr, 1);
+            rq += __shfl_xor_sync(0xffffffffu, rq, 1);
+            if (c0 == 0 && j < p.Tq) {
+                rowacc[((size_t)bh * p.Tq + j) * 2] = gr;
+                rowacc[((size_t)bh * p.Tq + j) * 2 + 1] = rq;
+            }
         }
     }
     __syncwarp();
