@@ -1216,11 +1216,18 @@ static double ce_loss(void *v) {
     return ref_crossentropy(c->logits, c->targets, c->N, c->V, c->ignore, c->smoothing);
 }
 
-static void test_crossentropy(double smoothing) {
-    int N = 8, V = 13, ignore = 0;
+/* ramp: a vocabulary larger than a GPU block's threads (each thread's online max grows along rows that rise
+ * and stays on rows that fall; kernels/cuda/ops.cu) */
+static void test_crossentropy(double smoothing, int V, int ramp) {
+    int N = 8, ignore = 0;
     int targets[8] = {3, 0, 12, 5, 0, 7, 1, 11}; /* two rows are padding (0) */
     int *targets_d = dev_copy_of(targets, sizeof targets);
     Buf logits = act_rand((size_t)N * V, 4.0), losses = buf_zeros(N), lse = buf_zeros(N);
+    if (ramp) {
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < V; j++) logits.h[(size_t)i * V + j] += (i % 2 ? -12.0f : 12.0f) * (float)j / (float)V;
+        buf_upload(&logits);
+    }
     Buf dl = act_zeros((size_t)N * V);
     int counted = crossentropy_forward(losses.d, lse.d, logits.a, targets_d, N, V, ignore, (float)smoothing);
     CHECK(counted == 6, "crossentropy counts %d rows, expected 6", counted);
@@ -1235,7 +1242,7 @@ static void test_crossentropy(double smoothing) {
     CHECK(losses.h[1] == 0.0f && losses.h[4] == 0.0f, "ignored rows have zero loss");
     crossentropy_backward(dl.a, logits.a, lse.d, targets_d, N, V, ignore, (float)smoothing, 1.0f / counted);
     char what[64];
-    snprintf(what, sizeof what, "crossentropy d(logits), smoothing %.2f", smoothing);
+    snprintf(what, sizeof what, "crossentropy d(logits), smoothing %.2f, V %d", smoothing, V);
     check_grad(what, c.logits, (size_t)N * V, buf_download(&dl), ce_loss, &c, 1000);
     /* in place: dlogits overwrite the logits */
     crossentropy_backward(logits.a, logits.a, lse.d, targets_d, N, V, ignore, (float)smoothing, 1.0f / counted);
@@ -1742,8 +1749,9 @@ int main(int argc, char **argv) {
     test_activations();
     test_embedding();
     test_tokens_and_pooling();
-    test_crossentropy(0.0);
-    test_crossentropy(0.1);
+    test_crossentropy(0.0, 13, 0);
+    test_crossentropy(0.1, 13, 0);
+    test_crossentropy(0.1, 1100, 1);
     test_dropout();
     test_split_batch_dropout();
     test_adamw_and_clip();

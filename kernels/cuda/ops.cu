@@ -687,20 +687,27 @@ void dropout_backward(act_t *dinp, const act_t *dout, size_t n, float p, uint64_
 
 /* ------------------------------------------------------------------ cross-entropy */
 
-/* one block per row */
+/* one block per row; the logits (the largest activation, B T x V) are read once: each thread keeps an online
+ * softmax (its max m and sum s of exp(x - m), rescaled when the max grows), then the block combines them at its
+ * max. With the backward's read and write, the loss costs two reads and a write of the logits, as a classifier
+ * fusing forward and backward would. */
 __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act_t *logits, const int *targets,
                                             int V, int ignore_index, float smoothing) {
     int i = blockIdx.x;
     const act_t *x = logits + (size_t)i * V;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += THREADS) mx = fmaxf(mx, act_ld(x[j]));
-    mx = block_max(mx);
-    float s = 0.0f, sx = 0.0f;
+    float m = -INFINITY, s = 0.0f, sx = 0.0f;
     for (int j = threadIdx.x; j < V; j += THREADS) {
-        s += expf(act_ld(x[j]) - mx);
-        sx += act_ld(x[j]);
+        float v = act_ld(x[j]);
+        sx += v;
+        if (v > m) {
+            s = s * expf(m - v) + 1.0f;
+            m = v;
+        } else if (m != -INFINITY) {
+            s += expf(v - m);
+        }
     }
-    s = block_sum(s);
+    float mx = block_max(m);
+    s = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx));
     sx = block_sum(sx);
     if (threadIdx.x == 0) {
         float l = mx + logf(s);
