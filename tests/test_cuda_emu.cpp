@@ -191,7 +191,7 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
 enum Path { FP32, TF32, BF16 };
 
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them);
- * sym: the symmetric backward (dQ left unwritten, NaN). */
+ * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles). */
 static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false) {
     const Case &c = pr.c;
     AttnDev p = pr.p;
@@ -264,10 +264,14 @@ template <typename T> static double rel_err(const std::vector<float> &a, const s
 /* The symmetric backward of a case whose K is Q against the general path of the same kernels (gen, from the
  * forward fwd): dK of both roles = the general dQ + dK within tol (the same scores, summed in another order; with
  * tensor-core rounding each role's score gradient rounded apart or summed first), the +Pos row sums within tol,
- * dV and the column sums bit for bit (the same code and order), and no dQ written. */
+ * dV and the column sums bit for bit (the same code and order). That no dQ kernel runs on the symmetric path is
+ * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). */
 static void check_symmetric(const Problem &pr, Path path, const Result &gen, const Result *fwd, double tol,
                             const char *mode) {
     const Case &c = pr.c;
+    bool valid = c.G == c.H && c.Tq == c.Tk && !c.causal;
+    CHECK(valid, "%s: a symmetric case has G = H, Tq = Tk and no causal mask", c.name);
+    if (!valid) return;
     Result s = run_path(pr, path, fwd, true);
     std::vector<float> both(gen.dK.size());
     for (size_t k = 0; k < both.size(); k++) both[k] = gen.dQ[k] + gen.dK[k];
@@ -276,12 +280,11 @@ static void check_symmetric(const Problem &pr, Path path, const Result &gen, con
           tol);
     CHECK(er <= tol, "%s, %s: symmetric backward's +Pos row sums against the general path's: %.3g (bound %g)", c.name,
           mode, er, tol);
-    size_t differ = 0, written = 0;
+    size_t differ = 0;
     for (size_t k = 0; k < gen.dV.size(); k++) differ += memcmp(&s.dV[k], &gen.dV[k], sizeof(float)) != 0;
     for (size_t k = 0; k < gen.colacc.size(); k++) differ += memcmp(&s.colacc[k], &gen.colacc[k], sizeof(float)) != 0;
-    for (float x : s.dQ) written += !std::isnan(x);
-    CHECK(differ == 0 && written == 0, "%s, %s: symmetric backward: %zu values of dV and the column sums differ from "
-          "the general path's (want 0), %zu of dQ written (want 0)", c.name, mode, differ, written);
+    CHECK(differ == 0, "%s, %s: symmetric backward: %zu values of dV and the column sums differ from the general "
+          "path's", c.name, mode, differ);
 }
 
 static void check_case(const Case &c) {
