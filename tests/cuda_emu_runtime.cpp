@@ -18,6 +18,25 @@ namespace {
 
 constexpr size_t SMEM_DEFAULT = 48 * 1024;  /* dynamic shared memory a kernel gets without asking */
 constexpr size_t SMEM_OPTIN = 227 * 1024;   /* the most it may ask for on an H100 */
+
+/* The opt-in limit the device reports and enforces: an H100's, or KVLAB_CUDA_EMU_SMEM_KIB (48 to 227; 99 is
+ * sm_86's and sm_89's), so that the fallbacks a smaller GPU takes run here too. Read once. */
+size_t smem_optin(void) {
+    static size_t kib;
+    if (!kib) {
+        const char *e = getenv("KVLAB_CUDA_EMU_SMEM_KIB");
+        if (e && !*e) e = NULL; /* set empty: as unset */
+        char *end = NULL;
+        long v = e ? strtol(e, &end, 10) : (long)(SMEM_OPTIN / 1024);
+        if (e && (end == e || *end || v < 48 || v > (long)(SMEM_OPTIN / 1024))) {
+            fprintf(stderr, "cuda_emu: KVLAB_CUDA_EMU_SMEM_KIB=%s (hint: an integer from 48 to 227, e.g. 99 as on "
+                    "sm_86 and sm_89)\n", e);
+            exit(2);
+        }
+        kib = (size_t)v;
+    }
+    return kib * 1024;
+}
 constexpr size_t MEM_TOTAL = (size_t)80 << 30;
 
 cudaError_t g_last = cudaSuccess;
@@ -126,7 +145,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
     if (device != 0) return fail(cudaErrorInvalidDevice);
     if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return fail(cudaErrorInvalidValue);
-    *value = (int)SMEM_OPTIN;
+    *value = (int)smem_optin();
     return cudaSuccess;
 }
 
@@ -219,7 +238,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 namespace emu {
 
 cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value) {
-    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > SMEM_OPTIN)
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > smem_optin())
         return fail(cudaErrorInvalidValue);
     g_smem_attr[fn] = value;
     return cudaSuccess;

@@ -12,7 +12,8 @@
  * than 1024 threads, a grid's y or z over 65535, and dynamic shared memory
  * over 48 KiB that the kernel was not given with cudaFuncSetAttribute, or
  * over the device's opt-in limit. The device it describes is an H100
- * (sm_90, 132 multiprocessors, 227 KiB of shared memory per block, 80 GiB).
+ * (sm_90, 132 multiprocessors, 227 KiB of shared memory per block, 80 GiB);
+ * KVLAB_CUDA_EMU_SMEM_KIB=99 gives it the shared memory of sm_86 and sm_89.
  * cuBLAS's products are float loops in the order of the sum index; TF32 math
  * mode and the FAST_16BF compute type round the inputs to 10 and 7 mantissa
  * bits first, as the tensor cores see them; cublasGemmEx also takes bf16

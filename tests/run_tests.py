@@ -610,8 +610,8 @@ def test_emulated_gpu(build_root, tmp, sanitize):
     the GPU's test programs, where no GPU (and no nvcc) is: every variant configuration's test_kernels, test_gpt2,
     test_vit and test_seq2seq in fp32; test_kernels again with TF32 (the tensor-core attention, cuBLAS's inputs
     rounded to TF32), with bf16 (the attention's bf16 tensor-core kernels, cuBLAS's inputs rounded to bf16) and in
-    bf16 mixed precision (activations stored as bf16 as well); some again with cuBLASLt's epilogues refused and with
-    the emulation's threads in reverse order. test_mechint is left to a GPU (hours here). Under
+    bf16 mixed precision (activations stored as bf16 as well); some again with cuBLASLt's epilogues refused, with
+    the emulation's threads in reverse order and with a smaller GPU's shared memory. test_mechint is left to a GPU (hours here). Under
     --sanitize one configuration's test_kernels in fp32 and each tensor-core precision, so that AddressSanitizer
     watches the backend's host code and every kernel's reads and writes of device buffers."""
     section("CUDA backend under emulation: the GPU's test programs on the CPU (make CUDA_EMU=1)")
@@ -640,6 +640,10 @@ def test_emulated_gpu(build_root, tmp, sanitize):
                   for prog in ("test_kernels", "test_gpt2")]
         reruns += [(f"{b}/test_kernels", "in reverse order", "KVLAB_CUDA_EMU_ORDER", "reverse")
                    for b in ("qkv-emu", "kv_tying_gqa_pos-emu-tf32", "kv_tying_gqa_pos-emu-bf16act")]
+        # and with the 99 KiB of shared memory a block of sm_86 and sm_89: wide heads leave the tensor-core
+        # attention and the symmetric backward for the kernels that fit
+        reruns += [(f"{b}/test_kernels", "with 99 KiB of shared memory a block", "KVLAB_CUDA_EMU_SMEM_KIB", "99")
+                   for b in ("k-emu-tf32", "kv_pos_head-emu-bf16")]
         for prog, how, var, value in reruns:
             path = os.path.join(build_root, "tests-cuda", prog.split("/")[0], "tests", prog.split("/")[1])
             if os.path.exists(path):
