@@ -275,6 +275,7 @@ int attn_check_decode(const AttnPos *pos, int q_ld, int T, int t, int N, int H, 
  * Turning that off sends them through the general path: for benchmarks
  * that measure the saving and tests that compare the two paths. Default on. */
 void attention_set_symmetric_path(int on);
+int attention_symmetric_path(void); /* as last set */
 
 /* One (batch, head) as dense T x T matrices (S and A: device memory), computed by the same code as
  * the forward pass, for tests and analyses: the scores S' before any mask

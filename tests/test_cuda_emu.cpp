@@ -181,7 +181,7 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
     unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
     auto kq = TC_PICK(tc_dq_kernel, nt, E);
-    auto kk = sym ? TC_PICK_SYM(tc_dkv_kernel, nt, E, true) : TC_PICK_SYM(tc_dkv_kernel, nt, E, false);
+    auto kk = TC_PICK_SYM(tc_dkv_kernel, nt, E, sym);
     if (!sym)
         emu::launch(gq, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
     emu::launch(gk, TC_THREADS, sym ? tc_smem_backward_sym<E>(nt) : tc_smem_backward<E>(nt), tsm,
@@ -239,7 +239,7 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
         auto kq = ATT_PICK(dq_kernel, att_npl(hd));
-        auto kk = sym ? ATT_PICK_SYM(dkv_kernel, att_npl(hd), true) : ATT_PICK_SYM(dkv_kernel, att_npl(hd), false);
+        auto kk = ATT_PICK_SYM(dkv_kernel, att_npl(hd), sym);
         if (!sym)
             emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
         emu::launch(gk, ATT_THREADS, att_smem_dkv(hd, sym), sm,

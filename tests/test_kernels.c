@@ -305,13 +305,6 @@ static void check_packs(const KprofRow *rows, int n, const char *op, const char 
     CHECK(pack && pack->calls == want, "%s: %s packs %d role(s), one per block and rotation: %ld", what, op, want,
           pack ? pack->calls : -1L);
 }
-/* The symmetric path of KV and K (kernels/attention.h attention_set_symmetric_path), as the tests last set it. */
-static int g_symmetric_path = 1;
-static void symmetric_path(int on) {
-    attention_set_symmetric_path(on);
-    g_symmetric_path = on;
-}
-
 /* On a GPU the backward of bidirectional KV and K self-attention (one K/V head per query head) on the symmetric
  * path takes each pair's score once: the dK/dV kernel also takes the query role and no dQ kernel runs; every
  * other call runs one dQ kernel. Head dims up to 32 only: a wider head may take the general path on GPUs with
@@ -319,7 +312,7 @@ static void symmetric_path(int on) {
 static void check_backward_kernels(const KprofRow *rows, int n, const char *what, int causal, int kv_heads, int H,
                                    int hd) {
     if (strncmp(backend_name(), "cuda", 4) || hd > 32) return;
-    int sym = g_symmetric_path && attn_symmetric(ATTN_VARIANT) && !causal && (!kv_heads || kv_heads == H);
+    int sym = attention_symmetric_path() && attn_symmetric(ATTN_VARIANT) && !causal && (!kv_heads || kv_heads == H);
     const KprofRow *fp = prof_row(rows, n, "attention_backward", "dq_kernel");
     const KprofRow *tc = prof_row(rows, n, "attention_backward", "tc_dq_kernel");
     long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0);
@@ -756,9 +749,9 @@ static void test_position_schemes(void) {
         attention_case("bidirectional, key padding", 2, 9, 2, 4, 0, 1, 0.0f);
         attention_case("causal, key padding, dropout", 2, 9, 2, 4, 1, 1, 0.25f);
         attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 0, 0.25f);
-        symmetric_path(0);
+        attention_set_symmetric_path(0);
         attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
-        symmetric_path(1);
+        attention_set_symmetric_path(1);
         if (!attn_symmetric(ATTN_VARIANT)) {
             attention_case_kv("causal, MQA", 1, 2, 9, 4, 4, 1, 0, 0.0f);
             attention_case_kv("bidirectional, GQA", 2, 2, 9, 4, 4, 0, 1, 0.0f);
@@ -1731,9 +1724,9 @@ int main(int argc, char **argv) {
      * shared-memory blocks) */
     attention_case("causal, key padding, head dim 96", 1, 40, 1, 96, 1, 1, 0.0f);
     attention_case("bidirectional, dropout, head dim 160", 1, 40, 1, 160, 0, 0, 0.1f);
-    symmetric_path(0); /* KV and K: the general path must agree too */
+    attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
-    symmetric_path(1);
+    attention_set_symmetric_path(1);
     cross_case("plain", 2, 6, 11, 2, 4, 0, 0.0f);
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);

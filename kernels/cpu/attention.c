@@ -44,6 +44,7 @@
 static int g_symmetric_path = 1;
 
 void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
+int attention_symmetric_path(void) { return g_symmetric_path; }
 
 /* One attention call with its roles resolved to strided pointers. Head h of
  * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */

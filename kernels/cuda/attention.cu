@@ -42,6 +42,7 @@
  * query rows keeps its rows' online softmax, which needs every score of those rows. */
 static int g_symmetric_path = 1;
 void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
+int attention_symmetric_path(void) { return g_symmetric_path; }
 
 /* ------------------------------------------------------------------ pack and unpack */
 
@@ -531,20 +532,17 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
             launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, TcElem), gq, TC_THREADS, tc_smem_backward<TcElem>(nt),
                    *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dkv_kernel",
-               sym ? TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, true) : TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, false), gk,
-               TC_THREADS, sym ? tc_smem_backward_sym<TcElem>(nt) : tc_smem_backward<TcElem>(nt), *d, dout, c->o_ld,
-               c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, sym), gk, TC_THREADS,
+               sym ? tc_smem_backward_sym<TcElem>(nt) : tc_smem_backward<TcElem>(nt), *d, dout, c->o_ld, c->o_bstride,
+               (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
         if (!sym)
             launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
                    c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-        launch("dkv_kernel",
-               sym ? ATT_PICK_SYM(dkv_kernel, att_npl(hd), true) : ATT_PICK_SYM(dkv_kernel, att_npl(hd), false), gk,
-               ATT_THREADS, att_smem_dkv(hd, sym), *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse,
-               (const float *)D, *dk, *dv, colacc, rowacc);
+        launch("dkv_kernel", ATT_PICK_SYM(dkv_kernel, att_npl(hd), sym), gk, ATT_THREADS, att_smem_dkv(hd, sym), *d,
+               dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
     }
     if (d->pos) {
         static float *buf;

@@ -13,10 +13,12 @@
 #define ATT_THREADS 256
 
 /* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl); ATT_PICK_SYM for the key-side
- * backward kernel, KERNEL<n, S> (S: the symmetric backward); TC_PICK below for the tensor-core kernels. */
+ * backward kernel, KERNEL<n, sym> for a runtime flag sym (the symmetric backward); TC_PICK below for the
+ * tensor-core kernels. */
 #define ATT_PICK(KERNEL, n) ((n) == 1 ? KERNEL<1> : (n) == 2 ? KERNEL<2> : (n) == 4 ? KERNEL<4> : KERNEL<8>)
-#define ATT_PICK_SYM(KERNEL, n, S) \
+#define ATT_PICK_S(KERNEL, n, S) \
     ((n) == 1 ? KERNEL<1, S> : (n) == 2 ? KERNEL<2, S> : (n) == 4 ? KERNEL<4, S> : KERNEL<8, S>)
+#define ATT_PICK_SYM(KERNEL, n, sym) ((sym) ? ATT_PICK_S(KERNEL, n, true) : ATT_PICK_S(KERNEL, n, false))
 
 /* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
 static inline int att_npl(int hd) {
@@ -392,11 +394,12 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
 #define TC_THREADS 128
 #define TC_HD(NT) (16 * (NT))
 
-/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt); TC_PICK_SYM: KERNEL<n, E, S> */
+/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt); TC_PICK_SYM: KERNEL<n, E, sym> for a runtime flag sym */
 #define TC_PICK(KERNEL, n, E) \
     ((n) == 1 ? KERNEL<1, E> : (n) == 2 ? KERNEL<2, E> : (n) == 4 ? KERNEL<4, E> : KERNEL<8, E>)
-#define TC_PICK_SYM(KERNEL, n, E, S) \
+#define TC_PICK_S(KERNEL, n, E, S) \
     ((n) == 1 ? KERNEL<1, E, S> : (n) == 2 ? KERNEL<2, E, S> : (n) == 4 ? KERNEL<4, E, S> : KERNEL<8, E, S>)
+#define TC_PICK_SYM(KERNEL, n, E, sym) ((sym) ? TC_PICK_S(KERNEL, n, E, true) : TC_PICK_S(KERNEL, n, E, false))
 
 namespace wmma = nvcuda::wmma;
 
