@@ -211,8 +211,8 @@ static void acts_layout(GPT2 *m, Carve *cv, int B, int T) {
     BlockShape s = gpt2_block_shape(m, B, T, 0, 0, 0);
     GPT2Acts *a = &m->acts;
     a->encoded = carve(cv, BT * C * sizeof(act_t));
-    for (int l = 0; l < c->L; l++) a->block[l] = block_acts_at(carve(cv, block_act_bytes(&s)), &s);
-    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&s)), &s);
+    for (int l = 0; l < c->L; l++) block_acts_carve(&a->block[l], cv, &s);
+    block_scratch_carve(&a->scratch, cv, &s);
     a->lnf = carve(cv, BT * C * sizeof(act_t));
     a->lnf_mean = carve(cv, BT * sizeof(float));
     a->lnf_rstd = carve(cv, BT * sizeof(float));

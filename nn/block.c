@@ -26,7 +26,7 @@ void *carve(Carve *c, size_t bytes) {
 
 #define TAKE(field, count, type) ((field) = carve(c, (count) * sizeof(type)))
 
-static void block_acts_layout(BlockActs *a, Carve *c, const BlockShape *s) {
+void block_acts_carve(BlockActs *a, Carve *c, const BlockShape *s) {
     size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s), nl = (size_t)s->B * s->H * s->T;
     TAKE(a->ln1, n, act_t);
     TAKE(a->ln1_mean, bt(s), float);
@@ -49,7 +49,7 @@ static void block_acts_layout(BlockActs *a, Carve *c, const BlockShape *s) {
 static int mlp_backward_fused(const BlockShape *s) { return s->gelu && !(s->mlp_dropout && s->dropout > 0.0f); }
 static int mlp_keeps_dact(const BlockShape *s) { return !s->gelu || s->mlp_dropout; }
 
-static void block_scratch_layout(BlockScratch *sc, Carve *c, const BlockShape *s) {
+void block_scratch_carve(BlockScratch *sc, Carve *c, const BlockShape *s) {
     size_t n = bt(s) * s->C, np = bt(s) * (size_t)block_proj_width(s);
     TAKE(sc->dbranch, n, act_t);
     TAKE(sc->dln, n, act_t);
@@ -62,34 +62,6 @@ static void block_scratch_layout(BlockScratch *sc, Carve *c, const BlockShape *s
     else
         sc->dfch_act = NULL;
     TAKE(sc->dfch, bt(s) * s->mlp, act_t);
-}
-
-size_t block_act_bytes(const BlockShape *s) {
-    BlockActs a;
-    Carve c = {NULL, 0};
-    block_acts_layout(&a, &c, s);
-    return c.bytes;
-}
-
-BlockActs block_acts_at(void *mem, const BlockShape *s) {
-    BlockActs a;
-    Carve c = {mem, 0};
-    block_acts_layout(&a, &c, s);
-    return a;
-}
-
-size_t block_scratch_bytes(const BlockShape *s) {
-    BlockScratch sc;
-    Carve c = {NULL, 0};
-    block_scratch_layout(&sc, &c, s);
-    return c.bytes;
-}
-
-BlockScratch block_scratch_at(void *mem, const BlockShape *s) {
-    BlockScratch sc;
-    Carve c = {mem, 0};
-    block_scratch_layout(&sc, &c, s);
-    return sc;
 }
 
 static AttnArgs attn_args(const BlockShape *s) {
@@ -272,9 +244,9 @@ void block_backward(act_t *dres, float *grads, const BlockActs *a, const act_t *
 
 enum { SITE_CROSS_PROBS = 8, SITE_CROSS_OUT };
 
-static void decblock_acts_layout(DecBlockActs *a, Carve *c, const BlockShape *s, int S) {
+void decblock_acts_carve(DecBlockActs *a, Carve *c, const BlockShape *s, int S) {
     size_t n = bt(s) * s->C;
-    block_acts_layout(&a->b, c, s);
+    block_acts_carve(&a->b, c, s);
     TAKE(a->lnx, n, act_t);
     TAKE(a->lnx_mean, bt(s), float);
     TAKE(a->lnx_rstd, bt(s), float);
@@ -285,40 +257,12 @@ static void decblock_acts_layout(DecBlockActs *a, Carve *c, const BlockShape *s,
     TAKE(a->h2, n, act_t);
 }
 
-static void decblock_scratch_layout(DecBlockScratch *sc, Carve *c, const BlockShape *s, int S) {
-    block_scratch_layout(&sc->b, c, s);
+void decblock_scratch_carve(DecBlockScratch *sc, Carve *c, const BlockShape *s, int S) {
+    block_scratch_carve(&sc->b, c, s);
     TAKE(sc->dxq, bt(s) * s->C, act_t);
     TAKE(sc->dxkv, (size_t)s->B * S * 2 * s->C, act_t);
 }
 #undef TAKE
-
-size_t decblock_act_bytes(const BlockShape *s, int S) {
-    DecBlockActs a;
-    Carve c = {NULL, 0};
-    decblock_acts_layout(&a, &c, s, S);
-    return c.bytes;
-}
-
-DecBlockActs decblock_acts_at(void *mem, const BlockShape *s, int S) {
-    DecBlockActs a;
-    Carve c = {mem, 0};
-    decblock_acts_layout(&a, &c, s, S);
-    return a;
-}
-
-size_t decblock_scratch_bytes(const BlockShape *s, int S) {
-    DecBlockScratch sc;
-    Carve c = {NULL, 0};
-    decblock_scratch_layout(&sc, &c, s, S);
-    return c.bytes;
-}
-
-DecBlockScratch decblock_scratch_at(void *mem, const BlockShape *s, int S) {
-    DecBlockScratch sc;
-    Carve c = {mem, 0};
-    decblock_scratch_layout(&sc, &c, s, S);
-    return sc;
-}
 
 static CrossAttnArgs cross_args(const BlockShape *s, int S, const unsigned char *src_pad) {
     CrossAttnArgs a = {.B = s->B, .Tq = s->T, .Tk = S, .H = s->H, .hd = s->C / s->H, .key_pad = src_pad,

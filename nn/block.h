@@ -92,12 +92,10 @@ typedef struct {
 } Carve;
 void *carve(Carve *c, size_t bytes);
 
-/* Bytes of one block's activations, for allocation (each array starts 64-byte aligned). */
-size_t block_act_bytes(const BlockShape *s);
-/* Carves one block's activations out of mem (block_act_bytes(s) bytes of device memory, 64-byte aligned). */
-BlockActs block_acts_at(void *mem, const BlockShape *s);
-size_t block_scratch_bytes(const BlockShape *s);
-BlockScratch block_scratch_at(void *mem, const BlockShape *s);
+/* One block's activations and its backward's scratch carved out of c (device memory; with c->p NULL only
+ * counted). */
+void block_acts_carve(BlockActs *a, Carve *c, const BlockShape *s);
+void block_scratch_carve(BlockScratch *sc, Carve *c, const BlockShape *s);
 
 void block_forward(BlockActs *a, const act_t *x, const float *params, const BlockParams *p, const BlockShape *s,
                    BlockScratch *sc);
@@ -128,11 +126,9 @@ typedef struct {
     act_t *dxq, *dxkv; /* (B,T,C), (B,S,2C) */
 } DecBlockScratch;
 
-/* s->T is the target length; S and src_pad describe the encoder side. Sizes in bytes, as the block's. */
-size_t decblock_act_bytes(const BlockShape *s, int S);
-DecBlockActs decblock_acts_at(void *mem, const BlockShape *s, int S);
-size_t decblock_scratch_bytes(const BlockShape *s, int S);
-DecBlockScratch decblock_scratch_at(void *mem, const BlockShape *s, int S);
+/* s->T is the target length; S and src_pad describe the encoder side. Carved as the block's. */
+void decblock_acts_carve(DecBlockActs *a, Carve *c, const BlockShape *s, int S);
+void decblock_scratch_carve(DecBlockScratch *sc, Carve *c, const BlockShape *s, int S);
 void decblock_forward(DecBlockActs *a, const act_t *x, const act_t *mem, int S, const unsigned char *src_pad,
                       const float *params, const DecBlockParams *p, const BlockShape *s, DecBlockScratch *sc);
 void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockActs *a, const act_t *x, const act_t *mem,

@@ -223,11 +223,11 @@ static void acts_layout(S2S *m, Carve *cv, int B, int S, int T) {
     S2SActs *a = &m->acts;
     a->x0 = carve(cv, BS * C * A);
     a->onehot = c->onehot ? carve(cv, BS * c->Vs * A) : NULL;
-    for (int l = 0; l < c->L_enc; l++) a->enc[l] = block_acts_at(carve(cv, block_act_bytes(&es)), &es);
+    for (int l = 0; l < c->L_enc; l++) block_acts_carve(&a->enc[l], cv, &es);
     a->mem = carve(cv, BS * C * A);
     a->mem_mean = carve(cv, BS * F);
     a->mem_rstd = carve(cv, BS * F);
-    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&es)), &es);
+    block_scratch_carve(&a->scratch, cv, &es);
     a->dres = carve(cv, big * A);
     a->dtmp = carve(cv, big * A);
     a->dtmp2 = carve(cv, big * A);
@@ -246,8 +246,8 @@ static void acts_layout(S2S *m, Carve *cv, int B, int S, int T) {
     a->hact = carve(cv, BS * C * A);
     if (c->decoder) {
         a->y0 = carve(cv, BT * C * A);
-        for (int l = 0; l < c->L_dec; l++) a->dec[l] = decblock_acts_at(carve(cv, decblock_act_bytes(&ds, S)), &ds, S);
-        a->dscratch = decblock_scratch_at(carve(cv, decblock_scratch_bytes(&ds, S)), &ds, S);
+        for (int l = 0; l < c->L_dec; l++) decblock_acts_carve(&a->dec[l], cv, &ds, S);
+        decblock_scratch_carve(&a->dscratch, cv, &ds, S);
     }
 }
 

@@ -240,8 +240,8 @@ static void acts_layout(ViT *m, Carve *cv, int B) {
     a->pemb = carve(cv, BN * C * A);
     a->dpemb = carve(cv, BN * C * A);
     a->encoded = carve(cv, BT * C * A);
-    for (int l = 0; l < c->L; l++) a->block[l] = block_acts_at(carve(cv, block_act_bytes(&s)), &s);
-    a->scratch = block_scratch_at(carve(cv, block_scratch_bytes(&s)), &s);
+    for (int l = 0; l < c->L; l++) block_acts_carve(&a->block[l], cv, &s);
+    block_scratch_carve(&a->scratch, cv, &s);
     a->lnf = carve(cv, BT * C * A);
     a->lnf_mean = carve(cv, BT * sizeof(float));
     a->lnf_rstd = carve(cv, BT * sizeof(float));
