@@ -6,6 +6,43 @@
 #include "hash.h"
 #include "kernels.h"
 
+/* ------------------------------------------------------------------ argument checks */
+
+void args_btc(const char *op, int B, int T, int C, int min_T) {
+    if (!(B > 0 && T >= min_T && C > 0)) FATAL("%s: bad shape B=%d T=%d C=%d", op, B, T, C);
+}
+
+void args_pool(const char *op, int B, int T, int C, int first, int count) {
+    if (!(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T))
+        FATAL("%s: bad range: tokens %d..%d of %d (B=%d C=%d)", op, first, first + count - 1, T, B, C);
+}
+
+void args_rows(const char *op, int N, int C) {
+    if (!(N > 0 && C > 0)) FATAL("%s: bad shape N=%d C=%d", op, N, C);
+}
+
+void args_linear(const char *op, int N, int C, int OC) {
+    if (!(N > 0 && C > 0 && OC > 0)) FATAL("%s: bad shape N=%d C=%d OC=%d", op, N, C, OC);
+}
+
+void args_distinct(const char *op, const char *names, const void *a, const void *b, const void *c) {
+    if (a == b || (c && (a == c || b == c))) FATAL("%s: %s must be different buffers", op, names);
+}
+
+void args_classes(const char *op, int N, int V, float smoothing) {
+    if (!(N > 0 && V > 0)) FATAL("%s: bad shape N=%d V=%d", op, N, V);
+    if (!(smoothing >= 0.0f && smoothing < 1.0f))
+        FATAL("%s: label smoothing must be in [0, 1), got %g", op, (double)smoothing);
+}
+
+void args_adamw(int t) {
+    if (t < 1) FATAL("adamw_update: step t must be >= 1, got %d", t);
+}
+
+void args_clip(double max_norm) {
+    if (!(max_norm > 0.0)) FATAL("clip_grad_norm: max_norm must be > 0, got %g", max_norm);
+}
+
 /* ------------------------------------------------------------------ dropout */
 
 uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site) {

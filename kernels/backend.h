@@ -15,6 +15,24 @@ uint32_t dropout_threshold(float p, const char *op);
 /* The global index of element 0 of an n-value buffer of this process's batch rows (dropout_batch_rows). */
 size_t dropout_batch_offset(size_t n, const char *op);
 
+/* ---- argument checks ----------------------------------------------------------
+ * The contracts of the ops of kernels.h that do not depend on where their data is (shapes, ranges, aliasing),
+ * written once: every backend's op makes its checks before any work. Each stops the program with one line
+ * naming op and what is wrong. (Checks of values in device memory, such as token ids, are the backends'.) */
+#define ARG_CHECK(cond, op, ...)                 \
+    do {                                         \
+        if (!(cond)) FATAL(op ": " __VA_ARGS__); \
+    } while (0)
+void args_btc(const char *op, int B, int T, int C, int min_T); /* (B, T, C), B and C > 0, T >= min_T */
+void args_pool(const char *op, int B, int T, int C, int first, int count);
+void args_rows(const char *op, int N, int C);           /* N rows of C values */
+void args_linear(const char *op, int N, int C, int OC); /* (N, C) in, (N, OC) out */
+/* a, b and c (c may be NULL) are different buffers; names says which they are, for the message */
+void args_distinct(const char *op, const char *names, const void *a, const void *b, const void *c);
+void args_classes(const char *op, int N, int V, float smoothing); /* N rows of V classes, smoothing in [0, 1) */
+void args_adamw(int t);
+void args_clip(double max_norm);
+
 /* ---- profile (kernels.h, kprof_start) ----------------------------------------
  * KPROF_OP() opens every public op of a backend: a scope named after the
  * function that times the call while profiling is on (kernels/profile.c keeps

@@ -1366,10 +1366,11 @@ static void test_adamw_and_clip(void) {
 
 /* ------------------------------------------------------------------ argument errors */
 
-/* Runs the bad call named `name` in a child, which must exit 1 with a message naming op on stderr. The child
+/* Runs the bad call named `name` in a child, which must exit 1 with a message containing want (the op's name and,
+ * where one op makes several checks, what is wrong) on stderr. The child
  * is this program started again (--bad-call NAME, see main), not a fork: a forked child cannot use the
  * parent's GPU context, so every backend gets a fresh process that sets itself up. */
-static void expect_error(const char *op, const char *name) {
+static void expect_error(const char *want, const char *name) {
     int fds[2];
     if (pipe(fds) != 0) FATAL("pipe failed");
     fflush(stdout);
@@ -1388,8 +1389,8 @@ static void expect_error(const char *op, const char *name) {
     close(fds[0]);
     int status;
     waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(buf, op) != NULL,
-          "bad arguments to %s (%s): exit status %d, message '%s'", op, name,
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(buf, want) != NULL,
+          "bad arguments (%s): '%s' expected; exit status %d, message '%s'", name, want,
           WIFEXITED(status) ? WEXITSTATUS(status) : -1, buf);
 }
 
@@ -1410,6 +1411,17 @@ static void bad_dropout(void) { dropout_forward(adummy, adummy, 4, 1.5f, 1); }
 static void bad_embedding(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f); }
 static void bad_crossentropy(void) { crossentropy_forward(dummy, dummy, adummy, bad_ids + 2, 1, 4, -1, 0.0f); }
 static void bad_pool(void) { pool_tokens_forward(adummy, adummy, 1, 4, 2, 3, 2); }
+/* the contracts of kernels/backend.h's argument checks, one call breaking each */
+static void bad_linear_gelu(void) { linear_gelu_forward(adummy, adummy + 16, adummy + 16, dummy, NULL, 1, 4, 4); }
+static void bad_gelu_linear(void) {
+    gelu_linear_backward(adummy, dummy, NULL, adummy + 16, adummy + 32, adummy, dummy + 16, 1, 4, 4);
+}
+static void bad_linear_backward(void) { linear_backward(NULL, dummy, NULL, adummy, adummy + 16, dummy, 2, 0, 4); }
+static void bad_tokens_embed(void) { tokens_embed_forward(adummy, adummy + 16, dummy, NULL, 1, 1, 4); }
+static void bad_smoothing(void) { crossentropy_backward(adummy, adummy, dummy, bad_ids, 1, 4, -1, 1.0f, 1.0f); }
+static void bad_argmax(void) { argmax_correct(adummy, bad_ids, 1, 0, -1); }
+static void bad_adamw(void) { adamw_update(dummy, dummy + 8, dummy + 16, dummy + 24, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0); }
+static void bad_clip(void) { clip_grad_norm(dummy, 4, 0.0); }
 static void bad_cross_attention(void) {
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
     cross_attention_forward(adummy, dummy + 32, adummy, adummy, &a);
@@ -1508,6 +1520,14 @@ static void test_argument_errors(void) {
     expect_error("crossentropy_forward", "crossentropy");
     expect_error("cross_attention_forward", "cross_attention");
     expect_error("pool_tokens_forward", "pool");
+    expect_error("linear_gelu_forward: pre, out and inp must be different buffers", "linear_gelu");
+    expect_error("gelu_linear_backward: dpre and pre must be different buffers", "gelu_linear");
+    expect_error("linear_backward: bad shape N=2 C=0 OC=4", "linear_backward");
+    expect_error("tokens_embed_forward: bad shape B=1 T=1 C=4", "tokens_embed");
+    expect_error("crossentropy_backward: label smoothing must be in [0, 1)", "smoothing");
+    expect_error("argmax_correct: bad shape N=1 V=0", "argmax");
+    expect_error("adamw_update: step t must be >= 1", "adamw");
+    expect_error("clip_grad_norm: max_norm must be > 0", "clip");
 }
 
 /* ------------------------------------------------------------------ grouped K/V heads */
@@ -1689,7 +1709,10 @@ static int run_bad_call(const char *name) {
                  {"dropout", bad_dropout}, {"embedding", bad_embedding}, {"crossentropy", bad_crossentropy},
                  {"cross_attention", bad_cross_attention}, {"pool", bad_pool},
                  {"kv_heads_divide", bad_kv_heads_divide}, {"kv_heads_symmetric", bad_kv_heads_symmetric},
-                 {"kv_heads_decode", bad_kv_heads_decode}};
+                 {"kv_heads_decode", bad_kv_heads_decode}, {"linear_gelu", bad_linear_gelu},
+                 {"gelu_linear", bad_gelu_linear}, {"linear_backward", bad_linear_backward},
+                 {"tokens_embed", bad_tokens_embed}, {"smoothing", bad_smoothing}, {"argmax", bad_argmax},
+                 {"adamw", bad_adamw}, {"clip", bad_clip}};
     dummy = dev_alloc(64 * sizeof(float));
     adummy = dev_alloc(64 * sizeof(float));
     bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));

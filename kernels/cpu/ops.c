@@ -14,17 +14,13 @@
 #include "kernels.h"
 #include "vecmath.h"
 
-#define ARG_CHECK(cond, op, ...)                       \
-    do {                                               \
-        if (!(cond)) FATAL(op ": " __VA_ARGS__);       \
-    } while (0)
-
 /* ------------------------------------------------------------------ embedding */
 
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
+    args_btc("embedding_forward", B, T, C, 1);
+    ARG_CHECK(V > 0, "embedding_forward", "vocabulary size V must be > 0, got %d", V);
     for (int i = 0; i < B * T; i++) {
         ARG_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding_forward",
                   "token %d at position %d is outside the vocabulary (size %d)", tokens[i], i, V);
@@ -47,7 +43,7 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                         int B, int T, int C, float scale) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("embedding_backward", B, T, C, 1);
     /* Tokens repeat, so rows of dwte get several updates: split the work by
      * channel ranges instead of rows, which needs no atomics and keeps the
      * summation order fixed. */
@@ -72,7 +68,7 @@ void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *
 
 void tokens_embed_forward(float *out, const float *x, const float *cls, const float *pos, int B, int T, int C) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("tokens_embed_forward", B, T, C, cls ? 2 : 1);
     int off = cls ? 1 : 0;
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
@@ -92,7 +88,7 @@ void tokens_embed_forward(float *out, const float *x, const float *cls, const fl
 
 void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dout, int B, int T, int C) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("tokens_embed_backward", B, T, C, dcls ? 2 : 1);
     int off = dcls ? 1 : 0;
     /* position and CLS gradients sum over the batch: one thread per token row, fixed order */
 #pragma omp parallel for schedule(static)
@@ -111,8 +107,7 @@ void tokens_embed_backward(float *dx, float *dcls, float *dpos, const float *dou
 
 void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int first, int count) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
-              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    args_pool("pool_tokens_forward", B, T, C, first, count);
     float inv = 1.0f / count;
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < B; b++) {
@@ -130,8 +125,7 @@ void pool_tokens_forward(float *out, const float *inp, int B, int T, int C, int 
 
 void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, int first, int count) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
-              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    args_pool("pool_tokens_backward", B, T, C, first, count);
     float inv = 1.0f / count;
 #pragma omp parallel for schedule(static)
     for (int b = 0; b < B; b++) {
@@ -149,7 +143,7 @@ void pool_tokens_backward(float *dinp, const float *dout, int B, int T, int C, i
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
+    args_rows("layernorm_forward", N, C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
@@ -191,7 +185,7 @@ static float *partials(size_t n) {
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
+    args_rows("layernorm_backward", N, C);
     int nt = omp_get_max_threads();
     float *part = partials((size_t)nt * 2 * C);
 #pragma omp parallel
@@ -235,8 +229,8 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
 void linear_forward(float *out, const float *inp, const float *w, const float *b,
                     int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
+    args_linear("linear_forward", N, C, OC);
+    args_distinct("linear_forward", "out and inp", out, inp, NULL);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
     if (b) {
 #pragma omp parallel for schedule(static)
@@ -251,7 +245,7 @@ void linear_forward(float *out, const float *inp, const float *w, const float *b
 void linear_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    args_linear("linear_backward", N, C, OC);
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
@@ -319,7 +313,8 @@ void relu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 void linear_gelu_forward(float *pre, float *out, const float *inp, const float *w, const float *b, int N, int C,
                          int OC) {
     KPROF_OP();
-    ARG_CHECK(pre != out, "linear_gelu_forward", "pre must not alias out");
+    args_linear("linear_gelu_forward", N, C, OC);
+    args_distinct("linear_gelu_forward", "pre, out and inp", pre, out, inp);
     linear_forward(pre, inp, w, b, N, C, OC);
     gelu_forward(out, pre, (size_t)N * OC);
 }
@@ -327,9 +322,9 @@ void linear_gelu_forward(float *pre, float *out, const float *inp, const float *
 void gelu_linear_backward(float *dpre, float *dw, float *db, const float *dout, const float *act, const float *pre,
                           const float *w, int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "gelu_linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(dpre != pre && dpre != act && dpre != dout, "gelu_linear_backward",
-              "dpre must not alias pre, act or dout");
+    args_linear("gelu_linear_backward", N, C, OC);
+    args_distinct("gelu_linear_backward", "dpre and pre", dpre, pre, NULL);
+    args_distinct("gelu_linear_backward", "dpre, act and dout", dpre, act, dout);
     size_t n = (size_t)N * C;
     memset(dpre, 0, n * sizeof(float));
     linear_backward(dpre, dw, db, dout, act, w, N, C, OC);
@@ -349,7 +344,7 @@ void residual_forward(float *out, const float *a, const float *b, size_t n) {
 void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
                                 const float *w, const float *bias, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
+    args_rows("residual_layernorm_forward", N, C);
     residual_forward(res, a, b, (size_t)N * C);
     layernorm_forward(out, mean, rstd, res, w, bias, N, C);
 }
@@ -379,9 +374,7 @@ void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_
 int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
-    ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
-              "label smoothing must be in [0, 1), got %g", (double)smoothing);
+    args_classes("crossentropy_forward", N, V, smoothing);
     int counted = 0;
     for (int i = 0; i < N; i++) {
         if (targets[i] == ignore_index) continue;
@@ -412,7 +405,7 @@ void crossentropy_backward(float *dlogits, const float *logits, const float *lse
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
+    args_classes("crossentropy_backward", N, V, smoothing);
     float off = smoothing / V;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
@@ -438,6 +431,7 @@ void crossentropy_backward(float *dlogits, const float *logits, const float *lse
 
 int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
     KPROF_OP();
+    args_classes("argmax_correct", N, V, 0.0f);
     int correct = 0;
 #pragma omp parallel for schedule(static) reduction(+ : correct)
     for (int i = 0; i < N; i++) {
@@ -456,7 +450,7 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
 void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
                         float lr, float beta1, float beta2, float eps, int t) {
     KPROF_OP();
-    ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
+    args_adamw(t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     for (int k = 0; k < nspans; k++) {
         float *p = param + spans[k].offset, *mk = m + spans[k].state_offset, *vk = v + spans[k].state_offset;
@@ -494,7 +488,7 @@ void scale_inplace(float *x, size_t n, float s) {
 
 double clip_grad_norm(float *grad, size_t n, double max_norm) {
     KPROF_OP();
-    ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
+    args_clip(max_norm);
     double norm = grad_norm(grad, n);
     if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
     return norm;

@@ -12,11 +12,6 @@
 #include "cuda.cuh"
 #include "ops_kernels.cuh"
 
-#define ARG_CHECK(cond, op, ...)                 \
-    do {                                         \
-        if (!(cond)) FATAL(op ": " __VA_ARGS__); \
-    } while (0)
-
 #define THREADS 256
 
 /* Sum of one value per thread over a block of THREADS threads, in a fixed order; every thread gets it. */
@@ -99,7 +94,8 @@ __global__ void embedding_forward_kernel(act_t *out, const int *tokens, const fl
 void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > 0 && C > 0 && V > 0, "embedding_forward", "bad shape B=%d T=%d C=%d V=%d", B, T, C, V);
+    args_btc("embedding_forward", B, T, C, 1);
+    ARG_CHECK(V > 0, "embedding_forward", "vocabulary size V must be > 0, got %d", V);
     check_ids("embedding_forward: token %d at position %d is outside the vocabulary (size %d)", tokens, B * T, V, 0, 0);
     size_t n = (size_t)B * T * C;
     embedding_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, tokens, wte, wpe, B * T, T, C,
@@ -120,7 +116,7 @@ __global__ void embedding_backward_wpe_kernel(float *dwpe, const act_t *dout, in
 void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
                         int B, int T, int C, float scale) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > 0 && C > 0, "embedding_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("embedding_backward", B, T, C, 1);
     embedding_backward_wte_kernel<act_t><<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
                                                                                         B * T, C, scale, EMB_BUCKETS);
     CUDA_LAUNCHED(embedding_backward_wte);
@@ -146,7 +142,7 @@ __global__ void tokens_embed_forward_kernel(act_t *out, const act_t *x, const fl
 
 void tokens_embed_forward(act_t *out, const act_t *x, const float *cls, const float *pos, int B, int T, int C) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > (cls ? 1 : 0) && C > 0, "tokens_embed_forward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("tokens_embed_forward", B, T, C, cls ? 2 : 1);
     size_t n = (size_t)B * T * C;
     tokens_embed_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, x, cls, pos, B, T, C,
                                                                                     cls ? 1 : 0);
@@ -174,7 +170,7 @@ __global__ void tokens_embed_backward_kernel(act_t *dx, float *dcls, float *dpos
 
 void tokens_embed_backward(act_t *dx, float *dcls, float *dpos, const act_t *dout, int B, int T, int C) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && T > (dcls ? 1 : 0) && C > 0, "tokens_embed_backward", "bad shape B=%d T=%d C=%d", B, T, C);
+    args_btc("tokens_embed_backward", B, T, C, dcls ? 2 : 1);
     tokens_embed_backward_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(
         dx, dcls, dpos, dout, B, T, C, dcls ? 1 : 0);
     CUDA_LAUNCHED(tokens_embed_backward);
@@ -202,8 +198,7 @@ __global__ void pool_backward_kernel(act_t *dinp, const act_t *dout, int B, int 
 
 void pool_tokens_forward(act_t *out, const act_t *inp, int B, int T, int C, int first, int count) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_forward",
-              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    args_pool("pool_tokens_forward", B, T, C, first, count);
     pool_forward_kernel<<<cuda_blocks((size_t)B * C, THREADS), THREADS, 0, kv_stream>>>(out, inp, B, T, C, first,
                                                                                         count);
     CUDA_LAUNCHED(pool_forward);
@@ -211,8 +206,7 @@ void pool_tokens_forward(act_t *out, const act_t *inp, int B, int T, int C, int 
 
 void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, int first, int count) {
     KPROF_OP();
-    ARG_CHECK(B > 0 && C > 0 && first >= 0 && count > 0 && first + count <= T, "pool_tokens_backward",
-              "bad range: tokens %d..%d of %d", first, first + count - 1, T);
+    args_pool("pool_tokens_backward", B, T, C, first, count);
     pool_backward_kernel<<<cuda_blocks((size_t)B * count * C, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, B, T,
                                                                                                  C, first, count);
     CUDA_LAUNCHED(pool_backward);
@@ -223,7 +217,7 @@ void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, i
 void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
                        const float *w, const float *b, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "layernorm_forward", "bad shape N=%d C=%d", N, C);
+    args_rows("layernorm_forward", N, C);
     layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
         out, mean, rstd, NULL, inp, NULL, w, b, N, C);
     CUDA_LAUNCHED(layernorm_forward);
@@ -232,7 +226,7 @@ void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
 void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd, const act_t *a, const act_t *b,
                                 const float *w, const float *bias, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "residual_layernorm_forward", "bad shape N=%d C=%d", N, C);
+    args_rows("residual_layernorm_forward", N, C);
     layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
         out, mean, rstd, res, a, b, w, bias, N, C);
     CUDA_LAUNCHED(residual_layernorm_forward);
@@ -292,7 +286,7 @@ static size_t g_partial_cap;
 void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0, "layernorm_backward", "bad shape N=%d C=%d", N, C);
+    args_rows("layernorm_backward", N, C);
     layernorm_backward_dx_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, inp, w,
                                                                                                   mean, rstd, N, C);
     CUDA_LAUNCHED(layernorm_backward_dx);
@@ -512,8 +506,8 @@ static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const
 void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
                     int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(out != inp, "linear_forward", "out must not alias inp");
+    args_linear("linear_forward", N, C, OC);
+    args_distinct("linear_forward", "out and inp", out, inp, NULL);
     cuda_ready();
     /* row-major out (N, OC) = inp W^T is column-major out^T = W^T' inp' with W' the (C, OC) view of W */
     const act_t *wa = weights_as_act(w, (size_t)OC * C);
@@ -537,7 +531,7 @@ __global__ void bias_grad_partial_kernel(float *partial, const act_t *dout, int 
 void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
                      const float *w, int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
+    args_linear("linear_backward", N, C, OC);
     cuda_ready();
     /* dinp (N, C) += dout W: column-major dinp' = W' dout' */
     if (dinp)
@@ -629,8 +623,8 @@ void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n) {
 void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *w, const float *b, int N, int C,
                          int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "linear_gelu_forward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(pre != out && pre != inp && out != inp, "linear_gelu_forward", "pre, out and inp must not alias");
+    args_linear("linear_gelu_forward", N, C, OC);
+    args_distinct("linear_gelu_forward", "pre, out and inp", pre, out, inp);
     cuda_ready();
     if (lt_matmul(LT_GELU, CUBLAS_OP_T, OC, N, C, weights_as_act(w, (size_t)OC * C), C, inp, C, out, OC,
                   b ? weights_as_act(b, OC) : NULL, pre))
@@ -644,9 +638,9 @@ void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *
 void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, const act_t *act, const act_t *pre,
                           const float *w, int N, int C, int OC) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && C > 0 && OC > 0, "gelu_linear_backward", "bad shape N=%d C=%d OC=%d", N, C, OC);
-    ARG_CHECK(dpre != pre && dpre != act && dpre != dout, "gelu_linear_backward",
-              "dpre must not alias pre, act or dout");
+    args_linear("gelu_linear_backward", N, C, OC);
+    args_distinct("gelu_linear_backward", "dpre and pre", dpre, pre, NULL);
+    args_distinct("gelu_linear_backward", "dpre, act and dout", dpre, act, dout);
     cuda_ready();
     linear_backward(NULL, dw, db, dout, act, w, N, C, OC);
     /* column-major dpre' (C x N) = W' dout', W' the (C, OC) view of W */
@@ -720,9 +714,7 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act
 int crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && V > 0, "crossentropy_forward", "bad shape N=%d V=%d", N, V);
-    ARG_CHECK(smoothing >= 0.0f && smoothing < 1.0f, "crossentropy_forward",
-              "label smoothing must be in [0, 1), got %g", (double)smoothing);
+    args_classes("crossentropy_forward", N, V, smoothing);
     int counted = check_ids("crossentropy_forward: target %d at row %d is outside [0, %d)", targets, N, V, 1, ignore_index);
     crossentropy_forward_kernel<<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
                                                              smoothing);
@@ -754,7 +746,7 @@ void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && V > 0, "crossentropy_backward", "bad shape N=%d V=%d", N, V);
+    args_classes("crossentropy_backward", N, V, smoothing);
     crossentropy_backward_kernel<<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
                                                               smoothing, scale);
     CUDA_LAUNCHED(crossentropy_backward);
@@ -795,7 +787,7 @@ __global__ void argmax_kernel(int *correct, const act_t *logits, const int *targ
 
 int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index) {
     KPROF_OP();
-    ARG_CHECK(N > 0 && V > 0, "argmax_correct", "bad shape N=%d V=%d", N, V);
+    args_classes("argmax_correct", N, V, 0.0f);
     static int *count;
     if (!count) count = (int *)dev_alloc(sizeof(int));
     dev_zero(count, sizeof(int));
@@ -812,7 +804,7 @@ int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ig
 void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
                         float lr, float beta1, float beta2, float eps, int t) {
     KPROF_OP();
-    ARG_CHECK(t >= 1, "adamw_update", "step t must be >= 1, got %d", t);
+    args_adamw(t);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     for (int k = 0; k < nspans; k++) cuda_float_written(param + spans[k].offset, spans[k].n * sizeof(float));
     AdamwBatch batch;
@@ -868,7 +860,7 @@ void scale_inplace(float *x, size_t n, float s) {
 
 double clip_grad_norm(float *grad, size_t n, double max_norm) {
     KPROF_OP();
-    ARG_CHECK(max_norm > 0.0, "clip_grad_norm", "max_norm must be > 0, got %g", max_norm);
+    args_clip(max_norm);
     double norm = grad_norm(grad, n);
     if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
     return norm;
