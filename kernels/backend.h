@@ -1,5 +1,5 @@
-/* For backends only (kernels/cpu/, kernels/cuda/): the dropout bookkeeping
- * every backend shares, so that each fact lives once. (The attention checks
+/* For backends only (kernels/cpu/, kernels/cuda/): the argument checks and
+ * dropout bookkeeping every backend shares, so that each fact lives once. (The attention checks
  * they share are in attention.h: this header stays free of the attention
  * configuration, so the non-attention ops do not recompile when it changes.)
  * Model code uses kernels.h and attention.h, never this header. */
