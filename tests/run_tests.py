@@ -512,17 +512,26 @@ def unit_test_env():
     return env
 
 
-def run_test_program(prog, label, env):
+def run_test_program(prog, label, env, shown=("FAIL",)):
     """Runs one C test program and adds its counts; a crash (no summary line, or a status other than 0 or 1) is
-    one failure. Returns (result, (passed, failed) or None, seconds it ran)."""
+    one failure, as is a status 1 with no failure counted. Prints the program's lines that start with one of
+    shown (at most 20) and its counts. Returns (result, (passed, failed) or None, seconds it ran)."""
     t0 = time.time()
     r = run([prog], env=env)
-    counts = parse_counts(r.stdout)
+    counts, secs = parse_counts(r.stdout), time.time() - t0
     if counts is None or r.returncode not in (0, 1):
         R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-        return r, None, time.time() - t0
+        return r, None, secs
     R.add(*counts)
-    return r, counts, time.time() - t0
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(shown)]
+    for ln in lines[:20]:
+        print(f"  {label}: {ln}")
+    if len(lines) > 20:
+        print(f"  {label}: ... {len(lines) - 20} more such lines")
+    if r.returncode != 0 and counts[1] == 0:
+        R.check(False, f"{label} exited {r.returncode}: {r.stderr[-2000:]}")
+    print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
+    return r, counts, secs
 
 
 def nvcc_path():
@@ -647,12 +656,7 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         for prog, how, var, value in reruns:
             path = os.path.join(build_root, "tests-cuda", prog.split("/")[0], "tests", prog.split("/")[1])
             if os.path.exists(path):
-                label = f"cuda-emu/{prog} {how}"
-                r, counts, secs = run_test_program(path, label, dict(unit_test_env(), **{var: value}))
-                if counts is not None:
-                    print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
-                    for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
-                        print(f"    {ln}")
+                run_test_program(path, f"cuda-emu/{prog} {how}", dict(unit_test_env(), **{var: value}))
     # what the emulation cannot build stops make with one line: another value, or NCCL
     bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
     mpi = write_fragment(os.path.join(frag_dir, "emu-mpi.frag"), "CONFIG_DIST_MPI=y\n")
@@ -769,12 +773,9 @@ def cuda_config_tests(build_root, builds, env):
             continue
         for prog in progs:
             label = f"cuda{tag}/{name}/{prog}"
-            r, counts, secs = run_test_program(os.path.join(bdir, "tests", prog), label, env)
+            r, counts, _ = run_test_program(os.path.join(bdir, "tests", prog), label, env)
             if counts is None:
                 continue
-            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)")
-            for ln in [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")][:20]:
-                print(f"    {ln}")
             # what the GPU's libraries refused (a cuBLASLt epilogue; the backend's own kernels ran instead)
             for ln in sorted({ln for ln in (r.stdout + r.stderr).splitlines() if "cuBLASLt" in ln})[:5]:
                 print(f"    {ln}")
@@ -1162,23 +1163,9 @@ def test_units(build_root, sanitize, only):
             if name == "guard" and os.path.basename(prog) == "test_mechint":
                 continue  # mechint runs under the guard end to end (test_guard_end_to_end)
             label = f"{name}/{os.path.basename(prog)}"
-            r, counts, secs = run_test_program(prog, label, env)
-            if counts is None:
-                continue
-            for line in r.stdout.splitlines():
-                if line.startswith(("FAIL", "SKIP", "  got")):
-                    print(f"  {label}: {line}")
-            if r.returncode != 0 and counts[1] == 0:
-                R.check(False, f"{label} exited {r.returncode}: {r.stderr[-2000:]}")
-            print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
+            run_test_program(prog, label, env, ("FAIL", "SKIP", "  got"))
             if os.path.basename(prog) == "test_cuda_emu":  # again with the emulation's threads in reverse order
-                label += " in reverse order"
-                r, counts, secs = run_test_program(prog, label, dict(env, KVLAB_CUDA_EMU_ORDER="reverse"))
-                if counts is not None:
-                    for line in r.stdout.splitlines():
-                        if line.startswith("FAIL"):
-                            print(f"  {label}: {line}")
-                    print(f"  {label}: {counts[0]} passed, {counts[1]} failed ({secs:.1f} s)", flush=True)
+                run_test_program(prog, label + " in reverse order", dict(env, KVLAB_CUDA_EMU_ORDER="reverse"))
 
 
 # ---------------------------------------------------------------- 3. integration
