@@ -474,11 +474,20 @@ import kconfig as kconfig_mod  # noqa: E402 - scripts/kconfig.py, for its fragme
 # The +Pos settings the variants take turns with, so that each is covered with
 # symmetric and asymmetric scores: (suffix, fragment under tests/configs/)
 POS_SETTINGS = [("pos", "pos_m10"), ("pos_head", "pos_per_head"), ("pos", "pos_m7"), ("pos", "pos")]
+# The position schemes other than learned absolute positions (kernels/Kconfig "Positions"), each with another
+# variant, so that every family's model code and float64 reference run under each: (name, step fragments).
+# test_kernels covers every scheme at the kernel level in every configuration; these add the models (GPT-2 and
+# ViT drop their learned table, seq2seq keeps its sinusoidal one unless the scheme acts in attention), their
+# checkpoints and decoding, and mechint.
+SCHEME_CONFIGS = [("qkv_rope", ["defconfigs/steps/QKV", "tests/configs/rope"]),
+                  ("kv_alibi_pos", ["defconfigs/steps/KV", "tests/configs/alibi", "tests/configs/pos"]),
+                  ("k_rel_bias", ["defconfigs/steps/K", "tests/configs/rel_bias"]),
+                  ("kv_tying_sinusoidal", ["defconfigs/steps/KV_TYING", "tests/configs/sinusoidal"])]
 
 
 def test_configs():
     """name -> step fragments merged over tests/configs/base: every variant of the table as it is, then each
-    with +Pos under one of POS_SETTINGS."""
+    with +Pos under one of POS_SETTINGS, grouped K/V heads, SCHEME_CONFIGS and the device-memory guard."""
     rows = attention_tbl.variants()
     out = [(r["name"], [f"defconfigs/steps/{r['id']}"]) for r in rows]
     for i, r in enumerate(rows):
@@ -487,6 +496,7 @@ def test_configs():
     # grouped K/V heads (kernels/Kconfig ATTN_KV_HEADS, QKV and KV tying only): MQA on QKV, GQA on KV tying+Pos
     out.append(("qkv_mqa", ["defconfigs/steps/QKV", "tests/configs/kv_heads_mqa"]))
     out.append(("kv_tying_gqa_pos", ["defconfigs/steps/KV_TYING", "tests/configs/pos_m7", "tests/configs/kv_heads_gqa"]))
+    out += SCHEME_CONFIGS
     # the device-memory guard (kernels/cpu/guard.c): the family, sampling, checkpoint and mechint tests with host
     # access to device memory trapped
     out.append(("guard", ["defconfigs/steps/KV_TYING", "tests/configs/pos", "tests/configs/guard"]))
@@ -587,7 +597,8 @@ def test_cuda(build_root, tmp, sanitize, part):
         else:
             print("  no GPU visible (nvidia-smi -L): the configurations above were compiled, nothing ran on a GPU")
         return
-    configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard"]
+    # the position-scheme builds stay off the GPU's short call (their schemes are in every build's test_kernels)
+    configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard" and n not in dict(SCHEME_CONFIGS)]
     if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
         configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
     # with a GPU, build for it (tests/configs/cuda names one generation, for the compile-only runs)
