@@ -116,6 +116,13 @@ def test_kconfig(tmp):
     R.check(r.returncode == 0, f"check-symbols: every Kconfig symbol defined and used\n{r.stdout}{r.stderr}")
     r = run([PY, os.path.join(REPO, "scripts", "check_layers.py")])
     R.check(r.returncode == 0, f"check_layers: every folder imports only downward\n{r.stdout}{r.stderr}")
+    # every fragment under tests/configs is part of a test configuration or named where a section or make uses
+    # it: a fragment nobody builds is a configuration nobody tests (the position schemes' sat unused for a while)
+    in_configs = {os.path.basename(f) for _, frags in TEST_CONFIGS for f in frags}
+    users = "".join(open(os.path.join(REPO, f)).read() for f in ("tests/run_tests.py", "Makefile"))
+    unused = [f for f in sorted(os.listdir(os.path.join(REPO, "tests", "configs")))
+              if f not in in_configs and f'"{f}"' not in users and f"tests/configs/{f} " not in users]
+    R.check(not unused, f"every fragment under tests/configs is used by a test configuration: unused {unused}")
     # ... and a kernel that includes a model family's header is caught (in a copy of the sources)
     copy = os.path.join(tmp, "layers")
     for folder in list(check_layers.MAY_IMPORT) + ["scripts"]:
