@@ -2880,6 +2880,40 @@ shutil.copy(os.path.join(os.environ["FAKE_CURL_SRC"], url.rsplit("/", 1)[1]), ou
 """
 
 
+def test_bpe_end_to_end(tmp, sanitize):
+    """GPT-2 on BPE token shards (CONFIG_GPT2_DATA_BPE), the path of the 124M configurations: make fetches tiny
+    Shakespeare and the GPT-2 vocabulary into an empty data folder, tokenizes it with the step's own tokenizer into
+    llm.c-format shards, trains on them and samples through the BPE decoder."""
+    section("GPT-2 on BPE token shards end to end: data, tokenizer, training, sampling")
+    data = os.path.join(tmp, "bpe-data")
+    ws = Workspace(tmp, "bpe", TINY.replace("CONFIG_GPT2_DATA_NUMBERS=y", "CONFIG_GPT2_DATA_BPE=y")
+                   .replace("CONFIG_GPT2_BLOCK_SIZE=16", "CONFIG_GPT2_BLOCK_SIZE=32")
+                   .replace("CONFIG_GPT2_BATCH_SIZE=8", "CONFIG_GPT2_BATCH_SIZE=2")
+                   .replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=6")
+                   .replace("CONFIG_GPT2_EVAL_INTERVAL=10", "CONFIG_GPT2_EVAL_INTERVAL=3")
+                   .replace('"V0,V1"', '"V0"').replace('"tiny"', '"bpe"') + f'CONFIG_DATA_DIR="{data}"\n', sanitize)
+    r = ws.make()
+    if not R.check(r.returncode == 0, f"make trains on BPE shards:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    shards = {}
+    for split, ntok in (("train_000001", 305258), ("val_000000", 32768)):
+        path = os.path.join(data, "tinyshakespeare", f"tiny_shakespeare_{split}.bin")
+        with open(path, "rb") as f:
+            head = struct.unpack("<256i", f.read(1024))
+            first = struct.unpack("<H", f.read(2))[0]
+        shards[split] = (head[:3], first, os.path.getsize(path))
+        R.check(head[:3] == (20240520, 1, ntok) and os.path.getsize(path) == 1024 + 2 * ntok,
+                f"{split} shard in llm.c's format (magic, version, {ntok} tokens): {shards[split]}")
+    R.check(shards["val_000000"][1] == 50256, "the text starts with <|endoftext|> (token 50256)")
+    log = open(os.path.join(ws.run_dir("bpe"), "train_stepV0.log")).read()
+    losses = [float(x) for x in re.findall(r"^step +\d+/6 \| loss ([0-9.]+)", log, re.M)]
+    R.check("vocab 50257 (bpe-shards)" in log and len(losses) == 6 and abs(losses[0] - math.log(50257)) < 0.2,
+            f"50,257 BPE tokens; the first loss near ln 50257 = 10.82 (uniform at initialisation): {losses[:1]}")
+    sample = re.search(r"^sample .*\n---\n(.+)\n---", log, re.M)
+    R.check(sample is not None and sample.group(1).startswith("<|endoftext|>") and sample.group(1).isprintable(),
+            f"the sample is decoded BPE text after the prompt <|endoftext|>: {sample.group(1) if sample else log[-500:]!r}")
+
+
 def test_data_mirror(tmp, sanitize):
     section("CONFIG_DATA_MIRROR: empty downloads; a missing one says so and falls back as its help says")
     src = os.path.join(REPO, "data", "tinyshakespeare")
@@ -3734,6 +3768,7 @@ def main():
             guarded(test_translation_end_to_end, tmp, args.sanitize)
         if want("data"):
             guarded(test_data_script, tmp)
+            guarded(test_bpe_end_to_end, tmp, args.sanitize)
             mirrored = guarded(test_data_mirror, tmp, args.sanitize)
             if mirrored:
                 guarded(test_verified_data, tmp, *mirrored)
