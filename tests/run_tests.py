@@ -1439,7 +1439,15 @@ def test_mechint_end_to_end(ws, tmp):
     R.check(r.returncode == 0 and "circuits" in an and "head_types" in an and "ablation" not in an and
             "kv_masks" not in an, f"mechint: MECHINT_ABLATION=n and MECHINT_MASKS=n leave those analyses out: "
             f"{sorted(an)} {r.stderr[-1000:]}")
-    ws.set("MECHINT_ABLATION=y", "MECHINT_MASKS=y")
+    # and the other two: weights and patterns off, ablation and masks on
+    ws.set("MECHINT_WEIGHTS=n", "MECHINT_PATTERNS=n", "MECHINT_ABLATION=y", "MECHINT_MASKS=y")
+    r = ws.make("mechint", f"MODELS={only}")
+    an = json.load(open(rep_path)).get("analyses", {}) if os.path.isfile(rep_path) else {}
+    R.check(r.returncode == 0 and "ablation" in an and "kv_masks" in an and
+            not set(an) & {"circuits", "qk_symmetry", "kv_alignment", "pos_kernel", "pos_bias", "attn_asymmetry",
+                           "head_types"}, f"mechint: MECHINT_WEIGHTS=n and MECHINT_PATTERNS=n leave those analyses out: "
+            f"{sorted(an)} {r.stderr[-1000:]}")
+    ws.set("MECHINT_WEIGHTS=y", "MECHINT_PATTERNS=y")
     r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
 
@@ -2883,14 +2891,16 @@ shutil.copy(os.path.join(os.environ["FAKE_CURL_SRC"], url.rsplit("/", 1)[1]), ou
 def test_bpe_end_to_end(tmp, sanitize):
     """GPT-2 on BPE token shards (CONFIG_GPT2_DATA_BPE), the path of the 124M configurations: make fetches tiny
     Shakespeare and the GPT-2 vocabulary into an empty data folder, tokenizes it with the step's own tokenizer into
-    llm.c-format shards, trains on them and samples through the BPE decoder."""
-    section("GPT-2 on BPE token shards end to end: data, tokenizer, training, sampling")
+    llm.c-format shards, trains on them and samples through the BPE decoder. Training runs until its time budget
+    (CONFIG_GPT2_MAX_TIME, as the GPU calls' ablation step caps its steps), far short of its iterations."""
+    section("GPT-2 on BPE token shards end to end: data, tokenizer, training to a time budget, sampling")
     data = os.path.join(tmp, "bpe-data")
     ws = Workspace(tmp, "bpe", TINY.replace("CONFIG_GPT2_DATA_NUMBERS=y", "CONFIG_GPT2_DATA_BPE=y")
                    .replace("CONFIG_GPT2_BLOCK_SIZE=16", "CONFIG_GPT2_BLOCK_SIZE=32")
                    .replace("CONFIG_GPT2_BATCH_SIZE=8", "CONFIG_GPT2_BATCH_SIZE=2")
-                   .replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=6")
-                   .replace("CONFIG_GPT2_EVAL_INTERVAL=10", "CONFIG_GPT2_EVAL_INTERVAL=3")
+                   .replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=1000000\nCONFIG_GPT2_MAX_TIME=2")
+                   .replace("CONFIG_GPT2_EVAL_INTERVAL=10", "CONFIG_GPT2_EVAL_INTERVAL=1000000")
+                   .replace("CONFIG_GPT2_CHECKPOINT_INTERVAL=10", "CONFIG_GPT2_CHECKPOINT_INTERVAL=1000000")
                    .replace('"V0,V1"', '"V0"').replace('"tiny"', '"bpe"') + f'CONFIG_DATA_DIR="{data}"\n', sanitize)
     r = ws.make()
     if not R.check(r.returncode == 0, f"make trains on BPE shards:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
@@ -2906,11 +2916,19 @@ def test_bpe_end_to_end(tmp, sanitize):
                 f"{split} shard in llm.c's format (magic, version, {ntok} tokens): {shards[split]}")
     R.check(shards["val_000000"][1] == 50256, "the text starts with <|endoftext|> (token 50256)")
     log = open(os.path.join(ws.run_dir("bpe"), "train_stepV0.log")).read()
-    losses = [float(x) for x in re.findall(r"^step +\d+/6 \| loss ([0-9.]+)", log, re.M)]
-    R.check("vocab 50257 (bpe-shards)" in log and len(losses) == 6 and abs(losses[0] - math.log(50257)) < 0.2,
+    losses = [float(x) for x in re.findall(r"^step +\d+/1000000 \| loss ([0-9.]+)", log, re.M)]
+    R.check("vocab 50257 (bpe-shards)" in log and losses and abs(losses[0] - math.log(50257)) < 0.2,
             f"50,257 BPE tokens; the first loss near ln 50257 = 10.82 (uniform at initialisation): {losses[:1]}")
-    sample = re.search(r"^sample .*\n---\n(.+)\n---", log, re.M)
-    R.check(sample is not None and sample.group(1).startswith("<|endoftext|>") and sample.group(1).isprintable(),
+    m = metrics(os.path.join(ws.run_dir("bpe"), "training_metrics_stepV0.json"))
+    R.check(m.get("stopped_by") == "max_time" and m.get("status") == "complete" and
+            0 < m.get("final_iteration", 0) < 1000000 and 2 <= m.get("train_seconds", 0) < 10 and
+            len(m["metrics"].get("val_losses", [])) == 1 and
+            os.path.isfile(os.path.join(ws.run_dir("bpe"), "final_model_stepV0.safetensors")),
+            f"GPT2_MAX_TIME=2 ends training after 2 s of steps, then it evaluates and saves: stopped by "
+            f"{m.get('stopped_by')} at {m.get('final_iteration')} after {m.get('train_seconds')} s")
+    sample = re.search(r"^sample .*\n---\n(.*?)\n---$", log, re.M | re.S)
+    R.check(sample is not None and sample.group(1).startswith("<|endoftext|>") and
+            sample.group(1).replace("\n", " ").isprintable(),
             f"the sample is decoded BPE text after the prompt <|endoftext|>: {sample.group(1) if sample else log[-500:]!r}")
 
 
