@@ -119,9 +119,10 @@ def test_kconfig(tmp):
     # every fragment under tests/configs is part of a test configuration or named where a section or make uses
     # it: a fragment nobody builds is a configuration nobody tests (the position schemes' sat unused for a while)
     in_configs = {os.path.basename(f) for _, frags in TEST_CONFIGS for f in frags}
-    users = "".join(open(os.path.join(REPO, f)).read() for f in ("tests/run_tests.py", "Makefile"))
-    unused = [f for f in sorted(os.listdir(os.path.join(REPO, "tests", "configs")))
-              if f not in in_configs and f'"{f}"' not in users and f"tests/configs/{f} " not in users]
+    users = "".join(open(f).read() for f in [os.path.join(REPO, "tests", "run_tests.py"), os.path.join(REPO, "Makefile")]
+                    + glob.glob(os.path.join(REPO, "scripts", "*.py")))
+    unused = [f for f in sorted(os.listdir(os.path.join(REPO, "tests", "configs"))) if f not in in_configs and
+              f'"configs", "{f}"' not in users and f"tests/configs/{f} " not in users]
     R.check(not unused, f"every fragment under tests/configs is used by a test configuration: unused {unused}")
     # ... and a kernel that includes a model family's header is caught (in a copy of the sources)
     copy = os.path.join(tmp, "layers")
@@ -604,7 +605,8 @@ def test_cuda(build_root, tmp, sanitize, part):
         else:
             print("  no GPU visible (nvidia-smi -L): the configurations above were compiled, nothing ran on a GPU")
         return
-    # the position-scheme builds stay off the GPU's short call (their schemes are in every build's test_kernels)
+    # the position-scheme builds stay off the GPU's short call (RoPE, ALiBi and the relative bias are in every build's
+    # test_kernels, sinusoidal positions in test_seq2seq's model)
     configs = [(n, f) for n, f in TEST_CONFIGS if n != "guard" and n not in dict(SCHEME_CONFIGS)]
     if not gpu:  # compile the backend in two configurations: a compile error fails CI on any machine with nvcc
         configs = [c for c in configs if c[0] in ("qkv", "kv_tying_gqa_pos")]
@@ -1181,8 +1183,8 @@ def test_units(build_root, sanitize, only):
             if name == "guard" and os.path.basename(prog) == "test_mechint":
                 continue  # mechint runs under the guard end to end (test_guard_end_to_end)
             label = f"{name}/{os.path.basename(prog)}"
-            run_test_program(prog, label, env, ("FAIL", "SKIP", "  got"))
-            if os.path.basename(prog) == "test_cuda_emu":  # again with the emulation's threads in reverse order
+            _, counts, _ = run_test_program(prog, label, env, ("FAIL", "SKIP", "  got"))
+            if counts is not None and os.path.basename(prog) == "test_cuda_emu":  # again, threads in reverse order
                 run_test_program(prog, label + " in reverse order", dict(env, KVLAB_CUDA_EMU_ORDER="reverse"))
 
 
@@ -3047,17 +3049,7 @@ def test_wandb(tmp, build_root, sanitize):
         r = run(["make", "-j1", "-f", "scripts/Makefile.build", f"B={bdir}", "WANDB_TESTS=y",
                  f"SANITIZE={1 if sanitize else ''}", prog])
         if R.check(r.returncode == 0, f"build of test_wandb:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"):
-            t0 = time.time()
-            r = run([prog], env=env)
-            counts = parse_counts(r.stdout)
-            if counts is None or r.returncode not in (0, 1):
-                R.check(False, f"test_wandb crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
-            else:
-                R.add(*counts)
-                for line in r.stdout.splitlines():
-                    if line.startswith("FAIL"):
-                        print(f"  test_wandb: {line}")
-                print(f"  test_wandb: {counts[0]} passed, {counts[1]} failed ({time.time() - t0:.1f} s)", flush=True)
+            run_test_program(prog, "test_wandb", env)
 
     # a real tiny GPT-2 training step (KV tying) reporting to the fake server
     for var in [v for v in os.environ if v.startswith("WANDB_") or v == "NETRC"]:
