@@ -194,6 +194,16 @@ def test_kconfig(tmp):
                 f"{what} with 3 K/V heads for GPT-2's 6 is accepted: {r.stderr.strip()}")
     r = run(KCONFIG + ["defconfig", os.path.join(REPO, "tests", "configs", "kv_heads_mqa"), os.path.join(tmp, "x")])
     R.check(r.returncode == 0, f"the MQA test fragment resolves on its own: {r.stderr.strip()}")
+    # the GPT-2 size presets set the shape GPT-2 small and medium have (known answers, not read from Kconfig)
+    for sym, shape in (("CONFIG_GPT2_SIZE_124M", (12, 12, 768, 1024)), ("CONFIG_GPT2_SIZE_350M", (24, 16, 1024, 1024))):
+        path = os.path.join(tmp, "size_" + sym)
+        with open(path, "w") as f:
+            f.write(f"CONFIG_GPT2=y\n{sym}=y\n")
+        r = run(KCONFIG + ["defconfig", path, path + ".config"])
+        text = open(path + ".config").read() if r.returncode == 0 else ""
+        got = tuple(int(m.group(1)) if m else None for m in (re.search(rf"^{k}=(\d+)$", text, re.M) for k in
+                    ("CONFIG_GPT2_N_LAYER", "CONFIG_GPT2_N_HEAD", "CONFIG_GPT2_N_EMBD", "CONFIG_GPT2_BLOCK_SIZE")))
+        R.check(got == shape, f"{sym}: layers, heads, channels, context {shape}: {got} {r.stderr.strip()}")
     good = os.path.join(tmp, "good.config")
     run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"), good])
     r = run(KCONFIG + ["merge", os.path.join(tmp, "m.config"), good, os.path.join(tmp, "no_such_fragment")])
