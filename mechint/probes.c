@@ -282,7 +282,10 @@ cJSON *analysis_patterns(Runner *r, const Model *m, int batches, int max_seqs, i
         cJSON_AddItemToObject(s2, "induction_loss_second_copy", num(ind_loss));
         cJSON_AddItemToObject(s2, "loss_first_copy", num(ind_loss_first));
     } else {
-        cJSON_AddStringToObject(s2, "induction", "not measured: only token models (gpt2) take repeated random sequences");
+        cJSON_AddStringToObject(s2, "induction", r->forward_tokens
+                                                     ? "not measured: CONFIG_MECHINT_INDUCTION_LEN is 0 (off)"
+                                                     : "not measured: only token models (gpt2) take repeated random "
+                                                       "sequences");
     }
     cJSON_AddItemToObject(heads, "summary", s2);
     cJSON_AddItemToObject(heads, "grid_prev", grid_json(v[C_PREV], L, H));

@@ -1444,13 +1444,17 @@ def test_mechint_end_to_end(ws, tmp):
     only = os.path.join(tmp, "mechint-weights-only")
     os.makedirs(only, exist_ok=True)
     shutil.copy(os.path.join(out, "final_model_stepV1.safetensors"), only)
-    ws.set("MECHINT_ABLATION=n", "MECHINT_MASKS=n")
+    ws.set("MECHINT_ABLATION=n", "MECHINT_MASKS=n", "MECHINT_INDUCTION_LEN=0")
     r = ws.make("mechint", f"MODELS={only}")
     rep_path = os.path.join(only, "mechint", "final_model_stepV1", "report.json")
     an = json.load(open(rep_path)).get("analyses", {}) if os.path.isfile(rep_path) else {}
     R.check(r.returncode == 0 and "circuits" in an and "head_types" in an and "ablation" not in an and
             "kv_masks" not in an, f"mechint: MECHINT_ABLATION=n and MECHINT_MASKS=n leave those analyses out: "
             f"{sorted(an)} {r.stderr[-1000:]}")
+    heads = an.get("head_types", {})
+    R.check("INDUCTION_LEN is 0" in str(heads.get("summary", {}).get("induction")) and
+            not any("induction" in h for row in heads.get("per_head", []) for h in row),
+            f"mechint: MECHINT_INDUCTION_LEN=0 turns the induction test off and says why: {heads.get('summary')}")
     # and the other two: weights and patterns off, ablation and masks on
     ws.set("MECHINT_WEIGHTS=n", "MECHINT_PATTERNS=n", "MECHINT_ABLATION=y", "MECHINT_MASKS=y")
     r = ws.make("mechint", f"MODELS={only}")
@@ -1459,7 +1463,7 @@ def test_mechint_end_to_end(ws, tmp):
             not set(an) & {"circuits", "qk_symmetry", "kv_alignment", "pos_kernel", "pos_bias", "attn_asymmetry",
                            "head_types"}, f"mechint: MECHINT_WEIGHTS=n and MECHINT_PATTERNS=n leave those analyses out: "
             f"{sorted(an)} {r.stderr[-1000:]}")
-    ws.set("MECHINT_WEIGHTS=y", "MECHINT_PATTERNS=y")
+    ws.set("MECHINT_WEIGHTS=y", "MECHINT_PATTERNS=y", *[x for x in MECHINT_SMALL if "INDUCTION" in x])
     r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
 
