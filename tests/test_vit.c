@@ -240,6 +240,29 @@ static void test_split_and_augment(void) {
     vit_data_free(&b);
 }
 
+/* CONFIG_VIT_REFERENCE_NORM: the paper's MNIST constants (mean 0.1307, std 0.3081) instead of the training
+ * images' own statistics; every pixel p of a batch becomes (p/255 - 0.1307)/0.3081. */
+static void test_reference_norm(void) {
+    VitData d;
+    Err e;
+    int P = 4, per = 8 * 8, idx[4] = {0, 1, 2, 3}, labels[4];
+    CHECK(vit_data_from_sets(&d, "mnist", synthetic(40, 8, 8, 1, 10, 3), synthetic(10, 8, 8, 1, 10, 4), 10, 7, 1, 0,
+                             &e) == 0, "reference normalisation: %s", e.msg);
+    CHECK(d.mean[0] == 0.1307 && d.std[0] == 0.3081, "reference normalisation: mean %g, std %g", d.mean[0], d.std[0]);
+    float *x = xmalloc((size_t)4 * per * sizeof(float));
+    vit_batch(&d, &d.train, idx, 4, P, 0, 1, x, labels);
+    double got = 0.0, want = 0.0; /* sums over the four images: the patch layout does not change them */
+    for (int i = 0; i < 4 * per; i++) got += x[i], want += (d.train.pixels[i] / 255.0 - 0.1307) / 0.3081;
+    CHECK(fabs(got - want) < 1e-3, "reference normalisation: pixels as (p/255 - 0.1307)/0.3081 (sums %.6f, %.6f)", got,
+          want);
+    free(x);
+    vit_data_free(&d);
+    CHECK(vit_data_from_sets(&d, "mnist", synthetic(40, 8, 8, 1, 10, 3), synthetic(10, 8, 8, 1, 10, 4), 10, 7, 0, 0,
+                             &e) == 0 && fabs(d.mean[0] - 0.1307) > 0.2,
+          "without it, the training images' own mean (%.3f for uniform pixels)", d.mean[0]);
+    vit_data_free(&d);
+}
+
 int main(void) {
     backend_init(0);
     printf("vit model test: attention %s\n", attn_variant_label(ATTN_VARIANT, ATTN_POS));
@@ -257,5 +280,6 @@ int main(void) {
     }
     test_overfit();
     test_split_and_augment();
+    test_reference_norm();
     return TEST_SUMMARY("test_vit");
 }
