@@ -2946,6 +2946,24 @@ def test_bpe_end_to_end(tmp, sanitize):
     R.check(sample is not None and sample.group(1).startswith("<|endoftext|>") and
             sample.group(1).replace("\n", " ").isprintable(),
             f"the sample is decoded BPE text after the prompt <|endoftext|>: {sample.group(1) if sample else log[-500:]!r}")
+    # shards elsewhere (FineWeb-style, several per split): the patterns name them; one that matches nothing is a
+    # one-line error naming it
+    fw = os.path.join(data, "fw")
+    os.makedirs(fw, exist_ok=True)
+    ts = os.path.join(data, "tinyshakespeare", "tiny_shakespeare_")
+    for src, dst in (("train_000001", "fw_train_000001"), ("train_000001", "fw_train_000002"), ("val_000000", "fw_val_000000")):
+        shutil.copy(f"{ts}{src}.bin", os.path.join(fw, f"{dst}.bin"))
+    ws.set("GPT2_DATA_TRAIN_SHARDS=fw/fw_train_*.bin", "GPT2_DATA_VAL_SHARDS=fw/fw_val_*.bin", "GPT2_MAX_TIME=0",
+           "GPT2_MAX_ITERS=3")
+    r = ws.make()
+    m = metrics(os.path.join(ws.run_dir("bpe"), "training_metrics_stepV0.json"))
+    R.check(r.returncode == 0 and m.get("status") == "complete" and m.get("final_iteration") == 3,
+            f"GPT2_DATA_TRAIN_SHARDS / _VAL_SHARDS: trains on the shards the patterns name: {r.stderr[-1500:]}")
+    ws.set("GPT2_DATA_TRAIN_SHARDS=fw/fw_nothing_*.bin")
+    r = ws.make()
+    errs = [x for x in (r.stdout + r.stderr).splitlines() if "error:" in x and "fw_nothing_*.bin" in x]
+    R.check(r.returncode != 0 and len(errs) == 1 and "no training shards match" in errs[0],
+            f"a training pattern that matches nothing: one error line naming it: {(r.stdout + r.stderr)[-1500:]}")
 
 
 def test_data_mirror(tmp, sanitize):
