@@ -194,6 +194,16 @@ def test_kconfig(tmp):
                 f"{what} with 3 K/V heads for GPT-2's 6 is accepted: {r.stderr.strip()}")
     r = run(KCONFIG + ["defconfig", os.path.join(REPO, "tests", "configs", "kv_heads_mqa"), os.path.join(tmp, "x")])
     R.check(r.returncode == 0, f"the MQA test fragment resolves on its own: {r.stderr.strip()}")
+    # CONFIG_CPU_NATIVE=n builds for any x86-64: no -march=native in the compile commands (make -n, nothing built)
+    for value, want in (("y", True), ("n", False)):
+        bdir = os.path.join(tmp, f"cpu-native-{value}")
+        frag = write_fragment(bdir + ".frag", f"CONFIG_CPU_NATIVE={value}\n" if value == "y" else
+                              "# CONFIG_CPU_NATIVE is not set\n")
+        r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"), frag])
+        cmd = run(["make", "-n", "-B", "-f", "scripts/Makefile.build", f"B={bdir}",
+                   os.path.join(bdir, "kernels", "cpu", "ops.o")]).stdout if r.returncode == 0 else ""
+        R.check("kernels/cpu/ops.c" in cmd and ("-march=native" in cmd) == want,
+                f"CPU_NATIVE={value}: -march=native {'in' if want else 'not in'} the compile command: {cmd[-400:]!r}")
     # the GPT-2 size presets set the shape GPT-2 small and medium have (known answers, not read from Kconfig)
     for sym, shape in (("CONFIG_GPT2_SIZE_124M", (12, 12, 768, 1024)), ("CONFIG_GPT2_SIZE_350M", (24, 16, 1024, 1024))):
         path = os.path.join(tmp, "size_" + sym)
