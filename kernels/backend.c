@@ -43,6 +43,32 @@ void args_clip(double max_norm) {
     if (!(max_norm > 0.0)) FATAL("clip_grad_norm: max_norm must be > 0, got %g", max_norm);
 }
 
+void args_embedding(int B, int T, int C, int V) {
+    args_btc("embedding_forward", B, T, C, 1);
+    if (V <= 0) FATAL("embedding_forward: vocabulary size V must be > 0, got %d", V);
+}
+
+void args_gelu_linear(const void *dpre, const void *act, const void *dout, const void *pre, int N, int C, int OC) {
+    args_linear("gelu_linear_backward", N, C, OC);
+    args_distinct("gelu_linear_backward", "dpre and pre", dpre, pre, NULL);
+    args_distinct("gelu_linear_backward", "dpre, act and dout", dpre, act, dout);
+}
+
+void args_bad_id(const char *op, IdsKind kind, int id, int index, int V) {
+    if (kind == IDS_TOKENS) FATAL("%s: token %d at position %d is outside the vocabulary (size %d)", op, id, index, V);
+    FATAL("%s: target %d at row %d is outside [0, %d)", op, id, index, V);
+}
+
+int args_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
+    int counted = 0;
+    for (int i = 0; i < n; i++) {
+        if (has_skip && ids[i] == skip) continue;
+        if (ids[i] < 0 || ids[i] >= V) args_bad_id(op, kind, ids[i], i, V);
+        counted++;
+    }
+    return counted;
+}
+
 /* ------------------------------------------------------------------ dropout */
 
 uint64_t dropout_seed(uint64_t run_seed, uint64_t step, uint64_t site) {

@@ -19,10 +19,6 @@ size_t dropout_batch_offset(size_t n, const char *op);
  * The contracts of the ops of kernels.h that do not depend on where their data is (shapes, ranges, aliasing),
  * written once: every backend's op makes its checks before any work. Each stops the program with one line
  * naming op and what is wrong. (Checks of values in device memory, such as token ids, are the backends'.) */
-#define ARG_CHECK(cond, op, ...)                 \
-    do {                                         \
-        if (!(cond)) FATAL(op ": " __VA_ARGS__); \
-    } while (0)
 void args_btc(const char *op, int B, int T, int C, int min_T); /* (B, T, C), B and C > 0, T >= min_T */
 void args_pool(const char *op, int B, int T, int C, int first, int count);
 void args_rows(const char *op, int N, int C);           /* N rows of C values */
@@ -32,6 +28,15 @@ void args_distinct(const char *op, const char *names, const void *a, const void 
 void args_classes(const char *op, int N, int V, float smoothing); /* N rows of V classes, smoothing in [0, 1) */
 void args_adamw(int t);
 void args_clip(double max_norm);
+void args_embedding(int B, int T, int C, int V); /* (B, T) token ids into (B, T, C), V > 0 */
+/* gelu_linear_backward: the shape, dpre apart from pre, and dpre, act and dout three buffers */
+void args_gelu_linear(const void *dpre, const void *act, const void *dout, const void *pre, int N, int C, int OC);
+/* Ids outside [0, V): the tokens of embedding_forward, the targets of crossentropy_forward (which skips
+ * ignore_index). args_ids checks ids in host memory and returns how many count (not skipped); a backend that
+ * finds the first bad id elsewhere stops with args_bad_id, so both say the same line. */
+typedef enum { IDS_TOKENS, IDS_TARGETS } IdsKind;
+int args_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip);
+void args_bad_id(const char *op, IdsKind kind, int id, int index, int V);
 
 /* ---- profile (kernels.h, kprof_start) ----------------------------------------
  * KPROF_OP() opens every public op of a backend: a scope named after the

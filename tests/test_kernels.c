@@ -1409,12 +1409,18 @@ static void bad_attention(void) {
 }
 static void bad_dropout(void) { dropout_forward(adummy, adummy, 4, 1.5f, 1); }
 static void bad_embedding(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f); }
+static void bad_embedding_vocab(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 1, 2, 0, 1.0f); }
 static void bad_crossentropy(void) { crossentropy_forward(dummy, dummy, adummy, bad_ids + 2, 1, 4, -1, 0.0f); }
+/* the ignored id (0) skipped: the first bad target is 7, at row 1 */
+static void bad_crossentropy_skip(void) { crossentropy_forward(dummy, dummy, adummy, bad_ids, 3, 4, 0, 0.0f); }
 static void bad_pool(void) { pool_tokens_forward(adummy, adummy, 1, 4, 2, 3, 2); }
 /* the contracts of kernels/backend.h's argument checks, one call breaking each */
 static void bad_linear_gelu(void) { linear_gelu_forward(adummy, adummy + 16, adummy + 16, dummy, NULL, 1, 4, 4); }
 static void bad_gelu_linear(void) {
     gelu_linear_backward(adummy, dummy, NULL, adummy + 16, adummy + 32, adummy, dummy + 16, 1, 4, 4);
+}
+static void bad_gelu_linear_dout(void) {
+    gelu_linear_backward(adummy, dummy, NULL, adummy + 16, adummy + 16, adummy + 32, dummy + 16, 1, 4, 4);
 }
 static void bad_linear_backward(void) { linear_backward(NULL, dummy, NULL, adummy, adummy + 16, dummy, 2, 0, 4); }
 static void bad_tokens_embed(void) { tokens_embed_forward(adummy, adummy + 16, dummy, NULL, 1, 1, 4); }
@@ -1516,12 +1522,15 @@ static void test_argument_errors(void) {
     expect_error("layernorm_forward", "layernorm");
     expect_error("attention_forward", "attention");
     expect_error("dropout_forward", "dropout");
-    expect_error("embedding_forward", "embedding");
-    expect_error("crossentropy_forward", "crossentropy");
+    expect_error("embedding_forward: token 7 at position 1 is outside the vocabulary (size 5)", "embedding");
+    expect_error("crossentropy_forward: target 9 at row 0 is outside [0, 4)", "crossentropy");
+    expect_error("crossentropy_forward: target 7 at row 1 is outside [0, 4)", "crossentropy_skip");
+    expect_error("embedding_forward: vocabulary size V must be > 0, got 0", "embedding_vocab");
     expect_error("cross_attention_forward", "cross_attention");
     expect_error("pool_tokens_forward", "pool");
     expect_error("linear_gelu_forward: pre, out and inp must be different buffers", "linear_gelu");
     expect_error("gelu_linear_backward: dpre and pre must be different buffers", "gelu_linear");
+    expect_error("gelu_linear_backward: dpre, act and dout must be different buffers", "gelu_linear_dout");
     expect_error("linear_backward: bad shape N=2 C=0 OC=4", "linear_backward");
     expect_error("tokens_embed_forward: bad shape B=1 T=1 C=4", "tokens_embed");
     expect_error("crossentropy_backward: label smoothing must be in [0, 1)", "smoothing");
@@ -1712,7 +1721,8 @@ static int run_bad_call(const char *name) {
                  {"kv_heads_decode", bad_kv_heads_decode}, {"linear_gelu", bad_linear_gelu},
                  {"gelu_linear", bad_gelu_linear}, {"linear_backward", bad_linear_backward},
                  {"tokens_embed", bad_tokens_embed}, {"smoothing", bad_smoothing}, {"argmax", bad_argmax},
-                 {"adamw", bad_adamw}, {"clip", bad_clip}};
+                 {"adamw", bad_adamw}, {"clip", bad_clip}, {"embedding_vocab", bad_embedding_vocab},
+                 {"crossentropy_skip", bad_crossentropy_skip}, {"gelu_linear_dout", bad_gelu_linear_dout}};
     dummy = dev_alloc(64 * sizeof(float));
     adummy = dev_alloc(64 * sizeof(float));
     bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));

@@ -19,12 +19,8 @@
 void embedding_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
-    args_btc("embedding_forward", B, T, C, 1);
-    ARG_CHECK(V > 0, "embedding_forward", "vocabulary size V must be > 0, got %d", V);
-    for (int i = 0; i < B * T; i++) {
-        ARG_CHECK(tokens[i] >= 0 && tokens[i] < V, "embedding_forward",
-                  "token %d at position %d is outside the vocabulary (size %d)", tokens[i], i, V);
-    }
+    args_embedding(B, T, C, V);
+    args_ids("embedding_forward", IDS_TOKENS, tokens, B * T, V, 0, 0);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < B * T; i++) {
         const float *e = wte + (size_t)tokens[i] * C;
@@ -322,9 +318,7 @@ void linear_gelu_forward(float *pre, float *out, const float *inp, const float *
 void gelu_linear_backward(float *dpre, float *dw, float *db, const float *dout, const float *act, const float *pre,
                           const float *w, int N, int C, int OC) {
     KPROF_OP();
-    args_linear("gelu_linear_backward", N, C, OC);
-    args_distinct("gelu_linear_backward", "dpre and pre", dpre, pre, NULL);
-    args_distinct("gelu_linear_backward", "dpre, act and dout", dpre, act, dout);
+    args_gelu_linear(dpre, act, dout, pre, N, C, OC);
     size_t n = (size_t)N * C;
     memset(dpre, 0, n * sizeof(float));
     linear_backward(dpre, dw, db, dout, act, w, N, C, OC);
@@ -375,13 +369,7 @@ int crossentropy_forward(float *losses, float *lse, const float *logits, const i
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
-    int counted = 0;
-    for (int i = 0; i < N; i++) {
-        if (targets[i] == ignore_index) continue;
-        ARG_CHECK(targets[i] >= 0 && targets[i] < V, "crossentropy_forward",
-                  "target %d at row %d is outside [0, %d)", targets[i], i, V);
-        counted++;
-    }
+    int counted = args_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;

@@ -61,8 +61,8 @@ __global__ void check_ids_kernel(int *flag, const int *ids, int n, int V, int ha
 static int *g_ids_flag;
 
 /* Checks ids on the device (the host waits for the answer: once per batch). Returns how many count; stops with
- * the CPU backend's message (fmt: the id, its index, V) if one is outside [0, V). */
-static int check_ids(const char *fmt, const int *ids, int n, int V, int has_skip, int skip) {
+ * args_bad_id's message (the CPU backend's) if one is outside [0, V). */
+static int check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
     if (!g_ids_flag) g_ids_flag = (int *)dev_alloc(2 * sizeof(int));
     const int init[2] = {INT_MAX, 0};
     cuda_sync_before_copy();
@@ -74,7 +74,7 @@ static int check_ids(const char *fmt, const int *ids, int n, int V, int has_skip
     if (got[0] != INT_MAX) {
         int bad;
         dev_download(&bad, ids + got[0], sizeof bad);
-        FATAL(fmt, bad, got[0], V);
+        args_bad_id(op, kind, bad, got[0], V);
     }
     return got[1];
 }
@@ -94,9 +94,8 @@ __global__ void embedding_forward_kernel(act_t *out, const int *tokens, const fl
 void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
-    args_btc("embedding_forward", B, T, C, 1);
-    ARG_CHECK(V > 0, "embedding_forward", "vocabulary size V must be > 0, got %d", V);
-    check_ids("embedding_forward: token %d at position %d is outside the vocabulary (size %d)", tokens, B * T, V, 0, 0);
+    args_embedding(B, T, C, V);
+    check_ids("embedding_forward", IDS_TOKENS, tokens, B * T, V, 0, 0);
     size_t n = (size_t)B * T * C;
     embedding_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, tokens, wte, wpe, B * T, T, C,
                                                                                  scale);
@@ -638,9 +637,7 @@ void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *
 void gelu_linear_backward(act_t *dpre, float *dw, float *db, const act_t *dout, const act_t *act, const act_t *pre,
                           const float *w, int N, int C, int OC) {
     KPROF_OP();
-    args_linear("gelu_linear_backward", N, C, OC);
-    args_distinct("gelu_linear_backward", "dpre and pre", dpre, pre, NULL);
-    args_distinct("gelu_linear_backward", "dpre, act and dout", dpre, act, dout);
+    args_gelu_linear(dpre, act, dout, pre, N, C, OC);
     cuda_ready();
     linear_backward(NULL, dw, db, dout, act, w, N, C, OC);
     /* column-major dpre' (C x N) = W' dout', W' the (C, OC) view of W */
@@ -715,7 +712,7 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
-    int counted = check_ids("crossentropy_forward: target %d at row %d is outside [0, %d)", targets, N, V, 1, ignore_index);
+    int counted = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
     crossentropy_forward_kernel<<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
                                                              smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
