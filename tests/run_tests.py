@@ -1325,6 +1325,37 @@ class Workspace:
         return os.path.join(self.dir, build, run_name, step, family, f"train_{family}")
 
 
+# The learning-rate schedules of train/schedule.h, written again from their definitions as the oracle of the rates
+# the trainers log: each logged iteration i (counted from 1) was trained at the rate of step i - 1.
+def lr_warmup_cosine(it, warmup, max_iters, lr, min_lr):
+    if it < warmup:
+        return lr * (it + 1) / warmup
+    if max_iters - 1 <= warmup:
+        return lr
+    p = min(1.0, (it - warmup) / (max_iters - 1 - warmup))
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * p)) * (lr - min_lr)
+
+
+def lr_cosine_ref(t, warmup, total, lr):  # the reference synthetic runs: 0 at step 0 of each job
+    f = 0.5 * (1.0 + math.cos(math.pi * t / total))
+    return lr * f * (t / warmup if t < warmup else 1.0)
+
+
+def lr_noam(step, d, warmup, factor):  # "Attention is all you need", step counted from 1
+    return factor / math.sqrt(d) * min(step ** -0.5, step * max(warmup, 1) ** -1.5)
+
+
+def check_logged_lrs(m, want, label, expect_logged):
+    """The learning_rates of metrics m against want(step) for the step of each logged iteration (relative 1e-9),
+    with exactly the iterations expect_logged logged."""
+    s = m["metrics"]
+    its, lrs = s.get("iterations", []), s.get("learning_rates", [])
+    bad = [(i, lr, want(i - 1)) for i, lr in zip(its, lrs) if abs(lr - want(i - 1)) > 1e-9 * abs(want(i - 1)) + 1e-15]
+    R.check(its == list(expect_logged) and len(lrs) == len(its) and not bad,
+            f"{label}: the logged learning rates follow the schedule ({len(its)} logged, "
+            f"first mismatches (iteration, logged, expected): {bad[:3]})")
+
+
 def metrics(path):
     with open(path) as f:
         return json.load(f)
@@ -1367,7 +1398,9 @@ def test_ablation_end_to_end(ws):
                 f"{step}: metrics carry the run's facts")
         R.check(m.get("decode_tokens_per_s", 0) > 0 and m.get("decode_tokens") == 15 and m.get("decode_context") == 16,
                 f"{step}: cached decoding speed over the context: {m.get('decode_tokens_per_s')}")
-        R.check(len(s["learning_rates"]) == 30 and len(s["timestamps"]) == 30, f"{step}: lr and timestamps")
+        R.check(len(s["timestamps"]) == 30, f"{step}: a timestamp per iteration")
+        check_logged_lrs(m, lambda it: lr_warmup_cosine(it, 5, 30, 3e-3, 6e-5), f"GPT-2 {step} (warmup 5, cosine "
+                         "to GPT2_MIN_LR's default)", range(1, 31))
         cfg = open(os.path.join(out, f"config_step{step}")).read()
         build = "build-san" if ws.sanitize else "build"
         R.check(cfg == open(os.path.join(ws.dir, build, "tiny", step, ".config")).read(),
@@ -1663,9 +1696,9 @@ def test_failing_step(tmp, sanitize):
     R.check([s["status"] for s in summ["steps"]] == ["failed", "complete"], "the summary marks the failed step")
 
 
-def run_binary(binary, out, step, env=None):
+def run_binary(binary, out, step, env=None, args=()):
     e = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", **(env or {}))
-    return run([binary, "train", "--out", out, "--step", step], env=e)
+    return run([binary, "train", "--out", out, "--step", step] + list(args), env=e)
 
 
 def kill_after(binary, out, step, line_prefix, sig):
@@ -2034,6 +2067,49 @@ def test_fatal_error_status(ws):
     R.check(not glob.glob(os.path.join(out, "*.tmp.*")), "the failed write leaves no temporary file")
 
 
+# GPT-2's build-time options that the other workspaces leave at their defaults, in one build of one step: no biases
+# in the linear layers and LayerNorms, an untied head with its own bias, and the sample at the end of training at
+# its configured temperature, top-k and prompt.
+GPT2_OPTIONS = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
+    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="opts"') + """# CONFIG_GPT2_BIAS is not set
+# CONFIG_GPT2_TIE_WEIGHTS is not set
+CONFIG_GPT2_HEAD_BIAS=y
+CONFIG_GPT2_SAMPLE_TEMPERATURE="1.5"
+CONFIG_GPT2_SAMPLE_TOP_K=3
+CONFIG_GPT2_SAMPLE_PROMPT="one hundred"
+"""
+
+
+def test_gpt2_options(tmp, sanitize):
+    section("GPT-2 without biases, an untied head with a bias, the final sample at its configured options")
+    ws = Workspace(tmp, "gpt2-options", GPT2_OPTIONS, sanitize)
+    r = ws.make()
+    out = ws.run_dir("opts")
+    if not R.check(r.returncode == 0, f"make runs the options build:\n{r.stdout[-3000:]}{r.stderr[-2000:]}"):
+        return
+    ck = os.path.join(out, "final_model_stepV0.safetensors")
+    tensors, _ = safetensors_tensors(ck)
+    shapes = json.loads(open(ck, "rb").read()[8:8 + struct.unpack("<Q", open(ck, "rb").read(8))[0]])
+    biases = sorted(k for k in tensors if k.endswith(".bias"))
+    V = shapes["wte.weight"]["shape"][0]
+    R.check(biases == ["lm_head.bias"] and shapes["lm_head.weight"]["shape"] == [V, 16] and
+            shapes["lm_head.bias"]["shape"] == [V],
+            f"GPT2_BIAS=n, GPT2_TIE_WEIGHTS=n, GPT2_HEAD_BIAS=y: the only bias is the head's: {biases}")
+    m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    R.check(m["parameters"] == sum(len(v) for v in tensors.values()) // 4,
+            f"the parameter count is the checkpoint's ({m['parameters']})")
+    # the sample after training: the sample command given the same values by hand writes the same text
+    log = open(os.path.join(out, "train_stepV0.log")).read()
+    found = re.search(r"sample \(temperature 1\.5, top-k 3\):\n---\n(.*)\n---\n", log, re.S)
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    by_hand = run([ws.binary("V0", "opts"), "sample", "--ckpt", ck, "--prompt", "one hundred", "--temperature", "1.5",
+                   "--top-k", "3", "--length", "8", "--seed", "1337"], env=env)
+    R.check(found is not None and found.group(1).startswith("one hundred") and by_hand.returncode == 0 and
+            by_hand.stdout == found.group(1) + "\n",
+            f"GPT2_SAMPLE_TEMPERATURE/TOP_K/PROMPT reach the sample after training: "
+            f"{found.group(1) if found else log[-300:]!r} vs by hand {by_hand.stdout!r}")
+
+
 def test_sampling_and_bad_checkpoints(ws, tmp):
     section("sampling with the KV cache; bad checkpoints")
     out = ws.run_dir()
@@ -2330,6 +2406,8 @@ def test_vit_end_to_end(tmp, sanitize):
                 f"ViT {step}: the confusion matrix covers the 10,000 test images and agrees with the accuracy")
         R.check(0.3 < m["test_accuracy"] <= 1.0 and "best_model_test_accuracy" in m,
                 f"ViT {step}: test accuracies of the final and the best model ({m['test_accuracy']:.3f})")
+        check_logged_lrs(m, lambda it: lr_warmup_cosine(it, 0, 58, 3e-3, 1e-3),
+                         f"ViT {step} (no warmup, cosine to VIT_MIN_LR's default below VIT_LR)", range(1, 59))
     m0 = metrics(os.path.join(out, "training_metrics_stepV0.json"))
     m1 = metrics(os.path.join(out, "training_metrics_stepKV.json"))
     R.check(m0["parameters"] - m1["parameters"] == 16 * 16, "ViT KV has one projection (C^2, no bias) fewer than QKV")
@@ -2337,6 +2415,16 @@ def test_vit_end_to_end(tmp, sanitize):
     profile_by_hand(ws.binary("KV", "tinyvit", "vit"), os.path.join(tmp, "profile-vit"), "KV", ["VIT_EPOCHS=1"], 2,
                     {"attention_forward": 1, "attention_backward": 1, "adamw_update_spans": 1,
                      "tokens_embed_forward": 1})
+    # VIT_WARMUP_ITERS and VIT_MIN_LR at values the defaults leave untried (run-time symbols): a warmup of 7 steps,
+    # then the cosine down to 0 at the last of the 29 steps of one epoch
+    sched = os.path.join(tmp, "vit-schedule")
+    rs = run_binary(ws.binary("KV", "tinyvit", "vit"), sched, "KV",
+                    args=["--set", "VIT_EPOCHS=1", "--set", "VIT_WARMUP_ITERS=7", "--set", "VIT_MIN_LR=0"])
+    if R.check(rs.returncode == 0, f"ViT with VIT_WARMUP_ITERS=7 VIT_MIN_LR=0: {rs.stderr[-500:]}"):
+        m = metrics(os.path.join(sched, "training_metrics_stepKV.json"))
+        check_logged_lrs(m, lambda it: lr_warmup_cosine(it, 7, 29, 3e-3, 0.0),
+                         "ViT KV with VIT_WARMUP_ITERS=7 and VIT_MIN_LR=0", range(1, 30))
+        R.check(m["metrics"]["learning_rates"][-1] == 0.0, "ViT: the rate of the last step is VIT_MIN_LR (0)")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
             summ["paper"][0]["paper"] == 0.887, "the summary puts the paper's Fashion-MNIST numbers beside ours")
@@ -2365,6 +2453,34 @@ def test_vit_end_to_end(tmp, sanitize):
     if os.path.exists(gpt):
         r = run([binary, "eval", "--ckpt", gpt], env=env)
         R.check(r.returncode == 1 and "model family 'gpt2'" in r.stderr, f"a GPT-2 checkpoint is refused: {r.stderr}")
+    # the build-time options TINY_VIT leaves at their defaults, in one rebuild: mean pooling (no CLS token), a linear
+    # head behind a final LayerNorm, biases on the attention projections; the checkpoint holds exactly the tensors
+    # they add and remove, the model description says so, and the model trains and evaluates
+    rebuild_after(ws, "VIT_POOL_MEAN=y", "VIT_HEAD_MLP=n", "VIT_FINAL_LN=y", "VIT_ATTN_BIAS=y")
+    opts = os.path.join(ws.dir, "options")
+    binary = ws.binary("KV", "tinyvit", "vit")
+    r = run_binary(binary, opts, "KV")
+    if not R.check(r.returncode == 0, f"ViT with the options flipped: {r.stderr[-800:]}"):
+        return
+    ck = os.path.join(opts, "final_model_stepKV.safetensors")
+    got, meta = safetensors_tensors(ck)
+    base, _ = safetensors_tensors(os.path.join(out, "final_model_stepKV.safetensors"))
+    attn = [k for k in base if re.fullmatch(r"blocks\.\d+\.attn\.\w+\.weight", k) and ".proj." not in k]
+    want = (set(base) - {"cls", "head.fc.weight", "head.fc.bias"}) | {"lnf.weight", "lnf.bias"} | \
+        {k[:-len("weight")] + "bias" for k in attn}
+    R.check(set(got) == want and attn and len(got["pos_emb"]) == len(base["pos_emb"]) * 16 // 17 and
+            len(got["head.out.weight"]) == 10 * 16 * 4,
+            f"ViT options: the checkpoint's tensors ({sorted(set(got) ^ want)} differ from those expected)")
+    model = json.loads(meta.get("model", "{}"))
+    R.check(model.get("pooling") == "mean" and model.get("head") == "linear" and model.get("final_ln") is True and
+            model.get("attn_bias") is True and model.get("tokens") == 16,
+            f"ViT options: the model description: {model}")
+    mo = metrics(os.path.join(opts, "training_metrics_stepKV.json"))
+    R.check(mo["parameters"] == sum(len(v) for v in got.values()) // 4 and 0.3 < mo["test_accuracy"] <= 1.0,
+            f"ViT options: parameters {mo['parameters']}, test accuracy {mo['test_accuracy']:.3f}")
+    r = run([binary, "eval", "--ckpt", ck], env=env)
+    R.check(r.returncode == 0 and f"test accuracy {mo['test_accuracy']:.4f}" in r.stdout,
+            f"ViT options: eval reproduces the test accuracy: {r.stdout[:200]}{r.stderr[-300:]}")
 
 
 def test_synthetic_end_to_end(tmp, sanitize):
@@ -2384,6 +2500,10 @@ def test_synthetic_end_to_end(tmp, sanitize):
                 abs(acc["copy"] - (jobs[0] + jobs[1]) / 2) < 1e-6,
                 f"synthetic {step}: per-task means over the seeds of the per-job test accuracies: {acc}")
         R.check(all(0.5 < j <= 1.0 for j in jobs), f"synthetic {step}: copy and sub are learned (chance 0.1): {jobs}")
+        # 4 jobs of 64 steps, each starting its schedule afresh: logged every 8 iterations and at each job's start
+        check_logged_lrs(m, lambda it: lr_cosine_ref(it % 64, 5, 64, 5e-3),
+                         f"synthetic {step} (the reference cosine, warmup 5, per job)",
+                         [i for i in range(1, 257) if i % 8 == 0 or (i - 1) % 64 == 0])
         R.check(len(m["metrics"].get("test_bleus", [])) == 4 * 2 and
                 all(v is None for v in m["metrics"]["test_bleus"]),
                 f"synthetic {step}: no test BLEU per epoch (null per epoch, as val_bleus)")
@@ -2413,6 +2533,15 @@ def test_synthetic_end_to_end(tmp, sanitize):
     for key in ("train_losses", "val_losses", "train_epoch_accuracies"):
         R.check(ma["metrics"][key] == mb["metrics"][key], f"synthetic resume: {key} equal to the uninterrupted run")
     R.check(ma["synthetic_test_accuracy"] == mb["synthetic_test_accuracy"], "synthetic resume: the same test results")
+    # the other schedule, Noam's (translation's default), on the synthetic tasks: a build-time choice
+    rebuild_after(ws, "SEQ2SEQ_SCHED_NOAM=y")
+    noam = os.path.join(ws.dir, "noam")
+    r = run_binary(binary, noam, "KV",
+                   args=["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set", "SEQ2SEQ_EPOCHS=1"])
+    if R.check(r.returncode == 0, f"synthetic with SEQ2SEQ_SCHED_NOAM: {r.stderr[-500:]}"):
+        check_logged_lrs(metrics(os.path.join(noam, "training_metrics_stepKV.json")),
+                         lambda it: lr_noam(it + 1, 16, 5, 5e-3), "synthetic KV with SEQ2SEQ_SCHED_NOAM",
+                         [1, 8, 16, 24, 32])
 
 
 def test_translation_end_to_end(tmp, sanitize):
@@ -2435,6 +2564,9 @@ def test_translation_end_to_end(tmp, sanitize):
     R.check(len(tb) == 1 and tb[0] is not None and abs(tb[0] - m["test_bleu_greedy"]) < 1e-9,
             f"SEQ2SEQ_TEST_BLEU_EPOCHS: the test BLEU after the one epoch is the final model's greedy test BLEU "
             f"({tb} vs {m.get('test_bleu_greedy')})")
+    n = m["final_iteration"]
+    check_logged_lrs(m, lambda it: lr_noam(it + 1, 16, 20, 1.0), "translation (Noam's schedule, warmup 20)",
+                     [1] + list(range(10, n + 1, 10)))
     log = open(os.path.join(out, "train_stepbase.log")).read()
     R.check(log.count("  src: ") == 5 and "  hyp: " in log and "test: BLEU" in log,
             "translation: sample translations and the test BLEU in the log")
@@ -2445,6 +2577,28 @@ def test_translation_end_to_end(tmp, sanitize):
     r = run([binary, "translate", "--ckpt", ckpt, "--n", "3", "--beam", "1"], env=env)
     R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 3 and "BLEU" in r.stdout,
             f"train_seq2seq translate: {r.stdout[-300:]}{r.stderr[-300:]}")
+    # SEQ2SEQ_LABEL_SMOOTHING (a run-time symbol): the loss of the first step, before any update, is
+    # (1 - s) CE + s U (U: the mean over the words of -log p), linear in s; runs at s = 0 and 0.5 beside make's 0.1
+    # must lie on one line. The s = 0.5 run is built with SEQ2SEQ_SCHED_COSINE (the choice's other value), which
+    # leaves the first step's loss alone, at a rate that suits it.
+    first = {0.1: m["metrics"]["train_losses"][0]}
+    r = run_binary(binary, os.path.join(ws.dir, "smooth0"), "base", args=["--set", "SEQ2SEQ_LABEL_SMOOTHING=0"])
+    if R.check(r.returncode == 0, f"translation with SEQ2SEQ_LABEL_SMOOTHING=0: {r.stderr[-500:]}"):
+        first[0.0] = metrics(os.path.join(ws.dir, "smooth0", "training_metrics_stepbase.json"))["metrics"][
+            "train_losses"][0]
+    rebuild_after(ws, "SEQ2SEQ_SCHED_COSINE=y")
+    cos = os.path.join(ws.dir, "cosine")
+    r = run_binary(binary, cos, "base", args=["--set", "SEQ2SEQ_LABEL_SMOOTHING=0.5", "--set", "SEQ2SEQ_LR=2e-3"])
+    if R.check(r.returncode == 0, f"translation with SEQ2SEQ_SCHED_COSINE: {r.stderr[-500:]}"):
+        mc = metrics(os.path.join(cos, "training_metrics_stepbase.json"))
+        check_logged_lrs(mc, lambda it: lr_cosine_ref(it, 20, n, 2e-3), "translation with SEQ2SEQ_SCHED_COSINE",
+                         [1] + list(range(10, n + 1, 10)))
+        first[0.5] = mc["metrics"]["train_losses"][0]
+    if len(first) == 3:
+        d1, d5 = first[0.1] - first[0.0], first[0.5] - first[0.0]
+        # U is close to CE at the initial, nearly uniform prediction: d5 is about 1e-3, met to about 1e-8
+        R.check(abs(d5) > 1e-4 and abs(d5 - 5 * d1) <= 2e-2 * abs(d5),
+                f"SEQ2SEQ_LABEL_SMOOTHING: the first loss at s = 0, 0.1, 0.5 lies on one line ({first})")
     # a damaged corpus file: one line naming it, exit 1
     bad = os.path.join(ws.dir, "baddata")
     os.makedirs(os.path.join(bad, "data", "multi30k"))
@@ -3803,6 +3957,7 @@ def main():
                 guarded(test_stale_temp_files, ws)
                 guarded(test_skip_and_redo, ws)
                 guarded(test_failed_start_keeps_outputs, ws)
+            guarded(test_gpt2_options, tmp, args.sanitize)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
