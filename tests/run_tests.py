@@ -707,8 +707,24 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         r = run(["make", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", var, "VARIANT_TESTS=y"])
         R.check(r.returncode != 0 and what in r.stderr and "hint:" in r.stderr and r.stderr.count("\n") == 1,
                 f"make {var} on a CUDA configuration with NCCL stops with one line: {r.stderr!r}")
+    emulated_device_index(build_root, frag_dir, emu)
     if not sanitize:
         cuda_against_cpu(tmp, emulated=True)
+
+
+def emulated_device_index(build_root, frag_dir, emu):
+    """CONFIG_CUDA_DEVICE naming a GPU the machine lacks (the emulation has one, index 0): one line at start-up."""
+    bdir = os.path.join(build_root, "tests-cuda", "emu-device1")
+    dev = write_fragment(os.path.join(frag_dir, "emu-device1.frag"), "CONFIG_CUDA_DEVICE=1\n")
+    run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"),
+                   os.path.join(REPO, "tests", "configs", "cuda"), dev])
+    r = run(["make", f"-j{NPROC}", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", "TESTS=y", "VARIANT_TESTS=y"] +
+            emu + [os.path.join(bdir, "tests", "test_kernels")])
+    if R.check(r.returncode == 0, f"emulated build with CONFIG_CUDA_DEVICE=1: {r.stderr[-1500:]}"):
+        r = run([os.path.join(bdir, "tests", "test_kernels")], env=unit_test_env())
+        R.check(r.returncode == 1 and not r.stdout and r.stderr.count("\n") == 1 and
+                "GPU index 1 configured, this machine has 1" in r.stderr and "CUDA_DEVICE" in r.stderr,
+                f"CONFIG_CUDA_DEVICE=1 on a machine with one GPU: one error line: {r.stdout[-300:]}{r.stderr!r}")
 
 
 def device_summary(out):
