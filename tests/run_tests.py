@@ -1522,6 +1522,26 @@ def test_mechint_end_to_end(ws, tmp):
             not set(an) & {"circuits", "qk_symmetry", "kv_alignment", "pos_kernel", "pos_bias", "attn_asymmetry",
                            "head_types"}, f"mechint: MECHINT_WEIGHTS=n and MECHINT_PATTERNS=n leave those analyses out: "
             f"{sorted(an)} {r.stderr[-1000:]}")
+    # MECHINT_MASK_TARGETS sets the points of the masks' curve; MECHINT_SEED the random baselines' draws and the
+    # report's seed, never the learned masks (their training draws nothing: a GPT-2's held-out batches are fixed)
+    before = an.get("kv_masks", {}).get("curve", [])
+    ws.set("MECHINT_MASK_TARGETS=0.5,0.25,0.1", "MECHINT_SEED=99")
+    r = ws.make("mechint", f"MODELS={only}")
+    rep = json.load(open(rep_path)) if os.path.isfile(rep_path) else {}
+    after = rep.get("analyses", {}).get("kv_masks", {}).get("curve", [])
+
+    def col(curve, key):
+        return [pt.get(key) for pt in curve]
+    R.check(r.returncode == 0 and rep.get("seed") == 99 and col(before, "target_kept") == [0.5, 0.25] and
+            col(after, "target_kept") == [0.5, 0.25, 0.1] and
+            all(abs(pt["kept"] - pt["target_kept"]) < 0.05 for pt in after) and
+            col(after, "faithfulness")[:2] == col(before, "faithfulness") and
+            col(after, "random_faithfulness_mean")[:2] != col(before, "random_faithfulness_mean"),
+            f"mechint: MECHINT_MASK_TARGETS=0.5,0.25,0.1 and MECHINT_SEED=99: seed {rep.get('seed')}, targets "
+            f"{col(after, 'target_kept')}, kept {col(after, 'kept')}, faithfulness {col(before, 'faithfulness')} -> "
+            f"{col(after, 'faithfulness')}, random {col(before, 'random_faithfulness_mean')} -> "
+            f"{col(after, 'random_faithfulness_mean')}")
+    ws.set("MECHINT_MASK_TARGETS=0.5,0.25", "MECHINT_SEED=1234")
     ws.set("MECHINT_WEIGHTS=y", "MECHINT_PATTERNS=y", *[x for x in MECHINT_SMALL if "INDUCTION" in x])
     r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
