@@ -2519,6 +2519,116 @@ def test_vit_end_to_end(tmp, sanitize):
             f"ViT options: eval reproduces the test accuracy: {r.stdout[:200]}{r.stderr[-300:]}")
 
 
+# The ViT's other data sets (the paper's Table 3 rows) on small stand-ins in the real formats: images whose colour
+# gives their class away, so that a model that reads them right learns them. The real sets are downloads.
+TINY_VIT_DATA = """# CONFIG_GPT2 is not set
+CONFIG_VIT=y
+CONFIG_VIT_DIM=16
+CONFIG_VIT_LAYERS=1
+CONFIG_VIT_HEADS=2
+CONFIG_VIT_MLP=16
+CONFIG_VIT_PATCH=8
+CONFIG_VIT_DATA_CIFAR10=y
+CONFIG_VIT_BATCH_SIZE=50
+CONFIG_VIT_VAL_IMAGES=100
+CONFIG_VIT_EPOCHS=10
+CONFIG_VIT_LR="1e-2"
+CONFIG_VIT_LOG_INTERVAL=1
+CONFIG_VIT_CHECKPOINT_INTERVAL=100
+CONFIG_RUN_NAME="vitdata"
+"""
+
+
+def stand_in_images(n, classes, size, channels, seed):
+    """n images (channel-major rows, as CIFAR stores them) with labels: class k a flat colour of its own plus a
+    fixed pattern of +-4."""
+    labels = [(i * 7 + seed) % classes for i in range(n)]
+    images = []
+    for i, k in enumerate(labels):
+        img = bytearray()
+        for c in range(channels):
+            base = (40 + 170 * k // max(1, classes - 1) + 60 * c * (k % 2)) % 256
+            img += bytes(max(0, min(255, base + (((i + j) * 13 + c) % 9) - 4)) for j in range(size * size))
+        images.append(bytes(img))
+    return labels, images
+
+
+def write_stand_in_data(root):
+    """CIFAR-10 (5 training batches of 100 and a test batch of 200), CIFAR-100 (both labels) and MNIST (gzipped idx)
+    under root, laid out as scripts/get_data.sh leaves them. Returns {set: labels of its test images}."""
+    tests = {}
+    c10 = os.path.join(root, "cifar10", "cifar-10-batches-bin")
+    os.makedirs(c10)
+    for name, n, seed in [(f"data_batch_{b}.bin", 100, b) for b in range(1, 6)] + [("test_batch.bin", 200, 9)]:
+        labels, images = stand_in_images(n, 10, 32, 3, seed)
+        with open(os.path.join(c10, name), "wb") as f:
+            f.write(b"".join(bytes([k]) + img for k, img in zip(labels, images)))
+        tests["cifar10"] = labels
+    c100 = os.path.join(root, "cifar100", "cifar-100-binary")
+    os.makedirs(c100)
+    for name, n, seed in (("train.bin", 500, 1), ("test.bin", 200, 5)):
+        labels, images = stand_in_images(n, 100, 32, 3, seed)
+        with open(os.path.join(c100, name), "wb") as f:
+            f.write(b"".join(bytes([k // 5, k]) + img for k, img in zip(labels, images)))  # coarse, fine
+        tests["cifar100"] = labels
+    mn = os.path.join(root, "mnist")
+    os.makedirs(mn)
+    import gzip
+    for prefix, n, seed in (("train", 600, 1), ("t10k", 200, 3)):
+        labels, images = stand_in_images(n, 10, 28, 1, seed)
+        with gzip.open(os.path.join(mn, f"{prefix}-images-idx3-ubyte.gz"), "wb") as f:
+            f.write(struct.pack(">IIII", 0x803, n, 28, 28) + b"".join(images))
+        with gzip.open(os.path.join(mn, f"{prefix}-labels-idx1-ubyte.gz"), "wb") as f:
+            f.write(struct.pack(">II", 0x801, n) + bytes(labels))
+        tests["mnist"] = labels
+    return tests
+
+
+def test_vit_data_sets(tmp, sanitize):
+    section("ViT on CIFAR-10 (with and without augmentation), CIFAR-100 and MNIST: small stand-ins of the formats")
+    data = os.path.join(tmp, "vit-stand-in-data")
+    test_labels = write_stand_in_data(data)
+    ws = Workspace(tmp, "vitdata", TINY_VIT_DATA + f'CONFIG_DATA_DIR="{data}"\n', sanitize)
+    binary = ws.binary("base", "vitdata", "vit")
+    first_losses = {}
+    for name, sets, image, classes in (("cifar10", (), [32, 32, 3], 10),
+                                       ("cifar10-noaug", ("VIT_AUGMENT=n",), [32, 32, 3], 10),
+                                       ("cifar100", ("VIT_DATA_CIFAR100=y", "VIT_AUGMENT=y"), [32, 32, 3], 100),
+                                       ("mnist", ("VIT_DATA_MNIST=y", "VIT_PATCH=7"), [28, 28, 1], 10)):
+        if sets:
+            ws.set(*sets)
+        r = ws.make("build")
+        if not R.check(r.returncode == 0, f"ViT {name}: build: {r.stderr[-1500:]}"):
+            continue
+        out = os.path.join(ws.dir, name)
+        r = run_binary(binary, out, "base")
+        if not R.check(r.returncode == 0, f"ViT {name}: trains: {r.stdout[-800:]}{r.stderr[-800:]}"):
+            continue
+        m = metrics(os.path.join(out, "training_metrics_stepbase.json"))
+        ck = os.path.join(out, "final_model_stepbase.safetensors")
+        tensors, meta = safetensors_tensors(ck)
+        model = json.loads(meta.get("model", "{}"))
+        P = 7 if name == "mnist" else 8
+        R.check(m.get("dataset") == name.split("-")[0] and model.get("image") == image and
+                model.get("classes") == classes and model.get("patches") == (image[0] // P) ** 2 and
+                len(tensors["patch.weight"]) == 16 * P * P * image[2] * 4 and
+                len(tensors["head.out.bias"]) == classes * 4,
+                f"ViT {name}: the data set, its image shape and classes reach the model: {m.get('dataset')} {model}")
+        # the confusion matrix's rows are the true classes: their sums count the test file's labels
+        conf = m.get("confusion_matrix", [])
+        want = [test_labels[name.split("-")[0]].count(k) for k in range(classes)]
+        R.check(len(conf) == classes and [sum(row) for row in conf] == want,
+                f"ViT {name}: every test image evaluated under its own label")
+        chance = 1.0 / classes
+        R.check(m["test_accuracy"] > 5 * chance,
+                f"ViT {name}: the classes are learned from the pixels (test accuracy {m['test_accuracy']:.3f})")
+        first_losses[name] = m["metrics"]["train_losses"][0]
+    # the same seed and weights: only the crops and flips of the first batch differ
+    if "cifar10" in first_losses and "cifar10-noaug" in first_losses:
+        R.check(first_losses["cifar10"] != first_losses["cifar10-noaug"],
+                f"VIT_AUGMENT: the first batch is augmented when on, not when off: {first_losses}")
+
+
 def test_synthetic_end_to_end(tmp, sanitize):
     section("seq2seq: synthetic tasks x two variants end to end, the paper's table, resume")
     ws = Workspace(tmp, "synth", TINY_SYNTH, sanitize)
@@ -3052,6 +3162,17 @@ def test_mpi(tmp, sanitize):
             f"{r.stdout[-1500:]}")
     R.check(m and curve(run_dir, "base").get("status") == "complete",
             "the earlier complete outputs are back in place after the failed start")
+    # a hostfile that works: this machine, two slots, two processes per machine; the same curve as -np 2
+    with open(hosts, "w") as f:
+        f.write("localhost slots=2\n")
+    ws.set("DIST_PROCS_PER_NODE=2")
+    r = ws.make("FORCE=1", env={"ASAN_OPTIONS": "detect_leaks=0"})
+    log = open(os.path.join(run_dir, "train_stepbase.log")).read()
+    mh = curve(run_dir, "base")
+    R.check(r.returncode == 0 and f"--hostfile {hosts} --npernode 2" in log.splitlines()[0] and
+            mh.get("processes") == 2 and m and curves_close(m, mh) <= MPI_RTOL,
+            f"CONFIG_DIST_HOSTFILE naming this machine: 2 processes through the hostfile, the curve of -np 2:\n"
+            f"{log.splitlines()[0] if log else ''}\n{r.stdout[-1000:]}{r.stderr[-800:]}")
     print(f"  make: {time.time() - t0:.1f} s", flush=True)
 
     # make bench's data-parallel part, tiny: every setup reported, the bucketed one with its overlap
@@ -3389,6 +3510,16 @@ def test_wandb(tmp, build_root, sanitize):
         R.check(r.returncode == 0 and len(fake.state()["requests"]) == n_requests,
                 f"a second make wandb-sync sends nothing: {r.stderr[-500:]}")
         print(f"  offline e2e and sync: {time.time() - t0:.1f} s", flush=True)
+
+        # the server and the entity from .config (CONFIG_WANDB_BASE_URL, CONFIG_WANDB_ENTITY), no $WANDB_BASE_URL
+        ws.set(f"WANDB_BASE_URL={fake.url}", "WANDB_ENTITY=team-x")
+        r = ws.make("-j1", "FORCE=1", env={k: v for k, v in wenv.items() if k != "WANDB_BASE_URL"})
+        st = fake.state()
+        mine = [x for x in st["runs"] if x["entity"] == "team-x"]
+        R.check(r.returncode == 0 and st["violations"] == [] and len(mine) == 1 and mine[0]["completed"] and
+                len(mine[0]["rows"]) == len(runs["V1"]["rows"]),
+                f"wandb e2e: WANDB_BASE_URL and WANDB_ENTITY from .config reach the server, the run under that "
+                f"entity: {[(x['entity'], len(x['rows'])) for x in st['runs']]} {r.stderr[-1000:]}")
     finally:
         fake.stop()
 
@@ -4004,6 +4135,7 @@ def main():
             guarded(test_signals, tmp, args.sanitize)
         if want("vit"):
             guarded(test_vit_end_to_end, tmp, args.sanitize)
+            guarded(test_vit_data_sets, tmp, args.sanitize)
         if want("guard"):
             guarded(test_guard_end_to_end, tmp, args.sanitize)
         if want("seq2seq"):
