@@ -2623,8 +2623,9 @@ def test_vit_data_sets(tmp, sanitize):
         want = [test_labels[name.split("-")[0]].count(k) for k in range(classes)]
         R.check(len(conf) == classes and [sum(row) for row in conf] == want,
                 f"ViT {name}: every test image evaluated under its own label")
+        # 10 classes: 100% on these stand-ins; CIFAR-100 (4 training images a class): 17%, bound at twice chance
         chance = 1.0 / classes
-        R.check(m["test_accuracy"] > 5 * chance,
+        R.check(m["test_accuracy"] > (5 if classes == 10 else 2) * chance,
                 f"ViT {name}: the classes are learned from the pixels (test accuracy {m['test_accuracy']:.3f})")
         first_losses[name] = m["metrics"]["train_losses"][0]
     # the same seed and weights: only the crops and flips of the first batch differ
@@ -2725,23 +2726,28 @@ def test_translation_end_to_end(tmp, sanitize):
     r = run([binary, "translate", "--ckpt", ckpt, "--n", "3", "--beam", "1"], env=env)
     R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 3 and "BLEU" in r.stdout,
             f"train_seq2seq translate: {r.stdout[-300:]}{r.stderr[-300:]}")
-    # SEQ2SEQ_LABEL_SMOOTHING (a run-time symbol): the loss of the first step, before any update, is
-    # (1 - s) CE + s U (U: the mean over the words of -log p), linear in s; runs at s = 0 and 0.5 beside make's 0.1
-    # must lie on one line. The s = 0.5 run is built with SEQ2SEQ_SCHED_COSINE (the choice's other value), which
-    # leaves the first step's loss alone, at a rate that suits it.
+    # SEQ2SEQ_LABEL_SMOOTHING: the loss of the first step, before any update, is (1 - s) CE + s U (U: the mean over
+    # the words of -log p), linear in s; builds with s = 0 and 0.5 beside make's 0.1 must lie on one line. The
+    # s = 0.5 build has SEQ2SEQ_SCHED_COSINE (the choice's other value), which leaves the first step's loss alone,
+    # at a rate that suits it; its checkpoint translates.
     first = {0.1: m["metrics"]["train_losses"][0]}
-    r = run_binary(binary, os.path.join(ws.dir, "smooth0"), "base", args=["--set", "SEQ2SEQ_LABEL_SMOOTHING=0"])
-    if R.check(r.returncode == 0, f"translation with SEQ2SEQ_LABEL_SMOOTHING=0: {r.stderr[-500:]}"):
-        first[0.0] = metrics(os.path.join(ws.dir, "smooth0", "training_metrics_stepbase.json"))["metrics"][
-            "train_losses"][0]
-    rebuild_after(ws, "SEQ2SEQ_SCHED_COSINE=y")
-    cos = os.path.join(ws.dir, "cosine")
-    r = run_binary(binary, cos, "base", args=["--set", "SEQ2SEQ_LABEL_SMOOTHING=0.5", "--set", "SEQ2SEQ_LR=2e-3"])
-    if R.check(r.returncode == 0, f"translation with SEQ2SEQ_SCHED_COSINE: {r.stderr[-500:]}"):
-        mc = metrics(os.path.join(cos, "training_metrics_stepbase.json"))
-        check_logged_lrs(mc, lambda it: lr_cosine_ref(it, 20, n, 2e-3), "translation with SEQ2SEQ_SCHED_COSINE",
+    for eps, sets, args_ in ((0.0, ("SEQ2SEQ_LABEL_SMOOTHING=0",), ()),
+                             (0.5, ("SEQ2SEQ_LABEL_SMOOTHING=0.5", "SEQ2SEQ_SCHED_COSINE=y"),
+                              ("--set", "SEQ2SEQ_LR=2e-3"))):
+        rebuild_after(ws, *sets)
+        dest = os.path.join(ws.dir, f"smooth{eps}")
+        r = run_binary(binary, dest, "base", args=args_)
+        if not R.check(r.returncode == 0, f"translation built with {sets}: {r.stderr[-500:]}"):
+            continue
+        ms = metrics(os.path.join(dest, "training_metrics_stepbase.json"))
+        first[eps] = ms["metrics"]["train_losses"][0]
+    if 0.5 in first:
+        check_logged_lrs(ms, lambda it: lr_cosine_ref(it, 20, n, 2e-3), "translation with SEQ2SEQ_SCHED_COSINE",
                          [1] + list(range(10, n + 1, 10)))
-        first[0.5] = mc["metrics"]["train_losses"][0]
+        r = run([binary, "translate", "--ckpt", os.path.join(dest, "final_model_stepbase.safetensors"), "--n", "2",
+                 "--beam", "1"], env=env)
+        R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 2,
+                f"the s = 0.5 build translates with its own checkpoint: {r.stderr[-300:]}")
     if len(first) == 3:
         d1, d5 = first[0.1] - first[0.0], first[0.5] - first[0.0]
         # U is close to CE at the initial, nearly uniform prediction: d5 is about 1e-3, met to about 1e-8
@@ -3169,9 +3175,10 @@ def test_mpi(tmp, sanitize):
         f.write("localhost slots=2\n")
     ws.set("DIST_PROCS_PER_NODE=2")
     r = ws.make("FORCE=1", env={"ASAN_OPTIONS": "detect_leaks=0"})
-    log = open(os.path.join(run_dir, "train_stepbase.log")).read()
-    mh = curve(run_dir, "base")
-    R.check(r.returncode == 0 and f"--hostfile {hosts} --npernode 2" in log.splitlines()[0] and
+    logf = os.path.join(run_dir, "train_stepbase.log")
+    log = open(logf).read() if os.path.exists(logf) else ""
+    mh = curve(run_dir, "base") if os.path.exists(os.path.join(run_dir, "training_metrics_stepbase.json")) else {}
+    R.check(r.returncode == 0 and log and f"--hostfile {hosts} --npernode 2" in log.splitlines()[0] and
             mh.get("processes") == 2 and m and curves_close(m, mh) <= MPI_RTOL,
             f"CONFIG_DIST_HOSTFILE naming this machine: 2 processes through the hostfile, the curve of -np 2:\n"
             f"{log.splitlines()[0] if log else ''}\n{r.stdout[-1000:]}{r.stderr[-800:]}")
