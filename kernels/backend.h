@@ -36,7 +36,7 @@ void args_gelu_linear(const void *dpre, const void *act, const void *dout, const
  * finds the first bad id elsewhere stops with args_bad_id, so both say the same line. */
 typedef enum { IDS_TOKENS, IDS_TARGETS } IdsKind;
 int args_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip);
-void args_bad_id(const char *op, IdsKind kind, int id, int index, int V);
+void args_bad_id(const char *op, IdsKind kind, int id, int index, int V) __attribute__((noreturn));
 
 /* ---- profile (kernels.h, kprof_start) ----------------------------------------
  * KPROF_OP() opens every public op of a backend: a scope named after the
