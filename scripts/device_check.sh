@@ -5,16 +5,19 @@
 #   scripts/device_check.sh [--budget S] [--prepare CMD] [--peer CMD] [--peer-bf16 CMD] [--allow-no-gpu] [--plan]
 #                           [STEP...]
 #
-# STEPs run in the order given (default: image programs bench bench-bf16 models):
+# STEPs run in the order given (default: image programs bench bench-bf16 training nccl configs):
 #   image      what the machine has: GPU, driver, nvcc, Python, PyTorch, MPI, NCCL, cuDNN
 #   programs   tests/run_tests.py -k cuda-programs: every op and variant on the GPU against float64
 #              references and finite differences, fp32, TF32 and bf16 builds
 #   bench      scripts/bench.py: every variant at GPT-2 124M's shape (B 8, T 1024), TF32, one round,
 #              with the kernel-by-kernel profile; tok/s, MFU, GPU memory; PyTorch eager beside it
-#   bench-bf16 the same in bf16 mixed precision (CUDA_BF16: bf16 activations and products), PyTorch
-#              eager with bf16 autocast beside it
-#   models     tests/run_tests.py -k cuda-models: precisions, CPU against GPU training of every family,
-#              checkpoints across targets, NCCL
+#   bench-bf16 the same in bf16 mixed precision (CUDA_BF16: bf16 activations and products), with the profile,
+#              PyTorch eager with bf16 autocast beside it
+#   training   tests/run_tests.py -k cuda-training: CPU against GPU training of every family, checkpoints across
+#              targets, TF32 and bf16 against fp32, bf16 against fp32 over 500 steps
+#   nccl       tests/run_tests.py -k cuda-nccl: the NCCL transport under mpirun, every family against one process
+#   configs    tests/run_tests.py -k cuda-configs: the architecture and precision choices, a tiny benchmark of
+#              every variant with its profile and PyTorch beside it, cached decoding
 #   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, B 8, T 1024, 40 steps, TF32, no dropout, twice;
 #              writes its checkpoint in llm.c's format to .device/work/gpt2_124M.bin after the first round, and
 #              runs --peer CMD (say llm.c's train_gpt2fp32cu on that file) after each round, so the two alternate
@@ -57,20 +60,21 @@ while [ $# -gt 0 ]; do
         *) steps+=("$1"); shift ;;
     esac
 done
-[ ${#steps[@]} -gt 0 ] || steps=(image programs bench bench-bf16 models)
+[ ${#steps[@]} -gt 0 ] || steps=(image programs bench bench-bf16 training nccl configs)
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "error: --budget $BUDGET is not a number of seconds (hint: --budget 570)" >&2; exit 2; }
 
 # seconds a step needs at least to be worth starting
 min_seconds() {
     case "$1" in
-        image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; models) echo 150 ;;
+        image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; training) echo 150 ;;
+        nccl) echo 90 ;; configs) echo 120 ;;
         gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 365 ;;
         *) echo "" ;;
     esac
 }
 for s in "${steps[@]}"; do
     [ -n "$(min_seconds "$s")" ] ||
-        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, models, gpt2-124m," \
+        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, training, nccl, configs, gpt2-124m," \
             "gpt2-124m-bf16, ablation-bf16)" >&2; exit 2; }
 done
 if [ "$PLAN" = 1 ]; then
@@ -149,7 +153,9 @@ step_image() {
     [ ${#miss[@]} -eq 0 ]
 }
 step_programs() { /usr/bin/python3 tests/run_tests.py -k cuda-programs; }
-step_models() { /usr/bin/python3 tests/run_tests.py -k cuda-models; }
+step_training() { /usr/bin/python3 tests/run_tests.py -k cuda-training; }
+step_nccl() { /usr/bin/python3 tests/run_tests.py -k cuda-nccl; }
+step_configs() { /usr/bin/python3 tests/run_tests.py -k cuda-configs; }
 # bench_at PRECISION TARBALL [ARGS...]: every variant at GPT-2 124M's shape in that precision, one round
 bench_at() {
     local precision="$1" tarball="$2" peer=()
@@ -163,7 +169,7 @@ bench_at() {
     tar -C output/bench -czf "$OUTDIR/$tarball" . && echo "device_check: output/bench -> $tarball"
 }
 step_bench() { bench_at tf32 bench.tgz --profile; }
-step_bench-bf16() { bench_at bf16 bench-bf16.tgz; }
+step_bench-bf16() { bench_at bf16 bench-bf16.tgz --profile; }
 # wait_prepare: returns once --prepare has finished (at once without one); fails when it failed or is still
 # running after PREPARE_WAIT seconds of waiting (a hung build must not take the call's remaining steps with it)
 wait_prepare() {

@@ -554,9 +554,19 @@ def run_test_program(prog, label, env, shown=("FAIL",)):
     """Runs one C test program and adds its counts; a crash (no summary line, or a status other than 0 or 1) is
     one failure, as is a status 1 with no failure counted. Prints the program's lines that start with one of
     shown (at most 20) and its counts. Returns (result, (passed, failed) or None, seconds it ran)."""
+    return report_test_program(*exec_test_program(prog, env), label, shown)
+
+
+def exec_test_program(prog, env):
+    """Runs one C test program: (result, seconds it ran), for report_test_program (which counts and prints)."""
     t0 = time.time()
     r = run([prog], env=env)
-    counts, secs = parse_counts(r.stdout), time.time() - t0
+    return r, time.time() - t0
+
+
+def report_test_program(r, secs, label, shown=("FAIL",)):
+    """Counts and prints what exec_test_program ran, as run_test_program says."""
+    counts = parse_counts(r.stdout)
     if counts is None or r.returncode not in (0, 1):
         R.check(False, f"{label} crashed (status {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
         return r, None, secs
@@ -603,12 +613,19 @@ def write_fragment(path, text):
     return path
 
 
+# the sections of the CUDA target on a GPU, in the order -k cuda runs them (test_cuda)
+CUDA_PARTS = {"programs": "test programs", "training": "training against the CPU, precisions over 500 steps",
+              "nccl": "NCCL data parallel", "configs": "architecture and precision choices, benchmark"}
+
+
 def test_cuda(build_root, tmp, sanitize, part):
     """The CUDA target (kernels/cuda/): compiled wherever the toolkit is; where a GPU is visible, part "programs"
-    runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32 and bf16) and part
-    "models" the precision, bench and NCCL checks and the CPU-against-GPU training comparison. Two sections
-    (cuda-programs, cuda-models; -k cuda runs both) so that each fits a time-limited session on a GPU machine."""
-    section("CUDA target: " + ("test programs" if part == "programs" else "configurations, benchmarks, NCCL, models"))
+    runs its unit tests (every variant, the same programs as the CPU's, and the kernels again in TF32 and bf16),
+    "training" the CPU-against-GPU training comparison and the 500-step precision comparison, "nccl" the NCCL
+    transport, "configs" the architecture and precision choices and a tiny benchmark of every variant. A section
+    each (cuda-programs, cuda-training, cuda-nccl, cuda-configs; -k cuda runs all four, in that order: what decides
+    the most first) so that each is a step of its own in a time-limited call on a GPU machine."""
+    section("CUDA target: " + CUDA_PARTS[part])
     if sanitize:
         print("  skipped under --sanitize (the CUDA runtime and AddressSanitizer do not mix; make test covers it)")
         return
@@ -616,13 +633,20 @@ def test_cuda(build_root, tmp, sanitize, part):
         print("  skipped: no CUDA toolkit (nvcc) on this machine, nothing of the CUDA target was built or run")
         return
     gpu = gpu_visible()
-    if part == "models":
-        cuda_kconfig(build_root, gpu)
-        cuda_bench(tmp, gpu)
-        cuda_nccl(tmp, gpu)
+    if part == "training":
         if gpu:
             cuda_against_cpu(tmp)
         else:
+            print("  no GPU visible (nvidia-smi -L): the training comparisons need one (under emulation: "
+                  "section emulated-gpu)")
+        return
+    if part == "nccl":
+        cuda_nccl(tmp, gpu)
+        return
+    if part == "configs":
+        cuda_kconfig(build_root, gpu)
+        cuda_bench(tmp, gpu)
+        if not gpu:
             print("  no GPU visible (nvidia-smi -L): the configurations above were compiled, nothing ran on a GPU")
         return
     # the position-scheme builds stay off the GPU's short call (RoPE, ALiBi and the relative bias are in every build's
@@ -739,8 +763,8 @@ def test_device_scripts(tmp):
     scripts/device_check.sh (the GPU checks in one device call): what can be checked without a GPU."""
     section("GPU machine scripts: device_pack.sh's package list, device_check.sh's steps and budget")
     check = os.path.join(REPO, "scripts", "device_check.sh")
-    r = run([check, "--plan", "models", "bench"])
-    R.check(r.returncode == 0 and re.search(r"models .*\n.*bench ", r.stdout) is not None,
+    r = run([check, "--plan", "training", "bench"])
+    R.check(r.returncode == 0 and re.search(r"training .*\n.*bench ", r.stdout) is not None,
             f"device_check.sh --plan lists the steps in the order given: {r.stdout!r}")
     for args, what in ((["bogus"], "unknown step 'bogus'"), (["--budget", "ten"], "--budget ten")):
         r = run([check] + args)
@@ -815,26 +839,35 @@ def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):
 
 
 def cuda_config_tests(build_root, builds, env):
-    """Builds every (name, fragments, extra, make variables, programs, tag) of builds, several at once on a machine
-    with many cores (a GPU machine's time is short: 17 configurations one after the other spent minutes in nvcc),
-    then runs each one's programs in turn on the one GPU, each counted."""
+    """Builds every (name, fragments, extra, make variables, programs, tag) of builds and runs its programs after
+    its build, several configurations at once on a machine with many cores: a GPU machine's time is short, and
+    on an H200 the 22 GPU builds' programs one after the other took 11 minutes (test_mechint 20-45 s each, most
+    of it host work), so there several share the GPU (each process its own context; no test times anything).
+    Each configuration's programs are counted and printed as it ends, so a call stopped for time keeps what
+    ended; with two cores (this machine, CI) one configuration at a time, in order, as before."""
     cores = int(NPROC)
     workers = max(1, min(len(builds), cores // 2))  # each build's long pole is one nvcc: two cores a build
     jobs = max(1, cores // workers)
+
+    def build_and_run(b):
+        name, frags, extra, make_vars, progs, tag = b
+        bdir, failure = cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs)
+        runs = [(prog, exec_test_program(os.path.join(bdir, "tests", prog), env)) for prog in progs] if bdir else []
+        return b, failure, runs
+
     import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        done = list(pool.map(lambda b: cuda_config_build(build_root, b[0], b[1], b[2], b[3], b[5], jobs), builds))
-    for (name, _, _, _, progs, tag), (bdir, failure) in zip(builds, done):
-        if not R.check(failure is None, failure):
-            continue
-        for prog in progs:
-            label = f"cuda{tag}/{name}/{prog}"
-            r, counts, _ = run_test_program(os.path.join(bdir, "tests", prog), label, env)
-            if counts is None:
+        for fut in concurrent.futures.as_completed([pool.submit(build_and_run, b) for b in builds]):
+            (name, _, _, _, _, tag), failure, runs = fut.result()
+            if not R.check(failure is None, failure):
                 continue
-            # what the GPU's libraries refused (a cuBLASLt epilogue; the backend's own kernels ran instead)
-            for ln in sorted({ln for ln in (r.stdout + r.stderr).splitlines() if "cuBLASLt" in ln})[:5]:
-                print(f"    {ln}")
+            for prog, (r, secs) in runs:
+                r, counts, _ = report_test_program(r, secs, f"cuda{tag}/{name}/{prog}")
+                if counts is None:
+                    continue
+                # what the GPU's libraries refused (a cuBLASLt epilogue; the backend's own kernels ran instead)
+                for ln in sorted({ln for ln in (r.stdout + r.stderr).splitlines() if "cuBLASLt" in ln})[:5]:
+                    print(f"    {ln}")
 
 
 def cuda_kconfig(build_root, gpu):
@@ -4166,7 +4199,7 @@ def main():
             guarded(test_torch_peer, tmp, args.sanitize)
         if want("bench-profile"):
             guarded(test_bench_profile, tmp)
-        for part in ("programs", "models"):
+        for part in CUDA_PARTS:
             if want("cuda-" + part):
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
         if want("emulated-gpu"):
