@@ -17,8 +17,10 @@ _Static_assert(IS_ENABLED(CONFIG_GPT2_GELU) + IS_ENABLED(CONFIG_GPT2_RELU) == 1,
                "the MLP activation is a Kconfig choice: exactly one of GELU and ReLU");
 
 GPT2Config gpt2_config_from_kconfig(int vocab) {
+    int padded = (vocab + CONFIG_GPT2_VOCAB_MULTIPLE - 1) / CONFIG_GPT2_VOCAB_MULTIPLE * CONFIG_GPT2_VOCAB_MULTIPLE;
     GPT2Config c = {
-        .V = vocab,
+        .V = padded,
+        .pad_tokens = padded - vocab,
         .T = CONFIG_GPT2_BLOCK_SIZE,
         .L = CONFIG_GPT2_N_LAYER,
         .H = CONFIG_GPT2_N_HEAD,
@@ -48,6 +50,8 @@ char *gpt2_config_json(const GPT2Config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "family", "gpt2");
     cJSON_AddNumberToObject(o, "vocab_size", c->V);
+    if (c->pad_tokens) /* only then: a model description without padding reads as before */
+        cJSON_AddNumberToObject(o, "vocab_padding", c->pad_tokens);
     cJSON_AddNumberToObject(o, "block_size", c->T);
     cJSON_AddNumberToObject(o, "n_layer", c->L);
     cJSON_AddNumberToObject(o, "n_head", c->H);

@@ -13,7 +13,8 @@
 #include "params.h"
 
 typedef struct {
-    int V;          /* vocabulary size (from the data set) */
+    int V;          /* vocabulary size: the data set's, rounded up by CONFIG_GPT2_VOCAB_MULTIPLE */
+    int pad_tokens; /* the last pad_tokens of the V never occur in the data: sampling never draws them */
     int T;          /* context length = rows of the position table */
     int L, H, C;    /* layers, heads, channels */
     int bias;       /* biases in linear layers and LayerNorms */
@@ -27,7 +28,8 @@ typedef struct {
     int kv_heads;   /* K/V heads G (attn_kv_heads(H)): H standard, 1 MQA, else GQA */
 } GPT2Config;
 
-/* The configuration this binary was built for, with the data set's vocabulary. */
+/* The configuration this binary was built for, with the data set's vocabulary (rounded up to a multiple of
+ * CONFIG_GPT2_VOCAB_MULTIPLE, the rest pad_tokens). */
 GPT2Config gpt2_config_from_kconfig(int vocab);
 /* JSON description of the model (stored in checkpoint metadata). */
 char *gpt2_config_json(const GPT2Config *c);

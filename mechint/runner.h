@@ -52,7 +52,7 @@ struct Runner {
     void (*backward)(Runner *r);
     /* token models (gpt2): forward on given tokens (B x T); NULL otherwise */
     double (*forward_tokens)(Runner *r, const int *x, const int *y, int B, int T, const BlockHook *hook);
-    int vocab, ctx;
+    int vocab, ctx; /* the tokens the data holds (gpt2: without the padding of GPT2_VOCAB_MULTIPLE; else 0), context */
     /* positions entering layer 0, for the positional kernel (A5): npos x d, NULL if none */
     double *pos_table;
     int npos;

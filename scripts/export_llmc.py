@@ -18,6 +18,10 @@ absolute positions, no +Pos and no grouped K/V heads, pre-LN, GELU (tanh),
 biases everywhere, the head tied to the token embedding and without a bias.
 Anything else is refused in one line naming what differs.
 
+A model trained with a padded vocabulary (CONFIG_GPT2_VOCAB_MULTIPLE: the model
+description's "vocab_padding" tokens at the end of "vocab_size") is written with
+the data's vocabulary as llm.c's V: its padding rows become llm.c's zero rows.
+
 usage: scripts/export_llmc.py --ckpt CKPT --out OUT.bin [--padded-vocab N]
        (N: llm.c's padded vocabulary, default V rounded up to a multiple of 128)
 """
@@ -42,7 +46,7 @@ def fail(msg):
 
 def llmc_tensors(tensors, m, vp):
     """llm.c's 16 tensors in its order, as float32 arrays, from a kvlab GPT-2 model description m."""
-    L, C, V = m["n_layer"], m["n_embd"], m["vocab_size"]
+    L, C, V = m["n_layer"], m["n_embd"], data_vocab(m)
 
     def take(name):
         if name not in tensors:
@@ -53,7 +57,7 @@ def llmc_tensors(tensors, m, vp):
         return np.stack([take(fmt.format(l)) for l in range(L)])
 
     wte = np.zeros((vp, C), dtype=np.float32)
-    wte[:V] = take("wte.weight")
+    wte[:V] = take("wte.weight")[:V]  # kvlab's padding rows (never a token of the data) stay zero
     qkvw = np.stack([np.concatenate([take(f"blocks.{l}.attn.{b}.weight") for b in "qkv"]) for l in range(L)])
     qkvb = np.stack([np.concatenate([take(f"blocks.{l}.attn.{b}.bias") for b in "qkv"]) for l in range(L)])
     return [wte, take("wpe.weight"), layers("blocks.{}.ln1.weight"), layers("blocks.{}.ln1.bias"), qkvw, qkvb,
@@ -61,6 +65,11 @@ def llmc_tensors(tensors, m, vp):
             layers("blocks.{}.ln2.bias"), layers("blocks.{}.mlp.fc.weight"), layers("blocks.{}.mlp.fc.bias"),
             layers("blocks.{}.mlp.proj.weight"), layers("blocks.{}.mlp.proj.bias"), take("lnf.weight"),
             take("lnf.bias")]
+
+
+def data_vocab(m):
+    """The tokens of the data set: the model's vocabulary less its padding (CONFIG_GPT2_VOCAB_MULTIPLE)."""
+    return m["vocab_size"] - m.get("vocab_padding", 0)
 
 
 def unlike_llmc(m, cfg):
@@ -94,7 +103,7 @@ def main():
     if why:
         fail(f"{args.ckpt}: not a model llm.c has: {why} (hint: export a V0/QKV step of a GPT-2 run with the "
              "default biases and tied head)")
-    V = m["vocab_size"]
+    V = data_vocab(m)
     vp = args.padded_vocab if args.padded_vocab is not None else (V + 127) // 128 * 128
     if vp < V:
         fail(f"--padded-vocab {vp} is smaller than the vocabulary ({V})")

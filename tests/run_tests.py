@@ -2184,6 +2184,64 @@ def test_gpt2_options(tmp, sanitize):
             f"{found.group(1) if found else log[-300:]!r} vs by hand {by_hand.stdout!r}")
 
 
+GPT2_VOCAB_PAD = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
+    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="vpad"') + "CONFIG_GPT2_VOCAB_MULTIPLE=100\n"
+
+
+def test_gpt2_vocab_padding(tmp, sanitize):
+    """CONFIG_GPT2_VOCAB_MULTIPLE: the model's vocabulary is the data's rounded up; the extra tokens are in the
+    embedding, the head and the softmax, never in a sample, and llm.c's export writes the data's vocabulary."""
+    section("GPT-2 with its vocabulary rounded up (GPT2_VOCAB_MULTIPLE): shapes, loss, sampling, llm.c export")
+    ws = Workspace(tmp, "gpt2-vocab-pad", GPT2_VOCAB_PAD, sanitize)
+    r, out = ws.made("vpad", "the padded-vocabulary build")
+    if not out:
+        return
+    ck = os.path.join(out, "final_model_stepV0.safetensors")
+    tensors, meta = safetensors_tensors(ck)
+    m = json.loads(meta.get("model", "{}"))
+    data = json.loads(meta.get("tokenizer", "{}"))
+    words = data.get("tokens", [])  # the numbers data set's words, in id order: the data's vocabulary
+    Vd = len(words)
+    R.check(0 < Vd < 100 and m.get("vocab_size") == 100 and m.get("vocab_padding") == 100 - Vd and
+            len(tensors["wte.weight"]) == 100 * 16 * 4,
+            f"the data's {Vd} words rounded up to 100: the model description says so and wte has 100 rows: "
+            f"{ {k: m.get(k) for k in ('vocab_size', 'vocab_padding')} } {len(tensors['wte.weight']) // 64} rows")
+    mt = metrics(os.path.join(out, "training_metrics_stepV0.json"))
+    R.check(mt["parameters"] == sum(len(v) for v in tensors.values()) // 4,
+            f"the parameter count is the checkpoint's, padding rows included ({mt['parameters']})")
+    # the padding tokens are in the softmax: the first loss (small weights, near-uniform logits) is ln 100's, not
+    # ln Vd's; half way between them on the log scale decides
+    first = mt["metrics"]["train_losses"][0]
+    R.check(Vd > 0 and first > (math.log(Vd) + math.log(100)) / 2,
+            f"the first train loss {first:.3f} is near ln(100) = {math.log(100):.3f}, not ln({Vd}) = {math.log(Vd):.3f}")
+    # sampling at temperature 1 from a model that still gives the padding tokens some probability: never one
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    sm = run([ws.binary("V0", "vpad"), "sample", "--ckpt", ck, "--prompt", "one hundred", "--length", "300",
+              "--temperature", "1.5", "--seed", "3"], env=env)
+    got = sm.stdout.split()
+    R.check(sm.returncode == 0 and len(got) >= 300 and set(got) <= set(words),
+            f"300 tokens sampled at temperature 1.5: every one a word of the data, never a padding token: "
+            f"{sm.returncode} {sorted(set(got) - set(words))[:5]} {sm.stderr[-300:]}")
+    # llm.c's format: V is the data's vocabulary, its padded rows zero (kvlab's padding rows are not written)
+    import numpy as np
+    llmc = os.path.join(tmp, "vpad-llmc.bin")
+    r = run([PY, os.path.join(REPO, "scripts", "export_llmc.py"), "--ckpt", ck, "--out", llmc])
+    if R.check(r.returncode == 0 and os.path.isfile(llmc), f"export_llmc.py on the padded model: {r.stderr}"):
+        raw = open(llmc, "rb").read()
+        header = np.frombuffer(raw[:1024], dtype=np.int32)
+        wte = np.frombuffer(raw[1024:1024 + 128 * 16 * 4], dtype=np.float32).reshape(128, 16)
+        kv = np.frombuffer(tensors["wte.weight"], dtype=np.float32).reshape(100, 16)
+        R.check(header[3] == Vd and header[7] == 128 and np.array_equal(wte[:Vd], kv[:Vd]) and not wte[Vd:].any(),
+                f"llm.c's header has the data's vocabulary {Vd} padded to 128, wte's first {Vd} rows are kvlab's and "
+                f"the rest zero: V {header[3]} Vp {header[7]}")
+    # mechint on the padded model (its induction probe draws only the data's tokens)
+    ws.set(*MECHINT_SMALL)
+    r = ws.make("mechint")
+    rep = os.path.join(out, "mechint", "final_model_stepV0", "report.json")
+    R.check(r.returncode == 0 and os.path.isfile(rep) and json.load(open(rep)).get("variant") == "qkv",
+            f"make mechint analyses the padded model:\n{(r.stdout + r.stderr)[-1500:]}")
+
+
 def test_sampling_and_bad_checkpoints(ws, tmp):
     section("sampling with the KV cache; bad checkpoints")
     out = ws.run_dir()
@@ -4167,6 +4225,7 @@ def main():
                 guarded(test_skip_and_redo, ws)
                 guarded(test_failed_start_keeps_outputs, ws)
             guarded(test_gpt2_options, tmp, args.sanitize)
+            guarded(test_gpt2_vocab_padding, tmp, args.sanitize)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
