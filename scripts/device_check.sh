@@ -13,6 +13,9 @@
 #              with the kernel-by-kernel profile; tok/s, MFU, GPU memory; PyTorch eager beside it
 #   bench-bf16 the same in bf16 mixed precision (CUDA_BF16: bf16 activations and products), with the profile,
 #              PyTorch eager with bf16 autocast beside it
+#   vocab-ab   QKV in bf16 at B 16, T 1024 with GPT-2's vocabulary as it is (50257) and padded to 50304 (what
+#              GPT2_VOCAB_MULTIPLE=128 makes it, as llm.c does), alternating, two rounds each: what the head's row
+#              alignment costs
 #   training   tests/run_tests.py -k cuda-training: CPU against GPU training of every family, checkpoints across
 #              targets, TF32 and bf16 against fp32, bf16 against fp32 over 500 steps
 #   nccl       tests/run_tests.py -k cuda-nccl: the NCCL transport under mpirun, every family against one process
@@ -67,14 +70,14 @@ done
 min_seconds() {
     case "$1" in
         image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; training) echo 150 ;;
-        nccl) echo 90 ;; configs) echo 120 ;;
+        nccl) echo 90 ;; configs) echo 120 ;; vocab-ab) echo 60 ;;
         gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 365 ;;
         *) echo "" ;;
     esac
 }
 for s in "${steps[@]}"; do
     [ -n "$(min_seconds "$s")" ] ||
-        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, training, nccl, configs, gpt2-124m," \
+        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, vocab-ab, training, nccl, configs, gpt2-124m," \
             "gpt2-124m-bf16, ablation-bf16)" >&2; exit 2; }
 done
 if [ "$PLAN" = 1 ]; then
@@ -164,11 +167,24 @@ bench_at() {
     # variant: a call of its own, scripts/bench.py --peer-compile)
     python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && peer=(--peer torch)
     rm -rf output/bench
+    # the vocabulary as the GPU forms of the 124M study pad it (GPT2_VOCAB_MULTIPLE=128)
     /usr/bin/python3 scripts/bench.py --only variants --target cuda --precision "$precision" \
-        --shape 12 12 768 1024 8 50257 --rounds 1 "$@" "${peer[@]}" || return
+        --shape 12 12 768 1024 8 50304 --rounds 1 "$@" "${peer[@]}" || return
     tar -C output/bench -czf "$OUTDIR/$tarball" . && echo "device_check: output/bench -> $tarball"
 }
 step_bench() { bench_at tf32 bench.tgz --profile; }
+# QKV's bench_step in bf16 (built as scripts/bench.py builds it) at both vocabularies, alternating
+step_vocab-ab() {
+    local bin round v
+    bin=$(/usr/bin/python3 -c 'import sys; sys.path.insert(0, "scripts"); import bench
+print(bench.build("qkv", "QKV", target="cuda", precision="bf16"))') || return
+    for round in 1 2; do
+        for v in 50257 50304; do
+            "$bin" 12 12 768 1024 16 "$v" 10 | /usr/bin/python3 -c "import json, sys; d = json.load(sys.stdin)
+print('round $round: vocabulary', d['shape']['V'], '|', d['ms_per_step'], 'ms/step |', d['tokens_per_s'], 'tok/s')" || return
+        done
+    done
+}
 step_bench-bf16() { bench_at bf16 bench-bf16.tgz --profile; }
 # wait_prepare: returns once --prepare has finished (at once without one); fails when it failed or is still
 # running after PREPARE_WAIT seconds of waiting (a hung build must not take the call's remaining steps with it)
