@@ -2156,14 +2156,23 @@ CONFIG_GPT2_SAMPLE_PROMPT="one hundred"
 """
 
 
+def made_v0(tmp, folder, text, run_name, what, sanitize):
+    """A workspace of its own made from text (one step, V0): (workspace, run folder, V0's final checkpoint, its
+    tensors, its metadata), or None where make failed (counted)."""
+    ws = Workspace(tmp, folder, text, sanitize)
+    _, out = ws.made(run_name, what)
+    if not out:
+        return None
+    ck = os.path.join(out, "final_model_stepV0.safetensors")
+    return (ws, out, ck) + safetensors_tensors(ck)
+
+
 def test_gpt2_options(tmp, sanitize):
     section("GPT-2 without biases, an untied head with a bias, the final sample at its configured options")
-    ws = Workspace(tmp, "gpt2-options", GPT2_OPTIONS, sanitize)
-    r, out = ws.made("opts", "the options build")
-    if not out:
+    made = made_v0(tmp, "gpt2-options", GPT2_OPTIONS, "opts", "the options build", sanitize)
+    if not made:
         return
-    ck = os.path.join(out, "final_model_stepV0.safetensors")
-    tensors, _ = safetensors_tensors(ck)
+    ws, out, ck, tensors, _ = made
     biases = sorted(k for k in tensors if k.endswith(".bias"))
     V = len(tensors["wte.weight"]) // (16 * 4)  # (V, 16) floats
     R.check(biases == ["lm_head.bias"] and len(tensors["lm_head.weight"]) == V * 16 * 4 and
@@ -2192,12 +2201,10 @@ def test_gpt2_vocab_padding(tmp, sanitize):
     """CONFIG_GPT2_VOCAB_MULTIPLE: the model's vocabulary is the data's rounded up; the extra tokens are in the
     embedding, the head and the softmax, never in a sample, and llm.c's export writes the data's vocabulary."""
     section("GPT-2 with its vocabulary rounded up (GPT2_VOCAB_MULTIPLE): shapes, loss, sampling, llm.c export")
-    ws = Workspace(tmp, "gpt2-vocab-pad", GPT2_VOCAB_PAD, sanitize)
-    r, out = ws.made("vpad", "the padded-vocabulary build")
-    if not out:
+    made = made_v0(tmp, "gpt2-vocab-pad", GPT2_VOCAB_PAD, "vpad", "the padded-vocabulary build", sanitize)
+    if not made:
         return
-    ck = os.path.join(out, "final_model_stepV0.safetensors")
-    tensors, meta = safetensors_tensors(ck)
+    ws, out, ck, tensors, meta = made
     m = json.loads(meta.get("model", "{}"))
     data = json.loads(meta.get("tokenizer", "{}"))
     words = data.get("tokens", [])  # the numbers data set's words, in id order: the data's vocabulary
