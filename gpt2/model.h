@@ -28,6 +28,9 @@ typedef struct {
     int kv_heads;   /* K/V heads G (attn_kv_heads(H)): H standard, 1 MQA, else GQA */
 } GPT2Config;
 
+/* The tokens the data set can hold: the vocabulary less its padding (what sampling and probes may draw). */
+static inline int gpt2_data_vocab(const GPT2Config *c) { return c->V - c->pad_tokens; }
+
 /* The configuration this binary was built for, with the data set's vocabulary (rounded up to a multiple of
  * CONFIG_GPT2_VOCAB_MULTIPLE, the rest pad_tokens). */
 GPT2Config gpt2_config_from_kconfig(int vocab);

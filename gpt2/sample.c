@@ -110,7 +110,7 @@ int gpt2_generate(GPT2 *m, Dataset *d, const int *prompt, size_t nprompt, const 
             gpt2_forward(m, toks + start, NULL, 1, (int)T, 0, 0);
             act_download(logits, m->acts.logits + (T - 1) * V, V);
         }
-        int next = sample_token(logits, g->V - g->pad_tokens, opt, &rng); /* never a padding token */
+        int next = sample_token(logits, gpt2_data_vocab(g), opt, &rng); /* never a padding token */
         toks[n++] = next;
         if (out) {
             dataset_print_token(d, next, out);

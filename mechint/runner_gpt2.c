@@ -100,7 +100,7 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     r->forward = g2_forward;
     r->backward = g2_backward;
     r->forward_tokens = g2_forward_tokens;
-    r->vocab = cfg.V - cfg.pad_tokens, r->ctx = cfg.T; /* the tokens the data has: no padding (VOCAB_MULTIPLE) */
+    r->vocab = gpt2_data_vocab(&cfg), r->ctx = cfg.T;
     r->close = g2_close;
     return 0;
 }

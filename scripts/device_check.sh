@@ -173,6 +173,7 @@ bench_at() {
     tar -C output/bench -czf "$OUTDIR/$tarball" . && echo "device_check: output/bench -> $tarball"
 }
 step_bench() { bench_at tf32 bench.tgz --profile; }
+step_bench-bf16() { bench_at bf16 bench-bf16.tgz --profile; }
 # QKV's bench_step in bf16 (built as scripts/bench.py builds it) at both vocabularies, alternating
 step_vocab-ab() {
     local bin round v
@@ -185,7 +186,6 @@ print('round $round: vocabulary', d['shape']['V'], '|', d['ms_per_step'], 'ms/st
         done
     done
 }
-step_bench-bf16() { bench_at bf16 bench-bf16.tgz --profile; }
 # wait_prepare: returns once --prepare has finished (at once without one); fails when it failed or is still
 # running after PREPARE_WAIT seconds of waiting (a hung build must not take the call's remaining steps with it)
 wait_prepare() {
