@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
            "context-N to context rows, the last token attends to context positions\", \"seconds\": %.3f, "
            "\"backend\": \"%s\", \"contexts\": [",
            attn_variant_id(cfg.variant, cfg.pos), attn_variant_label(cfg.variant, cfg.pos), cfg.H, cfg.kv_heads,
-           d.cache.tensors, m.w.table.total, backend_threads(), cfg.L, cfg.H, cfg.C, cfg.T, cfg.V, formula, measured,
+           d.cache.tensors, m.w.table.count, backend_threads(), cfg.L, cfg.H, cfg.C, cfg.T, cfg.V, formula, measured,
            full, decoder_bytes, n, reps, total_s, backend_name());
     for (int k = 0; k < nctx; k++) {
         memcpy(sorted, secs + k * reps, (size_t)reps * sizeof(double));

@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
         printf("{\"processes\": %d, \"threads\": %d, \"transport\": \"%s\", \"parameters\": %zu, "
                "\"gradient_bytes\": %zu, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, \"V\": %d}, "
                "\"tokens_per_step\": %d, \"bucket_kib\": %d, \"buckets\": %d, \"buckets_overlapped\": %d",
-               size, backend_threads(), dist_transport(), total, total * sizeof(float), L, H, C, T, B, V, B * T,
+               size, backend_threads(), dist_transport(), m.w.table.count, total * sizeof(float), L, H, C, T, B, V, B * T,
                bucket_kib, sync.nb, sync.early_last);
         print_list("step_ms", step, steps);
         print_list("compute_ms", comp, steps);

@@ -95,7 +95,7 @@ double gpt2_flops_per_token(const GPT2Config *c, int T) {
 static void build_table(GPT2 *m) {
     const GPT2Config *c = &m->cfg;
     ParamTable *t = &m->w.table;
-    int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
+    int C = c->C, kvC = kv_dim(c);
     char name[PARAM_NAME_MAX];
     m->wte = param_add(t, "wte.weight", 1, 2, c->V, C);
     if (ATTN_POSITION == ATTN_POSITION_ABSOLUTE) m->wpe = param_add(t, "wpe.weight", 1, 2, c->T, C);
@@ -106,19 +106,7 @@ static void build_table(GPT2 *m) {
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         if (c->bias) lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-        /* the P projection matrices back to back form the fused (W, C) weight; with grouped K/V heads the
-         * blocks other than the query are kv_heads*head_dim rows */
-        for (int p = 0; p < P; p++) {
-            int rows = attn_block_width(c->variant, p, C, kvC);
-            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
-            if (p == 0) lp->attnw = off;
-        }
-        if (c->attn_bias)
-            for (int p = 0; p < P; p++) {
-                int rows = attn_block_width(c->variant, p, C, kvC);
-                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
-                if (p == 0) lp->attnb = off;
-            }
+        block_attention_params(t, lp, NAME(""), c->variant, C, kvC, c->attn_bias);
         block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
         lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
         if (c->bias) lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
@@ -141,7 +129,7 @@ size_t gpt2_num_params(const GPT2Config *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.w.table.total;
+    size_t n = m.w.table.count;
     free(m.layer);
     param_table_free(&m.w.table);
     return n;

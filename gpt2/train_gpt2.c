@@ -152,7 +152,7 @@ static void banner(const Run *r) {
     printf("kvlab gpt2 | step %s | attention %s | %s\n", r->run.step, attn_variant_label(ATTN_VARIANT, ATTN_POS),
            backend_name());
     printf("model: %d layers, %d heads, %d channels, context %d, vocab %d (%s) | %zu parameters\n", c->L, c->H, c->C,
-           c->T, c->V, r->data.name, r->model.w.table.total);
+           c->T, c->V, r->data.name, r->model.w.table.count);
     printf("cost: %.1f MFLOP/token (6 N_matmul + 12 L T C) | KV cache %zu bytes/token (%d tensor%s per layer)\n",
            gpt2_flops_per_token(c, h->T) / 1e6, gpt2_cache_bytes_per_token(c), attn_cache_tensors(c->variant),
            attn_cache_tensors(c->variant) == 1 ? "" : "s");

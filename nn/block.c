@@ -327,6 +327,22 @@ void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockAct
                        b->ln1_rstd, N, C);
 }
 
+/* ------------------------------------------------------------------ parameters */
+
+void block_attention_params(ParamTable *t, BlockParams *lp, const char *prefix, int variant, int C, int kvC,
+                            int bias) {
+    char name[PARAM_NAME_MAX];
+    int P = attn_num_proj(variant);
+    for (int wb = 0; wb < (bias ? 2 : 1); wb++)
+        for (int p = 0; p < P; p++) {
+            int rows = attn_block_width(variant, p, C, kvC);
+            snprintf(name, sizeof name, "%sattn.%s.%s", prefix, attn_block_name(variant, p), wb ? "bias" : "weight");
+            size_t off = p == 0 ? (wb ? param_add(t, name, 0, 1, rows) : param_add(t, name, 1, 2, rows, C))
+                                : (wb ? param_add_next(t, name, 0, 1, rows) : param_add_next(t, name, 1, 2, rows, C));
+            if (p == 0) *(wb ? &lp->attnb : &lp->attnw) = off;
+        }
+}
+
 /* ------------------------------------------------------------------ positions */
 
 void block_position_params(ParamTable *t, BlockParams *lp, const char *prefix, int pos, int pos_m, int pos_groups,

@@ -135,6 +135,13 @@ void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockAct
                        int S, const unsigned char *src_pad, const float *params, const DecBlockParams *p,
                        const BlockShape *s, DecBlockScratch *sc);
 
+/* Adds one self-attention layer's projections, named prefix + "attn.<block>.weight" (and ".bias" when bias) in
+ * the variant's block order (attn_block_name): the blocks' matrices back to back are the fused (W, C) weight
+ * the products read as one, and their biases the fused bias, so each group starts aligned and its later blocks
+ * follow with no gap (param_add_next); K/V blocks are kvC rows (grouped heads: docs/kernels.md). Sets
+ * lp->attnw and lp->attnb (the first block's offsets). */
+void block_attention_params(ParamTable *t, BlockParams *lp, const char *prefix, int variant, int C, int kvC,
+                            int bias);
 /* ---- positions (kernels/Kconfig "Positions", the @position rows of the table) ----
  * What a family needs for the configured scheme (ATTN_POSITION): its absolute
  * table for the embeddings, the per-layer tensors, the RoPE table. */

@@ -8,7 +8,7 @@
 #include "common.h"
 #include "kernels.h"
 
-size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
+static size_t param_vadd(ParamTable *t, const char *name, int decay, int next, int ndim, va_list ap) {
     if (ndim < 1 || ndim > PARAM_MAX_DIMS) FATAL("param_add: %s: %d dimensions", name, ndim);
     if (strlen(name) >= PARAM_NAME_MAX) FATAL("param_add: name too long: %s", name);
     if (t->n == t->cap) {
@@ -21,16 +21,31 @@ size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
     s->ndim = ndim;
     s->decay = decay;
     s->numel = 1;
-    va_list ap;
-    va_start(ap, ndim);
     for (int d = 0; d < ndim; d++) {
         s->shape[d] = va_arg(ap, int);
         s->numel *= (size_t)s->shape[d];
     }
-    va_end(ap);
-    s->offset = t->total;
-    t->total += s->numel;
+    if (next && t->n == 1) FATAL("param_add_next: %s: no tensor before it", name);
+    s->offset = next ? t->total : (t->total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+    t->total = s->offset + s->numel;
+    t->count += s->numel;
     return s->offset;
+}
+
+size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...) {
+    va_list ap;
+    va_start(ap, ndim);
+    size_t off = param_vadd(t, name, decay, 0, ndim, ap);
+    va_end(ap);
+    return off;
+}
+
+size_t param_add_next(ParamTable *t, const char *name, int decay, int ndim, ...) {
+    va_list ap;
+    va_start(ap, ndim);
+    size_t off = param_vadd(t, name, decay, 1, ndim, ap);
+    va_end(ap);
+    return off;
 }
 
 const ParamSpec *param_find(const ParamTable *t, const char *name) {

@@ -27,11 +27,23 @@ typedef struct {
 typedef struct {
     ParamSpec *specs;
     int n, cap;
-    size_t total; /* floats */
+    size_t total; /* floats in each buffer: the tensors and the gaps that align them */
+    size_t count; /* the model's parameters: the tensors' sizes summed (what metrics report) */
 } ParamTable;
 
-/* Appends a tensor of the given shape (ndim values follow); returns its offset. */
+/* Each tensor starts at a multiple of PARAM_ALIGN floats (64 bytes) of the buffers, whatever the sizes before
+ * it: the biases cuBLASLt's epilogues take straight from the table must be 16-byte aligned, and the GPU's
+ * products run faster kernels for aligned matrices (an odd-sized tensor such as +Pos's m + 1 floats a layer
+ * used to shift every tensor after it: docs/cuda.md). The gaps are zero, never read as parameters, not in
+ * `count`, and no gradient or AdamW update touches them; checkpoints store tensors by name, so the layout is not
+ * in any file. */
+#define PARAM_ALIGN 16
+
+/* Appends a tensor of the given shape (ndim values follow) at the next aligned offset; returns its offset. */
 size_t param_add(ParamTable *t, const char *name, int decay, int ndim, ...);
+/* The same, right after the previous tensor with no gap: the second and later blocks of a fused matrix or bias
+ * (q, k and v back to back are one (3C, C) weight), which the products read as one. */
+size_t param_add_next(ParamTable *t, const char *name, int decay, int ndim, ...);
 const ParamSpec *param_find(const ParamTable *t, const char *name);
 void param_table_free(ParamTable *t);
 

@@ -60,21 +60,12 @@ size_t s2s_matmul_params(const S2SConfig *c) {
 
 static void add_block(ParamTable *t, BlockParams *lp, const char *prefix, int l, const S2SConfig *c) {
     char name[PARAM_NAME_MAX];
-    int C = c->C, P = attn_num_proj(c->variant), kvC = kv_dim(c);
+    int C = c->C, kvC = kv_dim(c);
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "%s.blocks.%d." fmt, prefix, l, ##__VA_ARGS__), name)
     lp->first = t->total;
     lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
     lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-    for (int p = 0; p < P; p++) { /* K/V blocks kv_heads*head_dim rows (docs/kernels.md) */
-        int rows = attn_block_width(c->variant, p, C, kvC);
-        size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
-        if (p == 0) lp->attnw = off;
-    }
-    for (int p = 0; p < P; p++) {
-        int rows = attn_block_width(c->variant, p, C, kvC);
-        size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
-        if (p == 0) lp->attnb = off;
-    }
+    block_attention_params(t, lp, NAME(""), c->variant, C, kvC, 1);
     block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
     lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
     lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
@@ -96,9 +87,9 @@ static void add_cross(ParamTable *t, DecBlockParams *dp, int l, const S2SConfig 
     dp->xqw = param_add(t, NAME("xattn.q.weight"), 1, 2, C, C);
     dp->xqb = param_add(t, NAME("xattn.q.bias"), 0, 1, C);
     dp->xkvw = param_add(t, NAME("xattn.k.weight"), 1, 2, C, C); /* k and v back to back: the fused (2C, C) */
-    param_add(t, NAME("xattn.v.weight"), 1, 2, C, C);
+    param_add_next(t, NAME("xattn.v.weight"), 1, 2, C, C);
     dp->xkvb = param_add(t, NAME("xattn.k.bias"), 0, 1, C);
-    param_add(t, NAME("xattn.v.bias"), 0, 1, C);
+    param_add_next(t, NAME("xattn.v.bias"), 0, 1, C);
     dp->xprojw = param_add(t, NAME("xattn.proj.weight"), 1, 2, C, C);
     dp->xprojb = param_add(t, NAME("xattn.proj.bias"), 0, 1, C);
 #undef NAME
@@ -152,7 +143,7 @@ size_t s2s_num_params(const S2SConfig *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.w.table.total;
+    size_t n = m.w.table.count;
     free(m.enc);
     free(m.dec);
     param_table_free(&m.w.table);

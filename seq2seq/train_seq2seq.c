@@ -247,7 +247,7 @@ static void banner(const Run *r) {
                r->njobs, CONFIG_SEQ2SEQ_TRAIN_SEQS, CONFIG_SEQ2SEQ_VAL_SEQS, CONFIG_SEQ2SEQ_TEST_SEQS, CONFIG_SEQ2SEQ_SEQ_LEN);
     printf("model: %s, %d channels, %d heads, %d+%d layers, mlp %d, %s-LN | %zu parameters\n",
            c->decoder ? "encoder-decoder" : "encoder only", c->C, c->H, c->L_enc, c->decoder ? c->L_dec : 0, c->mlp,
-           c->post_ln ? "post" : "pre", r->model.w.table.total);
+           c->post_ln ? "post" : "pre", r->model.w.table.count);
     printf("train: %d epochs x %d steps of %d sequences%s, seed %llu, %d threads\n", r->h.epochs, r->steps_per_epoch,
            r->h.B, r->njobs > 1 ? " per job" : "", (unsigned long long)r->h.seed, backend_threads());
     fflush(stdout);

@@ -20,9 +20,53 @@ float *perturb_params(Params *w, float scale) {
         else if (strstr(s->name, ".rel_bias")) /* relative bias: distinct per bucket, large enough to matter */
             for (size_t k = 0; k < s->numel; k++) p[s->offset + k] = 0.8f * (float)sin(1.7 * k + i);
     }
-    for (size_t k = 0; k < w->table.total; k++) p[k] *= scale;
+    for (int i = 0; i < w->table.n; i++)
+        for (size_t k = 0; k < w->table.specs[i].numel; k++) p[w->table.specs[i].offset + k] *= scale;
     params_from_host(w, w->params, p);
     return p;
+}
+
+/* b may continue a's fused block: both "<prefix>attn.<block>.<kind>" with the same prefix and kind, b's block a
+ * later one of the variant's (attn_block_name), or v after k in cross-attention ("xattn.") */
+static int fused_next(const char *a, const char *b) {
+    const char *pa = strstr(a, "attn."), *pb = strstr(b, "attn."), *ka = strrchr(a, '.'), *kb = strrchr(b, '.');
+    if (!pa || !pb || pa - a != pb - b || strncmp(a, b, (size_t)(pa - a)) || strcmp(ka, kb)) return 0;
+    const char *blk = pb + 5;
+    size_t len = (size_t)(kb - blk);
+    if (pb > b && pb[-1] == 'x') return len == 1 && *blk == 'v';
+    for (int p = 1; p < attn_num_proj(ATTN_VARIANT); p++) {
+        const char *want = attn_block_name(ATTN_VARIANT, p);
+        if (strlen(want) == len && !strncmp(blk, want, len)) return 1;
+    }
+    return 0;
+}
+
+int param_layout_errors(const char *name, const Params *w) {
+    const ParamTable *t = &w->table;
+    int bad = 0;
+    size_t end = 0, count = 0;
+    unsigned char *used = xcalloc(t->total, 1);
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *s = &t->specs[i];
+        if (s->offset < end) printf("  %s: %s at %zu overlaps the tensor before it (ends at %zu)\n", name, s->name,
+                                    s->offset, end), bad++;
+        if (s->offset % PARAM_ALIGN && !(i > 0 && s->offset == end && fused_next(t->specs[i - 1].name, s->name)))
+            printf("  %s: %s at %zu: not a multiple of %d floats, nor a fused block after %s\n", name, s->name,
+                   s->offset, PARAM_ALIGN, i > 0 ? t->specs[i - 1].name : "nothing"), bad++;
+        end = s->offset + s->numel;
+        count += s->numel;
+        if (end <= t->total) memset(used + s->offset, 1, s->numel);
+    }
+    if (end > t->total || count != t->count)
+        printf("  %s: tensors end at %zu of %zu floats, %zu parameters counted %zu\n", name, end, t->total, count,
+               t->count), bad++;
+    float *p = params_to_host(w, w->params), *g = params_to_host(w, w->grads);
+    size_t gaps = 0, nonzero = 0;
+    for (size_t k = 0; k < t->total; k++)
+        if (!used[k]) gaps++, nonzero += p[k] != 0.0f || g[k] != 0.0f;
+    if (nonzero) printf("  %s: %zu of the %zu gap floats are not zero\n", name, nonzero, gaps), bad++;
+    free(p), free(g), free(used);
+    return bad;
 }
 
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,

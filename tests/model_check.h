@@ -23,6 +23,13 @@ float *perturb_params(Params *w, float scale);
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,
               double *worst_rel);
 
+/* The layout of a model's parameter table (nn/params.h), printing what is wrong; returns how many things are:
+ * tensors in order without overlap; each starting at a multiple of PARAM_ALIGN floats, except the later blocks
+ * of a fused attention weight or bias ("...attn.k.weight" right after "...attn.q.weight"), which follow their
+ * first with no gap; count the tensors' sizes summed; and zero in every gap of the parameters and of the
+ * gradients (call it after a backward pass: nothing may write there). */
+int param_layout_errors(const char *name, const Params *w);
+
 /* The float64 references' positions under the configured scheme: the absolute position value added to
  * channel k at position t (the learned table at P + learned, which the family has only with the default
  * scheme; the sinusoidal table computed here; 0 when the scheme acts inside attention), and the

@@ -595,8 +595,15 @@ static void test_checkpoint_checksums(void) {
     param_add(&t, "blocks.0.attn.k.weight", 1, 2, 3, 4);
     param_add(&t, "lnf.bias", 0, 1, 5);
     size_t bytes = t.total * sizeof(float);
-    float *p = xmalloc(bytes), *m = xmalloc(bytes), *v = xmalloc(bytes), *got = xmalloc(3 * bytes);
-    for (size_t k = 0; k < t.total; k++) p[k] = 0.25f * (float)k - 1, m[k] = 1e-3f * (float)k, v[k] = 1.0f / (float)(k + 1);
+    /* the tensors' values; the alignment gap between them (nn/params.h) zero, as in a model's buffers */
+    float *p = xcalloc(t.total, sizeof(float)), *m = xcalloc(t.total, sizeof(float)),
+          *v = xcalloc(t.total, sizeof(float)), *got = xcalloc(3 * t.total, sizeof(float));
+    CHECK(t.specs[1].offset == PARAM_ALIGN && t.total == PARAM_ALIGN + 5 && t.count == 17,
+          "the second tensor starts at the next multiple of %d floats: offset %zu, %zu floats, %zu parameters",
+          PARAM_ALIGN, t.specs[1].offset, t.total, t.count);
+    for (int i = 0; i < t.n; i++)
+        for (size_t k = t.specs[i].offset; k < t.specs[i].offset + t.specs[i].numel; k++)
+            p[k] = 0.25f * (float)k - 1, m[k] = 1e-3f * (float)k, v[k] = 1.0f / (float)(k + 1);
     const char *path = tmp_path("state.safetensors"), *bad = tmp_path("flipped.safetensors");
     StMeta meta[] = {{"family", "test"}};
     Err e;
@@ -632,7 +639,7 @@ static void test_checkpoint_checksums(void) {
     StMeta damaged[] = {{"framework", "kvlab"}, {"format_version", CHECKPOINT_FORMAT_VERSION}, {"family", "test"},
                         {CHECKPOINT_CRC_KEY, "{\"lnf.bias\": \"00000000\""}};
     StTensorIn in[2] = {{.name = "blocks.0.attn.k.weight", .dtype = ST_F32, .ndim = 2, .shape = {3, 4}, .data = p},
-                        {.name = "lnf.bias", .dtype = ST_F32, .ndim = 1, .shape = {5}, .data = p + 12}};
+                        {.name = "lnf.bias", .dtype = ST_F32, .ndim = 1, .shape = {5}, .data = p + t.specs[1].offset}};
     CHECK(st_save(bad, in, 2, damaged, 4, &e) == 0, "st_save: %s", e.msg);
     StFile *g = checkpoint_open(bad, "test", &e);
     CHECK(g && checkpoint_read(g, &t, got, NULL, NULL, &e) != 0 && well_formed(e.msg, bad) &&

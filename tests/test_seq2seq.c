@@ -467,6 +467,8 @@ static void model_case(const char *name, S2SConfig c, const int *src, int S, con
     int bad = gradcheck(name, &m.w, r.P, ref_loss, &r, 24, &worst_rel);
     CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
           bad, m.w.table.n, worst_rel);
+    CHECK(param_layout_errors(name, &m.w) == 0, "%s: %zu parameters in %zu floats: tensors aligned, fused blocks "
+          "adjacent, the gaps zero after a backward pass", name, m.w.table.count, m.w.table.total);
     free(r.P), free(hp);
     s2s_free(&m);
 }

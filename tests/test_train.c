@@ -141,9 +141,10 @@ static void test_rng(void) {
 static void test_optim_step(void) {
     Params w = {0};
     param_add(&w.table, "w", 1, 2, 2, 3);
-    param_add(&w.table, "b", 0, 1, 3);
+    param_add_next(&w.table, "b", 0, 1, 3); /* no alignment gap: the flat buffers are the 9 values below */
     params_alloc(&w);
     enum { N = 9 };
+    CHECK(w.table.total == N && w.table.specs[1].offset == 6, "b follows w: %zu floats", w.table.total);
     float p0[N], g[2][N]; /* different gradients in the two steps, or bias correction hides the betas */
     for (int i = 0; i < N; i++) {
         p0[i] = 0.5f + 0.1f * (float)i;

@@ -161,6 +161,8 @@ static void model_case(const char *name, ViTConfig c) {
     int bad = gradcheck(name, &m.w, r.P, ref_loss, &r, 20, &worst_rel);
     CHECK(bad == 0, "%s: %d of %d tensors have gradients off the finite differences (worst relative %.3g)", name,
           bad, m.w.table.n, worst_rel);
+    CHECK(param_layout_errors(name, &m.w) == 0, "%s: %zu parameters in %zu floats: tensors aligned, fused blocks "
+          "adjacent, the gaps zero after a backward pass", name, m.w.table.count, m.w.table.total);
     free(r.P), free(r.patches), free(patches), free(hp);
     vit_free(&m);
 }

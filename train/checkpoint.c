@@ -216,7 +216,7 @@ int checkpoint_save_params(const char *path, const Params *p, int moments, const
 
 int checkpoint_read_params(StFile *f, Params *p, int moments, Err *e) {
     size_t n = p->table.total;
-    float *host = xmalloc((moments ? 3 : 1) * n * sizeof(float));
+    float *host = xcalloc((moments ? 3 : 1) * n, sizeof(float)); /* zero: the table's alignment gaps */
     float *m = moments ? host + n : NULL, *v = moments ? host + 2 * n : NULL;
     int rc = checkpoint_read(f, &p->table, host, m, v, e);
     if (rc == 0) { /* all or nothing: a bad file leaves the model as it was */

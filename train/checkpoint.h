@@ -38,7 +38,8 @@ int checkpoint_expect(StFile *f, const char *key, const char *want, const char *
  * the error names the first field that differs and both values. */
 int checkpoint_expect_json(StFile *f, const char *key, const char *want_json, const char *hint, Err *e);
 /* Reads every tensor of t into params (m and v too when non-NULL), each
- * checked against its CRC-32 when the file has CHECKPOINT_CRC_KEY. */
+ * checked against its CRC-32 when the file has CHECKPOINT_CRC_KEY. The table's
+ * alignment gaps (nn/params.h) are left as they are: callers pass zeroed buffers. */
 int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, float *v, Err *e);
 /* The same for a model's device buffers (nn/params.h), staged through host
  * memory: parameters, plus the AdamW moments when `moments` is set. Reading

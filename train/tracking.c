@@ -70,7 +70,7 @@ void tracking_start(TrainRun *r) {
     cJSON_AddStringToObject(cfg, "dataset", r->dataset ? r->dataset : "");
     cJSON_AddStringToObject(cfg, "unit", r->unit ? r->unit : "");
     cJSON_AddNumberToObject(cfg, "seed", (double)r->seed);
-    cJSON_AddNumberToObject(cfg, "parameters", r->w ? (double)r->w->table.total : 0.0);
+    cJSON_AddNumberToObject(cfg, "parameters", r->w ? (double)r->w->table.count : 0.0);
     add_json(cfg, "model", r->model_json);
     char *cfg_text = cJSON_PrintUnformatted(cfg);
     cJSON_Delete(cfg);

@@ -233,7 +233,7 @@ int run_try_resume(TrainRun *r) {
                               &e) != 0)
             run_die(&e);
         check_state_config(f);
-        hp = xmalloc(3 * total * sizeof(float)), hm = hp + total, hv = hp + 2 * total;
+        hp = xcalloc(3 * total, sizeof(float)), hm = hp + total, hv = hp + 2 * total; /* zero: alignment gaps */
         if (checkpoint_read(f, &r->w->table, hp, hm, hv, &e) != 0) run_die(&e);
         p.iter = meta_number(f, "step");
         const char *rng = st_meta(f, "data_rng");
@@ -307,7 +307,7 @@ void run_open_metrics(TrainRun *r, int resumed, const char *const *train_series,
     metrics_set_number(m, "seed", (double)r->seed);
     metrics_set_string(m, "dataset", r->dataset);
     metrics_set_string(m, "unit", r->unit);
-    metrics_set_number(m, "parameters", (double)r->w->table.total);
+    metrics_set_number(m, "parameters", (double)r->w->table.count);
     metrics_set_number(m, "threads", backend_threads());
     metrics_set_string(m, "backend", backend_name());
     metrics_set_number(m, "processes", r->procs);

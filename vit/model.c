@@ -106,7 +106,7 @@ double vit_flops_per_image(const ViTConfig *c) {
 static void build_table(ViT *m) {
     const ViTConfig *c = &m->cfg;
     ParamTable *t = &m->w.table;
-    int C = c->C, P = attn_num_proj(c->variant), pd = c->P * c->P * c->img_c, kvC = kv_dim(c);
+    int C = c->C, pd = c->P * c->P * c->img_c, kvC = kv_dim(c);
     char name[PARAM_NAME_MAX];
     m->patchw = param_add(t, "patch.weight", 1, 2, C, pd);
     m->patchb = param_add(t, "patch.bias", 0, 1, C);
@@ -119,17 +119,7 @@ static void build_table(ViT *m) {
 #define NAME(fmt, ...) (snprintf(name, sizeof name, "blocks.%d." fmt, l, ##__VA_ARGS__), name)
         lp->ln1w = param_add(t, NAME("ln1.weight"), 0, 1, C);
         lp->ln1b = param_add(t, NAME("ln1.bias"), 0, 1, C);
-        for (int p = 0; p < P; p++) { /* K/V blocks kv_heads*head_dim rows (docs/kernels.md) */
-            int rows = attn_block_width(c->variant, p, C, kvC);
-            size_t off = param_add(t, NAME("attn.%s.weight", attn_block_name(c->variant, p)), 1, 2, rows, C);
-            if (p == 0) lp->attnw = off;
-        }
-        if (c->attn_bias)
-            for (int p = 0; p < P; p++) {
-                int rows = attn_block_width(c->variant, p, C, kvC);
-                size_t off = param_add(t, NAME("attn.%s.bias", attn_block_name(c->variant, p)), 0, 1, rows);
-                if (p == 0) lp->attnb = off;
-            }
+        block_attention_params(t, lp, NAME(""), c->variant, C, kvC, c->attn_bias);
         block_position_params(t, lp, NAME(""), c->pos, c->pos_m, c->pos_groups, c->H);
         lp->projw = param_add(t, NAME("attn.proj.weight"), 1, 2, C, C);
         lp->projb = param_add(t, NAME("attn.proj.bias"), 0, 1, C);
@@ -160,7 +150,7 @@ size_t vit_num_params(const ViTConfig *c) {
     memset(&m, 0, sizeof m);
     m.cfg = *c;
     build_table(&m);
-    size_t n = m.w.table.total;
+    size_t n = m.w.table.count;
     free(m.layer);
     param_table_free(&m.w.table);
     return n;

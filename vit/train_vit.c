@@ -189,7 +189,7 @@ static void banner(const Run *r) {
     printf("data: %s, %dx%dx%d, %d classes: %d train, %d validation, %d test images\n", r->data.name, c->img_h,
            c->img_w, c->img_c, c->classes, r->data.ntrain, r->data.nval, r->data.test.n);
     printf("model: patch %d (%d tokens, %s pooling), %d layers, %d heads, %d channels, mlp %d | %zu parameters\n",
-           c->P, c->T, c->cls ? "CLS" : "mean", c->L, c->H, c->C, c->mlp, r->model.w.table.total);
+           c->P, c->T, c->cls ? "CLS" : "mean", c->L, c->H, c->C, c->mlp, r->model.w.table.count);
     printf("cost: %.2f MFLOP/image (training) | train: %d epochs x %d steps of %d images, lr %.3g -> %.3g, wd %g, "
            "seed %llu, %d threads\n", vit_flops_per_image(c) / 1e6, h->epochs, r->steps_per_epoch, h->B, h->lr,
            h->min_lr, h->optim.weight_decay, (unsigned long long)h->seed, backend_threads());
