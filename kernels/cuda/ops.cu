@@ -417,9 +417,11 @@ static int g_lt_refused_n;
  * aux. aux has the shape and leading dimension of D. Returns false, having done nothing, where the library offers
  * no such product (the caller then runs the plain product and its own kernels): the option off, an aux leading
  * dimension that is not a multiple of 8 (cuBLASLt's rule), a bias or aux buffer under 16-byte alignment (which
- * some library versions mishandle), or no algorithm from the heuristic for this GPU, precision and shape (said
- * once per kind on stderr, and not asked again for that shape). A product the heuristic offered and the matmul
- * then refuses is a bug here: it stops the program. */
+ * some library versions mishandle; said once per kind on stderr, since it should not happen: the parameter table
+ * aligns every bias, nn/params.h, and the blocks carve activations at 64-byte boundaries, nn/block.c), or no
+ * algorithm from the heuristic for this GPU, precision and shape (said once per kind on stderr, and not asked
+ * again for that shape). A product the heuristic offered and the matmul then refuses is a bug here: it stops the
+ * program. */
 static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const act_t *A, int lda, const act_t *B,
                       int ldb, act_t *D, int ldd, const act_t *bias, act_t *aux) {
     if constexpr (!IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE)) {
@@ -428,7 +430,16 @@ static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const
         static cublasLtHandle_t lt;
         static void *workspace;
         static int noted[LT_KINDS];
-        if ((kind != LT_BIAS && ldd % 8) || alignment_of(bias) < 16 || alignment_of(aux) < 16) return false;
+        if (kind != LT_BIAS && ldd % 8) return false;
+        if (alignment_of(bias) < 16 || alignment_of(aux) < 16) { /* the parameter table aligns every bias: a bug */
+            if (!noted[kind]) {
+                noted[kind] = 1;
+                fprintf(stderr, "note: cuBLASLt %s epilogue skipped: its %s is only %u-byte aligned (it wants 16): "
+                        "separate kernels do it instead\n", lt_name[kind] + 9, alignment_of(bias) < 16 ? "bias" : "aux",
+                        alignment_of(bias) < 16 ? alignment_of(bias) : alignment_of(aux));
+            }
+            return false;
+        }
         for (int i = 0; i < g_lt_refused_n; i++)
             if (g_lt_refused[i].kind == kind && g_lt_refused[i].m == m && g_lt_refused[i].n == n &&
                 g_lt_refused[i].k == k)
