@@ -1416,6 +1416,48 @@ def check_logged_lrs(m, want, label, expect_logged):
             f"first mismatches (iteration, logged, expected): {bad[:3]})")
 
 
+def check_adamw_symbols(binary, step, folder, prefix, args, every_step):
+    """<prefix>_BETA1, _BETA2 and _ADAM_EPS (run-time symbols) reach AdamW. Runs the binary with args as they are
+    and with each symbol set (--set) to a value the defaults leave untried, and compares the logged training
+    losses. AdamW's bias correction makes the first update g / (|g| + eps) whatever the betas (m-hat = g, v-hat =
+    g^2), so where every step is logged (every_step) the second loss under other betas is the default run's to
+    float32 rounding while epsilon moves it, and the third loss moves with either beta; otherwise the first logged
+    loss (before any update) is the same in every run and the last one moves with each symbol. The metrics record
+    each value the run trained with; a beta of 1 is refused at start, naming the symbol."""
+    runs = {}
+    for sym, value in ((None, None), ("BETA1", "0"), ("BETA2", "0.5"), ("ADAM_EPS", "0.1")):
+        out = os.path.join(folder, sym or "default")
+        sets = ["--set", f"{prefix}_{sym}={value}"] if sym else []
+        r = run_binary(binary, out, step, args=list(args) + sets)
+        if not R.check(r.returncode == 0, f"{prefix}_{sym or 'defaults'}: the run failed: {r.stderr[-500:]}"):
+            return
+        m = metrics(os.path.join(out, f"training_metrics_step{step}.json"))
+        runs[sym] = m["metrics"]["train_losses"]
+        if sym:
+            R.check(m["config"].get(f"{prefix}_{sym}") == value,
+                    f"the metrics record {prefix}_{sym}={value}: {m['config'].get(prefix + '_' + sym)!r}")
+    base = runs.pop(None)
+
+    def moved(a, b):
+        return abs(a - b) > 1e-6 * abs(b)
+
+    for sym, losses in runs.items():
+        name = f"{prefix}_{sym}"
+        if every_step:
+            second = moved(losses[1], base[1]) if sym == "ADAM_EPS" else not moved(losses[1], base[1])
+            R.check(len(losses) >= 3 and losses[0] == base[0] and second and moved(losses[2], base[2]),
+                    f"{name} reaches AdamW: the first loss equal, the second "
+                    f"{'moved' if sym == 'ADAM_EPS' else 'equal (bias correction)'}, the third moved: "
+                    f"{losses[:3]} against the defaults' {base[:3]}")
+        else:
+            R.check(losses[0] == base[0] and moved(losses[-1], base[-1]),
+                    f"{name} reaches AdamW: the first logged loss equal, the last moved: "
+                    f"{losses[0]}, {losses[-1]} against the defaults' {base[0]}, {base[-1]}")
+    r = run_binary(binary, os.path.join(folder, "beta1"), step, args=list(args) + ["--set", f"{prefix}_BETA1=1"])
+    R.check(r.returncode != 0 and f"{prefix}_BETA1" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+            f"{prefix}_BETA1=1 (outside [0, 1)) is refused in one line naming it: {r.returncode} {r.stderr.strip()!r}")
+
+
 def metrics(path):
     with open(path) as f:
         return json.load(f)
@@ -2195,6 +2237,8 @@ def test_gpt2_options(tmp, sanitize):
             by_hand.stdout == found.group(1) + "\n",
             f"GPT2_SAMPLE_TEMPERATURE/TOP_K/PROMPT reach the sample after training: "
             f"{found.group(1) if found else log[-300:]!r} vs by hand {by_hand.stdout!r}")
+    check_adamw_symbols(ws.binary("V0", "opts"), "V0", os.path.join(ws.dir, "adamw"), "GPT2",
+                        ["--set", "GPT2_MAX_ITERS=3"], True)
 
 
 GPT2_VOCAB_PAD = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
@@ -2567,6 +2611,8 @@ def test_vit_end_to_end(tmp, sanitize):
         check_logged_lrs(m, lambda it: lr_warmup_cosine(it, 7, 29, 3e-3, 0.0),
                          "ViT KV with VIT_WARMUP_ITERS=7 and VIT_MIN_LR=0", range(1, 30))
         R.check(m["metrics"]["learning_rates"][-1] == 0.0, "ViT: the rate of the last step is VIT_MIN_LR (0)")
+    check_adamw_symbols(ws.binary("KV", "tinyvit", "vit"), "KV", os.path.join(tmp, "vit-adamw"), "VIT",
+                        ["--set", "VIT_EPOCHS=1"], True)
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
             summ["paper"][0]["paper"] == 0.887, "the summary puts the paper's Fashion-MNIST numbers beside ours")
@@ -2785,6 +2831,8 @@ def test_synthetic_end_to_end(tmp, sanitize):
     for key in ("train_losses", "val_losses", "train_epoch_accuracies"):
         R.check(ma["metrics"][key] == mb["metrics"][key], f"synthetic resume: {key} equal to the uninterrupted run")
     R.check(ma["synthetic_test_accuracy"] == mb["synthetic_test_accuracy"], "synthetic resume: the same test results")
+    check_adamw_symbols(binary, "KV", os.path.join(ws.dir, "adamw"), "SEQ2SEQ",
+                        ["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set", "SEQ2SEQ_EPOCHS=1"], False)
     # the other schedule, Noam's (translation's default), on the synthetic tasks: a build-time choice
     rebuild_after(ws, "SEQ2SEQ_SCHED_NOAM=y")
     noam = os.path.join(ws.dir, "noam")
