@@ -450,6 +450,7 @@ cJSON *analysis_masks(Runner *r, const Model *m, int batches, const double *targ
     cJSON_AddItemToObject(s, "loss_all_masked", num(off.loss));
     cJSON_AddNumberToObject(s, "batches", nb);
     cJSON_AddNumberToObject(s, "steps", steps);
+    cJSON_AddNumberToObject(s, "lr", lr);
     cJSON_AddItemToObject(o, "summary", s);
     cJSON_AddStringToObject(o, "formula", "masks in the singular bases of W_QK (key side) and W_OV (value side); "
                                           "faithfulness = 1 - (loss_masked - loss_full)/(loss_all_masked - loss_full); "

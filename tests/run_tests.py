@@ -1627,7 +1627,16 @@ def test_mechint_end_to_end(ws, tmp):
             f"{col(after, 'target_kept')}, kept {col(after, 'kept')}, faithfulness {col(before, 'faithfulness')} -> "
             f"{col(after, 'faithfulness')}, random {col(before, 'random_faithfulness_mean')} -> "
             f"{col(after, 'random_faithfulness_mean')}")
-    ws.set("MECHINT_MASK_TARGETS=0.5,0.25", "MECHINT_SEED=1234")
+    # MECHINT_MASK_LR: the masks' step size, recorded in the summary; another one learns other masks
+    ws.set("MECHINT_MASK_LR=0.02")
+    r = ws.make("mechint", f"MODELS={only}")
+    masks = (json.load(open(rep_path)) if os.path.isfile(rep_path) else {}).get("analyses", {}).get("kv_masks", {})
+    R.check(r.returncode == 0 and rep.get("analyses", {}).get("kv_masks", {}).get("summary", {}).get("lr") == 0.1 and
+            masks.get("summary", {}).get("lr") == 0.02 and col(masks.get("curve", []), "target_kept") ==
+            col(after, "target_kept") and col(masks.get("curve", []), "faithfulness") != col(after, "faithfulness"),
+            f"mechint: MECHINT_MASK_LR=0.02 reaches the masks: lr {masks.get('summary', {}).get('lr')}, faithfulness "
+            f"{col(after, 'faithfulness')} -> {col(masks.get('curve', []), 'faithfulness')} {r.stderr[-500:]}")
+    ws.set("MECHINT_MASK_TARGETS=0.5,0.25", "MECHINT_SEED=1234", "MECHINT_MASK_LR=0.1")
     ws.set("MECHINT_WEIGHTS=y", "MECHINT_PATTERNS=y", *[x for x in MECHINT_SMALL if "INDUCTION" in x])
     r = ws.make("build")  # the changed MECHINT_* values reach the step builds now, not in the rebuild tests
     R.check(r.returncode == 0, f"build after the mechint settings: {r.stderr[-1000:]}")
