@@ -1416,16 +1416,20 @@ def check_logged_lrs(m, want, label, expect_logged):
             f"first mismatches (iteration, logged, expected): {bad[:3]})")
 
 
-def check_adamw_symbols(binary, step, folder, prefix, args, every_step):
-    """<prefix>_BETA1, _BETA2 and _ADAM_EPS (run-time symbols) reach AdamW. Runs the binary with args as they are
-    and with each symbol set (--set) to a value the defaults leave untried, and compares the logged training
-    losses. AdamW's bias correction makes the first update g / (|g| + eps) whatever the betas (m-hat = g, v-hat =
-    g^2), so where every step is logged (every_step) the second loss under other betas is the default run's to
-    float32 rounding while epsilon moves it, and the third loss moves with either beta; otherwise the first logged
-    loss (before any update) is the same in every run and the last one moves with each symbol. The metrics record
-    each value the run trained with; a beta of 1 is refused at start, naming the symbol."""
+def check_optim_symbols(binary, step, folder, prefix, args, every_step):
+    """<prefix>_BETA1, _BETA2, _ADAM_EPS, _WEIGHT_DECAY and _GRAD_CLIP (run-time symbols) reach the optimiser.
+    Runs the binary with args as they are and with each symbol set (--set) to a value the defaults leave untried,
+    and compares the logged training losses: the first (before any update) is the same in every run. AdamW's bias
+    correction makes the first update g / (|g| + eps) whatever the betas (m-hat = g, v-hat = g^2), so where every
+    step is logged (every_step) the second loss under other betas is the default run's to float32 rounding, while
+    epsilon and weight decay move it, and the third loss moves with every symbol (clipping scales the two steps'
+    gradients differently, which AdamW's normalisation does not undo); otherwise the last logged loss moves with
+    each. The metrics record each value the run trained with; a beta of 1 is refused at start, naming the symbol."""
+    # symbol, value, what it does to the second loss (every_step): None equal, True moved, False not checked
+    cases = (("BETA1", "0", None), ("BETA2", "0.5", None), ("ADAM_EPS", "0.1", True), ("WEIGHT_DECAY", "10", True),
+             ("GRAD_CLIP", "0.001", False))
     runs = {}
-    for sym, value in ((None, None), ("BETA1", "0"), ("BETA2", "0.5"), ("ADAM_EPS", "0.1")):
+    for sym, value, _ in ((None, None, None),) + cases:
         out = os.path.join(folder, sym or "default")
         sets = ["--set", f"{prefix}_{sym}={value}"] if sym else []
         r = run_binary(binary, out, step, args=list(args) + sets)
@@ -1436,22 +1440,22 @@ def check_adamw_symbols(binary, step, folder, prefix, args, every_step):
         if sym:
             R.check(m["config"].get(f"{prefix}_{sym}") == value,
                     f"the metrics record {prefix}_{sym}={value}: {m['config'].get(prefix + '_' + sym)!r}")
-    base = runs.pop(None)
+    base = runs[None]
 
     def moved(a, b):
         return abs(a - b) > 1e-6 * abs(b)
 
-    for sym, losses in runs.items():
-        name = f"{prefix}_{sym}"
+    for sym, value, second in cases:
+        losses, name = runs[sym], f"{prefix}_{sym}={value}"
         if every_step:
-            second = moved(losses[1], base[1]) if sym == "ADAM_EPS" else not moved(losses[1], base[1])
-            R.check(len(losses) >= 3 and losses[0] == base[0] and second and moved(losses[2], base[2]),
-                    f"{name} reaches AdamW: the first loss equal, the second "
-                    f"{'moved' if sym == 'ADAM_EPS' else 'equal (bias correction)'}, the third moved: "
-                    f"{losses[:3]} against the defaults' {base[:3]}")
+            ok = second is False or (moved(losses[1], base[1]) if second else not moved(losses[1], base[1]))
+            R.check(len(losses) >= 3 and losses[0] == base[0] and ok and moved(losses[2], base[2]),
+                    f"{name} reaches the optimiser: the first loss equal, the second "
+                    f"{ {None: 'equal (bias correction)', True: 'moved', False: 'unchecked'}[second]}, the third "
+                    f"moved: {losses[:3]} against the defaults' {base[:3]}")
         else:
             R.check(losses[0] == base[0] and moved(losses[-1], base[-1]),
-                    f"{name} reaches AdamW: the first logged loss equal, the last moved: "
+                    f"{name} reaches the optimiser: the first logged loss equal, the last moved: "
                     f"{losses[0]}, {losses[-1]} against the defaults' {base[0]}, {base[-1]}")
     r = run_binary(binary, os.path.join(folder, "beta1"), step, args=list(args) + ["--set", f"{prefix}_BETA1=1"])
     R.check(r.returncode != 0 and f"{prefix}_BETA1" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
@@ -2246,7 +2250,7 @@ def test_gpt2_options(tmp, sanitize):
             by_hand.stdout == found.group(1) + "\n",
             f"GPT2_SAMPLE_TEMPERATURE/TOP_K/PROMPT reach the sample after training: "
             f"{found.group(1) if found else log[-300:]!r} vs by hand {by_hand.stdout!r}")
-    check_adamw_symbols(ws.binary("V0", "opts"), "V0", os.path.join(ws.dir, "adamw"), "GPT2",
+    check_optim_symbols(ws.binary("V0", "opts"), "V0", os.path.join(ws.dir, "optim"), "GPT2",
                         ["--set", "GPT2_MAX_ITERS=3"], True)
 
 
@@ -2620,7 +2624,7 @@ def test_vit_end_to_end(tmp, sanitize):
         check_logged_lrs(m, lambda it: lr_warmup_cosine(it, 7, 29, 3e-3, 0.0),
                          "ViT KV with VIT_WARMUP_ITERS=7 and VIT_MIN_LR=0", range(1, 30))
         R.check(m["metrics"]["learning_rates"][-1] == 0.0, "ViT: the rate of the last step is VIT_MIN_LR (0)")
-    check_adamw_symbols(ws.binary("KV", "tinyvit", "vit"), "KV", os.path.join(tmp, "vit-adamw"), "VIT",
+    check_optim_symbols(ws.binary("KV", "tinyvit", "vit"), "KV", os.path.join(tmp, "vit-optim"), "VIT",
                         ["--set", "VIT_EPOCHS=1"], True)
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
@@ -2840,7 +2844,7 @@ def test_synthetic_end_to_end(tmp, sanitize):
     for key in ("train_losses", "val_losses", "train_epoch_accuracies"):
         R.check(ma["metrics"][key] == mb["metrics"][key], f"synthetic resume: {key} equal to the uninterrupted run")
     R.check(ma["synthetic_test_accuracy"] == mb["synthetic_test_accuracy"], "synthetic resume: the same test results")
-    check_adamw_symbols(binary, "KV", os.path.join(ws.dir, "adamw"), "SEQ2SEQ",
+    check_optim_symbols(binary, "KV", os.path.join(ws.dir, "optim"), "SEQ2SEQ",
                         ["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set", "SEQ2SEQ_EPOCHS=1"], False)
     # the other schedule, Noam's (translation's default), on the synthetic tasks: a build-time choice
     rebuild_after(ws, "SEQ2SEQ_SCHED_NOAM=y")
