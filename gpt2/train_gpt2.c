@@ -11,7 +11,6 @@
  * best_model_step<NAME>.safetensors, state_step<NAME>.safetensors (resume
  * point, removed when the step completes) and training_metrics_step<NAME>.json. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -360,16 +359,8 @@ static int cmd_train(int argc, char **argv) {
     return rc;
 }
 
-/* A sample option's value: the whole argument, a finite number in [lo, hi], integral if integer. */
-static double option_number(const char *opt, const char *s, double lo, double hi, int integer) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
-        FATAL("sample: %s '%s' is not %s from %g to %g (hint: e.g. --length 200 --temperature 0.8 --top-k 40)", opt,
-              s, integer ? "a whole number" : "a finite number", lo, hi);
-    return v;
-}
+#define SAMPLE_NUMBER(opt, s, lo, hi, integer) \
+    option_number("sample", opt, s, lo, hi, integer, "e.g. --length 200 --temperature 0.8 --top-k 40")
 
 static int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt_text = CONFIG_GPT2_SAMPLE_PROMPT;
@@ -380,13 +371,13 @@ static int cmd_sample(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             prompt_text = argv[++i];
         else if (!strcmp(argv[i], "--length") && i + 1 < argc)
-            opt.length = (int)option_number("--length", argv[++i], 0, 100000, 1);
+            opt.length = (int)SAMPLE_NUMBER("--length", argv[++i], 0, 100000, 1);
         else if (!strcmp(argv[i], "--temperature") && i + 1 < argc)
-            opt.temperature = (float)option_number("--temperature", argv[++i], 0, 100, 0);
+            opt.temperature = (float)SAMPLE_NUMBER("--temperature", argv[++i], 0, 100, 0);
         else if (!strcmp(argv[i], "--top-k") && i + 1 < argc)
-            opt.top_k = (int)option_number("--top-k", argv[++i], 0, 1e9, 1);
+            opt.top_k = (int)SAMPLE_NUMBER("--top-k", argv[++i], 0, 1e9, 1);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            opt.seed = (uint64_t)option_number("--seed", argv[++i], 0, 2147483647, 1);
+            opt.seed = (uint64_t)SAMPLE_NUMBER("--seed", argv[++i], 0, 2147483647, 1);
         else if (!strcmp(argv[i], "--no-cache"))
             opt.use_cache = 0;
         else

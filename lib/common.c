@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,4 +210,15 @@ double peak_rss_mib(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
     return (double)ru.ru_maxrss / 1024.0; /* Linux reports KiB */
+}
+
+double option_number(const char *cmd, const char *opt, const char *s, double lo, double hi, int integer,
+                     const char *hint) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < lo || v > hi || (integer && v != floor(v)))
+        FATAL("%s: %s '%s' is not %s from %g to %g (hint: %s)", cmd, opt, s,
+              integer ? "a whole number" : "a finite number", lo, hi, hint);
+    return v;
 }

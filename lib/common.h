@@ -65,6 +65,11 @@ char *read_file(const char *path, size_t *n, Err *e);
 int make_dirs(const char *path, Err *e);
 int file_exists(const char *path);
 
+/* A command-line option's value: the whole argument a finite number in [lo, hi], integral if integer; anything
+ * else stops the program with one line naming the command, the option and its range, and the hint. */
+double option_number(const char *cmd, const char *opt, const char *s, double lo, double hi, int integer,
+                     const char *hint);
+
 double wall_seconds(void);   /* monotonic clock */
 double unix_seconds(void);   /* wall-clock time since the epoch */
 double peak_rss_mib(void);   /* peak resident set size of this process */

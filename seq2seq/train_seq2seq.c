@@ -2,7 +2,8 @@
  *
  *   train_seq2seq train --out DIR --step NAME    train (resuming from DIR's checkpoint of the step)
  *       [--set NAME=VALUE]...                    with run-time symbols replaced (lib/runconfig.h)
- *   train_seq2seq translate --ckpt FILE [--beam K] [--n N]   translate the first N test sentences
+ *   train_seq2seq translate --ckpt FILE [--beam K] [--alpha A] [--n N]
+ *                                            translate the first N test sentences
  *   train_seq2seq info
  *
  * Synthetic tasks: every task of CONFIG_SEQ2SEQ_TASKS runs with every seed
@@ -163,15 +164,19 @@ static double synth_eval(Run *r, const int *x, const int *y, int n, double *acc)
 
 /* ------------------------------------------------------------------ translation */
 
+/* Beam search's length normalisation: finished hypotheses ranked by log p / length^alpha (CONFIG_SEQ2SEQ_BEAM_ALPHA;
+ * translate --alpha replaces it). */
+static double beam_alpha(void) { return KCONFIG_NUMBER(CONFIG_SEQ2SEQ_BEAM_ALPHA, 0.0, 10.0); }
+
 /* Corpus BLEU of the model's translations of sentences [0, n) of corpus
  * against the raw reference lines; beam 1 = greedy. Hypotheses are
  * detokenised first, so BLEU sees text, as it would from any system.
  * Prints the first `show` translations (those of rank 0's batches: the
  * batches of 50 are shared out over the ranks, the counts reduced). */
-static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int n, int beam, int show) {
+static double translate_bleu(Run *r, const Corpus *c, const Strs *ref_lines, int n, int beam, double alpha,
+                            int show) {
     const Vocab *tv = &r->td.tgt_vocab, *sv = &r->td.src_vocab;
     int B = 50, maxl = CONFIG_SEQ2SEQ_MAX_LEN;
-    double alpha = KCONFIG_NUMBER(CONFIG_SEQ2SEQ_BEAM_ALPHA, 0.0, 10.0);
     BleuStats st = {0};
     int *idx = xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++) idx[i] = i;
@@ -271,9 +276,9 @@ static void end_of_epoch(Run *r, int job) {
     double t0 = wall_seconds(), acc, val, bleu = NAN, test_bleu = NAN;
     if (TRANSLATION) {
         val = trans_eval(r, &r->td.val, &acc);
-        bleu = translate_bleu(r, &r->td.val, &r->td.val_lines, r->td.val.n, 1, 0);
+        bleu = translate_bleu(r, &r->td.val, &r->td.val_lines, r->td.val.n, 1, beam_alpha(), 0);
         if (IS_ENABLED(CONFIG_SEQ2SEQ_TEST_BLEU_EPOCHS)) /* the paper's Figure 6: test BLEU per epoch */
-            test_bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, 0);
+            test_bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, beam_alpha(), 0);
         if (val < t->best_val) {
             t->best_val = val;
             t->best_iter = t->iter;
@@ -475,8 +480,9 @@ static int train(Run *r) {
     if (TRANSLATION) {
         int beam = CONFIG_SEQ2SEQ_BEAM;
         printf("test translations (beam %d):\n", beam);
-        double bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, beam, 5);
-        double greedy = beam == 1 ? bleu : translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, 0);
+        double bleu = translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, beam, beam_alpha(), 5);
+        double greedy =
+            beam == 1 ? bleu : translate_bleu(r, &r->td.test, &r->td.test_lines, r->td.test.n, 1, beam_alpha(), 0);
         double acc, tl = trans_eval(r, &r->td.test, &acc);
         metrics_set_number(t->metrics, "test_bleu", bleu);
         metrics_set_number(t->metrics, "test_bleu_greedy", greedy);
@@ -501,7 +507,7 @@ static int train(Run *r) {
 static void usage(void) {
     fprintf(stderr,
             "usage: train_seq2seq train --out DIR --step NAME [--set NAME=VALUE]...\n"
-            "       train_seq2seq translate --ckpt FILE [--beam K] [--n N]   (translation models)\n"
+            "       train_seq2seq translate --ckpt FILE [--beam K] [--alpha A] [--n N]   (translation models)\n"
             "       train_seq2seq info\n");
     exit(2);
 }
@@ -593,20 +599,26 @@ static int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+#define TRANSLATE_NUMBER(opt, s, lo, hi, integer) \
+    option_number("translate", opt, s, lo, hi, integer, "e.g. --n 10 --beam 4 --alpha 0.6")
+
 static int cmd_translate(int argc, char **argv) {
     const char *ckpt = NULL;
     int beam = TRANSLATION ? CONFIG_SEQ2SEQ_BEAM : 1, n = 10;
+    double alpha = TRANSLATION ? beam_alpha() : 0.0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
             ckpt = argv[++i];
         else if (!strcmp(argv[i], "--beam") && i + 1 < argc)
-            beam = atoi(argv[++i]);
+            beam = (int)TRANSLATE_NUMBER("--beam", argv[++i], 1, 64, 1);
+        else if (!strcmp(argv[i], "--alpha") && i + 1 < argc)
+            alpha = TRANSLATE_NUMBER("--alpha", argv[++i], 0, 10, 0);
         else if (!strcmp(argv[i], "--n") && i + 1 < argc)
-            n = atoi(argv[++i]);
+            n = (int)TRANSLATE_NUMBER("--n", argv[++i], 1, 1e9, 1);
         else
             usage();
     }
-    if (!ckpt || beam < 1 || n < 1) usage();
+    if (!ckpt) usage();
     if (!TRANSLATION) FATAL("translate: this binary is built for the synthetic tasks (hint: use a translation step)");
     Run r;
     memset(&r, 0, sizeof r);
@@ -618,8 +630,8 @@ static int cmd_translate(int argc, char **argv) {
                               &e) != 0)
         run_die(&e);
     if (n > r.td.test.n) n = r.td.test.n;
-    double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, n);
-    printf("BLEU %.2f on the first %d test sentences (beam %d)\n", bleu, n, beam);
+    double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, alpha, n);
+    printf("BLEU %.2f on the first %d test sentences (beam %d, alpha %g)\n", bleu, n, beam, alpha);
     teardown(&r);
     return 0;
 }

@@ -2889,6 +2889,24 @@ def test_translation_end_to_end(tmp, sanitize):
     r = run([binary, "translate", "--ckpt", ckpt, "--n", "3", "--beam", "1"], env=env)
     R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 3 and "BLEU" in r.stdout,
             f"train_seq2seq translate: {r.stdout[-300:]}{r.stderr[-300:]}")
+    # SEQ2SEQ_BEAM_ALPHA is translate's length normalisation unless --alpha replaces it: finished hypotheses rank by
+    # log p / length^alpha (log p < 0), so a larger alpha can only favour longer ones among the same candidates
+    outs = {a: run([binary, "translate", "--ckpt", ckpt, "--n", "40", "--beam", "4"] + (["--alpha", a] if a else []),
+                   env=env) for a in (None, "0.6", "0", "5")}
+
+    def hyp_words(a):
+        return sum(len(ln.split()) - 1 for ln in outs[a].stdout.splitlines() if ln.startswith("  hyp: "))
+    R.check(all(o.returncode == 0 for o in outs.values()) and outs[None].stdout == outs["0.6"].stdout and
+            "(beam 4, alpha 0.6)" in outs[None].stdout and hyp_words("0") <= hyp_words("0.6") <= hyp_words("5") and
+            hyp_words("0") < hyp_words("5"),
+            f"translate: SEQ2SEQ_BEAM_ALPHA (0.6) is the default alpha, --alpha replaces it, longer hypotheses as it "
+            f"grows: words at alpha 0 / 0.6 / 5: {hyp_words('0')} / {hyp_words('0.6')} / {hyp_words('5')} "
+            f"{outs['0'].stderr[-300:]}")
+    for opt, value in (("--alpha", "-1"), ("--alpha", "x"), ("--beam", "0"), ("--beam", "2.5"), ("--n", "ten")):
+        r = run([binary, "translate", "--ckpt", ckpt, opt, value], env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode != 0 and len(lines) == 1 and f"{opt} '{value}'" in lines[0] and "hint" in lines[0],
+                f"translate {opt} {value} is refused in one line: {r.returncode} {r.stderr.strip()!r}")
     # SEQ2SEQ_LABEL_SMOOTHING: the loss of the first step, before any update, is (1 - s) CE + s U (U: the mean over
     # the words of -log p), linear in s; builds with s = 0 and 0.5 beside make's 0.1 must lie on one line. The
     # s = 0.5 build has SEQ2SEQ_SCHED_COSINE (the choice's other value), which leaves the first step's loss alone,
