@@ -2626,6 +2626,16 @@ def test_vit_end_to_end(tmp, sanitize):
         R.check(m["metrics"]["learning_rates"][-1] == 0.0, "ViT: the rate of the last step is VIT_MIN_LR (0)")
     check_optim_symbols(ws.binary("KV", "tinyvit", "vit"), "KV", os.path.join(tmp, "vit-optim"), "VIT",
                         ["--set", "VIT_EPOCHS=1"], True)
+    # VIT_MAX_TIME (run-time): 1 s of training ends 20 epochs early; the run still tests its model and saves it
+    capped = os.path.join(tmp, "vit-max-time")
+    rc = run_binary(ws.binary("KV", "tinyvit", "vit"), capped, "KV", args=["--set", "VIT_EPOCHS=20", "--set",
+                                                                           "VIT_MAX_TIME=1"])
+    m = metrics(os.path.join(capped, "training_metrics_stepKV.json")) if rc.returncode == 0 else {}
+    R.check(m.get("stopped_by") == "max_time" and m.get("status") == "complete" and
+            0 < m.get("final_iteration", 0) < 20 * 29 and 1 <= m.get("train_seconds", 0) < 60 and
+            "test_accuracy" in m and os.path.isfile(os.path.join(capped, "final_model_stepKV.safetensors")),
+            f"VIT_MAX_TIME=1 ends training after 1 s of steps, then it tests and saves: stopped by "
+            f"{m.get('stopped_by')} at {m.get('final_iteration')} after {m.get('train_seconds')} s {rc.stderr[-300:]}")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
     R.check([p["variant"] for p in summ.get("paper", [])] == ["QKV", "KV"] and
             summ["paper"][0]["paper"] == 0.887, "the summary puts the paper's Fashion-MNIST numbers beside ours")
@@ -2846,6 +2856,16 @@ def test_synthetic_end_to_end(tmp, sanitize):
     R.check(ma["synthetic_test_accuracy"] == mb["synthetic_test_accuracy"], "synthetic resume: the same test results")
     check_optim_symbols(binary, "KV", os.path.join(ws.dir, "optim"), "SEQ2SEQ",
                         ["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set", "SEQ2SEQ_EPOCHS=1"], False)
+    # SEQ2SEQ_MAX_TIME (run-time): each job's budget; 1 s ends a job of 200 epochs early, the job still tests
+    capped = os.path.join(ws.dir, "max-time")
+    rc = run_binary(binary, capped, "KV", args=["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set",
+                                                 "SEQ2SEQ_EPOCHS=200", "--set", "SEQ2SEQ_MAX_TIME=1"])
+    m = metrics(os.path.join(capped, "training_metrics_stepKV.json")) if rc.returncode == 0 else {}
+    R.check(m.get("stopped_by") == "max_time" and m.get("status") == "complete" and
+            0 < m.get("trained_iterations", 0) < 200 * 32 and 1 <= m.get("train_seconds", 0) < 60 and
+            m.get("job_copy_seed1_test_accuracy") is not None and "time budget ended training early" in rc.stdout,
+            f"SEQ2SEQ_MAX_TIME=1 ends the job after 1 s of steps, then it tests: stopped by {m.get('stopped_by')} "
+            f"after {m.get('trained_iterations')} iterations, {m.get('train_seconds')} s {rc.stderr[-300:]}")
     # the other schedule, Noam's (translation's default), on the synthetic tasks: a build-time choice
     rebuild_after(ws, "SEQ2SEQ_SCHED_NOAM=y")
     noam = os.path.join(ws.dir, "noam")
