@@ -2254,6 +2254,34 @@ def test_gpt2_options(tmp, sanitize):
                         ["--set", "GPT2_MAX_ITERS=3"], True)
 
 
+GPT2_CHAR = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
+    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="char"') + """CONFIG_GPT2_RELU=y
+# CONFIG_GPT2_ATTN_BIAS is not set
+"""
+
+
+def test_gpt2_char_options(tmp, sanitize):
+    """The paper's char GPT's two departures from GPT-2 (defconfigs gpt2-paper-fig4 and -fig5): ReLU in the MLP and
+    no bias on the attention projections, the other biases kept."""
+    section("GPT-2 as the paper's char GPT: ReLU, no attention-projection biases (GPT2_RELU, GPT2_ATTN_BIAS=n)")
+    made = made_v0(tmp, "gpt2-char", GPT2_CHAR, "char", "the char-GPT options build", sanitize)
+    if not made:
+        return
+    ws, out, ck, tensors, meta = made
+    m = json.loads(meta.get("model", "{}"))
+    biases = sorted(k.split(".", 2)[2] for k in tensors if k.startswith("blocks.0.") and k.endswith(".bias"))
+    R.check(m.get("activation") == "relu" and m.get("attn_bias") is False and
+            biases == ["attn.proj.bias", "ln1.bias", "ln2.bias", "mlp.fc.bias", "mlp.proj.bias"],
+            f"the model description says relu and no attention biases, and the checkpoint has every bias but the "
+            f"projections': {m.get('activation')} {m.get('attn_bias')} {biases}")
+    losses = metrics(os.path.join(out, "training_metrics_stepV0.json"))["metrics"]["train_losses"]
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
+    sm = run([ws.binary("V0", "char"), "sample", "--ckpt", ck, "--prompt", "one", "--length", "6"], env=env)
+    R.check(losses[-1] < losses[0] - 0.2 and sm.returncode == 0 and len(sm.stdout.split()) >= 6,
+            f"it learns (train loss {losses[0]:.3f} -> {losses[-1]:.3f}) and samples: {sm.stdout.strip()!r} "
+            f"{sm.stderr[-300:]}")
+
+
 GPT2_VOCAB_PAD = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
     'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="vpad"') + "CONFIG_GPT2_VOCAB_MULTIPLE=100\n"
 
@@ -4336,6 +4364,7 @@ def main():
                 guarded(test_failed_start_keeps_outputs, ws)
             guarded(test_gpt2_options, tmp, args.sanitize)
             guarded(test_gpt2_vocab_padding, tmp, args.sanitize)
+            guarded(test_gpt2_char_options, tmp, args.sanitize)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
             guarded(test_nonfinite_iteration, tmp)
