@@ -2903,6 +2903,25 @@ def test_synthetic_end_to_end(tmp, sanitize):
         check_logged_lrs(metrics(os.path.join(noam, "training_metrics_stepKV.json")),
                          lambda it: lr_noam(it + 1, 16, 5, 5e-3), "synthetic KV with SEQ2SEQ_SCHED_NOAM",
                          [1, 8, 16, 24, 32])
+    # the encoder's other forms (the paper's is post-LN, one-hot input, ReLU): pre-LN with a final LayerNorm, an
+    # embedding table for the digits, GELU; each in the model description and the checkpoint's tensors
+    rebuild_after(ws, "SEQ2SEQ_SCHED_COSINE=y", "SEQ2SEQ_POST_LN=n", "SEQ2SEQ_ONEHOT_INPUT=n", "SEQ2SEQ_GELU=y")
+    other = os.path.join(ws.dir, "pre-ln")
+    r = run_binary(binary, other, "KV",
+                   args=["--set", "SEQ2SEQ_TASKS=copy", "--set", "SEQ2SEQ_SEEDS=1", "--set", "SEQ2SEQ_EPOCHS=2"])
+    ck = os.path.join(other, "final_model_stepKV.safetensors")
+    if R.check(r.returncode == 0 and os.path.isfile(ck), f"synthetic with a pre-LN GELU encoder on embeddings: "
+                                                         f"{r.stderr[-500:]}"):
+        tensors, meta = safetensors_tensors(ck)
+        desc = json.loads(meta.get("model", "{}"))
+        acc = metrics(os.path.join(other, "training_metrics_stepKV.json")).get("job_copy_seed1_test_accuracy")
+        R.check({k: desc.get(k) for k in ("ln_placement", "input", "activation")} ==
+                {"ln_placement": "pre", "input": "embedding", "activation": "gelu_tanh"} and
+                "enc.lnf.weight" in tensors and "src_emb.weight" in tensors and "enc.in.weight" not in tensors and
+                acc is not None and acc > 0.5,
+                f"SEQ2SEQ_POST_LN=n, SEQ2SEQ_ONEHOT_INPUT=n, SEQ2SEQ_GELU=y: the model says so, has a final LayerNorm "
+                f"and an embedding table, and learns copy (test accuracy {acc}): "
+                f"{ {k: desc.get(k) for k in ('ln_placement', 'input', 'activation')} } {sorted(tensors)[:6]}")
 
 
 def test_translation_end_to_end(tmp, sanitize):
