@@ -2205,14 +2205,19 @@ def test_fatal_error_status(ws):
 # GPT-2's build-time options that the other workspaces leave at their defaults, in one build of one step: no biases
 # in the linear layers and LayerNorms, an untied head with its own bias, and the sample at the end of training at
 # its configured temperature, top-k and prompt.
-GPT2_OPTIONS = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
-    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="opts"') + """# CONFIG_GPT2_BIAS is not set
+def tiny_v0(run_name, extra):
+    """TINY with V0 as its only step, run run_name, the config lines extra added."""
+    return TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
+        'CONFIG_RUN_NAME="tiny"', f'CONFIG_RUN_NAME="{run_name}"') + extra
+
+
+GPT2_OPTIONS = tiny_v0("opts", """# CONFIG_GPT2_BIAS is not set
 # CONFIG_GPT2_TIE_WEIGHTS is not set
 CONFIG_GPT2_HEAD_BIAS=y
 CONFIG_GPT2_SAMPLE_TEMPERATURE="1.5"
 CONFIG_GPT2_SAMPLE_TOP_K=3
 CONFIG_GPT2_SAMPLE_PROMPT="one hundred"
-"""
+""")
 
 
 def made_v0(tmp, folder, text, run_name, what, sanitize):
@@ -2254,10 +2259,9 @@ def test_gpt2_options(tmp, sanitize):
                         ["--set", "GPT2_MAX_ITERS=3"], True)
 
 
-GPT2_CHAR = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
-    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="char"') + """CONFIG_GPT2_RELU=y
+GPT2_CHAR = tiny_v0("char", """CONFIG_GPT2_RELU=y
 # CONFIG_GPT2_ATTN_BIAS is not set
-"""
+""")
 
 
 def test_gpt2_char_options(tmp, sanitize):
@@ -2282,8 +2286,7 @@ def test_gpt2_char_options(tmp, sanitize):
             f"{sm.stderr[-300:]}")
 
 
-GPT2_VOCAB_PAD = TINY.replace('CONFIG_ABLATION_STEPS="V0,V1"', 'CONFIG_ABLATION_STEPS="V0"').replace(
-    'CONFIG_RUN_NAME="tiny"', 'CONFIG_RUN_NAME="vpad"') + "CONFIG_GPT2_VOCAB_MULTIPLE=100\n"
+GPT2_VOCAB_PAD = tiny_v0("vpad", "CONFIG_GPT2_VOCAB_MULTIPLE=100\n")
 
 
 def test_gpt2_vocab_padding(tmp, sanitize):
