@@ -337,8 +337,8 @@ void block_attention_params(ParamTable *t, BlockParams *lp, const char *prefix, 
         for (int p = 0; p < P; p++) {
             int rows = attn_block_width(variant, p, C, kvC);
             snprintf(name, sizeof name, "%sattn.%s.%s", prefix, attn_block_name(variant, p), wb ? "bias" : "weight");
-            size_t off = p == 0 ? (wb ? param_add(t, name, 0, 1, rows) : param_add(t, name, 1, 2, rows, C))
-                                : (wb ? param_add_next(t, name, 0, 1, rows) : param_add_next(t, name, 1, 2, rows, C));
+            size_t (*add)(ParamTable *, const char *, int, int, ...) = p ? param_add_next : param_add;
+            size_t off = wb ? add(t, name, 0, 1, rows) : add(t, name, 1, 2, rows, C); /* biases: no decay */
             if (p == 0) *(wb ? &lp->attnb : &lp->attnw) = off;
         }
 }
