@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
            "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
            "\"bidir_attention_ms_general_path\": %.2f, \"backend\": \"%s\"%s, \"step_ms\": [",
            attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), cfg.kv_heads,
-           m.w.table.total, fpt,
+           m.w.table.count, fpt,
            ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
            fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms, backend_name(),
            memory);

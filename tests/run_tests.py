@@ -3891,8 +3891,13 @@ def test_bench_profile(tmp):
     r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", "BENCH=y", prog])
     if not R.check(r.returncode == 0, f"profile: bench_step builds:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
         return
-    r = run([prog, "--profile", str(L), "2", "32", "16", "2", "65", "2"])
-    prof = json.loads(r.stdout).get("profile", {}) if r.returncode == 0 else {}
+    C, T, V = 24, 16, 65  # 65 x 24 floats for wte: the parameter buffer has alignment gaps (nn/params.h)
+    r = run([prog, "--profile", str(L), "2", str(C), str(T), "2", str(V), "2"])
+    rec = json.loads(r.stdout) if r.returncode == 0 else {}
+    prof = rec.get("profile", {})
+    # a GPT-2 with biases, a tied head and learned positions: (V + T) C + L (12 C^2 + 13 C) + 2 C, the gaps not counted
+    R.check(rec.get("parameters") == (V + T) * C + L * (12 * C * C + 13 * C) + 2 * C,
+            f"bench_step: the parameter count of a {L}-layer GPT-2 of width {C}: {rec.get('parameters')}")
     calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
     # per step: qkv, proj, fc-proj per block and the tied head, and fc with its GELU (linear_gelu_forward; backward:
     # gelu_linear_backward of fc-proj, linear_backward of fc); one attention per block; one AdamW call over every
