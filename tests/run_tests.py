@@ -110,6 +110,67 @@ def test_check_act(tmp):
             f.write(text)
 
 
+# The default of each choice: what a configuration naming none of its symbols gets, so every test build that leaves
+# the choice out is a build of it. (default, the configuration around it, another symbol of the choice)
+CHOICE_DEFAULTS = (
+    ("TARGET_CPU", "", "TARGET_CUDA"),
+    ("GPT2_SIZE_CUSTOM", "CONFIG_GPT2=y\n", "GPT2_SIZE_124M"),
+    ("GPT2_GELU", "CONFIG_GPT2=y\n", "GPT2_RELU"),
+    ("ATTN_POS_PER_LAYER", "CONFIG_ATTN_POS=y\n", "ATTN_POS_PER_HEAD"),
+    ("VIT_POOL_CLS", "# CONFIG_GPT2 is not set\nCONFIG_VIT=y\n", "VIT_POOL_MEAN"),
+    ("SEQ2SEQ_ENCODER_ONLY", "# CONFIG_GPT2 is not set\nCONFIG_SEQ2SEQ=y\nCONFIG_SEQ2SEQ_TASK_SYNTHETIC=y\n",
+     "SEQ2SEQ_ENCODER_DECODER"),
+    ("WANDB_ONLINE", "CONFIG_WANDB=y\n", "WANDB_OFFLINE"),
+)
+
+
+def check_choice_defaults(tmp):
+    """Each choice default named (CHOICE_DEFAULTS) resolves to the .config of leaving it out, and another symbol of
+    the choice turns it off. What each does is checked where a build runs it: GPT2_GELU in test_gpt2_options,
+    VIT_POOL_CLS in the ViT ablation, SEQ2SEQ_ENCODER_ONLY in the synthetic seq2seq, WANDB_ONLINE in the W&B
+    section, ATTN_POS_PER_LAYER in tests/configs/pos's programs; TARGET_CPU, GPT2_SIZE_CUSTOM and the derived
+    DIST_NCCL here."""
+    def resolved(name, text):
+        path = write_fragment(os.path.join(tmp, "choices", name), text)
+        r = run(KCONFIG + ["defconfig", path, path + ".config"])
+        return (open(path + ".config").read() if r.returncode == 0 else ""), r.stderr.strip()
+
+    for sym, around, other in CHOICE_DEFAULTS:
+        left_out, err = resolved(sym + "-out", around)
+        named, err2 = resolved(sym + "-named", around + f"CONFIG_{sym}=y\n")
+        off, err3 = resolved(sym + "-other", around + f"CONFIG_{other}=y\n")
+        R.check(f"\nCONFIG_{sym}=y\n" in left_out and named == left_out and f"# CONFIG_{sym} is not set" in off and
+                f"\nCONFIG_{other}=y\n" in off,
+                f"{sym} is its choice's default (the .config without it names it, and equals the one with it) and "
+                f"{other} turns it off: {err} {err2} {err3}")
+    # TARGET_CPU: the trainers link the CPU backend and OpenBLAS, nothing of CUDA (make -n: nothing built)
+    bdir = os.path.join(tmp, "choices", "cpu-build")
+    r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")])
+    cmd = run(["make", "-n", "-B", "-f", "scripts/Makefile.build", f"B={bdir}",
+               os.path.join(bdir, "gpt2", "train_gpt2")]).stdout if r.returncode == 0 else ""
+    link = next((ln for ln in cmd.splitlines() if ln.rstrip().endswith(f"-o {bdir}/gpt2/train_gpt2")), "")
+    R.check("kernels/cpu/ops.o" in link and "-lopenblas" in link and "kernels/cuda" not in link and
+            "cuda" not in link.replace(bdir, ""),
+            f"TARGET_CPU: train_gpt2 links kernels/cpu and OpenBLAS, no CUDA: {link[-600:]!r}")
+    # GPT2_SIZE_CUSTOM: the shape is the configuration's own (a preset derives it, "derived symbol" above)
+    text, err = resolved("size-custom", "CONFIG_GPT2=y\nCONFIG_GPT2_SIZE_CUSTOM=y\nCONFIG_GPT2_N_LAYER=3\n"
+                         "CONFIG_GPT2_N_EMBD=48\n")
+    R.check("\nCONFIG_GPT2_N_LAYER=3\n" in text and "\nCONFIG_GPT2_N_EMBD=48\n" in text,
+            f"GPT2_SIZE_CUSTOM takes the layers and channels given: {err}")
+    # DIST_NCCL (derived, no prompt): on with MPI on the CUDA target, off on the CPU's; naming it otherwise fails
+    cuda_mpi = "CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_SM90=y\nCONFIG_DIST_MPI=y\n"
+    for name, text, want in (("nccl-cuda", cuda_mpi, "CONFIG_DIST_NCCL=y"),
+                             ("nccl-cpu", "CONFIG_DIST_MPI=y\n", None)):
+        got, err = resolved(name, text)
+        R.check(got and (want in got.splitlines() if want else "DIST_NCCL=y" not in got),
+                f"DIST_NCCL {'on' if want else 'off'} with {text.strip().replace(chr(10), ' ')}: {err}")
+    for name, text, why in (("nccl-off", cuda_mpi + "# CONFIG_DIST_NCCL is not set\n", "derived"),
+                            ("nccl-on-cpu", "CONFIG_DIST_MPI=y\nCONFIG_DIST_NCCL=y\n", "DIST_MPI && TARGET_CUDA")):
+        got, err = resolved(name, text)
+        R.check(not got and "DIST_NCCL" in err and why in err and len(err.splitlines()) == 1,
+                f"naming DIST_NCCL against its rule fails in one line saying why: {err!r}")
+
+
 def test_kconfig(tmp):
     section("Kconfig and configuration front end")
     r = run(KCONFIG + ["check-symbols"])
@@ -214,6 +275,7 @@ def test_kconfig(tmp):
         got = tuple(int(m.group(1)) if m else None for m in (re.search(rf"^{k}=(\d+)$", text, re.M) for k in
                     ("CONFIG_GPT2_N_LAYER", "CONFIG_GPT2_N_HEAD", "CONFIG_GPT2_N_EMBD", "CONFIG_GPT2_BLOCK_SIZE")))
         R.check(got == shape, f"{sym}: layers, heads, channels, context {shape}: {got} {r.stderr.strip()}")
+    check_choice_defaults(tmp)
     good = os.path.join(tmp, "good.config")
     run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"), good])
     r = run(KCONFIG + ["merge", os.path.join(tmp, "m.config"), good, os.path.join(tmp, "no_such_fragment")])
@@ -1291,6 +1353,7 @@ CONFIG_VIT_DIM=16
 CONFIG_VIT_LAYERS=1
 CONFIG_VIT_HEADS=2
 CONFIG_VIT_MLP=16
+CONFIG_VIT_POOL_CLS=y
 CONFIG_VIT_BATCH_SIZE=2000
 CONFIG_VIT_VAL_IMAGES=2000
 CONFIG_VIT_EPOCHS=2
@@ -1306,6 +1369,7 @@ CONFIG_RUN_NAME="tinyvit"
 TINY_SYNTH = """# CONFIG_GPT2 is not set
 CONFIG_SEQ2SEQ=y
 CONFIG_SEQ2SEQ_TASK_SYNTHETIC=y
+CONFIG_SEQ2SEQ_ENCODER_ONLY=y
 CONFIG_SEQ2SEQ_DIM=16
 CONFIG_SEQ2SEQ_HEADS=2
 CONFIG_SEQ2SEQ_MLP=32
@@ -2211,7 +2275,8 @@ def tiny_v0(run_name, extra):
         'CONFIG_RUN_NAME="tiny"', f'CONFIG_RUN_NAME="{run_name}"') + extra
 
 
-GPT2_OPTIONS = tiny_v0("opts", """# CONFIG_GPT2_BIAS is not set
+GPT2_OPTIONS = tiny_v0("opts", """CONFIG_GPT2_GELU=y
+# CONFIG_GPT2_BIAS is not set
 # CONFIG_GPT2_TIE_WEIGHTS is not set
 CONFIG_GPT2_HEAD_BIAS=y
 CONFIG_GPT2_SAMPLE_TEMPERATURE="1.5"
@@ -2236,7 +2301,9 @@ def test_gpt2_options(tmp, sanitize):
     made = made_v0(tmp, "gpt2-options", GPT2_OPTIONS, "opts", "the options build", sanitize)
     if not made:
         return
-    ws, out, ck, tensors, _ = made
+    ws, out, ck, tensors, meta = made
+    act = json.loads(meta.get("model", "{}")).get("activation")
+    R.check(act == "gelu_tanh", f"GPT2_GELU: the model description says GELU (tanh form): {act}")
     biases = sorted(k for k in tensors if k.endswith(".bias"))
     V = len(tensors["wte.weight"]) // (16 * 4)  # (V, 16) floats
     R.check(biases == ["lm_head.bias"] and len(tensors["lm_head.weight"]) == V * 16 * 4 and
@@ -2706,7 +2773,9 @@ def test_vit_end_to_end(tmp, sanitize):
         return
     ck = os.path.join(opts, "final_model_stepKV.safetensors")
     got, meta = safetensors_tensors(ck)
-    base, _ = safetensors_tensors(os.path.join(out, "final_model_stepKV.safetensors"))
+    base, base_meta = safetensors_tensors(os.path.join(out, "final_model_stepKV.safetensors"))
+    pooling = json.loads(base_meta.get("model", "{}")).get("pooling")
+    R.check(pooling == "cls" and "cls" in base, f"VIT_POOL_CLS (TINY_VIT): a CLS token, read by the head: {pooling}")
     attn = [k for k in base if re.fullmatch(r"blocks\.\d+\.attn\.\w+\.weight", k) and ".proj." not in k]
     want = (set(base) - {"cls", "head.fc.weight", "head.fc.bias"}) | {"lnf.weight", "lnf.bias"} | \
         {k[:-len("weight")] + "bias" for k in attn}
@@ -2867,6 +2936,10 @@ def test_synthetic_end_to_end(tmp, sanitize):
     R.check(tab.get("V0", {}).get("copy", {}).get("paper") == 1.0 and "average" in tab.get("KV", {}),
             f"the summary has the paper's synthetic table beside ours: {list(tab)}")
     R.check("Synthetic tasks" in r.stdout and "(1.000)" in r.stdout, "the synthetic table is printed")
+    tensors, meta = safetensors_tensors(os.path.join(out, "final_model_stepKV-copy-seed2.safetensors"))
+    arch = json.loads(meta.get("model", "{}")).get("architecture")
+    R.check(arch == "encoder" and not any(k.startswith("dec.") for k in tensors),
+            f"SEQ2SEQ_ENCODER_ONLY (TINY_SYNTH): an encoder and a head per token, no decoder: {arch}")
     # the op profile of a seq2seq run (KVLAB_PROFILE_STEPS), one job
     profile_by_hand(ws.binary("KV", "tinysynth", "seq2seq"), os.path.join(tmp, "profile-synth"), "KV",
                     ["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1"], 3,
@@ -3669,7 +3742,8 @@ def test_wandb(tmp, build_root, sanitize):
         os.environ.pop(var)  # the developer's own W&B settings stay out of the tests
     ws = Workspace(tmp, "wandb-e2e", TINY.replace("CONFIG_GPT2_MAX_ITERS=30", "CONFIG_GPT2_MAX_ITERS=20")
                    .replace("CONFIG_GPT2_SAMPLE_LENGTH=8", "CONFIG_GPT2_SAMPLE_LENGTH=0").replace('"V0,V1"', '"V1"') +
-                   'CONFIG_WANDB=y\nCONFIG_WANDB_PROJECT="kvlab-tests"\nCONFIG_WANDB_TAGS="e2e"\n', sanitize)
+                   'CONFIG_WANDB=y\nCONFIG_WANDB_ONLINE=y\nCONFIG_WANDB_PROJECT="kvlab-tests"\nCONFIG_WANDB_TAGS="e2e"\n',
+                   sanitize)
     fake = FakeWandb(tmp, "wandb-e2e")
     wenv = {"WANDB_BASE_URL": fake.url, "WANDB_API_KEY": WANDB_KEY, "HOME": tmp}
     try:
