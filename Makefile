@@ -234,6 +234,7 @@ help:
 	@echo "                   output/paper/report.md beside the paper's numbers (docs/paper.md)"
 	@echo "  paper-report     only write that report from the runs done so far"
 	@echo "  check-config     Kconfig consistency (every symbol defined and used)"
+	@echo "  check-act        the code above the kernels treats activations as opaque (bf16-safe)"
 	@echo "  clean            remove build trees (keeps .config and output/)"
 	@echo "  mrproper         clean, and remove .config and generated headers (keeps output/)"
 	@echo

@@ -35,6 +35,10 @@ for p in "${PACKAGES[@]}"; do
         missing+=("$p")
     fi
 done
+# the tools the build runs itself: not in --list (every machine with a CUDA toolkit has them, so
+# scripts/device_pack.sh leaves them out), but a fresh Debian may lack them
+for tool in gcc g++ make; do command -v "$tool" >/dev/null || { missing+=(build-essential); break; }; done
+command -v python3 >/dev/null || missing+=(python3)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "kvlab: installing missing Debian packages: ${missing[*]}"
