@@ -909,6 +909,48 @@ static void test_linear(int with_bias) {
         buf_free(&db);
 }
 
+/* cuBLASLt's heuristic is asked once per problem (kernels/cuda/ops.cu, LtPlan: its query is the profile's part
+ * cublaslt_heuristic): three linear_forward calls of one shape ask it once and give the same values; the same
+ * shape with the input one element further on (less aligned: another problem, since the first answer may assume
+ * the first alignment) asks once more, whether or not cuBLASLt takes it, and its values are right too. A shape no
+ * other test uses, so that nothing was asked before. */
+static void test_lt_plans(void) {
+    if (strncmp(backend_name(), "cuda", 4) || !lt_epilogues()) return;
+    int N = 11, C = 40, OC = 56;
+    size_t no = (size_t)N * OC;
+    Buf x = act_rand((size_t)N * C + 1, 1.0), w = buf_rand((size_t)OC * C, 0.5), b = buf_rand(OC, 1.0);
+    Buf out = act_zeros(no);
+    float *first = xmalloc(no * sizeof(float));
+    double *wd = to_double(w.h, (size_t)OC * C), *bd = to_double(b.h, OC), *ref = xmalloc(no * sizeof(double));
+    int same = 1, right = 1;
+    kprof_start();
+    for (int call = 0; call < 5; call++) {
+        int shifted = call >= 3; /* calls 3 and 4: the input from its second element */
+        linear_forward(out.a, x.a + shifted, w.d, b.d, N, C, OC);
+        float *got = buf_download(&out);
+        if (call == 0 || call == 3) {
+            memcpy(first, got, no * sizeof(float));
+            double *xd = to_double(x.h + shifted, (size_t)N * C), omax;
+            ref_linear(ref, xd, wd, bd, N, C, OC);
+            right &= max_abs_diff(got, ref, no, &omax) <= FWD_TOL * omax;
+            free(xd);
+        }
+        same &= !memcmp(got, first, no * sizeof(float));
+    }
+    const KprofRow *rows;
+    int nr = kprof_stop(&rows);
+    const KprofRow *asked = prof_row(rows, nr, "linear_forward", "cublaslt_heuristic");
+    const KprofRow *lt = prof_row(rows, nr, "linear_forward", "cublaslt_bias");
+    /* under the emulation the library takes both problems; a GPU's may refuse one (then the plain product runs) */
+    CHECK(asked && asked->calls == 2 && (!emulated() || (lt && lt->calls == 5)),
+          "cuBLASLt's heuristic asked once per problem: %ld queries for 5 products of 2 problems (%ld with the "
+          "bias epilogue)", asked ? asked->calls : 0L, lt ? lt->calls : 0L);
+    CHECK(same && right, "linear_forward with a remembered algorithm: the values of the first call of its problem "
+          "(%s), and right (%s)", same ? "yes" : "no", right ? "yes" : "no");
+    free(first), free(wd), free(bd), free(ref);
+    buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&out);
+}
+
 /* The MLP's fused ops (linear_gelu_forward, gelu_linear_backward) against float64: the forward's pre-activation
  * and GELU against a linear layer and GELU in float64; the backward of y = gelu(pre) W^T + b against finite
  * differences in pre, W and b, with dpre filled with garbage first (it is overwritten, not added to). width is the
@@ -1784,6 +1826,7 @@ int main(int argc, char **argv) {
     test_layernorm(0);
     test_linear(1);
     test_linear(0);
+    test_lt_plans();
     test_weight_writes();
     test_mlp_fused(1, 72);
     test_mlp_fused(0, 72);

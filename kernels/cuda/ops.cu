@@ -403,12 +403,27 @@ static uint32_t alignment_of(const void *p) {
     return al;
 }
 
-/* Problems cuBLASLt refused (no algorithm): the plain product runs for them without asking again. */
-struct LtRefused {
-    int kind, m, n, k;
+/* The heuristic's answer for each problem, asked once: the query is host work (a search over the library's
+ * kernels) that a small product can take longer to ask than to run, and cached decoding runs three epilogue
+ * products per layer per token with the same shapes. A problem is the epilogue, the transposition, the shape, the
+ * leading dimensions, whether there is a bias and the alignment of A, B and D (what the algorithm was chosen to
+ * assume). offered = false: cuBLASLt had no algorithm, and the plain product runs without asking again. Past
+ * LT_PLANS problems the heuristic is asked each time (correct, only slower). */
+struct LtPlan {
+    int kind, ta, m, n, k, lda, ldb, ldd, has_bias;
+    uint32_t align[3];
+    bool offered;
+    cublasLtMatmulAlgo_t algo;
 };
-static LtRefused g_lt_refused[64];
-static int g_lt_refused_n;
+#define LT_PLANS 256
+static LtPlan g_lt_plans[LT_PLANS];
+static int g_lt_plans_n;
+
+static bool same_problem(const LtPlan &a, const LtPlan &b) {
+    return a.kind == b.kind && a.ta == b.ta && a.m == b.m && a.n == b.n && a.k == b.k && a.lda == b.lda &&
+           a.ldb == b.ldb && a.ldd == b.ldd && a.has_bias == b.has_bias && a.align[0] == b.align[0] &&
+           a.align[1] == b.align[1] && a.align[2] == b.align[2];
+}
 
 /* Column-major D (m x n) = epilogue(op(A) B), op(A) m x k and B k x n of the activations' type, with the epilogue
  * of kind: LT_BIAS adds the bias (m values, of D's type: the library's default bias type; a bf16 build passes a
@@ -419,9 +434,9 @@ static int g_lt_refused_n;
  * dimension that is not a multiple of 8 (cuBLASLt's rule), a bias or aux buffer under 16-byte alignment (which
  * some library versions mishandle; said once per kind on stderr, since it should not happen: the parameter table
  * aligns every bias, nn/params.h, and the blocks carve activations at 64-byte boundaries, nn/block.c), or no
- * algorithm from the heuristic for this GPU, precision and shape (said once per kind on stderr, and not asked
- * again for that shape). A product the heuristic offered and the matmul then refuses is a bug here: it stops the
- * program. */
+ * algorithm from the heuristic for this GPU, precision and shape (said once per kind on stderr). The heuristic is
+ * asked once per problem (LtPlan; its query is the profile's part cublaslt_heuristic). A product the heuristic
+ * offered and the matmul then refuses is a bug here: it stops the program. */
 static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const act_t *A, int lda, const act_t *B,
                       int ldb, act_t *D, int ldd, const act_t *bias, act_t *aux) {
     if constexpr (!IS_ENABLED(CONFIG_CUDA_LT_EPILOGUE)) {
@@ -440,10 +455,12 @@ static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const
             }
             return false;
         }
-        for (int i = 0; i < g_lt_refused_n; i++)
-            if (g_lt_refused[i].kind == kind && g_lt_refused[i].m == m && g_lt_refused[i].n == n &&
-                g_lt_refused[i].k == k)
-                return false;
+        LtPlan want = {kind, (int)ta, m, n, k, lda, ldb, ldd, bias != NULL,
+                       {alignment_of(A), alignment_of(B), alignment_of(D)}, false, {}};
+        const LtPlan *plan = NULL;
+        for (int i = 0; i < g_lt_plans_n && !plan; i++)
+            if (same_problem(g_lt_plans[i], want)) plan = &g_lt_plans[i];
+        if (plan && !plan->offered) return false;
         if (!lt) {
             CUBLAS_CHECK(cublasLtCreate(&lt));
             workspace = dev_alloc(LT_WORKSPACE);
@@ -477,39 +494,40 @@ static bool lt_matmul(int kind, cublasOperation_t ta, int m, int n, int k, const
                                                 ta == CUBLAS_OP_N ? k : m, lda));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_ACT, k, n, ldb));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_ACT, m, n, ldd));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        CUBLAS_CHECK(
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        const void *bufs[4] = {A, B, D, D};
-        for (int i = 0; i < 4; i++) {
-            uint32_t al = alignment_of(bufs[i]);
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &al,
-                sizeof al));
-        }
-        cublasLtMatmulHeuristicResult_t heur;
-        int found = 0;
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
-        bool offered = st == CUBLAS_STATUS_SUCCESS && found == 1 && heur.state == CUBLAS_STATUS_SUCCESS;
-        if (offered) {
-            const float one = 1.0f, zero = 0.0f;
-            CUBLAS_CHECK(cublasLtMatmul(lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &heur.algo, workspace,
-                                        LT_WORKSPACE, kv_stream));
-            kprof_part(lt_name[kind]);
-        } else {
-            if (g_lt_refused_n < (int)(sizeof g_lt_refused / sizeof g_lt_refused[0]))
-                g_lt_refused[g_lt_refused_n++] = LtRefused{kind, m, n, k};
-            if (!noted[kind]) {
+        if (!plan) { /* a new problem: ask the heuristic, telling it each buffer's alignment (C is D) */
+            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+            CUBLAS_CHECK(
+                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+            const uint32_t al[4] = {want.align[0], want.align[1], want.align[2], want.align[2]};
+            for (int i = 0; i < 4; i++)
+                CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                    pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
+                    &al[i], sizeof al[i]));
+            cublasLtMatmulHeuristicResult_t heur;
+            int found = 0;
+            cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+            kprof_part("cublaslt_heuristic");
+            cublasLtMatmulPreferenceDestroy(pref);
+            want.offered = st == CUBLAS_STATUS_SUCCESS && found == 1 && heur.state == CUBLAS_STATUS_SUCCESS;
+            if (want.offered) want.algo = heur.algo;
+            if (!want.offered && !noted[kind]) {
                 noted[kind] = 1;
                 fprintf(stderr, "note: cuBLASLt offers no %s epilogue here (%s, %d x %d x %d): separate kernels do "
                         "it instead\n", lt_name[kind] + 9, st == CUBLAS_STATUS_SUCCESS ? "no algorithm"
                         : cublasGetStatusString(st), m, n, k);
             }
+            if (g_lt_plans_n < LT_PLANS) g_lt_plans[g_lt_plans_n++] = want;
+            plan = &want;
         }
-        cublasLtMatmulPreferenceDestroy(pref);
+        if (plan->offered) {
+            const float one = 1.0f, zero = 0.0f;
+            CUBLAS_CHECK(cublasLtMatmul(lt, op, &one, A, la, B, lb, &zero, D, ld, D, ld, &plan->algo, workspace,
+                                        LT_WORKSPACE, kv_stream));
+            kprof_part(lt_name[kind]);
+        }
         cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
         cublasLtMatmulDescDestroy(op);
-        return offered;
+        return plan->offered;
     }
 }
 
