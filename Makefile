@@ -38,6 +38,10 @@ comma := ,
 ifneq ($(need-config),)
 ifneq ($(wildcard $(O)/include/config/auto.conf),)
 include $(O)/include/config/auto.conf
+else ifeq ($(wildcard $(KCONFIG_CONFIG)),)
+# no configuration at all: what needs one stops at its rule's one line (deps comes first in every recipe
+# that reads the configuration), instead of going on without values
+deps $(need-config): $(KCONFIG_CONFIG)
 else
 -include $(O)/include/config/auto.conf
 endif
