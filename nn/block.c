@@ -494,18 +494,20 @@ void block_decode(act_t *x, int t, KVCache *cache, int layer, const float *param
     attention_decode(sc->att, sc->proj + qo, PW, keys, values, cache->T, t, N, H, C / H, s->kv_heads,
                      pos_arg(&pos, s));
     linear_forward(sc->branch, sc->att, W(p->projw), WB(s->bias, p->projb), N, C, C);
-    residual_forward(x, x, sc->branch, nc);
+    /* each residual add below is fused with the layernorm after it (one op, the same values: a launch less per
+     * sum on a GPU, where decoding a token is many small launches) */
     if (cross) { /* cross-attention to the encoder output (QKV) */
         const DecBlockParams *d = cross->p;
-        layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(d->lnxw), WB(s->bias, d->lnxb), N, C);
+        residual_layernorm_forward(x, sc->ln, sc->mean, sc->rstd, x, sc->branch, W(d->lnxw), WB(s->bias, d->lnxb),
+                                   N, C);
         linear_forward(sc->xq, sc->ln, W(d->xqw), WB(s->bias, d->xqb), N, C, C);
         CrossAttnArgs xa = {.B = N, .Tq = 1, .Tk = cross->S, .H = H, .hd = C / H, .key_pad = cross->src_pad};
         cross_attention_forward(sc->xatt, sc->xlse, sc->xq, cross->xkv, &xa);
         linear_forward(sc->branch, sc->xatt, W(d->xprojw), WB(s->bias, d->xprojb), N, C, C);
-        residual_forward(x, x, sc->branch, nc);
     }
     /* MLP */
-    layernorm_forward(sc->ln, sc->mean, sc->rstd, x, W(p->ln2w), WB(s->bias, p->ln2b), N, C);
+    residual_layernorm_forward(x, sc->ln, sc->mean, sc->rstd, x, sc->branch, W(p->ln2w), WB(s->bias, p->ln2b), N,
+                               C);
     mlp_first_product(sc->fc, sc->fc_act, sc->ln, params, p, s, N);
     linear_forward(sc->branch, sc->fc_act, W(p->fcpw), WB(s->bias, p->fcpb), N, s->mlp, C);
     residual_forward(x, x, sc->branch, nc);
