@@ -404,11 +404,11 @@ static uint32_t alignment_of(const void *p) {
 }
 
 /* The heuristic's answer for each problem, asked once: the query is host work (a search over the library's
- * kernels) that a small product can take longer to ask than to run, and cached decoding runs three epilogue
- * products per layer per token with the same shapes. A problem is the epilogue, the transposition, the shape, the
- * leading dimensions, whether there is a bias and the alignment of A, B and D (what the algorithm was chosen to
- * assume). offered = false: cuBLASLt had no algorithm, and the plain product runs without asking again. Past
- * LT_PLANS problems the heuristic is asked each time (correct, only slower). */
+ * kernels) that a small product can take longer to ask than to run, and cached decoding runs four epilogue
+ * products per layer per token (with biases) with the same shapes. A problem is the epilogue, the transposition,
+ * the shape, the leading dimensions, whether there is a bias and the alignment of A, B and D (what the algorithm
+ * was chosen to assume). offered = false: cuBLASLt had no algorithm, and the plain product runs without asking
+ * again. Past LT_PLANS problems the heuristic is asked each time (correct, only slower). */
 struct LtPlan {
     int kind, ta, m, n, k, lda, ldb, ldd, has_bias;
     uint32_t align[3];
