@@ -117,6 +117,7 @@ CHOICE_DEFAULTS = (
     ("GPT2_SIZE_CUSTOM", "CONFIG_GPT2=y\n", "GPT2_SIZE_124M"),
     ("GPT2_GELU", "CONFIG_GPT2=y\n", "GPT2_RELU"),
     ("ATTN_POS_PER_LAYER", "CONFIG_ATTN_POS=y\n", "ATTN_POS_PER_HEAD"),
+    ("POSITION_ABSOLUTE", "", "POSITION_ROPE"),
     ("VIT_POOL_CLS", "# CONFIG_GPT2 is not set\nCONFIG_VIT=y\n", "VIT_POOL_MEAN"),
     ("SEQ2SEQ_ENCODER_ONLY", "# CONFIG_GPT2 is not set\nCONFIG_SEQ2SEQ=y\nCONFIG_SEQ2SEQ_TASK_SYNTHETIC=y\n",
      "SEQ2SEQ_ENCODER_DECODER"),
@@ -128,8 +129,8 @@ def check_choice_defaults(tmp):
     """Each choice default named (CHOICE_DEFAULTS) resolves to the .config of leaving it out, and another symbol of
     the choice turns it off. What each does is checked where a build runs it: GPT2_GELU in test_gpt2_options,
     VIT_POOL_CLS in the ViT ablation, SEQ2SEQ_ENCODER_ONLY in the synthetic seq2seq, WANDB_ONLINE in the W&B
-    section, ATTN_POS_PER_LAYER in tests/configs/pos's programs; TARGET_CPU, GPT2_SIZE_CUSTOM and the derived
-    DIST_NCCL here."""
+    section, ATTN_POS_PER_LAYER in tests/configs/pos's programs, POSITION_ABSOLUTE (each family's own positions)
+    in every build that names no position scheme; TARGET_CPU, GPT2_SIZE_CUSTOM and the derived DIST_NCCL here."""
     def resolved(name, text):
         path = write_fragment(os.path.join(tmp, "choices", name), text)
         r = run(KCONFIG + ["defconfig", path, path + ".config"])
