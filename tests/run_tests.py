@@ -2627,7 +2627,7 @@ def test_guard_end_to_end(tmp, sanitize):
             f"{r.stderr[-1000:]}")
     ws = Workspace(tmp, "guard-s2s", TINY_SYNTH.replace('CONFIG_SEQ2SEQ_TASKS="copy,sub"', 'CONFIG_SEQ2SEQ_TASKS="copy"')
                    .replace('CONFIG_SEQ2SEQ_SEEDS="1,2"', 'CONFIG_SEQ2SEQ_SEEDS="1"').replace('"V0,KV"', '"KV_TYING"')
-                   + "CONFIG_SEQ2SEQ_ENCODER_DECODER=y\n" + GUARD, sanitize)
+                   .replace("CONFIG_SEQ2SEQ_ENCODER_ONLY=y\n", "CONFIG_SEQ2SEQ_ENCODER_DECODER=y\n") + GUARD, sanitize)
     r = ws.make()
     R.check(r.returncode == 0 and no_guard_fault(r), f"guard: the encoder-decoder trains and tests (beam search "
             f"under the guard: test_seq2seq in the guarded unit build):\n{(r.stdout + r.stderr)[-2000:]}")
