@@ -406,6 +406,71 @@ inline float __bfloat162float(__nv_bfloat16 h) {
     memcpy(&v, &u, sizeof v);
     return v;
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+
+/* CUDA's 16-byte vector type, aligned as on a GPU */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
+/* kernels/cuda/mma.cuh's primitives. mem_as and mem_put: a load and a store of a T, which a GPU faults on unless
+ * p is aligned to the T's size: so here too. */
+namespace emu {
+inline void check_aligned(const void *p, size_t n) {
+    if ((uintptr_t)p % n) {
+        fprintf(stderr, "cuda_emu: %zu-byte access at an address not aligned to %zu bytes\n", n, n);
+        exit(2);
+    }
+}
+} /* namespace emu */
+template <typename T> inline T mem_as(const void *p) {
+    emu::check_aligned(p, sizeof(T));
+    T v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+template <typename T> inline void mem_put(void *p, T v) {
+    emu::check_aligned(p, sizeof(T));
+    memcpy(p, &v, sizeof v);
+}
+inline uint32_t pack_bf16x2(float lo, float hi) {
+    return (uint32_t)__float2bfloat16(lo).bits | (uint32_t)__float2bfloat16(hi).bits << 16;
+}
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with the register layout of the PTX ISA (kernels/cuda/mma.cuh
+ * states it): d += a . b. A collective of the warp, as a shuffle is: every lane leaves its A and B registers in its
+ * slot, and after the warp's barrier each lane sums its four results in float, k in order, from the lanes that hold
+ * its row of A and its column of B. */
+namespace emu {
+struct MmaRegs {
+    uint32_t a[4], b[2];
+};
+inline std::vector<MmaRegs> mma_regs; /* two slots per thread, as the shuffles' */
+inline float bf16_half(uint32_t r, int hi) { return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? r >> 16 : r)}); }
+} /* namespace emu */
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    using namespace emu;
+    if (mma_regs.size() < 2 * fibers.size()) mma_regs.resize(2 * fibers.size());
+    int w = cur / 32, lane = cur % 32, gid = lane / 4, tq = lane % 4;
+    size_t slot = (size_t)fibers[(size_t)cur].parity * fibers.size();
+    fibers[(size_t)cur].parity ^= 1u;
+    MmaRegs &mine = mma_regs[slot + (size_t)cur];
+    memcpy(mine.a, a, sizeof mine.a);
+    memcpy(mine.b, b, sizeof mine.b);
+    wait(warp_bar[(size_t)w]);
+    const MmaRegs *warp = &mma_regs[slot + (size_t)w * 32];
+    float out[4];
+    for (int e = 0; e < 4; e++) {
+        int row = gid + (e >= 2 ? 8 : 0), col = 2 * tq + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 16; k++) {
+            const MmaRegs &ra = warp[(row % 8) * 4 + (k % 8) / 2], &rb = warp[col * 4 + (k % 8) / 2];
+            s += bf16_half(ra.a[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k & 1) * bf16_half(rb.b[k >= 8], k & 1);
+        }
+        out[e] = s;
+    }
+    memcpy(d, out, sizeof out);
+}
 
 namespace nvcuda {
 namespace wmma {

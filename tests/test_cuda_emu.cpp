@@ -164,13 +164,19 @@ static void reference_forward(const Problem &pr, std::vector<double> &out, std::
         }
 }
 
-/* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16). */
+/* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16), the forward as
+ * kernels/cuda/attention.cu launches it: bf16's with the scores in registers (mma_forward_kernel). */
 template <typename E>
 static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, size_t o_bs, float *lse) {
     int nt = tc_nt(c.hd);
     unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
-    auto k = TC_PICK(tc_forward_kernel, nt, E);
-    emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+    if constexpr (std::is_same<E, __nv_bfloat16>::value) {
+        auto k = ATT_PICK(mma_forward_kernel, nt);
+        emu::launch(grid, TC_THREADS, mma_smem_forward(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+    } else {
+        auto k = TC_PICK(tc_forward_kernel, nt, E);
+        emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+    }
 }
 /* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles. */
 template <typename E>
@@ -784,6 +790,12 @@ int main(void) {
         {"hd 64, symmetric, bias", 1, 2, 2, 70, 70, 64, 0, 0, 0, 1, 1, 0.0f, 1},
         {"hd 128, symmetric, masked batch, +Pos", 2, 1, 1, 40, 40, 128, 0, 2, P, 1, 0, 0.0f, 1},
         {"hd 8, symmetric", 1, 3, 3, 65, 65, 8, 0, 0, 0, 1, 0, 0.0f, 1},
+        /* whole blocks of rows and tiles of keys with nothing to mask (mma_forward_kernel's plain tiles) beside
+         * the diagonal's and the last partial tile's; a head dim of 6 loads one value at a time */
+        {"hd 64, causal, 3 whole blocks", 1, 2, 2, 192, 192, 64, 1, 0, 0, 1, 0, 0.0f, 0},
+        {"hd 32, bidirectional, GQA", 2, 2, 1, 130, 130, 32, 0, 0, 0, 1, 0, 0.0f, 0},
+        {"hd 128, causal", 1, 1, 1, 140, 140, 128, 1, 0, 0, 1, 0, 0.0f, 0},
+        {"hd 6, causal, dropout", 2, 1, 1, 70, 70, 6, 1, 0, 0, 1, 0, 0.1f, 0},
     };
     for (const Case &c : cases) check_case(c);
     check_embedding_backward(700, 300, 23, 5);

@@ -21,7 +21,8 @@
  *
  * With a tensor-core precision steps 2 and 3 run as the tensor-core kernels,
  * the same per-score code around WMMA products: TF32 with CUDA_TF32, bf16
- * (operand tiles stored as bf16) with CUDA_BF16_MATMUL. Both sets of kernels
+ * (operand tiles stored as bf16) with CUDA_BF16_MATMUL; bf16's forward keeps
+ * the scores in registers instead (mma.sync, mma.cuh). Both sets of kernels
  * are in attention_kernels.cuh.
  *
  * Order of operations per score, as on the CPU: rotation, scale, +Pos,
@@ -480,17 +481,28 @@ typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) || IS_ENABLED(CONFI
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
-    size_t fwd = tc_smem_forward<TcElem>(nt), bwd = tc_smem_backward<TcElem>(nt);
+    size_t fwd = std::is_same<TcElem, __nv_bfloat16>::value ? mma_smem_forward(nt) : tc_smem_forward<TcElem>(nt);
+    size_t bwd = tc_smem_backward<TcElem>(nt);
     return (fwd > bwd ? fwd : bwd) <= kv_smem_max ? nt : 0;
+}
+
+/* The tensor-core forward: bf16's keeps the scores in registers (mma.sync), TF32's is WMMA's. */
+template <typename E> static void tc_forward(Call *c, int nt) {
+    const AttnDev *d = &c->d;
+    unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
+    if constexpr (std::is_same<E, __nv_bfloat16>::value)
+        launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem_forward(nt), *d,
+               c->out, c->o_ld, c->o_bstride, c->lse);
+    else
+        launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
+               c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 static void run_forward(Call *c) {
     AttnDev *d = &c->d;
     int nt = tc_tiles(d->hd);
     if (nt) {
-        unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, TcElem), grid, TC_THREADS,
-               tc_smem_forward<TcElem>(nt), *d, c->out, c->o_ld, c->o_bstride, c->lse);
+        tc_forward<TcElem>(c, nt);
         return;
     }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));

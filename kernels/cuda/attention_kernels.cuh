@@ -7,6 +7,8 @@
 #ifndef KVLAB_ATTENTION_KERNELS_CUH
 #define KVLAB_ATTENTION_KERNELS_CUH
 
+#include "mma.cuh"
+
 #define BR 32          /* query rows per block */
 #define BC 32          /* keys per tile (= lanes) */
 #define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
@@ -630,6 +632,182 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
         for (int k = 0; k < HALF; k++)
             if (d0 + k < hd) orow[d0 + k] = o[k] * inv;
         if (d0 == 0) lse[(size_t)bh * p.Tq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------ bf16 forward with scores in registers */
+
+/* The bf16 forward as FlashAttention-2 arranges it (mma.cuh): each warp's 16 query rows stay in registers as A
+ * operands, the scores of a tile of MMA_KT keys come out of mma.sync into registers whose rows and keys each lane
+ * knows, the masks, +Pos and the online softmax work on them there, and the probabilities, packed to bf16, are at
+ * once the A operand of P.V. Only the key and value tiles pass through shared memory (bf16, row-major, MmaShape),
+ * read by every warp of the block. Same values as tc_forward_kernel up to the order of the float sums (and the
+ * running maximum taken over 64 keys at a time instead of 32), so the bounds of the bf16 tensor-core path hold. */
+#define MMA_KT 64 /* keys per tile */
+
+/* A key or value tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: a lane group's
+ * 32-bit loads of one k step fall on different banks). */
+template <int NT> struct MmaShape {
+    static constexpr int hdp = TC_HD(NT), ld = hdp + 8;
+    static constexpr size_t TILE = (size_t)MMA_KT * ld * sizeof(__nv_bfloat16), BYTES = 2 * TILE;
+    static_assert(TILE % 16 == 0, "tiles start 16-byte aligned");
+};
+static inline size_t mma_smem_forward(int nt) {
+    return nt == 1 ? MmaShape<1>::BYTES : nt == 2 ? MmaShape<2>::BYTES : nt == 4 ? MmaShape<4>::BYTES
+                                                                                 : MmaShape<8>::BYTES;
+}
+
+/* rows r0 .. r0+rows-1 of an (n, hd) float matrix (row stride hd) into a bf16 tile (row stride ld, HDP columns),
+ * zeros past n and in columns hd .. HDP-1: four values a load where hd is a multiple of 4 and src 16-byte
+ * aligned (the packed roles: cuda_scratch's buffers), one a load otherwise. */
+template <int HDP>
+__device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const float *src, int r0, int n, int hd,
+                                              int rows) {
+    if (hd % 4 == 0 && (uintptr_t)src % 16 == 0) {
+        constexpr int QUADS = HDP / 4;
+        for (int e = threadIdx.x; e < rows * QUADS; e += TC_THREADS) {
+            int r = e / QUADS, d = e % QUADS * 4;
+            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r0 + r < n && d < hd) v = mem_as<float4>(src + (size_t)(r0 + r) * hd + d);
+            mem_put<uint64_t>(dst + r * ld + d, (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
+        }
+    } else {
+        tc_load_rows(dst, ld, src, hd, r0, n, hd, HDP, rows);
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+                                                                 float *lse) {
+    extern __shared__ __align__(128) float tsm[];
+    typedef MmaShape<NT> S;
+    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8, NO = 2 * NT; /* 8-column tiles: scores, output */
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)tsm, *Vs = Ks + MMA_KT * ld;
+    const int hd = p.hd;
+    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
+    const int ir[2] = {i0 + warp * 16 + gid, i0 + warp * 16 + gid + 8};
+    uint32_t qa[NT][4]; /* the rows' queries as A operands, one per 16 of the head dim */
+    MMA_UNROLL
+    for (int ks = 0; ks < NT; ks++) {
+        MMA_UNROLL
+        for (int r = 0; r < 4; r++) {
+            int i = ir[r & 1], d = 16 * ks + 2 * tq + (r & 2 ? 8 : 0);
+            float x0 = i < p.Tq && d < hd ? Q[(size_t)i * hd + d] : 0.0f;
+            float x1 = i < p.Tq && d + 1 < hd ? Q[(size_t)i * hd + d + 1] : 0.0f;
+            qa[ks][r] = pack_bf16x2(x0, x1);
+        }
+    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's share of the row sums */
+    float o[NO][4];
+    MMA_UNROLL
+    for (int n = 0; n < NO; n++) {
+        MMA_UNROLL
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    }
+    /* whole tiles of visible scores without +Pos, bias, padding or dropout take the scaled score as it is */
+    const bool plain_rows = !(ATTN_POS && p.pos) && !p.pe_bias && !p.pad && p.dropout <= 0.0f &&
+                            i0 + TC_ROWS <= p.Tq;
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
+        __syncthreads();
+        mma_load_rows<hdp>(Ks, ld, K, j0, p.Tk, hd, MMA_KT);
+        mma_load_rows<hdp>(Vs, ld, V, j0, p.Tk, hd, MMA_KT);
+        __syncthreads();
+        float s[NS][4];
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+        }
+        MMA_UNROLL
+        for (int ks = 0; ks < NT; ks++) {
+            MMA_UNROLL
+            for (int n = 0; n < NS; n++) {
+                const __nv_bfloat16 *kr = Ks + (8 * n + gid) * ld + 16 * ks + 2 * tq;
+                const uint32_t kb[2] = {mem_as<uint32_t>(kr), mem_as<uint32_t>(kr + 8)};
+                mma_bf16_16816(s[n], qa[ks], kb);
+            }
+        }
+        const bool plain = plain_rows && j0 + MMA_KT <= p.Tk && (!p.causal || j0 + MMA_KT - 1 <= i0);
+        float mt[2] = {-INFINITY, -INFINITY};
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) {
+                int i = ir[e >> 1], j = j0 + 8 * n + 2 * tq + (e & 1);
+                float x = s[n][e] * p.scale;
+                if (!plain) x = visible(p, b, i, j) ? score_x(p, h, i, j, x) : -INFINITY;
+                s[n][e] = x;
+                mt[e >> 1] = fmaxf(mt[e >> 1], x);
+            }
+        }
+        float mnew[2], corr[2], st[2] = {0.0f, 0.0f};
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) { /* the row's 4 lanes share its maximum */
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+            mnew[r] = fmaxf(m[r], mt[r]);
+            corr[r] = mnew[r] == -INFINITY ? 1.0f : expf(m[r] - mnew[r]); /* nothing seen yet: 0 from -inf */
+        }
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) { /* masked scores give 0, and so does every score of a row masked so far */
+                float x = s[n][e], ev = x == -INFINITY ? 0.0f : expf(x - mnew[e >> 1]);
+                st[e >> 1] += ev;
+                if (!plain && ev != 0.0f) ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
+                s[n][e] = ev;
+            }
+        }
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) {
+            l[r] = l[r] * corr[r] + st[r];
+            m[r] = mnew[r];
+        }
+        MMA_UNROLL
+        for (int n = 0; n < NO; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        MMA_UNROLL
+        for (int kk = 0; kk < NS / 2; kk++) { /* keys 16 kk .. 16 kk + 15: two score tiles as one A operand */
+            const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            MMA_UNROLL
+            for (int n = 0; n < NO; n++) {
+                const __nv_bfloat16 *vr = Vs + (16 * kk + 2 * tq) * ld + 8 * n + gid;
+                const uint32_t vb[2] = {bf16_pair(vr[0], vr[ld]), bf16_pair(vr[8 * ld], vr[9 * ld])};
+                mma_bf16_16816(o[n], pa, vb);
+            }
+        }
+    }
+    MMA_UNROLL
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        int i = ir[r];
+        if (i < p.Tq) {
+            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+            MMA_UNROLL
+            for (int n = 0; n < NO; n++) {
+                MMA_UNROLL
+                for (int c = 0; c < 2; c++) {
+                    int d = 8 * n + 2 * tq + c;
+                    if (d < hd) orow[d] = o[n][2 * r + c] * inv;
+                }
+            }
+            if (tq == 0) lse[(size_t)bh * p.Tq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+        }
     }
 }
 

@@ -1,0 +1,50 @@
+/* Warp-level bf16 matrix products with a known register layout (PTX mma.sync.m16n8k16, sm_80 and later), for the
+ * attention kernels that keep their scores in registers (attention_kernels.cuh, mma_forward_kernel). WMMA hides
+ * which lane holds which element; mma.sync documents it (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
+ * point type"), so a lane knows the query row and key of each of its scores and applies masks, +Pos and softmax
+ * where the product left them. With lane l, gid = l / 4 and tq = l % 4:
+ *  A (16 x 16, row-major), four registers of two bf16 (low half first): a[0] = (row gid, cols 2tq, 2tq+1),
+ *    a[1] = (row gid+8, the same cols), a[2] = (row gid, cols 2tq+8, 2tq+9), a[3] = (row gid+8, cols 2tq+8, 2tq+9);
+ *  B (16 x 8), two registers: b[0] = (rows 2tq, 2tq+1; col gid), b[1] = (rows 2tq+8, 2tq+9; col gid);
+ *  C and D (16 x 8, float): d[0], d[1] = (row gid, cols 2tq, 2tq+1), d[2], d[3] = (row gid+8, the same cols).
+ * So the accumulators of two adjacent 8-column tiles are, packed to bf16, the A operand of the next product: what
+ * keeps the probabilities in registers between Q.K^T and P.V.
+ *
+ * Under the CPU emulation of the CUDA built-ins (tests/cuda_emu.h) the emulator provides these functions with the
+ * same layout; there mem_as and mem_put copy through memcpy and check the alignment a GPU faults on. */
+#ifndef KVLAB_MMA_CUH
+#define KVLAB_MMA_CUH
+
+#include <stdint.h>
+
+/* before a loop over registers (fragments, accumulators): unrolled, so that they stay registers */
+#ifdef KVLAB_CUDA_EMU_H
+#define MMA_UNROLL
+#else
+#define MMA_UNROLL _Pragma("unroll")
+#endif
+
+#ifndef KVLAB_CUDA_EMU_H
+/* d += a . b, float accumulators */
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* lo and hi rounded to bf16 (to nearest even), lo in the low half */
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+/* a value of type T at p (aligned to its size), and a store of one */
+template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
+template <typename T> __device__ __forceinline__ void mem_put(void *p, T v) { *reinterpret_cast<T *>(p) = v; }
+#endif
+
+/* two bf16 values as one register, lo in the low half */
+__device__ __forceinline__ uint32_t bf16_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+}
+
+#endif
