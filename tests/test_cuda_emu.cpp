@@ -172,20 +172,29 @@ static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, si
     unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value) {
         auto k = ATT_PICK(mma_forward_kernel, nt);
-        emu::launch(grid, TC_THREADS, mma_smem_forward(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+        emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
     } else {
         auto k = TC_PICK(tc_forward_kernel, nt, E);
         emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
     }
 }
-/* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles. */
+/* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles (WMMA's); bf16's
+ * general path with the scores in registers. */
 template <typename E>
 static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *dout, int o_ld, size_t o_bs,
                         const float *L, const float *Dp, float *dQ, float *dK, float *dV, float *rowacc,
-                        float *colacc) {
+                        float *colacc, bool wmma) {
     int nt = tc_nt(c.hd);
     unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
+    if constexpr (std::is_same<E, __nv_bfloat16>::value)
+        if (!sym && !wmma) {
+            auto kq = ATT_PICK(mma_dq_kernel, nt);
+            auto kk = ATT_PICK(mma_dkv_kernel, nt);
+            emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+            emu::launch(gk, TC_THREADS, mma_smem(MMA_DKV, nt), tsm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+            return;
+        }
     auto kq = TC_PICK(tc_dq_kernel, nt, E);
     auto kk = TC_PICK_SYM(tc_dkv_kernel, nt, E, sym);
     if (!sym)
@@ -194,7 +203,9 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
                 [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
 }
 
-enum Path { FP32, TF32, BF16 };
+/* BF16_WMMA: bf16's WMMA kernels (tc_dq_kernel, tc_dkv_kernel) where attention.cu runs the general backward with
+ * the scores in registers: the symmetric backward's partner, whose dV and column sums it matches bit for bit. */
+enum Path { FP32, TF32, BF16, BF16_WMMA };
 
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them);
  * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles). */
@@ -209,7 +220,7 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
     float *out = r.out.data(), *lse = r.lse.data();
     if (path == TF32) {
         tc_forward<float>(c, p, out, o_ld, o_bs, lse);
-    } else if (path == BF16) {
+    } else if (path == BF16 || path == BF16_WMMA) {
         tc_forward<__nv_bfloat16>(c, p, out, o_ld, o_bs, lse);
     } else {
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
@@ -238,9 +249,9 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
     float *dQ = r.dQ.data(), *dK = r.dK.data(), *dV = r.dV.data();
     float *rowacc = c.pos ? r.rowacc.data() : nullptr, *colacc = c.pos ? r.colacc.data() : nullptr;
     if (path == TF32) {
-        tc_backward<float>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
-    } else if (path == BF16) {
-        tc_backward<__nv_bfloat16>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc);
+        tc_backward<float>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc, false);
+    } else if (path == BF16 || path == BF16_WMMA) {
+        tc_backward<__nv_bfloat16>(c, p, sym, dout, o_ld, o_bs, L, Dp, dQ, dK, dV, rowacc, colacc, path == BF16_WMMA);
     } else {
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
@@ -323,7 +334,10 @@ static void check_case(const Case &c) {
             CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
                   what[k], ek, grad_tol);
         }
-        if (c.sym) check_symmetric(pr, path, tc, &f32, mode_k == 0 ? 2e-5 : grad_tol, mode);
+        if (c.sym && path == BF16) /* the symmetric backward is WMMA's: against WMMA's general path too */
+            check_symmetric(pr, path, run_path(pr, BF16_WMMA, &f32), &f32, grad_tol, "bf16, WMMA");
+        else if (c.sym)
+            check_symmetric(pr, path, tc, &f32, mode_k == 0 ? 2e-5 : grad_tol, mode);
     }
     emu::tf32_exact = false;
 }

@@ -316,7 +316,8 @@ static void check_backward_kernels(const KprofRow *rows, int n, const char *what
     int sym = attention_symmetric_path() && attn_symmetric(ATTN_VARIANT) && !causal && (!kv_heads || kv_heads == H);
     const KprofRow *fp = prof_row(rows, n, "attention_backward", "dq_kernel");
     const KprofRow *tc = prof_row(rows, n, "attention_backward", "tc_dq_kernel");
-    long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0);
+    const KprofRow *mma = prof_row(rows, n, "attention_backward", "mma_dq_kernel");
+    long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0) + (mma ? mma->calls : 0);
     CHECK(calls == !sym, "%s: attention_backward runs %d dQ kernel(s) (%s): %ld", what, !sym,
           sym ? "symmetric path: the dK/dV kernel takes both roles" : "general path", calls);
 }

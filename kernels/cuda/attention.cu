@@ -481,17 +481,19 @@ typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) || IS_ENABLED(CONFI
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
-    size_t fwd = std::is_same<TcElem, __nv_bfloat16>::value ? mma_smem_forward(nt) : tc_smem_forward<TcElem>(nt);
-    size_t bwd = tc_smem_backward<TcElem>(nt);
+    bool mma = std::is_same<TcElem, __nv_bfloat16>::value;
+    size_t fwd = mma ? mma_smem(MMA_FWD, nt) : tc_smem_forward<TcElem>(nt);
+    size_t bwd = mma ? mma_smem(MMA_DKV, nt) : tc_smem_backward<TcElem>(nt); /* mma: DKV > DQ */
     return (fwd > bwd ? fwd : bwd) <= kv_smem_max ? nt : 0;
 }
 
-/* The tensor-core forward: bf16's keeps the scores in registers (mma.sync), TF32's is WMMA's. */
+/* The tensor-core forward: bf16's keeps the scores in registers (mma.sync), TF32's is WMMA's. The backward
+ * likewise (tc_backward), but for the symmetric path, which stays WMMA's in both. */
 template <typename E> static void tc_forward(Call *c, int nt) {
     const AttnDev *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
-        launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem_forward(nt), *d,
+        launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem(MMA_FWD, nt), *d,
                c->out, c->o_ld, c->o_bstride, c->lse);
     else
         launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
@@ -508,6 +510,31 @@ static void run_forward(Call *c) {
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
     launch("forward_kernel", ATT_PICK(forward_kernel, att_npl(d->hd)), grid, ATT_THREADS, att_smem_forward(d->hd),
            *d, c->out, c->o_ld, c->o_bstride, c->lse);
+}
+
+/* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone (WMMA), else the query-side
+ * and the key-side kernel, bf16's with the scores in registers. */
+template <typename E>
+static void tc_backward(Call *c, int nt, bool sym, const float *dout, const float *D, float *dq, float *dk,
+                        float *dv, float *rowacc, float *colacc) {
+    const AttnDev *d = &c->d;
+    const float *lse = c->lse;
+    unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
+    unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
+    if (sym) {
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
+               *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
+    } else if constexpr (std::is_same<E, __nv_bfloat16>::value) {
+        launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout, c->o_ld,
+               c->o_bstride, lse, D, dq, rowacc);
+        launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
+               c->o_ld, c->o_bstride, lse, D, dk, dv, colacc);
+    } else {
+        launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,
+               c->o_ld, c->o_bstride, lse, D, dq, rowacc);
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, false), gk, TC_THREADS, tc_smem_backward<E>(nt), *d,
+               dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
+    }
 }
 
 /* Whether a backward call takes the symmetric path: the query and key one packed copy (KV and K, so the raw
@@ -539,14 +566,7 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     bool sym = symmetric_backward(d, nt ? tc_smem_backward_sym<TcElem>(nt) : att_smem_dkv(hd, 1));
     if (sym) *dq = NULL;
     if (nt) {
-        unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
-        if (!sym)
-            launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, TcElem), gq, TC_THREADS, tc_smem_backward<TcElem>(nt),
-                   *d, dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
-        unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, TcElem, sym), gk, TC_THREADS,
-               sym ? tc_smem_backward_sym<TcElem>(nt) : tc_smem_backward<TcElem>(nt), *d, dout, c->o_ld, c->o_bstride,
-               (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
+        tc_backward<TcElem>(c, nt, sym, dout, D, *dq, *dk, *dv, rowacc, colacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
         if (!sym)

@@ -635,182 +635,6 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     }
 }
 
-/* ------------------------------------------------------------------ bf16 forward with scores in registers */
-
-/* The bf16 forward as FlashAttention-2 arranges it (mma.cuh): each warp's 16 query rows stay in registers as A
- * operands, the scores of a tile of MMA_KT keys come out of mma.sync into registers whose rows and keys each lane
- * knows, the masks, +Pos and the online softmax work on them there, and the probabilities, packed to bf16, are at
- * once the A operand of P.V. Only the key and value tiles pass through shared memory (bf16, row-major, MmaShape),
- * read by every warp of the block. Same values as tc_forward_kernel up to the order of the float sums (and the
- * running maximum taken over 64 keys at a time instead of 32), so the bounds of the bf16 tensor-core path hold. */
-#define MMA_KT 64 /* keys per tile */
-
-/* A key or value tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: a lane group's
- * 32-bit loads of one k step fall on different banks). */
-template <int NT> struct MmaShape {
-    static constexpr int hdp = TC_HD(NT), ld = hdp + 8;
-    static constexpr size_t TILE = (size_t)MMA_KT * ld * sizeof(__nv_bfloat16), BYTES = 2 * TILE;
-    static_assert(TILE % 16 == 0, "tiles start 16-byte aligned");
-};
-static inline size_t mma_smem_forward(int nt) {
-    return nt == 1 ? MmaShape<1>::BYTES : nt == 2 ? MmaShape<2>::BYTES : nt == 4 ? MmaShape<4>::BYTES
-                                                                                 : MmaShape<8>::BYTES;
-}
-
-/* rows r0 .. r0+rows-1 of an (n, hd) float matrix (row stride hd) into a bf16 tile (row stride ld, HDP columns),
- * zeros past n and in columns hd .. HDP-1: four values a load where hd is a multiple of 4 and src 16-byte
- * aligned (the packed roles: cuda_scratch's buffers), one a load otherwise. */
-template <int HDP>
-__device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const float *src, int r0, int n, int hd,
-                                              int rows) {
-    if (hd % 4 == 0 && (uintptr_t)src % 16 == 0) {
-        constexpr int QUADS = HDP / 4;
-        for (int e = threadIdx.x; e < rows * QUADS; e += TC_THREADS) {
-            int r = e / QUADS, d = e % QUADS * 4;
-            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (r0 + r < n && d < hd) v = mem_as<float4>(src + (size_t)(r0 + r) * hd + d);
-            mem_put<uint64_t>(dst + r * ld + d, (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
-        }
-    } else {
-        tc_load_rows(dst, ld, src, hd, r0, n, hd, HDP, rows);
-    }
-}
-
-template <int NT>
-__global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
-                                                                 float *lse) {
-    extern __shared__ __align__(128) float tsm[];
-    typedef MmaShape<NT> S;
-    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8, NO = 2 * NT; /* 8-column tiles: scores, output */
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)tsm, *Vs = Ks + MMA_KT * ld;
-    const int hd = p.hd;
-    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
-    int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
-    const int ir[2] = {i0 + warp * 16 + gid, i0 + warp * 16 + gid + 8};
-    uint32_t qa[NT][4]; /* the rows' queries as A operands, one per 16 of the head dim */
-    MMA_UNROLL
-    for (int ks = 0; ks < NT; ks++) {
-        MMA_UNROLL
-        for (int r = 0; r < 4; r++) {
-            int i = ir[r & 1], d = 16 * ks + 2 * tq + (r & 2 ? 8 : 0);
-            float x0 = i < p.Tq && d < hd ? Q[(size_t)i * hd + d] : 0.0f;
-            float x1 = i < p.Tq && d + 1 < hd ? Q[(size_t)i * hd + d + 1] : 0.0f;
-            qa[ks][r] = pack_bf16x2(x0, x1);
-        }
-    }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's share of the row sums */
-    float o[NO][4];
-    MMA_UNROLL
-    for (int n = 0; n < NO; n++) {
-        MMA_UNROLL
-        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
-    }
-    /* whole tiles of visible scores without +Pos, bias, padding or dropout take the scaled score as it is */
-    const bool plain_rows = !(ATTN_POS && p.pos) && !p.pe_bias && !p.pad && p.dropout <= 0.0f &&
-                            i0 + TC_ROWS <= p.Tq;
-    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
-    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
-        __syncthreads();
-        mma_load_rows<hdp>(Ks, ld, K, j0, p.Tk, hd, MMA_KT);
-        mma_load_rows<hdp>(Vs, ld, V, j0, p.Tk, hd, MMA_KT);
-        __syncthreads();
-        float s[NS][4];
-        MMA_UNROLL
-        for (int n = 0; n < NS; n++) {
-            MMA_UNROLL
-            for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
-        }
-        MMA_UNROLL
-        for (int ks = 0; ks < NT; ks++) {
-            MMA_UNROLL
-            for (int n = 0; n < NS; n++) {
-                const __nv_bfloat16 *kr = Ks + (8 * n + gid) * ld + 16 * ks + 2 * tq;
-                const uint32_t kb[2] = {mem_as<uint32_t>(kr), mem_as<uint32_t>(kr + 8)};
-                mma_bf16_16816(s[n], qa[ks], kb);
-            }
-        }
-        const bool plain = plain_rows && j0 + MMA_KT <= p.Tk && (!p.causal || j0 + MMA_KT - 1 <= i0);
-        float mt[2] = {-INFINITY, -INFINITY};
-        MMA_UNROLL
-        for (int n = 0; n < NS; n++) {
-            MMA_UNROLL
-            for (int e = 0; e < 4; e++) {
-                int i = ir[e >> 1], j = j0 + 8 * n + 2 * tq + (e & 1);
-                float x = s[n][e] * p.scale;
-                if (!plain) x = visible(p, b, i, j) ? score_x(p, h, i, j, x) : -INFINITY;
-                s[n][e] = x;
-                mt[e >> 1] = fmaxf(mt[e >> 1], x);
-            }
-        }
-        float mnew[2], corr[2], st[2] = {0.0f, 0.0f};
-        MMA_UNROLL
-        for (int r = 0; r < 2; r++) { /* the row's 4 lanes share its maximum */
-            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-            mnew[r] = fmaxf(m[r], mt[r]);
-            corr[r] = mnew[r] == -INFINITY ? 1.0f : expf(m[r] - mnew[r]); /* nothing seen yet: 0 from -inf */
-        }
-        MMA_UNROLL
-        for (int n = 0; n < NS; n++) {
-            MMA_UNROLL
-            for (int e = 0; e < 4; e++) { /* masked scores give 0, and so does every score of a row masked so far */
-                float x = s[n][e], ev = x == -INFINITY ? 0.0f : expf(x - mnew[e >> 1]);
-                st[e >> 1] += ev;
-                if (!plain && ev != 0.0f) ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
-                s[n][e] = ev;
-            }
-        }
-        MMA_UNROLL
-        for (int r = 0; r < 2; r++) {
-            l[r] = l[r] * corr[r] + st[r];
-            m[r] = mnew[r];
-        }
-        MMA_UNROLL
-        for (int n = 0; n < NO; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-        MMA_UNROLL
-        for (int kk = 0; kk < NS / 2; kk++) { /* keys 16 kk .. 16 kk + 15: two score tiles as one A operand */
-            const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            MMA_UNROLL
-            for (int n = 0; n < NO; n++) {
-                const __nv_bfloat16 *vr = Vs + (16 * kk + 2 * tq) * ld + 8 * n + gid;
-                const uint32_t vb[2] = {bf16_pair(vr[0], vr[ld]), bf16_pair(vr[8 * ld], vr[9 * ld])};
-                mma_bf16_16816(o[n], pa, vb);
-            }
-        }
-    }
-    MMA_UNROLL
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        int i = ir[r];
-        if (i < p.Tq) {
-            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
-            MMA_UNROLL
-            for (int n = 0; n < NO; n++) {
-                MMA_UNROLL
-                for (int c = 0; c < 2; c++) {
-                    int d = 8 * n + 2 * tq + c;
-                    if (d < hd) orow[d] = o[n][2 * r + c] * inv;
-                }
-            }
-            if (tq == 0) lse[(size_t)bh * p.Tq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
-        }
-    }
-}
-
 /* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's. */
 template <int NT, typename E>
 __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
@@ -991,6 +815,393 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     size_t row = ((size_t)bg * p.Tk + j0 + r0) * hd;
     tc_write_rows(dK + row, hd, min(16, p.Tk - j0 - r0), dk, Sw, lds);
     tc_write_rows(dV + row, hd, min(16, p.Tk - j0 - r0), dv, Aw, lds);
+}
+
+/* ------------------------------------------------------------------ bf16 kernels with scores in registers */
+
+/* The bf16 kernels as FlashAttention-2 arranges them (mma.cuh): the scores of a warp's 16 rows against a tile of
+ * 64 come out of mma.sync into registers whose row and column each lane knows, the per-score code (masks, +Pos,
+ * bias, softmax, dropout, the score gradients) works on them there, and the results, packed to bf16, are at once
+ * the A operand of the next product. Only bf16 tiles of rows pass through shared memory (MmaShape), read by every
+ * warp of the block. Whole tiles that need no mask (every pair visible, no +Pos, bias, padding or dropout) skip the
+ * per-score code. The same values as the WMMA kernels up to the order of the float sums (and the forward's running
+ * maximum taken over 64 keys at a time instead of 32), so the bf16 bounds hold; the same blocks, so each gradient
+ * still has one writer. The symmetric backward stays WMMA's (tc_dkv_kernel with SYM). */
+#define MMA_KT 64 /* rows of a tile of the other side */
+
+/* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the lanes of a 32-bit operand
+ * load fall on different banks). forward: K, V tiles; dQ: the block's Q and dO rows, then K, V tiles; dK/dV: the
+ * block's K and V rows, then Q and dO tiles and the query tile's lse and D (float). */
+template <int NT> struct MmaShape {
+    static constexpr int hdp = TC_HD(NT), ld = hdp + 8;
+    static constexpr size_t TILE = (size_t)MMA_KT * ld * sizeof(__nv_bfloat16);
+    static constexpr size_t FWD = 2 * TILE, DQ = 4 * TILE, DKV = 4 * TILE + 2 * MMA_KT * sizeof(float);
+    static_assert(TILE % 16 == 0 && TC_ROWS == MMA_KT, "tiles start 16-byte aligned; blocks of 64 rows");
+};
+enum MmaKernel { MMA_FWD, MMA_DQ, MMA_DKV };
+template <int NT> static inline size_t mma_smem_nt(MmaKernel k) {
+    return k == MMA_FWD ? MmaShape<NT>::FWD : k == MMA_DQ ? MmaShape<NT>::DQ : MmaShape<NT>::DKV;
+}
+static inline size_t mma_smem(MmaKernel k, int nt) {
+    return nt == 1 ? mma_smem_nt<1>(k) : nt == 2 ? mma_smem_nt<2>(k) : nt == 4 ? mma_smem_nt<4>(k) : mma_smem_nt<8>(k);
+}
+
+/* rows r0 .. r0+rows-1 of an (n, hd) float matrix (row stride src_ld) into a bf16 tile (row stride ld, HDP
+ * columns), zeros past n and in columns hd .. HDP-1: four values a load where hd and src_ld are multiples of 4 and
+ * src is 16-byte aligned (the packed roles, cuda_scratch's buffers, and dO's rows), one a load otherwise. */
+template <int HDP>
+__device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const float *src, size_t src_ld, int r0,
+                                              int n, int hd, int rows) {
+    if (hd % 4 == 0 && src_ld % 4 == 0 && (uintptr_t)src % 16 == 0) {
+        constexpr int QUADS = HDP / 4;
+        for (int e = threadIdx.x; e < rows * QUADS; e += TC_THREADS) {
+            int r = e / QUADS, d = e % QUADS * 4;
+            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r0 + r < n && d < hd) v = mem_as<float4>(src + (size_t)(r0 + r) * src_ld + d);
+            mem_put<uint64_t>(dst + r * ld + d, (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
+        }
+    } else {
+        tc_load_rows(dst, ld, src, src_ld, r0, n, hd, HDP, rows);
+    }
+}
+
+/* acc[n][e] = 0 for every n < N */
+template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
+    MMA_UNROLL
+    for (int n = 0; n < N; n++) {
+        MMA_UNROLL
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    }
+}
+
+/* acc[n] += A . rows^T for the N 8-row groups n of `rows`: A the 16 rows at `arows` (row-major, ld), over the
+ * padded head dim (NT steps of 16). The scores Q.K^T, dO.V^T, and transposed K.Q^T, V.dO^T. */
+template <int NT, int N>
+__device__ __forceinline__ void mma_abt(float (&acc)[N][4], const __nv_bfloat16 *arows, const __nv_bfloat16 *rows,
+                                        int ld, int lane) {
+    MMA_UNROLL
+    for (int ks = 0; ks < NT; ks++) {
+        uint32_t a[4];
+        mma_a_rows(a, arows, ld, ks, lane);
+        MMA_UNROLL
+        for (int n = 0; n < N; n++) {
+            uint32_t bb[2];
+            mma_b_rows(bb, rows, ld, n, ks, lane);
+            mma_bf16_16816(acc[n], a, bb);
+        }
+    }
+}
+
+/* out[n] += X . rows for the 2 NT 8-column groups n of the head dim: X the warp's 16 x MMA_KT results in the
+ * accumulators x (probabilities, score gradients), rows the tile's MMA_KT rows (row-major, ld). P.V, dS.K,
+ * P^T.dO, G^T.Q. */
+template <int NT>
+__device__ __forceinline__ void mma_xr(float (&out)[2 * NT][4], const float (&x)[MMA_KT / 8][4],
+                                       const __nv_bfloat16 *rows, int ld, int lane) {
+    MMA_UNROLL
+    for (int kk = 0; kk < MMA_KT / 16; kk++) {
+        uint32_t a[4];
+        mma_a_acc(a, x, kk);
+        MMA_UNROLL
+        for (int n = 0; n < 2 * NT; n++) {
+            uint32_t bb[2];
+            mma_b_cols(bb, rows, ld, kk, n, lane);
+            mma_bf16_16816(out[n], a, bb);
+        }
+    }
+}
+
+/* A warp's 16 result rows (accumulators acc over the head dim, times `scale`) into rows r[0] and r[1] of dst
+ * (row stride dst_ld), rows at or past n left alone: the lane's columns 2 tq and 2 tq + 1 of each 8. */
+template <int NT>
+__device__ __forceinline__ void mma_write_rows(float *dst, size_t dst_ld, const int (&r)[2], int n, int hd,
+                                               const float (&acc)[2 * NT][4], float scale, int lane) {
+    MMA_UNROLL
+    for (int h2 = 0; h2 < 2; h2++) {
+        if (r[h2] >= n) continue;
+        float *row = dst + (size_t)r[h2] * dst_ld;
+        MMA_UNROLL
+        for (int c = 0; c < 2 * NT; c++) {
+            MMA_UNROLL
+            for (int e = 0; e < 2; e++) {
+                int d = 8 * c + 2 * (lane % 4) + e;
+                if (d < hd) row[d] = acc[c][2 * h2 + e] * scale;
+            }
+        }
+    }
+}
+
+/* v summed over the 4 lanes that share a row of accumulators */
+__device__ __forceinline__ float mma_row_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* Whether a call has no per-score work beyond the softmax (no +Pos, bias, padding or dropout). */
+__device__ __forceinline__ bool mma_plain_call(const AttnDev &p) {
+    return !(ATTN_POS && p.pos) && !p.pe_bias && !p.pad && p.dropout <= 0.0f;
+}
+/* ... and whether the tile of rows r0.. and columns c0.. (MMA_KT each) is whole and every pair of it visible:
+ * queries and keys in range, and with the causal mask every key at or before every query. */
+__device__ __forceinline__ bool mma_plain_tile(const AttnDev &p, int i0, int j0) {
+    return mma_plain_call(p) && i0 + MMA_KT <= p.Tq && j0 + MMA_KT <= p.Tk && (!p.causal || j0 + MMA_KT - 1 <= i0);
+}
+
+/* forward: one block per (batch, head, 64 query rows), as tc_forward_kernel's */
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+                                                                 float *lse) {
+    extern __shared__ __align__(128) float tsm[];
+    typedef MmaShape<NT> S;
+    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)tsm, *Vs = Ks + MMA_KT * ld;
+    const int hd = p.hd;
+    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
+    uint32_t qa[NT][4]; /* the rows' queries as A operands, one per 16 of the head dim, read once */
+    MMA_UNROLL
+    for (int ks = 0; ks < NT; ks++) {
+        MMA_UNROLL
+        for (int r = 0; r < 4; r++) {
+            int i = ir[r & 1], d = 16 * ks + 2 * tq + (r & 2 ? 8 : 0);
+            float x0 = i < p.Tq && d < hd ? Q[(size_t)i * hd + d] : 0.0f;
+            float x1 = i < p.Tq && d + 1 < hd ? Q[(size_t)i * hd + d + 1] : 0.0f;
+            qa[ks][r] = pack_bf16x2(x0, x1);
+        }
+    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's share of the row sums */
+    float o[2 * NT][4];
+    mma_zero(o);
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
+        __syncthreads();
+        mma_load_rows<hdp>(Ks, ld, K, hd, j0, p.Tk, hd, MMA_KT);
+        mma_load_rows<hdp>(Vs, ld, V, hd, j0, p.Tk, hd, MMA_KT);
+        __syncthreads();
+        float s[NS][4];
+        mma_zero(s);
+        MMA_UNROLL
+        for (int ks = 0; ks < NT; ks++) {
+            MMA_UNROLL
+            for (int n = 0; n < NS; n++) {
+                uint32_t kb[2];
+                mma_b_rows(kb, Ks, ld, n, ks, lane);
+                mma_bf16_16816(s[n], qa[ks], kb);
+            }
+        }
+        const bool plain = mma_plain_tile(p, i0, j0);
+        float mt[2] = {-INFINITY, -INFINITY};
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) {
+                int i = ir[e >> 1], j = j0 + 8 * n + 2 * tq + (e & 1);
+                float x = s[n][e] * p.scale;
+                if (!plain) x = visible(p, b, i, j) ? score_x(p, h, i, j, x) : -INFINITY;
+                s[n][e] = x;
+                mt[e >> 1] = fmaxf(mt[e >> 1], x);
+            }
+        }
+        float mnew[2], corr[2], st[2] = {0.0f, 0.0f};
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) { /* the row's 4 lanes share its maximum */
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+            mnew[r] = fmaxf(m[r], mt[r]);
+            corr[r] = mnew[r] == -INFINITY ? 1.0f : expf(m[r] - mnew[r]); /* nothing seen yet: 0 from -inf */
+        }
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) { /* masked scores give 0, and so does every score of a row masked so far */
+                float x = s[n][e], ev = x == -INFINITY ? 0.0f : expf(x - mnew[e >> 1]);
+                st[e >> 1] += ev;
+                if (!plain && ev != 0.0f) ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
+                s[n][e] = ev;
+            }
+        }
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) {
+            l[r] = l[r] * corr[r] + st[r];
+            m[r] = mnew[r];
+        }
+        MMA_UNROLL
+        for (int n = 0; n < 2 * NT; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        mma_xr<NT>(o, s, Vs, ld, lane);
+    }
+    float inv[2];
+    MMA_UNROLL
+    for (int r = 0; r < 2; r++) {
+        l[r] = mma_row_sum(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        if (tq == 0 && ir[r] < p.Tq) lse[(size_t)bh * p.Tq + ir[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+    MMA_UNROLL
+    for (int n = 0; n < 2 * NT; n++) {
+        o[n][0] *= inv[0];
+        o[n][1] *= inv[0];
+        o[n][2] *= inv[1];
+        o[n][3] *= inv[1];
+    }
+    mma_write_rows<NT>(out + (size_t)b * o_bstride + (size_t)h * hd, (size_t)o_ld, ir, p.Tq, hd, o, 1.0f, lane);
+}
+
+/* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's */
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+                                                            const float *lse, const float *D, float *dQ,
+                                                            float *rowacc) {
+    extern __shared__ __align__(128) float tsm[];
+    typedef MmaShape<NT> S;
+    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + MMA_KT * ld, *Ks = dOs + MMA_KT * ld, *Vs = Ks + MMA_KT * ld;
+    const int hd = p.hd;
+    int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bh / p.H, h = bh % p.H, g = h / p.group;
+    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    mma_load_rows<hdp>(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, TC_ROWS);
+    mma_load_rows<hdp>(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, TC_ROWS);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
+    float li[2], Di[2], gs[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
+    MMA_UNROLL
+    for (int r = 0; r < 2; r++) {
+        li[r] = ir[r] < p.Tq ? lse[(size_t)bh * p.Tq + ir[r]] : -INFINITY;
+        Di[r] = ir[r] < p.Tq ? D[(size_t)bh * p.Tq + ir[r]] : 0.0f;
+    }
+    float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+    float dq[2 * NT][4];
+    mma_zero(dq);
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
+    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
+        __syncthreads();
+        mma_load_rows<hdp>(Ks, ld, K, hd, j0, p.Tk, hd, MMA_KT);
+        mma_load_rows<hdp>(Vs, ld, V, hd, j0, p.Tk, hd, MMA_KT);
+        __syncthreads();
+        float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
+        mma_zero(s);
+        mma_zero(a);
+        mma_abt<NT>(s, Qs + warp * 16 * ld, Ks, ld, lane);
+        mma_abt<NT>(a, dOs + warp * 16 * ld, Vs, ld, lane);
+        const bool plain = mma_plain_tile(p, i0, j0);
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1, i = ir[r], j = j0 + 8 * n + 2 * tq + (e & 1);
+                float sv = s[n][e] * p.scale;
+                float gp = plain ? expf(sv - li[r]) * (a[n][e] - Di[r])
+                                 : score_grad(p, b, h, i, j, sv, a[n][e], li[r], Di[r]).gp;
+                gs[r] += gp * sv;
+                rs[r] += gp;
+                s[n][e] = alpha * gp;
+            }
+        }
+        mma_xr<NT>(dq, s, Ks, ld, lane);
+    }
+    mma_write_rows<NT>(dQ + (size_t)bh * p.Tq * hd, (size_t)hd, ir, p.Tq, hd, dq, p.scale, lane);
+    if (rowacc) {
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) {
+            float gsum = mma_row_sum(gs[r]), rsum = mma_row_sum(rs[r]);
+            if (tq == 0 && ir[r] < p.Tq) {
+                rowacc[((size_t)bh * p.Tq + ir[r]) * 2] = gsum;
+                rowacc[((size_t)bh * p.Tq + ir[r]) * 2 + 1] = rsum;
+            }
+        }
+    }
+}
+
+/* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
+ * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T), so that P^T and G^T are A
+ * operands of dV += P^T.dO and dK += G^T.Q. */
+template <int NT>
+__global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnDev p, const float *dout, int o_ld,
+                                                             size_t o_bstride, const float *lse, const float *D,
+                                                             float *dK, float *dV, float *colacc) {
+    extern __shared__ __align__(128) float tsm[];
+    typedef MmaShape<NT> S;
+    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
+    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + MMA_KT * ld, *Qs = Vk + MMA_KT * ld, *dOs = Qs + MMA_KT * ld;
+    float *ls = (float *)(dOs + MMA_KT * ld), *Ds = ls + MMA_KT;
+    const int hd = p.hd;
+    int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
+    int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
+    int b = bg / p.G, g = bg % p.G;
+    mma_load_rows<hdp>(Kk, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
+    mma_load_rows<hdp>(Vk, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
+    /* lane: keys jr[0] and jr[1] = jr[0] + 8 of the warp's 16, queries 2 tq and 2 tq + 1 of each 8 of a tile */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int jr[2] = {j0 + warp * 16 + lane / 4, j0 + warp * 16 + lane / 4 + 8};
+    float dk[2 * NT][4], dv[2 * NT][4];
+    mma_zero(dk);
+    mma_zero(dv);
+    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
+        int bh = b * p.H + h;
+        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+        const float *Q = p.Q + (size_t)bh * p.Tq * hd, *dO = dout + (size_t)b * o_bstride + (size_t)h * hd;
+        float cs[2] = {0.0f, 0.0f};
+        for (int i0 = p.causal ? j0 : 0; i0 < p.Tq; i0 += MMA_KT) { /* causal: queries before j0 see none */
+            __syncthreads();
+            mma_load_rows<hdp>(Qs, ld, Q, hd, i0, p.Tq, hd, MMA_KT);
+            mma_load_rows<hdp>(dOs, ld, dO, o_ld, i0, p.Tq, hd, MMA_KT);
+            for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
+                bool in = i0 + r < p.Tq;
+                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+            }
+            __syncthreads();
+            float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
+            mma_zero(st);
+            mma_zero(at);
+            mma_abt<NT>(st, Kk + warp * 16 * ld, Qs, ld, lane);
+            mma_abt<NT>(at, Vk + warp * 16 * ld, dOs, ld, lane);
+            const bool plain = mma_plain_tile(p, i0, j0);
+            MMA_UNROLL
+            for (int n = 0; n < NS; n++) {
+                MMA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int c = 8 * n + 2 * tq + (e & 1), j = jr[e >> 1];
+                    float sv = st[n][e] * p.scale, pt, gp;
+                    if (plain) {
+                        pt = expf(sv - ls[c]);
+                        gp = pt * (at[n][e] - Ds[c]);
+                    } else {
+                        ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
+                        pt = sg.a * sg.kf;
+                        gp = sg.gp;
+                    }
+                    cs[e >> 1] += gp;
+                    st[n][e] = pt;
+                    at[n][e] = alpha * gp;
+                }
+            }
+            mma_xr<NT>(dv, st, dOs, ld, lane);
+            mma_xr<NT>(dk, at, Qs, ld, lane);
+        }
+        if (colacc) {
+            MMA_UNROLL
+            for (int r = 0; r < 2; r++) {
+                float sum = mma_row_sum(cs[r]);
+                if (tq == 0 && jr[r] < p.Tk) colacc[(size_t)bh * p.Tk + jr[r]] = sum;
+            }
+        }
+    }
+    float *dKh = dK + (size_t)bg * p.Tk * hd, *dVh = dV + (size_t)bg * p.Tk * hd;
+    mma_write_rows<NT>(dKh, (size_t)hd, jr, p.Tk, hd, dk, p.scale, lane);
+    mma_write_rows<NT>(dVh, (size_t)hd, jr, p.Tk, hd, dv, 1.0f, lane);
 }
 
 #endif

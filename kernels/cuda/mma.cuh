@@ -47,4 +47,37 @@ __device__ __forceinline__ uint32_t bf16_pair(__nv_bfloat16 lo, __nv_bfloat16 hi
     return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
 }
 
+/* Operands of mma_bf16_16816 from bf16 tiles in shared memory (row-major, rows ld elements apart, ld even) and
+ * from accumulators, for lane `lane`:
+ *  mma_a_rows: A = rows 0..15 of `rows`, columns 16 ks .. 16 ks + 15;
+ *  mma_b_rows: B(k, c) = rows[8 n + c][16 ks + k]: the rows as B's columns (the B of X . rows^T);
+ *  mma_b_cols: B(k, c) = rows[16 kk + k][8 n + c]: the rows as B's rows (the B of X . rows);
+ *  mma_a_acc:  A(r, k) = the accumulators acc[2 kk] (k < 8) and acc[2 kk + 1] (k >= 8), rounded to bf16: a
+ *              product's 16 x 16 result block kk as the A operand of the next product. */
+__device__ __forceinline__ void mma_a_rows(uint32_t (&a)[4], const __nv_bfloat16 *rows, int ld, int ks, int lane) {
+    const __nv_bfloat16 *r = rows + (lane / 4) * ld + 16 * ks + 2 * (lane % 4);
+    a[0] = mem_as<uint32_t>(r);
+    a[1] = mem_as<uint32_t>(r + 8 * ld);
+    a[2] = mem_as<uint32_t>(r + 8);
+    a[3] = mem_as<uint32_t>(r + 8 * ld + 8);
+}
+__device__ __forceinline__ void mma_b_rows(uint32_t (&b)[2], const __nv_bfloat16 *rows, int ld, int n, int ks,
+                                           int lane) {
+    const __nv_bfloat16 *r = rows + (8 * n + lane / 4) * ld + 16 * ks + 2 * (lane % 4);
+    b[0] = mem_as<uint32_t>(r);
+    b[1] = mem_as<uint32_t>(r + 8);
+}
+__device__ __forceinline__ void mma_b_cols(uint32_t (&b)[2], const __nv_bfloat16 *rows, int ld, int kk, int n,
+                                           int lane) {
+    const __nv_bfloat16 *r = rows + (16 * kk + 2 * (lane % 4)) * ld + 8 * n + lane / 4;
+    b[0] = bf16_pair(r[0], r[ld]);
+    b[1] = bf16_pair(r[8 * ld], r[9 * ld]);
+}
+template <int N> __device__ __forceinline__ void mma_a_acc(uint32_t (&a)[4], const float (&acc)[N][4], int kk) {
+    a[0] = pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
 #endif
