@@ -81,9 +81,9 @@ static double sgemm_gflops(int n, int reps, double *rates) {
     return g;
 }
 
-/* Median ms of one bidirectional self-attention forward + backward at
- * (B, T, H, C), as an encoder or ViT layer would run it. */
-static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
+/* Median ms of one self-attention forward + backward at (B, T, H, C): bidirectional, as an encoder or ViT
+ * layer would run it, or causal, as GPT-2's. */
+static double attention_ms(int B, int T, int H, int C, int reps, int causal) {
     int hd = C / H, m = ATTN_POS_DIM, groups = ATTN_POS_PER_HEAD ? H : 1, G = attn_kv_heads(H);
     size_t np = (size_t)B * T * attn_proj_width(ATTN_VARIANT, C, G * hd), no = (size_t)B * T * C;
     float *h = xmalloc((np > no ? np : no) * sizeof(float));
@@ -103,7 +103,7 @@ static double bidir_attention_ms(int B, int T, int H, int C, int reps) {
                         .b = dev_alloc((size_t)groups * 4)};
         dpos = (AttnPosGrad){.dw = dev_alloc((size_t)groups * m * 4), .db = dev_alloc((size_t)groups * 4)};
     }
-    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = 0};
+    AttnArgs a = {.B = B, .T = T, .H = H, .hd = hd, .kv_heads = G, .causal = causal};
     double *t = xmalloc((size_t)reps * sizeof(double));
     for (int r = -1; r < reps; r++) {
         double t0 = wall_seconds();
@@ -185,11 +185,18 @@ int main(int argc, char **argv) {
     double sg = sg_before > sg_after ? sg_before : sg_after;
     /* the symmetric-score saving: bidirectional attention alone, with and
      * (for KV and K) without the each-pair-once path */
-    double attn_ms = bidir_attention_ms(B, T, H, C, 10), attn_general_ms = -1.0;
+    double attn_ms = attention_ms(B, T, H, C, 10, 0), attn_general_ms = -1.0;
     if (attn_key_block(ATTN_VARIANT) == 0) {
         attention_set_symmetric_path(0);
-        attn_general_ms = bidir_attention_ms(B, T, H, C, 10);
+        attn_general_ms = attention_ms(B, T, H, C, 10, 0);
         attention_set_symmetric_path(1);
+    }
+    /* GPT-2's causal attention alone; on a GPU with bf16 products beside the WMMA kernels (attention.h) */
+    double causal_ms = attention_ms(B, T, H, C, 10, 1), causal_wmma_ms = -1.0;
+    if (!strncmp(backend_name(), "cuda", 4) && (IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL))) {
+        attention_set_mma_path(0);
+        causal_wmma_ms = attention_ms(B, T, H, C, 10, 1);
+        attention_set_mma_path(1);
     }
     /* a GPU's memory (the CPU backend does not count it): peak allocated during the steps, and the device's */
     char memory[96] = "";
@@ -202,11 +209,13 @@ int main(int argc, char **argv) {
            "\"ms_per_step\": %.2f, \"tokens_per_s\": %.0f, \"gflops\": %.2f, \"sgemm_gflops\": %.2f, "
            "\"ratio\": %.4f, \"threads\": %d, \"shape\": {\"L\": %d, \"H\": %d, \"C\": %d, \"T\": %d, \"B\": %d, "
            "\"V\": %d}, \"steps\": %d, \"ratio_causal_flops\": %.4f, \"bidir_attention_ms\": %.2f, "
-           "\"bidir_attention_ms_general_path\": %.2f, \"backend\": \"%s\"%s, \"step_ms\": [",
+           "\"bidir_attention_ms_general_path\": %.2f, \"causal_attention_ms\": %.2f, "
+           "\"causal_attention_ms_wmma\": %.2f, \"backend\": \"%s\"%s, \"step_ms\": [",
            attn_variant_id(ATTN_VARIANT, ATTN_POS), attn_variant_label(ATTN_VARIANT, ATTN_POS), cfg.kv_heads,
            m.w.table.count, fpt,
            ms, tokens / (ms * 1e-3), gflops, sg, gflops / sg, backend_threads(), L, H, C, T, B, V, steps,
-           fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms, backend_name(),
+           fpt_causal * tokens / (ms * 1e-3) / 1e9 / sg, attn_ms, attn_general_ms, causal_ms, causal_wmma_ms,
+           backend_name(),
            memory);
     for (int s = 0; s < steps; s++) printf("%s%.3f", s ? ", " : "", 1e3 * t[s]);
     printf("], \"sgemm_gflops_runs\": [");

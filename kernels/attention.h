@@ -277,6 +277,13 @@ int attn_check_decode(const AttnPos *pos, int q_ld, int T, int t, int N, int H, 
 void attention_set_symmetric_path(int on);
 int attention_symmetric_path(void); /* as last set */
 
+/* On the CUDA target with bf16 products (CUDA_BF16, CUDA_BF16_MATMUL) the attention's training kernels keep
+ * their scores in registers (mma.sync; docs/cuda.md). Turning that off runs the WMMA kernels instead, the same
+ * values up to float summation order: for benchmarks that compare the two in one run and tests that check both.
+ * No effect on other targets and precisions. Default on. */
+void attention_set_mma_path(int on);
+int attention_mma_path(void); /* as last set */
+
 /* One (batch, head) as dense T x T matrices (S and A: device memory), computed by the same code as
  * the forward pass, for tests and analyses: the scores S' before any mask
  * (scale and +Pos applied), and the probabilities A (masks and softmax

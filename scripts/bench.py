@@ -704,6 +704,11 @@ def main():
             rec["bidir_attention_ms_general_path"] = statistics.median(
                 r["bidir_attention_ms_general_path"] for r in rs)
             rec["symmetric_saving"] = round(1 - rec["bidir_attention_ms"] / rec["bidir_attention_ms_general_path"], 4)
+        if "causal_attention_ms" in first:  # GPT-2's attention alone; bf16 on a GPU: against the WMMA kernels
+            rec["causal_attention_ms"] = statistics.median(r["causal_attention_ms"] for r in rs)
+            if first["causal_attention_ms_wmma"] > 0:
+                rec["causal_attention_ms_wmma"] = statistics.median(r["causal_attention_ms_wmma"] for r in rs)
+                rec["mma_saving"] = round(1 - rec["causal_attention_ms"] / rec["causal_attention_ms_wmma"], 4)
         records.append(rec)
     by = {r["variant"]: r for r in records}
     for r in records:
@@ -747,6 +752,13 @@ def main():
               f"{r['tokens_per_s']:8.0f} {r['gflops']:8.1f} {r['ratio']:6.3f} {r['flops_vs_qkv']:9.3f} "
               f"{r['time_vs_qkv']:9.3f} {pos:>9s} {attn:>14s}" + (f" {100 * r['mfu']:5.1f}%" if "mfu" in r else "") +
               (f" {r['memory_peak_mib']:9.0f}" if "memory_peak_mib" in r else ""))
+    if any("mma_saving" in r for r in records):
+        print("causal attention alone (forward + backward of one layer, ms): scores in registers (mma.sync) against "
+              "the WMMA kernels, same run")
+        for r in records:
+            if "mma_saving" in r:
+                print(f"  {r['label']:10s} {r['causal_attention_ms']:8.2f} against {r['causal_attention_ms_wmma']:8.2f}"
+                      f" ({-100 * r['mma_saving']:+.0f}%)")
     print(f"\nwritten {os.path.relpath(path)}")
     if args.profile:
         profile_table(runs, os.path.join(out, "profile.json"))

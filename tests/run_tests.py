@@ -3979,6 +3979,10 @@ def test_bench_profile(tmp):
     # a GPT-2 with biases, a tied head and learned positions: (V + T) C + L (12 C^2 + 13 C) + 2 C, the gaps not counted
     R.check(rec.get("parameters") == (V + T) * C + L * (12 * C * C + 13 * C) + 2 * C,
             f"bench_step: the parameter count of a {L}-layer GPT-2 of width {C}: {rec.get('parameters')}")
+    # GPT-2's causal attention timed alone; against the WMMA kernels only in a CUDA build with bf16 products
+    R.check(rec.get("causal_attention_ms", 0) > 0 and rec.get("causal_attention_ms_wmma") == -1,
+            f"bench_step: causal attention's ms, and no WMMA comparison on the CPU: "
+            f"{rec.get('causal_attention_ms')}, {rec.get('causal_attention_ms_wmma')}")
     calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
     # per step: qkv, proj, fc-proj per block and the tied head, and fc with its GELU (linear_gelu_forward; backward:
     # gelu_linear_backward of fc-proj, linear_backward of fc); one attention per block; one AdamW call over every

@@ -322,6 +322,20 @@ static void check_backward_kernels(const KprofRow *rows, int n, const char *what
           sym ? "symmetric path: the dK/dV kernel takes both roles" : "general path", calls);
 }
 
+/* On a GPU the forward runs the kernels docs/cuda.md names for the build: fp32's with CUDA_FP32, with bf16 products
+ * the kernels with the scores in registers (attention_set_mma_path(0): WMMA's), else (TF32) WMMA's. Head dims up
+ * to 64 only, whose tensor-core tiles fit every GPU's shared memory. */
+static void check_forward_kernel(const KprofRow *rows, int n, const char *what, int hd) {
+    if (strncmp(backend_name(), "cuda", 4) || hd > 64) return;
+    int bf16 = IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL);
+    const char *want = IS_ENABLED(CONFIG_CUDA_FP32) ? "forward_kernel"
+                       : bf16 && attention_mma_path() ? "mma_forward_kernel"
+                                                      : "tc_forward_kernel";
+    const KprofRow *r = prof_row(rows, n, "attention_forward", want);
+    CHECK(r && r->calls == 1, "%s: attention_forward runs %s once (mma path %s): %ld", what, want,
+          attention_mma_path() ? "on" : "off", r ? r->calls : 0L);
+}
+
 static int self_packs(void) {
     int rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
     return 3 - attn_symmetric(ATTN_VARIANT) - (attn_key_block(ATTN_VARIANT) == attn_value_block(ATTN_VARIANT) && !rope);
@@ -372,6 +386,7 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     int nrows = kprof_stop(&rows);
     snprintf(what, sizeof what, "%s %s", case_label(variant, ATTN_POS), name);
     check_packs(rows, nrows, "attention_forward", what, self_packs());
+    check_forward_kernel(rows, nrows, what, hd);
     kprof_start();
     attention_backward(dproj.a, pos ? &dpos : NULL, R.a, proj.a, out.a, lse.d, pos, &a);
     nrows = kprof_stop(&rows);
@@ -1819,6 +1834,10 @@ int main(int argc, char **argv) {
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
     attention_set_symmetric_path(1);
+    attention_set_mma_path(0); /* bf16 on a GPU: the WMMA kernels must agree too (elsewhere the same kernels) */
+    attention_case("causal, 2 row blocks, WMMA kernels", 1, 70, 2, 4, 1, 0, 0.0f);
+    attention_case("bidirectional, key padding, dropout, WMMA kernels", 2, 9, 2, 4, 0, 1, 0.25f);
+    attention_set_mma_path(1);
     cross_case("plain", 2, 6, 11, 2, 4, 0, 0.0f);
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);

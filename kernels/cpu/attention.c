@@ -46,6 +46,11 @@ static int g_symmetric_path = 1;
 void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
 int attention_symmetric_path(void) { return g_symmetric_path; }
 
+/* the CPU has one set of kernels: the flag is only kept */
+static int g_mma_path = 1;
+void attention_set_mma_path(int on) { g_mma_path = on; }
+int attention_mma_path(void) { return g_mma_path; }
+
 /* One attention call with its roles resolved to strided pointers. Head h of
  * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */
 typedef struct {

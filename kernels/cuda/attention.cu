@@ -45,6 +45,11 @@ static int g_symmetric_path = 1;
 void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
 int attention_symmetric_path(void) { return g_symmetric_path; }
 
+/* bf16's kernels with the scores in registers, or WMMA's (attention.h) */
+static int g_mma_path = 1;
+void attention_set_mma_path(int on) { g_mma_path = on; }
+int attention_mma_path(void) { return g_mma_path; }
+
 /* ------------------------------------------------------------------ pack and unpack */
 
 /* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
@@ -481,23 +486,25 @@ typedef std::conditional<IS_ENABLED(CONFIG_CUDA_BF16_MATMUL) || IS_ENABLED(CONFI
 static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
-    bool mma = std::is_same<TcElem, __nv_bfloat16>::value;
-    size_t fwd = mma ? mma_smem(MMA_FWD, nt) : tc_smem_forward<TcElem>(nt);
-    size_t bwd = mma ? mma_smem(MMA_DKV, nt) : tc_smem_backward<TcElem>(nt); /* mma: DKV > DQ */
-    return (fwd > bwd ? fwd : bwd) <= kv_smem_max ? nt : 0;
+    size_t fwd = tc_smem_forward<TcElem>(nt), bwd = tc_smem_backward<TcElem>(nt), most = fwd > bwd ? fwd : bwd;
+    if (std::is_same<TcElem, __nv_bfloat16>::value && mma_smem(MMA_DKV, nt) > most) /* its largest (> DQ, FWD) */
+        most = mma_smem(MMA_DKV, nt);
+    return most <= kv_smem_max ? nt : 0; /* whichever the mma path's switch picks */
 }
 
-/* The tensor-core forward: bf16's keeps the scores in registers (mma.sync), TF32's is WMMA's. The backward
- * likewise (tc_backward), but for the symmetric path, which stays WMMA's in both. */
+/* The tensor-core forward: bf16's keeps the scores in registers (mma.sync) unless attention_set_mma_path(0),
+ * TF32's is WMMA's. The backward likewise (tc_backward), but for the symmetric path, which is WMMA's in both. */
 template <typename E> static void tc_forward(Call *c, int nt) {
     const AttnDev *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
-        launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem(MMA_FWD, nt), *d,
-               c->out, c->o_ld, c->o_bstride, c->lse);
-    else
-        launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
-               c->out, c->o_ld, c->o_bstride, c->lse);
+        if (g_mma_path) {
+            launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem(MMA_FWD, nt),
+                   *d, c->out, c->o_ld, c->o_bstride, c->lse);
+            return;
+        }
+    launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
+           c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 static void run_forward(Call *c) {
@@ -524,11 +531,13 @@ static void tc_backward(Call *c, int nt, bool sym, const float *dout, const floa
     if (sym) {
         launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
                *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
-    } else if constexpr (std::is_same<E, __nv_bfloat16>::value) {
-        launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout, c->o_ld,
-               c->o_bstride, lse, D, dq, rowacc);
-        launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
-               c->o_ld, c->o_bstride, lse, D, dk, dv, colacc);
+    } else if (std::is_same<E, __nv_bfloat16>::value && g_mma_path) {
+        if constexpr (std::is_same<E, __nv_bfloat16>::value) {
+            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout,
+                   c->o_ld, c->o_bstride, lse, D, dq, rowacc);
+            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
+                   c->o_ld, c->o_bstride, lse, D, dk, dv, colacc);
+        }
     } else {
         launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,
                c->o_ld, c->o_bstride, lse, D, dq, rowacc);
