@@ -437,6 +437,31 @@ inline uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__float2bfloat16(lo).bits | (uint32_t)__float2bfloat16(hi).bits << 16;
 }
 
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (kernels/cuda/mma.cuh states its layout): a collective of the
+ * warp; every lane leaves the address of its row (lanes 8 i .. 8 i + 7: matrix i's rows, 16-byte aligned), and
+ * after the warp's barrier reads its two elements of each matrix from the rows the others named. */
+namespace emu {
+inline std::vector<const void *> ldsm_rows; /* two slots per thread, as the shuffles' */
+inline void ldsm(uint32_t (&r)[4], const void *row, bool trans) {
+    check_aligned(row, 16);
+    if (ldsm_rows.size() < 2 * fibers.size()) ldsm_rows.resize(2 * fibers.size());
+    int w = cur / 32, lane = cur % 32, gid = lane / 4, tq = lane % 4;
+    size_t slot = (size_t)fibers[(size_t)cur].parity * fibers.size();
+    fibers[(size_t)cur].parity ^= 1u;
+    ldsm_rows[slot + (size_t)cur] = row;
+    wait(warp_bar[(size_t)w]);
+    for (int i = 0; i < 4; i++) {
+        auto at = [&](int rr, int c) {
+            return ((const __nv_bfloat16 *)ldsm_rows[slot + (size_t)(w * 32 + 8 * i + rr)])[c].bits;
+        };
+        uint16_t lo = trans ? at(2 * tq, gid) : at(gid, 2 * tq), hi = trans ? at(2 * tq + 1, gid) : at(gid, 2 * tq + 1);
+        r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+}
+} /* namespace emu */
+inline void ldsm_x4(uint32_t (&r)[4], const void *row) { emu::ldsm(r, row, false); }
+inline void ldsm_x4_trans(uint32_t (&r)[4], const void *row) { emu::ldsm(r, row, true); }
+
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with the register layout of the PTX ISA (kernels/cuda/mma.cuh
  * states it): d += a . b. A collective of the warp, as a shuffle is: every lane leaves its A and B registers in its
  * slot, and after the warp's barrier each lane sums its four results in float, k in order, from the lanes that hold

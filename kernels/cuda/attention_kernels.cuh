@@ -879,15 +879,17 @@ template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
 template <int NT, int N>
 __device__ __forceinline__ void mma_abt(float (&acc)[N][4], const __nv_bfloat16 *arows, const __nv_bfloat16 *rows,
                                         int ld, int lane) {
+    static_assert(N % 2 == 0, "8-row groups in pairs");
     MMA_UNROLL
     for (int ks = 0; ks < NT; ks++) {
         uint32_t a[4];
         mma_a_rows(a, arows, ld, ks, lane);
         MMA_UNROLL
-        for (int n = 0; n < N; n++) {
-            uint32_t bb[2];
+        for (int n = 0; n < N; n += 2) {
+            uint32_t bb[2][2];
             mma_b_rows(bb, rows, ld, n, ks, lane);
-            mma_bf16_16816(acc[n], a, bb);
+            mma_bf16_16816(acc[n], a, bb[0]);
+            mma_bf16_16816(acc[n + 1], a, bb[1]);
         }
     }
 }
@@ -903,10 +905,11 @@ __device__ __forceinline__ void mma_xr(float (&out)[2 * NT][4], const float (&x)
         uint32_t a[4];
         mma_a_acc(a, x, kk);
         MMA_UNROLL
-        for (int n = 0; n < 2 * NT; n++) {
-            uint32_t bb[2];
+        for (int n = 0; n < 2 * NT; n += 2) {
+            uint32_t bb[2][2];
             mma_b_cols(bb, rows, ld, kk, n, lane);
-            mma_bf16_16816(out[n], a, bb);
+            mma_bf16_16816(out[n], a, bb[0]);
+            mma_bf16_16816(out[n + 1], a, bb[1]);
         }
     }
 }
@@ -989,10 +992,11 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
         MMA_UNROLL
         for (int ks = 0; ks < NT; ks++) {
             MMA_UNROLL
-            for (int n = 0; n < NS; n++) {
-                uint32_t kb[2];
+            for (int n = 0; n < NS; n += 2) {
+                uint32_t kb[2][2];
                 mma_b_rows(kb, Ks, ld, n, ks, lane);
-                mma_bf16_16816(s[n], qa[ks], kb);
+                mma_bf16_16816(s[n], qa[ks], kb[0]);
+                mma_bf16_16816(s[n + 1], qa[ks], kb[1]);
             }
         }
         const bool plain = mma_plain_tile(p, i0, j0);

@@ -1,5 +1,6 @@
 /* Warp-level bf16 matrix products with a known register layout (PTX mma.sync.m16n8k16, sm_80 and later), for the
- * attention kernels that keep their scores in registers (attention_kernels.cuh, mma_forward_kernel). WMMA hides
+ * attention kernels that keep their scores in registers (attention_kernels.cuh, mma_*_kernel), and ldmatrix, which
+ * loads their operands from shared memory in that layout. WMMA hides
  * which lane holds which element; mma.sync documents it (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
  * point type"), so a lane knows the query row and key of each of its scores and applies masks, +Pos and softmax
  * where the product left them. With lane l, gid = l / 4 and tq = l % 4:
@@ -37,6 +38,22 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices from shared memory, lanes 8 i ..
+ * 8 i + 7 giving the addresses of matrix i's rows (16-byte aligned); r[i] gets matrix i's (row l / 4, columns
+ * 2 (l % 4) and 2 (l % 4) + 1) in lane l, or with trans its (rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4): the
+ * layout of an mma_bf16_16816 operand register, from rows or from columns. */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *row) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *row) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 /* a value of type T at p (aligned to its size), and a store of one */
 template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
 template <typename T> __device__ __forceinline__ void mem_put(void *p, T v) { *reinterpret_cast<T *>(p) = v; }
@@ -47,31 +64,31 @@ __device__ __forceinline__ uint32_t bf16_pair(__nv_bfloat16 lo, __nv_bfloat16 hi
     return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
 }
 
-/* Operands of mma_bf16_16816 from bf16 tiles in shared memory (row-major, rows ld elements apart, ld even) and
- * from accumulators, for lane `lane`:
+/* Operands of mma_bf16_16816 from bf16 tiles in shared memory (row-major, rows ld elements apart, ld a multiple
+ * of 8, tiles 16-byte aligned), each one ldmatrix, and from accumulators, for lane `lane`:
  *  mma_a_rows: A = rows 0..15 of `rows`, columns 16 ks .. 16 ks + 15;
- *  mma_b_rows: B(k, c) = rows[8 n + c][16 ks + k]: the rows as B's columns (the B of X . rows^T);
- *  mma_b_cols: B(k, c) = rows[16 kk + k][8 n + c]: the rows as B's rows (the B of X . rows);
+ *  mma_b_rows: b[c] for c < 2: B(k, col) = rows[8 (n + c) + col][16 ks + k], the rows as B's columns (the B of
+ *              X . rows^T), for two 8-column tiles n and n + 1;
+ *  mma_b_cols: b[c]: B(k, col) = rows[16 kk + k][8 (n + c) + col], the rows as B's rows (the B of X . rows);
  *  mma_a_acc:  A(r, k) = the accumulators acc[2 kk] (k < 8) and acc[2 kk + 1] (k >= 8), rounded to bf16: a
  *              product's 16 x 16 result block kk as the A operand of the next product. */
 __device__ __forceinline__ void mma_a_rows(uint32_t (&a)[4], const __nv_bfloat16 *rows, int ld, int ks, int lane) {
-    const __nv_bfloat16 *r = rows + (lane / 4) * ld + 16 * ks + 2 * (lane % 4);
-    a[0] = mem_as<uint32_t>(r);
-    a[1] = mem_as<uint32_t>(r + 8 * ld);
-    a[2] = mem_as<uint32_t>(r + 8);
-    a[3] = mem_as<uint32_t>(r + 8 * ld + 8);
+    int m = lane / 8; /* matrix m: rows 8 (m % 2) .., columns 16 ks + 8 (m / 2) .. */
+    ldsm_x4(a, rows + (lane % 8 + 8 * (m % 2)) * ld + 16 * ks + 8 * (m / 2));
 }
-__device__ __forceinline__ void mma_b_rows(uint32_t (&b)[2], const __nv_bfloat16 *rows, int ld, int n, int ks,
+__device__ __forceinline__ void mma_b_rows(uint32_t (&b)[2][2], const __nv_bfloat16 *rows, int ld, int n, int ks,
                                            int lane) {
-    const __nv_bfloat16 *r = rows + (8 * n + lane / 4) * ld + 16 * ks + 2 * (lane % 4);
-    b[0] = mem_as<uint32_t>(r);
-    b[1] = mem_as<uint32_t>(r + 8);
+    int m = lane / 8; /* matrix m: rows 8 (n + m / 2) .., columns 16 ks + 8 (m % 2) .. */
+    uint32_t r[4];
+    ldsm_x4(r, rows + (8 * (n + m / 2) + lane % 8) * ld + 16 * ks + 8 * (m % 2));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
-__device__ __forceinline__ void mma_b_cols(uint32_t (&b)[2], const __nv_bfloat16 *rows, int ld, int kk, int n,
+__device__ __forceinline__ void mma_b_cols(uint32_t (&b)[2][2], const __nv_bfloat16 *rows, int ld, int kk, int n,
                                            int lane) {
-    const __nv_bfloat16 *r = rows + (16 * kk + 2 * (lane % 4)) * ld + 8 * n + lane / 4;
-    b[0] = bf16_pair(r[0], r[ld]);
-    b[1] = bf16_pair(r[8 * ld], r[9 * ld]);
+    int m = lane / 8; /* matrix m: rows 16 kk + 8 (m % 2) .., columns 8 (n + m / 2) .., transposed */
+    uint32_t r[4];
+    ldsm_x4_trans(r, rows + (16 * kk + 8 * (m % 2) + lane % 8) * ld + 8 * (n + m / 2));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 template <int N> __device__ __forceinline__ void mma_a_acc(uint32_t (&a)[4], const float (&acc)[N][4], int kk) {
     a[0] = pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
