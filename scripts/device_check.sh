@@ -15,7 +15,8 @@
 #              PyTorch eager with bf16 autocast beside it
 #   vocab-ab   QKV in bf16 at B 16, T 1024 with GPT-2's vocabulary as it is (50257) and padded to 50304 (what
 #              GPT2_VOCAB_MULTIPLE=128 makes it, as llm.c does), alternating, two rounds each: what the head's row
-#              alignment costs
+#              alignment costs; and each run's causal attention alone with the scores in registers and with the
+#              WMMA kernels (attention_set_mma_path)
 #   training   tests/run_tests.py -k cuda-training: CPU against GPU training of every family, checkpoints across
 #              targets, TF32 and bf16 against fp32, bf16 against fp32 over 500 steps
 #   nccl       tests/run_tests.py -k cuda-nccl: the NCCL transport under mpirun, every family against one process
@@ -182,7 +183,8 @@ print(bench.build("qkv", "QKV", target="cuda", precision="bf16"))') || return
     for round in 1 2; do
         for v in 50257 50304; do
             "$bin" 12 12 768 1024 16 "$v" 10 | /usr/bin/python3 -c "import json, sys; d = json.load(sys.stdin)
-print('round $round: vocabulary', d['shape']['V'], '|', d['ms_per_step'], 'ms/step |', d['tokens_per_s'], 'tok/s')" || return
+print('round $round: vocabulary', d['shape']['V'], '|', d['ms_per_step'], 'ms/step |', d['tokens_per_s'], 'tok/s |',
+      'causal attention', d['causal_attention_ms'], 'ms, WMMA kernels', d['causal_attention_ms_wmma'], 'ms')" || return
         done
     done
 }
