@@ -865,6 +865,17 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
     }
 }
 
+/* Keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into the block's two tiles, between barriers (the last
+ * tile's readers done, this one's writers done). */
+template <int HDP>
+__device__ __forceinline__ void mma_load_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const float *K,
+                                            const float *V, int j0, int Tk, int hd) {
+    __syncthreads();
+    mma_load_rows<HDP>(Ks, ld, K, hd, j0, Tk, hd, MMA_KT);
+    mma_load_rows<HDP>(Vs, ld, V, hd, j0, Tk, hd, MMA_KT);
+    __syncthreads();
+}
+
 /* acc[n][e] = 0 for every n < N */
 template <int N> __device__ __forceinline__ void mma_zero(float (&acc)[N][4]) {
     MMA_UNROLL
@@ -892,6 +903,18 @@ __device__ __forceinline__ void mma_abt(float (&acc)[N][4], const __nv_bfloat16 
             mma_bf16_16816(acc[n + 1], a, bb[1]);
         }
     }
+}
+
+/* A backward tile's two products, s = A1 . R1^T and a = A2 . R2^T (from zero): the scores and dO . V^T, or on the
+ * key side both transposed (K.Q^T, V.dO^T). */
+template <int NT, int N>
+__device__ __forceinline__ void mma_scores_dp(float (&s)[N][4], float (&a)[N][4], const __nv_bfloat16 *a1,
+                                              const __nv_bfloat16 *r1, const __nv_bfloat16 *a2,
+                                              const __nv_bfloat16 *r2, int ld, int lane) {
+    mma_zero(s);
+    mma_zero(a);
+    mma_abt<NT>(s, a1, r1, ld, lane);
+    mma_abt<NT>(a, a2, r2, ld, lane);
 }
 
 /* out[n] += X . rows for the 2 NT 8-column groups n of the head dim: X the warp's 16 x MMA_KT results in the
@@ -931,6 +954,17 @@ __device__ __forceinline__ void mma_write_rows(float *dst, size_t dst_ld, const 
                 if (d < hd) row[d] = acc[c][2 * h2 + e] * scale;
             }
         }
+    }
+}
+
+/* acc's rows times f: the lane's row r[0] (elements 0, 1) by f[0], its row r[1] (2, 3) by f[1] */
+template <int N> __device__ __forceinline__ void mma_scale_rows(float (&acc)[N][4], const float (&f)[2]) {
+    MMA_UNROLL
+    for (int n = 0; n < N; n++) {
+        acc[n][0] *= f[0];
+        acc[n][1] *= f[0];
+        acc[n][2] *= f[1];
+        acc[n][3] *= f[1];
     }
 }
 
@@ -983,10 +1017,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
-        __syncthreads();
-        mma_load_rows<hdp>(Ks, ld, K, hd, j0, p.Tk, hd, MMA_KT);
-        mma_load_rows<hdp>(Vs, ld, V, hd, j0, p.Tk, hd, MMA_KT);
-        __syncthreads();
+        mma_load_kv<hdp>(Ks, Vs, ld, K, V, j0, p.Tk, hd);
         float s[NS][4];
         mma_zero(s);
         MMA_UNROLL
@@ -1035,13 +1066,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
             l[r] = l[r] * corr[r] + st[r];
             m[r] = mnew[r];
         }
-        MMA_UNROLL
-        for (int n = 0; n < 2 * NT; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
+        mma_scale_rows(o, corr);
         mma_xr<NT>(o, s, Vs, ld, lane);
     }
     float inv[2];
@@ -1051,13 +1076,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         if (tq == 0 && ir[r] < p.Tq) lse[(size_t)bh * p.Tq + ir[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
     }
-    MMA_UNROLL
-    for (int n = 0; n < 2 * NT; n++) {
-        o[n][0] *= inv[0];
-        o[n][1] *= inv[0];
-        o[n][2] *= inv[1];
-        o[n][3] *= inv[1];
-    }
+    mma_scale_rows(o, inv);
     mma_write_rows<NT>(out + (size_t)b * o_bstride + (size_t)h * hd, (size_t)o_ld, ir, p.Tq, hd, o, 1.0f, lane);
 }
 
@@ -1090,15 +1109,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const flo
     mma_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
-        __syncthreads();
-        mma_load_rows<hdp>(Ks, ld, K, hd, j0, p.Tk, hd, MMA_KT);
-        mma_load_rows<hdp>(Vs, ld, V, hd, j0, p.Tk, hd, MMA_KT);
-        __syncthreads();
+        mma_load_kv<hdp>(Ks, Vs, ld, K, V, j0, p.Tk, hd);
         float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
-        mma_zero(s);
-        mma_zero(a);
-        mma_abt<NT>(s, Qs + warp * 16 * ld, Ks, ld, lane);
-        mma_abt<NT>(a, dOs + warp * 16 * ld, Vs, ld, lane);
+        mma_scores_dp<NT>(s, a, Qs + warp * 16 * ld, Ks, dOs + warp * 16 * ld, Vs, ld, lane);
         const bool plain = mma_plain_tile(p, i0, j0);
         MMA_UNROLL
         for (int n = 0; n < NS; n++) {
@@ -1168,10 +1181,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnDev p, const fl
             }
             __syncthreads();
             float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
-            mma_zero(st);
-            mma_zero(at);
-            mma_abt<NT>(st, Kk + warp * 16 * ld, Qs, ld, lane);
-            mma_abt<NT>(at, Vk + warp * 16 * ld, dOs, ld, lane);
+            mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
             const bool plain = mma_plain_tile(p, i0, j0);
             MMA_UNROLL
             for (int n = 0; n < NS; n++) {
