@@ -165,18 +165,19 @@ static void reference_forward(const Problem &pr, std::vector<double> &out, std::
 }
 
 /* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16), the forward as
- * kernels/cuda/attention.cu launches it: bf16's with the scores in registers (mma_forward_kernel). */
+ * kernels/cuda/attention.cu launches it: bf16's with the scores in registers (mma_forward_kernel) unless wmma. */
 template <typename E>
-static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, size_t o_bs, float *lse) {
+static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, size_t o_bs, float *lse, bool wmma) {
     int nt = tc_nt(c.hd);
     unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
-    if constexpr (std::is_same<E, __nv_bfloat16>::value) {
-        auto k = ATT_PICK(mma_forward_kernel, nt);
-        emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
-    } else {
-        auto k = TC_PICK(tc_forward_kernel, nt, E);
-        emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
-    }
+    if constexpr (std::is_same<E, __nv_bfloat16>::value)
+        if (!wmma) {
+            auto k = ATT_PICK(mma_forward_kernel, nt);
+            emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+            return;
+        }
+    auto k = TC_PICK(tc_forward_kernel, nt, E);
+    emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
 }
 /* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles (WMMA's); bf16's
  * general path with the scores in registers. */
@@ -203,8 +204,9 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
                 [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
 }
 
-/* BF16_WMMA: bf16's WMMA kernels (tc_dq_kernel, tc_dkv_kernel) where attention.cu runs the general backward with
- * the scores in registers: the symmetric backward's partner, whose dV and column sums it matches bit for bit. */
+/* BF16_WMMA: bf16's WMMA kernels (tc_forward_kernel, tc_dq_kernel, tc_dkv_kernel), which attention.cu runs with
+ * attention_set_mma_path(0): the symmetric backward's partner, whose dV and column sums it matches bit for bit, and
+ * held to the same bounds as the kernels with the scores in registers. */
 enum Path { FP32, TF32, BF16, BF16_WMMA };
 
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them);
@@ -219,9 +221,9 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
     r.lse.assign((size_t)c.B * c.H * c.Tq, NAN);
     float *out = r.out.data(), *lse = r.lse.data();
     if (path == TF32) {
-        tc_forward<float>(c, p, out, o_ld, o_bs, lse);
+        tc_forward<float>(c, p, out, o_ld, o_bs, lse, false);
     } else if (path == BF16 || path == BF16_WMMA) {
-        tc_forward<__nv_bfloat16>(c, p, out, o_ld, o_bs, lse);
+        tc_forward<__nv_bfloat16>(c, p, out, o_ld, o_bs, lse, path == BF16_WMMA);
     } else {
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         auto k = ATT_PICK(forward_kernel, att_npl(hd));
@@ -314,12 +316,13 @@ static void check_case(const Case &c) {
     CHECK(e <= 2e-5 && el <= 2e-5, "%s: fp32 kernels' forward against float64: output %.3g, lse %.3g", c.name, e, el);
     if (c.sym) check_symmetric(pr, FP32, f32, &f32, 2e-5, "fp32");
     /* TF32 with its rounding off (the same sums as the fp32 kernels), TF32, and bf16 (7 mantissa bits: the
-     * bounds of test_kernels' bf16 builds) */
-    for (int mode_k = 0; mode_k < 3; mode_k++) {
+     * bounds of test_kernels' bf16 builds), with the scores in registers and with WMMA's kernels */
+    for (int mode_k = 0; mode_k < 4; mode_k++) {
         emu::tf32_exact = mode_k == 0;
-        Path path = mode_k == 2 ? BF16 : TF32;
+        Path path = mode_k == 3 ? BF16_WMMA : mode_k == 2 ? BF16 : TF32;
         Result tc = run_path(pr, path, &f32);
-        const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : "bf16";
+        const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : mode_k == 2 ? "bf16"
+                                                                                                 : "bf16, WMMA";
         double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
         double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;
         e = rel_err(tc.out, ref_out), el = rel_err(tc.lse, ref_lse);
@@ -334,9 +337,7 @@ static void check_case(const Case &c) {
             CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
                   what[k], ek, grad_tol);
         }
-        if (c.sym && path == BF16) /* the symmetric backward is WMMA's: against WMMA's general path too */
-            check_symmetric(pr, path, run_path(pr, BF16_WMMA, &f32), &f32, grad_tol, "bf16, WMMA");
-        else if (c.sym)
+        if (c.sym && path != BF16) /* the symmetric backward is WMMA's: against WMMA's general path */
             check_symmetric(pr, path, tc, &f32, mode_k == 0 ? 2e-5 : grad_tol, mode);
     }
     emu::tf32_exact = false;

@@ -21,9 +21,10 @@
  *
  * With a tensor-core precision steps 2 and 3 run as the tensor-core kernels,
  * the same per-score code around WMMA products: TF32 with CUDA_TF32, bf16
- * (operand tiles stored as bf16) with CUDA_BF16_MATMUL; bf16's forward keeps
- * the scores in registers instead (mma.sync, mma.cuh). Both sets of kernels
- * are in attention_kernels.cuh.
+ * (operand tiles stored as bf16) with CUDA_BF16_MATMUL. bf16's forward and
+ * backward keep the scores in registers instead (mma.sync, mma.cuh), all but
+ * the symmetric backward, unless attention_set_mma_path(0). Both sets of
+ * kernels are in attention_kernels.cuh.
  *
  * Order of operations per score, as on the CPU: rotation, scale, +Pos,
  * position bias, masks, softmax, dropout (the same hash of the same global
