@@ -406,7 +406,6 @@ inline float __bfloat162float(__nv_bfloat16 h) {
     memcpy(&v, &u, sizeof v);
     return v;
 }
-inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 
 /* CUDA's 16-byte vector type, aligned as on a GPU */
 struct alignas(16) float4 {

@@ -59,11 +59,6 @@ template <typename T> __device__ __forceinline__ T mem_as(const void *p) { retur
 template <typename T> __device__ __forceinline__ void mem_put(void *p, T v) { *reinterpret_cast<T *>(p) = v; }
 #endif
 
-/* two bf16 values as one register, lo in the low half */
-__device__ __forceinline__ uint32_t bf16_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
-}
-
 /* Operands of mma_bf16_16816 from bf16 tiles in shared memory (row-major, rows ld elements apart, ld a multiple
  * of 8, tiles 16-byte aligned), each one ldmatrix, and from accumulators, for lane `lane`:
  *  mma_a_rows: A = rows 0..15 of `rows`, columns 16 ks .. 16 ks + 15;
