@@ -829,9 +829,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
  * still has one writer. The symmetric backward stays WMMA's (tc_dkv_kernel with SYM). */
 #define MMA_KT 64 /* rows of a tile of the other side */
 
-/* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the lanes of a 32-bit operand
- * load fall on different banks). forward: K, V tiles; dQ: the block's Q and dO rows, then K, V tiles; dK/dV: the
- * block's K and V rows, then Q and dO tiles and the query tile's lse and D (float). */
+/* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the 8 row addresses of one
+ * ldmatrix matrix fall on different banks). forward: K, V tiles; dQ: the block's Q and dO rows, then K, V tiles;
+ * dK/dV: the block's K and V rows, then Q and dO tiles and the query tile's lse and D (float). */
 template <int NT> struct MmaShape {
     static constexpr int hdp = TC_HD(NT), ld = hdp + 8;
     static constexpr size_t TILE = (size_t)MMA_KT * ld * sizeof(__nv_bfloat16);
