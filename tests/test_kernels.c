@@ -925,6 +925,17 @@ static void test_linear(int with_bias) {
         buf_free(&db);
 }
 
+/* The register layouts the bf16 attention kernels assume: on a GPU this is the check of the emulator's reading of
+ * mma.sync and ldmatrix (tests/cuda_emu.h) against the hardware, which the comparisons with the CPU below would
+ * only show as wrong attention. Builds without those kernels answer -1. */
+static void test_mma_layout(void) {
+    int bad = attention_mma_check();
+    if (IS_ENABLED(CONFIG_TARGET_CUDA) && TC_BF16)
+        CHECK(bad == 0, "mma.sync and ldmatrix layouts: %d of 1280 elements out of place", bad);
+    else
+        CHECK(bad == -1, "attention_mma_check in a build without the mma kernels: %d, expected -1", bad);
+}
+
 /* cuBLASLt's heuristic is asked once per problem (kernels/cuda/ops.cu, LtPlan: its query is the profile's part
  * cublaslt_heuristic): three linear_forward calls of one shape ask it once and give the same values; the same
  * shape with the input one element further on (less aligned: another problem, since the first answer may assume
@@ -1834,6 +1845,7 @@ int main(int argc, char **argv) {
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
     attention_set_symmetric_path(1);
+    test_mma_layout();
     attention_set_mma_path(0); /* bf16 on a GPU: the WMMA kernels must agree too (elsewhere the same kernels) */
     attention_case("causal, 2 row blocks, WMMA kernels", 1, 70, 2, 4, 1, 0, 0.0f);
     attention_case("bidirectional, key padding, dropout, WMMA kernels", 2, 9, 2, 4, 0, 1, 0.25f);

@@ -50,6 +50,7 @@ int attention_symmetric_path(void) { return g_symmetric_path; }
 static int g_mma_path = 1;
 void attention_set_mma_path(int on) { g_mma_path = on; }
 int attention_mma_path(void) { return g_mma_path; }
+int attention_mma_check(void) { return -1; } /* no such kernels here */
 
 /* One attention call with its roles resolved to strided pointers. Head h of
  * batch b of a role X starts at X + b*X_bstride + h*hd, rows X_ld apart. */

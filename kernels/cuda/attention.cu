@@ -493,6 +493,76 @@ static int tc_tiles(int hd) {
     return most <= kv_smem_max ? nt : 0; /* whichever the mma path's switch picks */
 }
 
+/* ---- the known-answer check of the register layouts the bf16 kernels assume (attention_mma_check, attention.h).
+ * One warp runs the kernels' own helpers on a 16-row A, a 64-row tile R1 and a 64-row tile R2 (16 columns each,
+ * loaded from float by mma_load_rows): S = A . R1^T (mma_abt: ldmatrix and mma.sync) and X = bf16(S) . R2 (mma_a_acc
+ * and mma_xr: the accumulators as the next A operand, ldmatrix .trans), both written by mma_write_rows. The
+ * values are small integers, so every product and sum is exact and any element out of place shows. */
+enum { MMA_CHECK_A = 16 * 16, MMA_CHECK_R = MMA_KT * 16 };
+__global__ void mma_check_kernel(float *S, float *X, const float *in) {
+    extern __shared__ __align__(128) float tsm[];
+    typedef MmaShape<1> Sh;
+    __nv_bfloat16 *As = (__nv_bfloat16 *)tsm, *R1 = As + MMA_KT * Sh::ld, *R2 = R1 + MMA_KT * Sh::ld;
+    mma_load_rows<Sh::hdp>(As, Sh::ld, in, 16, 0, 16, 16, 16);
+    mma_load_rows<Sh::hdp>(R1, Sh::ld, in + MMA_CHECK_A, 16, 0, MMA_KT, 16, MMA_KT);
+    mma_load_rows<Sh::hdp>(R2, Sh::ld, in + MMA_CHECK_A + MMA_CHECK_R, 16, 0, MMA_KT, 16, MMA_KT);
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x, r[2] = {lane / 4, lane / 4 + 8};
+    float s[MMA_KT / 8][4], x[2][4];
+    mma_zero(s);
+    mma_zero(x);
+    mma_abt<1>(s, As, R1, Sh::ld, lane);
+    mma_xr<1>(x, s, R2, Sh::ld, lane);
+    mma_write_rows<MMA_KT / 16>(S, MMA_KT, r, 16, MMA_KT, s, 1.0f, lane);
+    mma_write_rows<1>(X, 16, r, 16, 16, x, 1.0f, lane);
+}
+
+int attention_mma_check(void) {
+    if constexpr (!std::is_same<TcElem, __nv_bfloat16>::value) {
+        return -1;
+    } else {
+        cuda_ready();
+        enum { NIN = MMA_CHECK_A + 2 * MMA_CHECK_R, NS = 16 * MMA_KT, NX = 16 * 16 };
+        static float in[NIN], out[NS + NX];
+        uint32_t h = 12345u;
+        for (int i = 0; i < NIN; i++) { /* -2 .. 2 from a hash, so that no element repeats its neighbours' pattern */
+            h = h * 1664525u + 1013904223u;
+            in[i] = (float)((int)(h >> 24) % 5 - 2);
+        }
+        float *din = (float *)dev_alloc(sizeof in), *dout = (float *)dev_alloc(sizeof out);
+        dev_upload(din, in, sizeof in);
+        size_t smem = 3 * MmaShape<1>::TILE;
+        mma_check_kernel<<<1, TC_THREADS, smem, kv_stream>>>(dout, dout + NS, din);
+        CUDA_LAUNCHED(mma_check);
+        dev_download(out, dout, sizeof out);
+        dev_free(din);
+        dev_free(dout);
+        const float *A = in, *R1 = in + MMA_CHECK_A, *R2 = R1 + MMA_CHECK_R;
+        int bad = 0;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < MMA_KT + 16; j++) {
+                double want = 0.0;
+                if (j < MMA_KT) {
+                    for (int k = 0; k < 16; k++) want += (double)A[i * 16 + k] * R1[j * 16 + k];
+                } else {
+                    for (int k = 0; k < MMA_KT; k++) {
+                        double sk = 0.0;
+                        for (int c = 0; c < 16; c++) sk += (double)A[i * 16 + c] * R1[k * 16 + c];
+                        want += sk * R2[k * 16 + (j - MMA_KT)];
+                    }
+                }
+                float got = j < MMA_KT ? out[i * MMA_KT + j] : out[NS + i * 16 + (j - MMA_KT)];
+                if ((double)got != want && bad++ == 0)
+                    fprintf(stderr, "attention_mma_check: %s[%d][%d] is %g, expected %g: mma.sync or ldmatrix "
+                            "places elements where kernels/cuda/mma.cuh does not say (hint: "
+                            "attention_set_mma_path(0) runs the WMMA kernels)\n", j < MMA_KT ? "A.R1^T" : "S.R2", i,
+                            j < MMA_KT ? j : j - MMA_KT, got, want);
+            }
+        return bad;
+    }
+}
+
 /* The tensor-core forward: bf16's keeps the scores in registers (mma.sync) unless attention_set_mma_path(0),
  * TF32's is WMMA's. The backward likewise (tc_backward), but for the symmetric path, which is WMMA's in both. */
 template <typename E> static void tc_forward(Call *c, int nt) {
