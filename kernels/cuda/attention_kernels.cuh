@@ -59,6 +59,14 @@ __device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, 
     return x;
 }
 
+/* The row tile of a query-side block (blockIdx.x is (batch, head) major): with the causal mask the last tiles,
+ * whose rows see the most keys, first, so that the last blocks of the grid to start are the shortest, as
+ * FlashAttention-2 orders its blocks. The key-side kernels' first tiles are already their longest. */
+__device__ __forceinline__ int query_tile(const AttnDev &p, int tiles) {
+    int t = (int)(blockIdx.x % tiles);
+    return p.causal ? tiles - 1 - t : t;
+}
+
 __device__ __forceinline__ bool visible(const AttnDev &p, int b, int i, int j) {
     return j < p.Tk && i < p.Tq && (!p.causal || j <= i) && (!p.pad || !p.pad[(size_t)b * p.Tk + j]);
 }
@@ -104,7 +112,7 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *
     const int hd = p.hd, ldk = hd + 1;
     float *Qs = sm, *Ks = Qs + BR * hd, *Vs = Ks + BC * ldk;
     int tiles = (p.Tq + BR - 1) / BR;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *Q = p.Q + (size_t)bh * p.Tq * hd;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
     const int hd = p.hd, ldk = hd + 1;
     float *Qs = sm, *dOs = Qs + BR * hd, *Ks = dOs + BR * hd, *Vs = Ks + BC * ldk;
     int tiles = (p.Tq + BR - 1) / BR;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * BR;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *Q = p.Q + (size_t)bh * p.Tq * hd;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
@@ -574,7 +582,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     float *Ss = (float *)(base + S::F_S);
     E *Ps = (E *)(base + S::F_P);
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
@@ -651,7 +659,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     float *Ss = (float *)(base + S::B_S), *As = (float *)(base + S::B_A);
     float *ls = (float *)(base + S::B_L), *Ds = (float *)(base + S::B_D);
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
@@ -994,7 +1002,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)tsm, *Vs = Ks + MMA_KT * ld;
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *Q = p.Q + (size_t)bh * p.Tq * hd;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
@@ -1091,7 +1099,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const flo
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + MMA_KT * ld, *Ks = dOs + MMA_KT * ld, *Vs = Ks + MMA_KT * ld;
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
-    int bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * TC_ROWS;
+    int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
     const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     mma_load_rows<hdp>(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, TC_ROWS);
