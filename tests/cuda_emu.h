@@ -407,9 +407,12 @@ inline float __bfloat162float(__nv_bfloat16 h) {
     return v;
 }
 
-/* CUDA's 16-byte vector type, aligned as on a GPU */
+/* CUDA's 16-byte vector types, aligned as on a GPU */
 struct alignas(16) float4 {
     float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
 };
 
 /* kernels/cuda/mma.cuh's primitives. mem_as and mem_put: a load and a store of a T, which a GPU faults on unless

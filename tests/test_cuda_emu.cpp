@@ -62,7 +62,8 @@ struct Case {
     int sym; /* K is Q (KV, K: G = H, Tq = Tk): the symmetric backward too (check_symmetric) */
 };
 
-/* The inputs of one case and the outputs of one path. */
+/* The inputs of one case (the roles as float; run_path gives them to the kernels in the activations' type) and the
+ * outputs of one path. */
 struct Problem {
     Case c;
     AttnDev p;
@@ -112,7 +113,6 @@ static Problem make_problem(const Case &c) {
         pr.pe = rand_vec((size_t)c.H * p.pe_nd, 0.8f);
         p.pe_bias = pr.pe.data();
     }
-    p.Q = pr.Q.data(), p.K = pr.K.data(), p.V = pr.V.data();
     return pr;
 }
 
@@ -164,25 +164,26 @@ static void reference_forward(const Problem &pr, std::vector<double> &out, std::
         }
 }
 
-/* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16), the forward as
- * kernels/cuda/attention.cu launches it: bf16's with the scores in registers (mma_forward_kernel) unless wmma. */
-template <typename E>
-static void tc_forward(const Case &c, const AttnDev &p, float *out, int o_ld, size_t o_bs, float *lse, bool wmma) {
+/* The tensor-core kernels with operand tiles of E (float: TF32, __nv_bfloat16: bf16) on activations of X, the
+ * forward as kernels/cuda/attention.cu launches it: bf16's with the scores in registers (mma_forward_kernel)
+ * unless wmma. */
+template <typename E, typename X>
+static void tc_forward(const Case &c, const AttnIO<X> &p, X *out, int o_ld, size_t o_bs, float *lse, bool wmma) {
     int nt = tc_nt(c.hd);
     unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         if (!wmma) {
-            auto k = ATT_PICK(mma_forward_kernel, nt);
+            auto k = ATT_PICK(mma_forward_kernel, nt, X);
             emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
             return;
         }
-    auto k = TC_PICK(tc_forward_kernel, nt, E);
+    auto k = TC_PICK(tc_forward_kernel, nt, E, X);
     emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
 }
 /* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles (WMMA's); bf16's
  * general path with the scores in registers. */
-template <typename E>
-static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *dout, int o_ld, size_t o_bs,
+template <typename E, typename X>
+static void tc_backward(const Case &c, const AttnIO<X> &p, bool sym, const X *dout, int o_ld, size_t o_bs,
                         const float *L, const float *Dp, float *dQ, float *dK, float *dV, float *rowacc,
                         float *colacc, bool wmma) {
     int nt = tc_nt(c.hd);
@@ -190,14 +191,14 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
     unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         if (!sym && !wmma) {
-            auto kq = ATT_PICK(mma_dq_kernel, nt);
-            auto kk = ATT_PICK(mma_dkv_kernel, nt);
+            auto kq = ATT_PICK(mma_dq_kernel, nt, X);
+            auto kk = ATT_PICK(mma_dkv_kernel, nt, X);
             emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
             emu::launch(gk, TC_THREADS, mma_smem(MMA_DKV, nt), tsm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
             return;
         }
-    auto kq = TC_PICK(tc_dq_kernel, nt, E);
-    auto kk = TC_PICK_SYM(tc_dkv_kernel, nt, E, sym);
+    auto kq = TC_PICK(tc_dq_kernel, nt, E, X);
+    auto kk = TC_PICK_SYM(tc_dkv_kernel, nt, E, X, sym);
     if (!sym)
         emu::launch(gq, TC_THREADS, tc_smem_backward<E>(nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
     emu::launch(gk, TC_THREADS, sym ? tc_smem_backward_sym<E>(nt) : tc_smem_backward<E>(nt), tsm,
@@ -209,26 +210,41 @@ static void tc_backward(const Case &c, const AttnDev &p, bool sym, const float *
  * held to the same bounds as the kernels with the scores in registers. */
 enum Path { FP32, TF32, BF16, BF16_WMMA };
 
-/* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them);
+/* v in the activations' type X (rounded to bf16, or as it is) */
+template <typename X> static std::vector<X> as_act(const std::vector<float> &v) {
+    std::vector<X> x(v.size());
+    for (size_t i = 0; i < v.size(); i++) x[i] = act_as<X>(v[i]);
+    return x;
+}
+
+/* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them), the
+ * roles, the output and its gradient in the activations' type X (float, or bf16 as CUDA_BF16 builds give them);
  * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles). */
+template <typename X = float>
 static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false) {
     const Case &c = pr.c;
-    AttnDev p = pr.p;
+    AttnIO<X> p;
+    static_cast<AttnDev &>(p) = pr.p;
+    std::vector<X> Q = as_act<X>(pr.Q), K = as_act<X>(pr.K), V = as_act<X>(pr.V), dO = as_act<X>(pr.dout);
+    p.Q = Q.data(), p.K = K.data(), p.V = V.data();
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
     size_t o_bs = (size_t)c.Tq * C;
     Result r;
-    r.out.assign((size_t)c.B * c.Tq * C, NAN);
+    std::vector<X> outx((size_t)c.B * c.Tq * C, act_as<X>(NAN));
     r.lse.assign((size_t)c.B * c.H * c.Tq, NAN);
-    float *out = r.out.data(), *lse = r.lse.data();
+    X *out = outx.data();
+    float *lse = r.lse.data();
     if (path == TF32) {
         tc_forward<float>(c, p, out, o_ld, o_bs, lse, false);
     } else if (path == BF16 || path == BF16_WMMA) {
         tc_forward<__nv_bfloat16>(c, p, out, o_ld, o_bs, lse, path == BF16_WMMA);
     } else {
         unsigned grid = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
-        auto k = ATT_PICK(forward_kernel, att_npl(hd));
+        auto k = ATT_PICK(forward_kernel, att_npl(hd), X);
         emu::launch(grid, ATT_THREADS, att_smem_forward(hd), sm, [&] { k(p, out, o_ld, o_bs, lse); });
     }
+    r.out.resize(outx.size());
+    for (size_t i = 0; i < outx.size(); i++) r.out[i] = act_ld(outx[i]);
     if (!fwd_of) fwd_of = &r;
     /* D = dO . O per row, from the common forward */
     std::vector<float> D((size_t)c.B * c.H * c.Tq);
@@ -237,7 +253,7 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
             for (int i = 0; i < c.Tq; i++) {
                 size_t off = (size_t)b * o_bs + (size_t)i * o_ld + (size_t)h * hd;
                 double s = 0.0;
-                for (int d = 0; d < hd; d++) s += (double)pr.dout[off + d] * fwd_of->out[off + d];
+                for (int d = 0; d < hd; d++) s += (double)act_ld(dO[off + d]) * fwd_of->out[off + d];
                 D[((size_t)b * c.H + h) * c.Tq + i] = (float)s;
             }
     r.dQ.assign(pr.Q.size(), NAN);
@@ -247,7 +263,8 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
         r.rowacc.assign((size_t)c.B * c.H * c.Tq * 2, NAN);
         r.colacc.assign((size_t)c.B * c.H * c.Tk, NAN);
     }
-    const float *dout = pr.dout.data(), *L = fwd_of->lse.data(), *Dp = D.data();
+    const X *dout = dO.data();
+    const float *L = fwd_of->lse.data(), *Dp = D.data();
     float *dQ = r.dQ.data(), *dK = r.dK.data(), *dV = r.dV.data();
     float *rowacc = c.pos ? r.rowacc.data() : nullptr, *colacc = c.pos ? r.colacc.data() : nullptr;
     if (path == TF32) {
@@ -257,8 +274,8 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
     } else {
         unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + BR - 1) / BR));
         unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + BC - 1) / BC));
-        auto kq = ATT_PICK(dq_kernel, att_npl(hd));
-        auto kk = ATT_PICK_SYM(dkv_kernel, att_npl(hd), sym);
+        auto kq = ATT_PICK(dq_kernel, att_npl(hd), X);
+        auto kk = ATT_PICK_SYM(dkv_kernel, att_npl(hd), X, sym);
         if (!sym)
             emu::launch(gq, ATT_THREADS, att_smem_dq(hd), sm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
         emu::launch(gk, ATT_THREADS, att_smem_dkv(hd, sym), sm,
@@ -284,14 +301,15 @@ template <typename T> static double rel_err(const std::vector<float> &a, const s
  * forward fwd): dK of both roles = the general dQ + dK within tol (the same scores, summed in another order; with
  * tensor-core rounding each role's score gradient rounded apart or summed first), the +Pos row sums within tol,
  * dV and the column sums bit for bit (the same code and order). That no dQ kernel runs on the symmetric path is
- * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). */
+ * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). X: the activations' type. */
+template <typename X = float>
 static void check_symmetric(const Problem &pr, Path path, const Result &gen, const Result *fwd, double tol,
                             const char *mode) {
     const Case &c = pr.c;
     bool valid = c.G == c.H && c.Tq == c.Tk && !c.causal;
     CHECK(valid, "%s: a symmetric case has G = H, Tq = Tk and no causal mask", c.name);
     if (!valid) return;
-    Result s = run_path(pr, path, fwd, true);
+    Result s = run_path<X>(pr, path, fwd, true);
     std::vector<float> both(gen.dK.size());
     for (size_t k = 0; k < both.size(); k++) both[k] = gen.dQ[k] + gen.dK[k];
     double ek = rel_err(s.dK, both), er = c.pos ? rel_err(s.rowacc, gen.rowacc) : 0.0;
@@ -316,13 +334,18 @@ static void check_case(const Case &c) {
     CHECK(e <= 2e-5 && el <= 2e-5, "%s: fp32 kernels' forward against float64: output %.3g, lse %.3g", c.name, e, el);
     if (c.sym) check_symmetric(pr, FP32, f32, &f32, 2e-5, "fp32");
     /* TF32 with its rounding off (the same sums as the fp32 kernels), TF32, and bf16 (7 mantissa bits: the
-     * bounds of test_kernels' bf16 builds), with the scores in registers and with WMMA's kernels */
-    for (int mode_k = 0; mode_k < 4; mode_k++) {
+     * bounds of test_kernels' bf16 builds), with the scores in registers and with WMMA's kernels; then with bf16
+     * activations as CUDA_BF16 builds run them (the roles, the output and its gradient stored as bf16): those two
+     * and the fp32 kernels, which such builds run past head dim 128, within the same bf16 bounds */
+    static const Path paths[] = {TF32, TF32, BF16, BF16_WMMA, BF16, BF16_WMMA, FP32};
+    static const char *const modes[] = {"TF32 rounding off", "TF32", "bf16", "bf16, WMMA", "bf16 activations",
+                                        "bf16 activations, WMMA", "fp32 kernels, bf16 activations"};
+    for (int mode_k = 0; mode_k < 7; mode_k++) {
         emu::tf32_exact = mode_k == 0;
-        Path path = mode_k == 3 ? BF16_WMMA : mode_k == 2 ? BF16 : TF32;
-        Result tc = run_path(pr, path, &f32);
-        const char *mode = mode_k == 0 ? "TF32 rounding off" : mode_k == 1 ? "TF32" : mode_k == 2 ? "bf16"
-                                                                                                 : "bf16, WMMA";
+        Path path = paths[mode_k];
+        bool bf16_act = mode_k >= 4;
+        Result tc = bf16_act ? run_path<__nv_bfloat16>(pr, path, &f32) : run_path(pr, path, &f32);
+        const char *mode = modes[mode_k];
         double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
         double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;
         e = rel_err(tc.out, ref_out), el = rel_err(tc.lse, ref_lse);
@@ -337,8 +360,13 @@ static void check_case(const Case &c) {
             CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
                   what[k], ek, grad_tol);
         }
-        if (c.sym && path != BF16) /* the symmetric backward is WMMA's: against WMMA's general path */
-            check_symmetric(pr, path, tc, &f32, mode_k == 0 ? 2e-5 : grad_tol, mode);
+        if (c.sym && path != BF16) { /* the symmetric backward is WMMA's: against WMMA's general path */
+            double tol = mode_k == 0 || path == FP32 ? 2e-5 : grad_tol;
+            if (bf16_act)
+                check_symmetric<__nv_bfloat16>(pr, path, tc, &f32, tol, mode);
+            else
+                check_symmetric(pr, path, tc, &f32, tol, mode);
+        }
     }
     emu::tf32_exact = false;
 }

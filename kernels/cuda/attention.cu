@@ -3,9 +3,10 @@
  * path. docs/cuda.md describes the kernels.
  *
  *  1. pack: the query, key and value roles are copied out of the projection
- *     into head-major buffers (B, heads, T, hd), rotated on the way when the
- *     position scheme is RoPE. Roles that read one block alike share one
- *     packed copy (pack_roles).
+ *     into head-major buffers (B, heads, T, hd) of the activations' type,
+ *     rotated on the way when the position scheme is RoPE. Roles that read
+ *     one block alike share one packed copy (pack_roles). The kernels read
+ *     them, the output and its gradient in that type (AttnIO).
  *  2. forward: one block per (batch, query head, 32 query rows) walks the keys
  *     in tiles of 32 held in shared memory with an online softmax (running
  *     max and sum), so the T x T scores never reach GPU memory; it writes the
@@ -54,8 +55,8 @@ int attention_mma_path(void) { return g_mma_path; }
 /* ------------------------------------------------------------------ pack and unpack */
 
 /* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
- * table (T rows of hd/2 (cos, sin) pairs) when rope is given. */
-__global__ void pack_kernel(float *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+ * table (T rows of hd/2 (cos, sin) pairs) when rope is given (and then rounded to the activations' type). */
+__global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
                             const float *rope) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * heads * T * hd) return;
@@ -67,9 +68,9 @@ __global__ void pack_kernel(float *dst, const act_t *src, int ld, size_t bstride
         int k = d / 2;
         float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
         float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
-        dst[idx] = d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1;
+        dst[idx] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
     } else {
-        dst[idx] = act_ld(x[d]);
+        dst[idx] = x[d];
     }
 }
 
@@ -93,7 +94,7 @@ __global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const floa
     }
 }
 
-static void pack(float *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
+static void pack(act_t *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
                  const float *rope) {
     size_t n = (size_t)B * heads * T * hd;
     pack_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, ld, bstride, B, T, heads, hd, rope);
@@ -108,7 +109,7 @@ static void unpack_add(act_t *dst, int ld, size_t bstride, const float *src, int
 }
 
 /* racc[bh, d + Tq - 1] = sum over the diagonal j - i = d of G'_ij (relative bias), one warp per diagonal */
-__global__ void diag_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride, const float *lse,
+__global__ void diag_kernel(AttnIO<act_t> p, const act_t *dout, int o_ld, size_t o_bstride, const float *lse,
                             const float *D, float *racc) {
     size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
@@ -121,14 +122,14 @@ __global__ void diag_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bst
         if (j < 0 || !visible(p, b, i, j)) continue;
         float li = lse[(size_t)bh * p.Tq + i];
         if (li == -INFINITY) continue;
-        const float *q = p.Q + ((size_t)bh * p.Tq + i) * hd;
-        const float *k = p.K + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
-        const float *v = p.V + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
-        const float *o = dout + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        const act_t *q = p.Q + ((size_t)bh * p.Tq + i) * hd;
+        const act_t *k = p.K + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
+        const act_t *v = p.V + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
+        const act_t *o = dout + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
         float s = 0.0f, dA = 0.0f;
         for (int c = 0; c < hd; c++) {
-            s += q[c] * k[c];
-            dA += o[c] * v[c];
+            s += act_ld(q[c]) * act_ld(k[c]);
+            dA += act_ld(o[c]) * act_ld(v[c]);
         }
         s *= p.scale;
         sum += score_grad(p, b, h, i, j, s, dA, li, D[(size_t)bh * p.Tq + i]).gp;
@@ -305,41 +306,17 @@ static float *bias_table(const AttnPos *P, int H, int T, int reserve, int causal
 
 /* A call: the device description plus where its roles come from and where their gradients go. */
 typedef struct {
-    AttnDev d;
+    AttnIO<act_t> d;
     const float *rope;
     /* sources of the roles: base pointer, row stride, batch stride */
     const act_t *src[3];
     int ld[3];
     size_t bstride[3];
-    float *out; /* the output as the kernels read and write it: float (float_out) */
+    act_t *out; /* the output (read only by the backward) */
     int o_ld;
     size_t o_bstride;
     float *lse;
 } Call;
-
-/* The attention kernels read and write float. With float activations the caller's output and its gradient are
- * theirs; with bf16 ones they pass through float scratch, one conversion each way (B T C values, against the
- * kernels' B H T T scores). */
-static float *g_outf, *g_doutf;
-static size_t g_outf_cap, g_doutf_cap;
-
-/* Where the kernels write the output act of n values: act itself, or scratch that store_out converts into it. */
-static float *float_out(act_t *act, size_t n) {
-    if (KVLAB_ACT_BYTES == sizeof(float)) return (float *)act;
-    return cuda_scratch(&g_outf, &g_outf_cap, n);
-}
-
-static void store_out(act_t *act, const float *f, size_t n) {
-    if ((const void *)act != (const void *)f) cuda_to_act(act, f, n);
-}
-
-/* n activations as float for the kernels to read: x itself, or a converted copy in the scratch *buf. */
-static const float *float_in(const act_t *x, size_t n, float **buf, size_t *cap) {
-    if (KVLAB_ACT_BYTES == sizeof(float)) return (const float *)x;
-    float *f = cuda_scratch(buf, cap, n);
-    cuda_to_float(f, x, n);
-    return f;
-}
 
 enum { ROLE_Q, ROLE_K, ROLE_V };
 
@@ -360,9 +337,10 @@ static int same_source(const Call *c, int r, int s, int rotated_r, int rotated_s
  * and read by both: KV's query and key, KV tying's key and value and all three of K's (without RoPE, which
  * rotates the query and key but not the value). */
 static void pack_roles(Call *c) {
-    AttnDev *d = &c->d;
+    AttnIO<act_t> *d = &c->d;
     size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
-    float *q = cuda_scratch(&g_pack, &g_pack_cap, nq + 2 * nk), *k = q + nq, *v = k + nk;
+    size_t floats = ((nq + 2 * nk) * sizeof(act_t) + sizeof(float) - 1) / sizeof(float); /* scratch counts floats */
+    act_t *q = (act_t *)cuda_scratch(&g_pack, &g_pack_cap, floats), *k = q + nq, *v = k + nk;
     int rot = c->rope != NULL;
     pack(q, c->src[ROLE_Q], c->ld[ROLE_Q], c->bstride[ROLE_Q], d->B, d->Tq, d->H, d->hd, c->rope);
     if (same_source(c, ROLE_K, ROLE_Q, rot, rot))
@@ -395,7 +373,7 @@ static void common_setup(AttnDev *d, int B, int Tq, int Tk, int H, int G, int hd
     d->batch_first = dropout_batch_first();
 }
 
-static void self_call(Call *c, const char *op, float *out, float *lse, const act_t *proj, const AttnPos *pos,
+static void self_call(Call *c, const char *op, act_t *out, float *lse, const act_t *proj, const AttnPos *pos,
                       const AttnArgs *a) {
     attn_check_args(op, a->B, a->T, a->T, a->H, a->hd, a->dropout);
     if (!proj || !out || !lse) FATAL("%s: NULL buffer", op);
@@ -443,7 +421,7 @@ static void self_call(Call *c, const char *op, float *out, float *lse, const act
     pack_roles(c);
 }
 
-static void cross_call(Call *c, const char *op, float *out, float *lse, const act_t *q, const act_t *kv,
+static void cross_call(Call *c, const char *op, act_t *out, float *lse, const act_t *q, const act_t *kv,
                        const CrossAttnArgs *a) {
     attn_check_args(op, a->B, a->Tq, a->Tk, a->H, a->hd, a->dropout);
     if (!q || !kv || !out || !lse) FATAL("%s: NULL buffer", op);
@@ -566,53 +544,53 @@ int attention_mma_check(void) {
 /* The tensor-core forward: bf16's keeps the scores in registers (mma.sync) unless attention_set_mma_path(0),
  * TF32's is WMMA's. The backward likewise (tc_backward), but for the symmetric path, which is WMMA's in both. */
 template <typename E> static void tc_forward(Call *c, int nt) {
-    const AttnDev *d = &c->d;
+    const AttnIO<act_t> *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         if (g_mma_path) {
-            launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt), grid, TC_THREADS, mma_smem(MMA_FWD, nt),
+            launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt, act_t), grid, TC_THREADS, mma_smem(MMA_FWD, nt),
                    *d, c->out, c->o_ld, c->o_bstride, c->lse);
             return;
         }
-    launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
+    launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E, act_t), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
            c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 static void run_forward(Call *c) {
-    AttnDev *d = &c->d;
+    AttnIO<act_t> *d = &c->d;
     int nt = tc_tiles(d->hd);
     if (nt) {
         tc_forward<TcElem>(c, nt);
         return;
     }
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
-    launch("forward_kernel", ATT_PICK(forward_kernel, att_npl(d->hd)), grid, ATT_THREADS, att_smem_forward(d->hd),
+    launch("forward_kernel", ATT_PICK(forward_kernel, att_npl(d->hd), act_t), grid, ATT_THREADS, att_smem_forward(d->hd),
            *d, c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
 /* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone (WMMA), else the query-side
  * and the key-side kernel, bf16's with the scores in registers. */
 template <typename E>
-static void tc_backward(Call *c, int nt, bool sym, const float *dout, const float *D, float *dq, float *dk,
+static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const float *D, float *dq, float *dk,
                         float *dv, float *rowacc, float *colacc) {
-    const AttnDev *d = &c->d;
+    const AttnIO<act_t> *d = &c->d;
     const float *lse = c->lse;
     unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
     if (sym) {
-        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
                *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
     } else if (std::is_same<E, __nv_bfloat16>::value && g_mma_path) {
         if constexpr (std::is_same<E, __nv_bfloat16>::value) {
-            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout,
+            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout,
                    c->o_ld, c->o_bstride, lse, D, dq, rowacc);
-            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
+            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt, act_t), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
                    c->o_ld, c->o_bstride, lse, D, dk, dv, colacc);
         }
     } else {
-        launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,
+        launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E, act_t), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,
                c->o_ld, c->o_bstride, lse, D, dq, rowacc);
-        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, false), gk, TC_THREADS, tc_smem_backward<E>(nt), *d,
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, false), gk, TC_THREADS, tc_smem_backward<E>(nt), *d,
                dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
     }
 }
@@ -620,15 +598,15 @@ static void tc_backward(Call *c, int nt, bool sym, const float *dout, const floa
 /* Whether a backward call takes the symmetric path: the query and key one packed copy (KV and K, so the raw
  * scores are symmetric), bidirectional, self-attention, one K/V head per query head, and the larger shared memory
  * it needs available on this GPU (smem: its bytes). */
-static bool symmetric_backward(const AttnDev *d, size_t smem) {
+static bool symmetric_backward(const AttnIO<act_t> *d, size_t smem) {
     return g_symmetric_path && d->Q == d->K && !d->causal && d->Tq == d->Tk && d->G == d->H && smem <= kv_smem_max;
 }
 
 /* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. On the
  * symmetric path *dq is NULL: *dk holds the gradient of both roles. */
-static void run_backward(Call *c, const float *dout, float **dq, float **dk, float **dv, const AttnPos *pos,
+static void run_backward(Call *c, const act_t *dout, float **dq, float **dk, float **dv, const AttnPos *pos,
                          AttnPosGrad *dpos) {
-    AttnDev *d = &c->d;
+    AttnIO<act_t> *d = &c->d;
     size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
     *dq = cuda_scratch(&g_grad, &g_grad_cap, nq + 2 * nk);
     *dk = *dq + nq;
@@ -639,7 +617,7 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     float *D = cuda_scratch(&g_misc, &g_misc_cap, nmisc);
     float *rowacc = d->pos ? D + nrow : NULL, *colacc = d->pos ? rowacc + 2 * nrow : NULL;
     float *racc = rel ? D + nrow + (d->pos ? 2 * nrow + ncol : 0) : NULL;
-    rowdot_kernel<<<cuda_blocks(nrow * 32, 256), 256, 0, kv_stream>>>(D, dout, c->out, c->o_ld, c->o_bstride, d->B,
+    rowdot_kernel<act_t><<<cuda_blocks(nrow * 32, 256), 256, 0, kv_stream>>>(D, dout, c->out, c->o_ld, c->o_bstride, d->B,
                                                                       d->H, d->Tq, d->hd);
     CUDA_LAUNCHED(rowdot);
     int hd = d->hd, nt = tc_tiles(hd);
@@ -650,10 +628,10 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
         if (!sym)
-            launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd)), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
+            launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd), act_t), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
                    c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
-        launch("dkv_kernel", ATT_PICK_SYM(dkv_kernel, att_npl(hd), sym), gk, ATT_THREADS, att_smem_dkv(hd, sym), *d,
+        launch("dkv_kernel", ATT_PICK_SYM(dkv_kernel, att_npl(hd), act_t, sym), gk, ATT_THREADS, att_smem_dkv(hd, sym), *d,
                dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
     }
     if (d->pos) {
@@ -688,11 +666,8 @@ static void run_backward(Call *c, const float *dout, float **dq, float **dk, flo
 void attention_forward(act_t *out, float *lse, const act_t *proj, const AttnPos *pos, const AttnArgs *a) {
     KPROF_OP();
     Call c;
-    self_call(&c, "attention_forward", (float *)out, lse, proj, pos, a); /* the checks first */
-    size_t n = (size_t)a->B * a->T * a->H * a->hd;
-    c.out = float_out(out, n);
+    self_call(&c, "attention_forward", out, lse, proj, pos, a);
     run_forward(&c);
-    store_out(out, c.out, n);
 }
 
 void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, const act_t *proj,
@@ -704,11 +679,9 @@ void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, cons
     if (pos && pos->scheme == ATTN_POSITION_REL_BIAS && (!dpos || !dpos->drel))
         FATAL("attention_backward: relative bias without its gradient buffer");
     Call c;
-    self_call(&c, "attention_backward", (float *)out, (float *)lse, proj, pos, a);
-    size_t n = (size_t)a->B * a->T * a->H * a->hd;
-    c.out = (float *)float_in(out, n, &g_outf, &g_outf_cap);
+    self_call(&c, "attention_backward", (act_t *)out, (float *)lse, proj, pos, a);
     float *dq, *dk, *dv;
-    run_backward(&c, float_in(dout, n, &g_doutf, &g_doutf_cap), &dq, &dk, &dv, pos, dpos);
+    run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
     AttnDev *d = &c.d;
     int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
     size_t bs = (size_t)a->T * W;
@@ -726,11 +699,8 @@ void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, cons
 void cross_attention_forward(act_t *out, float *lse, const act_t *q, const act_t *kv, const CrossAttnArgs *a) {
     KPROF_OP();
     Call c;
-    cross_call(&c, "cross_attention_forward", (float *)out, lse, q, kv, a);
-    size_t n = (size_t)a->B * a->Tq * a->H * a->hd;
-    c.out = float_out(out, n);
+    cross_call(&c, "cross_attention_forward", out, lse, q, kv, a);
     run_forward(&c);
-    store_out(out, c.out, n);
 }
 
 void cross_attention_backward(act_t *dq, act_t *dkv, const act_t *dout, const act_t *q, const act_t *kv,
@@ -738,11 +708,9 @@ void cross_attention_backward(act_t *dq, act_t *dkv, const act_t *dout, const ac
     KPROF_OP();
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     Call c;
-    cross_call(&c, "cross_attention_backward", (float *)out, (float *)lse, q, kv, a);
-    size_t n = (size_t)a->B * a->Tq * a->H * a->hd;
-    c.out = (float *)float_in(out, n, &g_outf, &g_outf_cap);
+    cross_call(&c, "cross_attention_backward", (act_t *)out, (float *)lse, q, kv, a);
     float *gq, *gk, *gv;
-    run_backward(&c, float_in(dout, n, &g_doutf, &g_doutf_cap), &gq, &gk, &gv, NULL, NULL);
+    run_backward(&c, dout, &gq, &gk, &gv, NULL, NULL);
     int C = a->H * a->hd;
     unpack_add(dq, C, (size_t)a->Tq * C, gq, a->B, a->Tq, a->H, a->hd, NULL);
     unpack_add(dkv, 2 * C, (size_t)a->Tk * 2 * C, gk, a->B, a->Tk, a->H, a->hd, NULL);
@@ -855,14 +823,14 @@ void attention_decode(act_t *out, const act_t *q, int q_ld, const act_t *keys, c
 /* ------------------------------------------------------------------ dense views */
 
 /* S[i, j] of one (b, h), before masks */
-__global__ void dense_scores_kernel(float *S, AttnDev p, int b, int h) {
+__global__ void dense_scores_kernel(float *S, AttnIO<act_t> p, int b, int h) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= p.Tq * p.Tk) return;
     int i = idx / p.Tk, j = idx % p.Tk, hd = p.hd;
-    const float *q = p.Q + (((size_t)b * p.H + h) * p.Tq + i) * hd;
-    const float *k = p.K + (((size_t)b * p.G + h / p.group) * p.Tk + j) * hd;
+    const act_t *q = p.Q + (((size_t)b * p.H + h) * p.Tq + i) * hd;
+    const act_t *k = p.K + (((size_t)b * p.G + h / p.group) * p.Tk + j) * hd;
     float s = 0.0f;
-    for (int c = 0; c < hd; c++) s += q[c] * k[c];
+    for (int c = 0; c < hd; c++) s += act_ld(q[c]) * act_ld(k[c]);
     S[idx] = score_x(p, h, i, j, p.scale * s);
 }
 
@@ -888,7 +856,7 @@ void attention_scores(float *S, const act_t *proj, const AttnPos *pos, const Att
     KPROF_OP();
     Call c;
     float *dummy = (float *)&c; /* out and lse are not used */
-    self_call(&c, "attention_scores", dummy, dummy, proj, pos, a);
+    self_call(&c, "attention_scores", (act_t *)dummy, dummy, proj, pos, a);
     if (b < 0 || b >= a->B || h < 0 || h >= a->H) FATAL("attention_scores: (b, h) = (%d, %d) out of range", b, h);
     int n = a->T * a->T;
     dense_scores_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(S, c.d, b, h);
@@ -899,7 +867,7 @@ void attention_probs(float *A, const act_t *proj, const AttnPos *pos, const Attn
     KPROF_OP();
     attention_scores(A, proj, pos, a, b, h);
     Call c;
-    self_call(&c, "attention_probs", A, A, proj, pos, a);
+    self_call(&c, "attention_probs", (act_t *)A, A, proj, pos, a);
     dense_softmax_kernel<<<a->T, 32, 0, kv_stream>>>(A, c.d, b);
     CUDA_LAUNCHED(dense_softmax);
 }

@@ -7,6 +7,7 @@
 #ifndef KVLAB_ATTENTION_KERNELS_CUH
 #define KVLAB_ATTENTION_KERNELS_CUH
 
+#include "act.cuh"
 #include "mma.cuh"
 
 #define BR 32          /* query rows per block */
@@ -14,13 +15,14 @@
 #define RPW 4          /* rows (or key columns) per warp: 8 warps x 4 = 32 */
 #define ATT_THREADS 256
 
-/* KERNEL<n> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl); ATT_PICK_SYM for the key-side
- * backward kernel, KERNEL<n, sym> for a runtime flag sym (the symmetric backward); TC_PICK below for the
- * tensor-core kernels. */
-#define ATT_PICK(KERNEL, n) ((n) == 1 ? KERNEL<1> : (n) == 2 ? KERNEL<2> : (n) == 4 ? KERNEL<4> : KERNEL<8>)
-#define ATT_PICK_S(KERNEL, n, S) \
-    ((n) == 1 ? KERNEL<1, S> : (n) == 2 ? KERNEL<2, S> : (n) == 4 ? KERNEL<4, S> : KERNEL<8, S>)
-#define ATT_PICK_SYM(KERNEL, n, sym) ((sym) ? ATT_PICK_S(KERNEL, n, true) : ATT_PICK_S(KERNEL, n, false))
+/* KERNEL<n, X> for n = 1, 2, 4 or 8: the fp32 kernels' values per lane (att_npl), X the activations' type
+ * (AttnIO); ATT_PICK_SYM for the key-side backward kernel, KERNEL<n, X, sym> for a runtime flag sym (the symmetric
+ * backward); TC_PICK below for the tensor-core kernels. */
+#define ATT_PICK(KERNEL, n, X) \
+    ((n) == 1 ? KERNEL<1, X> : (n) == 2 ? KERNEL<2, X> : (n) == 4 ? KERNEL<4, X> : KERNEL<8, X>)
+#define ATT_PICK_S(KERNEL, n, X, S) \
+    ((n) == 1 ? KERNEL<1, X, S> : (n) == 2 ? KERNEL<2, X, S> : (n) == 4 ? KERNEL<4, X, S> : KERNEL<8, X, S>)
+#define ATT_PICK_SYM(KERNEL, n, X, sym) ((sym) ? ATT_PICK_S(KERNEL, n, X, true) : ATT_PICK_S(KERNEL, n, X, false))
 
 /* Launch shapes of the fp32 kernels: values per lane (NPL, hd <= 32 NPL) and dynamic shared memory in bytes. */
 static inline int att_npl(int hd) {
@@ -33,11 +35,10 @@ static inline size_t att_smem_dkv(int hd, int sym) {
     return (size_t)(2 * BC * hd + 2 * BR * (hd + 1) + 2 * BR + (sym ? BC * hd + BR * (hd + 1) : 0)) * sizeof(float);
 }
 
-/* One attention call on packed roles. */
+/* One attention call: its shapes, masks and position terms (what the per-score code reads)... */
 struct AttnDev {
     int B, Tq, Tk, H, G, group, hd, causal;
     float scale;
-    const float *Q, *K, *V;       /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
     const unsigned char *pad;     /* (B, Tk) nonzero = padding key, or NULL */
     float dropout, dscale;
     uint32_t thr;
@@ -47,6 +48,13 @@ struct AttnDev {
     const float *f, *g, *alpha, *bias;
     const float *pe_bias;         /* (H, pe_nd) at d + Tq - 1, or NULL */
     int pe_nd;
+};
+
+/* ... and its packed roles, of the activations' type X, as are the output and its gradient that the kernels take:
+ * float, or __nv_bfloat16 with bf16 activations (half the bytes of every tile load, and no conversion passes
+ * around the kernels). The kernels compute in float what they read (act_ld) and round what they store (act_as). */
+template <typename X> struct AttnIO : AttnDev {
+    const X *Q, *K, *V; /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
 };
 
 __device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
@@ -95,18 +103,19 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttnDev &p, int b, int h, 
 /* ------------------------------------------------------------------ forward */
 
 /* Keys and values j0 .. j0+BC-1 of one K/V head into shared memory (rows ldk and ldv apart), zeros past Tk. */
-__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const float *K, const float *V,
-                                             int j0, int Tk, int hd) {
+template <typename X>
+__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const X *K, const X *V, int j0,
+                                             int Tk, int hd) {
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         int c = e / hd, d = e % hd;
         bool in = j0 + c < Tk;
-        Ks[c * ldk + d] = in ? K[(size_t)(j0 + c) * hd + d] : 0.0f;
-        Vs[c * ldv + d] = in ? V[(size_t)(j0 + c) * hd + d] : 0.0f;
+        Ks[c * ldk + d] = in ? act_ld(K[(size_t)(j0 + c) * hd + d]) : 0.0f;
+        Vs[c * ldv + d] = in ? act_ld(V[(size_t)(j0 + c) * hd + d]) : 0.0f;
     }
 }
 
-template <int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+template <int NPL, typename X>
+__global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnIO<X> p, X *out, int o_ld, size_t o_bstride,
                                                               float *lse) {
     extern __shared__ float sm[];
     const int hd = p.hd, ldk = hd + 1;
@@ -114,10 +123,10 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
-        Qs[e] = i0 + e / hd < p.Tq ? Q[(size_t)i0 * hd + e] : 0.0f;
+        Qs[e] = i0 + e / hd < p.Tq ? act_ld(Q[(size_t)i0 * hd + e]) : 0.0f;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float m[RPW], l[RPW], o[RPW][NPL];
     for (int r = 0; r < RPW; r++) {
@@ -160,10 +169,10 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *
         int i = i0 + warp * RPW + rr;
         if (i >= p.Tq) continue;
         float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
-        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        X *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
         for (int k = 0; k < NPL; k++) {
             int d = lane + 32 * k;
-            if (d < hd) orow[d] = o[rr][k] * inv;
+            if (d < hd) orow[d] = act_as<X>(o[rr][k] * inv);
         }
         if (lane == 0) lse[(size_t)bh * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
     }
@@ -172,22 +181,23 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnDev p, float *
 /* ------------------------------------------------------------------ backward */
 
 /* D[b, h, i] = dO_i . O_i, one warp per row */
-__global__ void rowdot_kernel(float *D, const float *dout, const float *out, int o_ld, size_t o_bstride, int B, int H,
-                              int Tq, int hd) {
+template <typename X>
+__global__ void rowdot_kernel(float *D, const X *dout, const X *out, int o_ld, size_t o_bstride, int B, int H, int Tq,
+                              int hd) {
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (row >= (size_t)B * H * Tq) return;
     int i = (int)(row % Tq), h = (int)(row / Tq % H), b = (int)(row / Tq / H);
     size_t off = (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += dout[off + d] * out[off + d];
+    for (int d = lane; d < hd; d += 32) s += act_ld(dout[off + d]) * act_ld(out[off + d]);
     s = warp_sum(s);
     if (lane == 0) D[row] = s;
 }
 
 /* dQ (packed, written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij S_ij and sum_j G'_ij (+Pos). */
-template <int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+template <int NPL, typename X>
+__global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
                                                          const float *lse, const float *D, float *dQ,
                                                          float *rowacc) {
     extern __shared__ float sm[];
@@ -196,13 +206,13 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
         int r = e / hd, d = e % hd;
         bool in = i0 + r < p.Tq;
-        Qs[e] = in ? Q[(size_t)i0 * hd + e] : 0.0f;
-        dOs[e] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
+        Qs[e] = in ? act_ld(Q[(size_t)i0 * hd + e]) : 0.0f;
+        dOs[e] = in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d]) : 0.0f;
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
@@ -268,8 +278,8 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnDev p, const float 
  * j's lse and D it takes G'_ji as well, so dK_j gets both roles, s sum_i (G_ij + G_ji) K_i, in one product, and
  * rowacc (as dq_kernel's) the row sums of its keys. No dq_kernel runs: each pair's score is computed once in the
  * backward pass, where the general path computes it in both kernels. */
-template <int NPL, bool SYM>
-__global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+template <int NPL, typename X, bool SYM>
+__global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
                                                           const float *lse, const float *D, float *dK, float *dV,
                                                           float *colacc, float *rowacc) {
     extern __shared__ float sm[];
@@ -279,13 +289,14 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
     int tiles = (p.Tk + BC - 1) / BC;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
     int b = bg / p.G, g = bg % p.G;
-    const float *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
+    const X *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         bool in = j0 + e / hd < p.Tk;
-        Ks[e] = in ? K[(size_t)j0 * hd + e] : 0.0f;
-        Vs[e] = in ? V[(size_t)j0 * hd + e] : 0.0f;
+        Ks[e] = in ? act_ld(K[(size_t)j0 * hd + e]) : 0.0f;
+        Vs[e] = in ? act_ld(V[(size_t)j0 * hd + e]) : 0.0f;
         if (SYM) /* G = H: head g */
-            dOk[e] = in ? dout[(size_t)b * o_bstride + (size_t)(j0 + e / hd) * o_ld + (size_t)g * hd + e % hd] : 0.0f;
+            dOk[e] = in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(j0 + e / hd) * o_ld + (size_t)g * hd + e % hd])
+                        : 0.0f;
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float dk[RPW][NPL], dv[RPW][NPL];
@@ -294,7 +305,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+        const X *Q = p.Q + (size_t)bh * p.Tq * hd;
         float cs[RPW], lk[RPW], Dk[RPW], gr[RPW], rq[RPW]; /* rq, gr: row j's sums of G'_ji and G'_ji S_ji */
         for (int cc = 0; cc < RPW; cc++) {
             int j = j0 + warp * RPW + cc;
@@ -307,9 +318,10 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
             for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
                 int r = e / hd, d = e % hd;
                 bool in = i0 + r < p.Tq;
-                Qs[r * ldq + d] = in ? Q[(size_t)(i0 + r) * hd + d] : 0.0f;
-                dOs[r * ldq + d] = in ? dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d] : 0.0f;
-                if (SYM) Vq[r * ldq + d] = in ? V[(size_t)(i0 + r) * hd + d] : 0.0f;
+                Qs[r * ldq + d] = in ? act_ld(Q[(size_t)(i0 + r) * hd + d]) : 0.0f;
+                dOs[r * ldq + d] =
+                    in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d]) : 0.0f;
+                if (SYM) Vq[r * ldq + d] = in ? act_ld(V[(size_t)(i0 + r) * hd + d]) : 0.0f;
             }
             for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
                 bool in = i0 + r < p.Tq;
@@ -404,12 +416,14 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnDev p, const float
 #define TC_THREADS 128
 #define TC_HD(NT) (16 * (NT))
 
-/* KERNEL<n, E> for n = 1, 2, 4 or 8 (tc_nt); TC_PICK_SYM: KERNEL<n, E, sym> for a runtime flag sym */
-#define TC_PICK(KERNEL, n, E) \
-    ((n) == 1 ? KERNEL<1, E> : (n) == 2 ? KERNEL<2, E> : (n) == 4 ? KERNEL<4, E> : KERNEL<8, E>)
-#define TC_PICK_S(KERNEL, n, E, S) \
-    ((n) == 1 ? KERNEL<1, E, S> : (n) == 2 ? KERNEL<2, E, S> : (n) == 4 ? KERNEL<4, E, S> : KERNEL<8, E, S>)
-#define TC_PICK_SYM(KERNEL, n, E, sym) ((sym) ? TC_PICK_S(KERNEL, n, E, true) : TC_PICK_S(KERNEL, n, E, false))
+/* KERNEL<n, E, X> for n = 1, 2, 4 or 8 (tc_nt); TC_PICK_SYM: KERNEL<n, E, X, sym> for a runtime flag sym */
+#define TC_PICK(KERNEL, n, E, X) \
+    ((n) == 1 ? KERNEL<1, E, X> : (n) == 2 ? KERNEL<2, E, X> : (n) == 4 ? KERNEL<4, E, X> : KERNEL<8, E, X>)
+#define TC_PICK_S(KERNEL, n, E, X, S)                                                                   \
+    ((n) == 1 ? KERNEL<1, E, X, S> : (n) == 2 ? KERNEL<2, E, X, S> : (n) == 4 ? KERNEL<4, E, X, S> \
+                                                                    : KERNEL<8, E, X, S>)
+#define TC_PICK_SYM(KERNEL, n, E, X, sym) \
+    ((sym) ? TC_PICK_S(KERNEL, n, E, X, true) : TC_PICK_S(KERNEL, n, E, X, false))
 
 namespace wmma = nvcuda::wmma;
 
@@ -543,12 +557,12 @@ __device__ __forceinline__ void tc_write_rows(float *dst, int hd, int rows, Acc 
 
 /* rows r0 .. r0+rows-1 of an (n, hd) matrix with row stride src_ld (hd for the packed roles, the output's row
  * stride for dO) into shared memory (row stride ld), zeros past n and in columns hd .. hdp-1 */
-template <typename E>
-__device__ __forceinline__ void tc_load_rows(E *dst, int ld, const float *src, size_t src_ld, int r0, int n, int hd,
+template <typename E, typename X>
+__device__ __forceinline__ void tc_load_rows(E *dst, int ld, const X *src, size_t src_ld, int r0, int n, int hd,
                                              int hdp, int rows) {
     for (int e = threadIdx.x; e < rows * hdp; e += TC_THREADS) {
         int r = e / hdp, d = e % hdp;
-        dst[r * ld + d] = Tc<E>::put(r0 + r < n && d < hd ? src[(size_t)(r0 + r) * src_ld + d] : 0.0f);
+        dst[r * ld + d] = Tc<E>::put(r0 + r < n && d < hd ? act_ld(src[(size_t)(r0 + r) * src_ld + d]) : 0.0f);
     }
 }
 
@@ -569,8 +583,8 @@ template <typename E> static inline size_t tc_smem_backward_sym(int nt) {
                                                                                             : TcShape<E, 8>::B_SBYTES;
 }
 
-template <int NT, typename E>
-__global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+template <int NT, typename E, typename X>
+__global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *out, int o_ld, size_t o_bstride,
                                                                 float *lse) {
     extern __shared__ __align__(128) float tsm[];
     typedef TcShape<E, NT> S;
@@ -584,7 +598,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then P.V */
@@ -636,16 +650,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnDev p, float
     }
     if (i < p.Tq) {
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
+        X *orow = out + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
         for (int k = 0; k < HALF; k++)
-            if (d0 + k < hd) orow[d0 + k] = o[k] * inv;
+            if (d0 + k < hd) orow[d0 + k] = act_as<X>(o[k] * inv);
         if (d0 == 0) lse[(size_t)bh * p.Tq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
     }
 }
 
 /* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's. */
-template <int NT, typename E>
-__global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+template <int NT, typename E, typename X>
+__global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
                                                            const float *lse, const float *D, float *dQ,
                                                            float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
@@ -661,7 +675,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
     tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += TC_THREADS) {
@@ -722,8 +736,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnDev p, const floa
  * dkv_kernel's, and with SYM dK of both roles and rowacc as dkv_kernel's. The scores are formed transposed
  * (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the A operands of dV += P^T.dO and dK += G^T.Q; with
  * SYM dO_j.V_i^T is a third product, and G^T + G'' (G''_ji, the pair as query j, key i) the A operand of dK's. */
-template <int NT, typename E, bool SYM>
-__global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+template <int NT, typename E, typename X, bool SYM>
+__global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
                                                             const float *lse, const float *D, float *dK, float *dV,
                                                             float *colacc, float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
@@ -757,7 +771,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnDev p, const flo
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const float *Q = p.Q + (size_t)bh * p.Tq * hd;
+        const X *Q = p.Q + (size_t)bh * p.Tq * hd;
         float cs = 0.0f, gr = 0.0f, rq = 0.0f; /* rq, gr (SYM): row j's sums of G'_ji and G'_ji S_ji */
         float lk = SYM && j < p.Tq ? lse[(size_t)bh * p.Tq + j] : -INFINITY;
         float Dk = SYM && j < p.Tq ? D[(size_t)bh * p.Tq + j] : 0.0f;
@@ -854,19 +868,30 @@ static inline size_t mma_smem(MmaKernel k, int nt) {
     return nt == 1 ? mma_smem_nt<1>(k) : nt == 2 ? mma_smem_nt<2>(k) : nt == 4 ? mma_smem_nt<4>(k) : mma_smem_nt<8>(k);
 }
 
-/* rows r0 .. r0+rows-1 of an (n, hd) float matrix (row stride src_ld) into a bf16 tile (row stride ld, HDP
- * columns), zeros past n and in columns hd .. HDP-1: four values a load where hd and src_ld are multiples of 4 and
- * src is 16-byte aligned (the packed roles, cuda_scratch's buffers, and dO's rows), one a load otherwise. */
-template <int HDP>
-__device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const float *src, size_t src_ld, int r0,
+/* rows r0 .. r0+rows-1 of an (n, hd) matrix of X (row stride src_ld) into a bf16 tile (row stride ld, HDP
+ * columns), zeros past n and in columns hd .. HDP-1: 16 bytes a load (4 floats, rounded to bf16, or 8 bf16 as they
+ * are) where hd and src_ld are multiples of that count and src is 16-byte aligned (the packed roles, and dO's rows
+ * where the width allows), one value a load otherwise. */
+template <int HDP, typename X>
+__device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const X *src, size_t src_ld, int r0,
                                               int n, int hd, int rows) {
-    if (hd % 4 == 0 && src_ld % 4 == 0 && (uintptr_t)src % 16 == 0) {
-        constexpr int QUADS = HDP / 4;
-        for (int e = threadIdx.x; e < rows * QUADS; e += TC_THREADS) {
-            int r = e / QUADS, d = e % QUADS * 4;
-            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (r0 + r < n && d < hd) v = mem_as<float4>(src + (size_t)(r0 + r) * src_ld + d);
-            mem_put<uint64_t>(dst + r * ld + d, (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
+    constexpr int W = 16 / sizeof(X), VECS = HDP / W; /* values of one load; loads of a tile row */
+    static_assert(HDP % W == 0, "whole loads per tile row");
+    if (hd % W == 0 && src_ld % W == 0 && (uintptr_t)src % 16 == 0) {
+        for (int e = threadIdx.x; e < rows * VECS; e += TC_THREADS) {
+            int r = e / VECS, d = e % VECS * W;
+            const X *at = src + (size_t)(r0 + r) * src_ld + d;
+            bool in = r0 + r < n && d < hd;
+            if constexpr (sizeof(X) == sizeof(float)) {
+                float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (in) v = mem_as<float4>(at);
+                mem_put<uint64_t>(dst + r * ld + d,
+                                  (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
+            } else {
+                uint4 v = {0u, 0u, 0u, 0u};
+                if (in) v = mem_as<uint4>(at);
+                mem_put<uint4>(dst + r * ld + d, v);
+            }
         }
     } else {
         tc_load_rows(dst, ld, src, src_ld, r0, n, hd, HDP, rows);
@@ -875,9 +900,9 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
 
 /* Keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into the block's two tiles, between barriers (the last
  * tile's readers done, this one's writers done). */
-template <int HDP>
-__device__ __forceinline__ void mma_load_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const float *K,
-                                            const float *V, int j0, int Tk, int hd) {
+template <int HDP, typename X>
+__device__ __forceinline__ void mma_load_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const X *K, const X *V,
+                                            int j0, int Tk, int hd) {
     __syncthreads();
     mma_load_rows<HDP>(Ks, ld, K, hd, j0, Tk, hd, MMA_KT);
     mma_load_rows<HDP>(Vs, ld, V, hd, j0, Tk, hd, MMA_KT);
@@ -946,20 +971,21 @@ __device__ __forceinline__ void mma_xr(float (&out)[2 * NT][4], const float (&x)
 }
 
 /* A warp's 16 result rows (accumulators acc over the head dim, times `scale`) into rows r[0] and r[1] of dst
- * (row stride dst_ld), rows at or past n left alone: the lane's columns 2 tq and 2 tq + 1 of each 8. */
-template <int NT>
-__device__ __forceinline__ void mma_write_rows(float *dst, size_t dst_ld, const int (&r)[2], int n, int hd,
+ * (row stride dst_ld; float gradients, or the output in the activations' type), rows at or past n left alone: the
+ * lane's columns 2 tq and 2 tq + 1 of each 8. */
+template <int NT, typename T>
+__device__ __forceinline__ void mma_write_rows(T *dst, size_t dst_ld, const int (&r)[2], int n, int hd,
                                                const float (&acc)[2 * NT][4], float scale, int lane) {
     MMA_UNROLL
     for (int h2 = 0; h2 < 2; h2++) {
         if (r[h2] >= n) continue;
-        float *row = dst + (size_t)r[h2] * dst_ld;
+        T *row = dst + (size_t)r[h2] * dst_ld;
         MMA_UNROLL
         for (int c = 0; c < 2 * NT; c++) {
             MMA_UNROLL
             for (int e = 0; e < 2; e++) {
                 int d = 8 * c + 2 * (lane % 4) + e;
-                if (d < hd) row[d] = acc[c][2 * h2 + e] * scale;
+                if (d < hd) row[d] = act_as<T>(acc[c][2 * h2 + e] * scale);
             }
         }
     }
@@ -993,8 +1019,8 @@ __device__ __forceinline__ bool mma_plain_tile(const AttnDev &p, int i0, int j0)
 }
 
 /* forward: one block per (batch, head, 64 query rows), as tc_forward_kernel's */
-template <int NT>
-__global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, float *out, int o_ld, size_t o_bstride,
+template <int NT, typename X>
+__global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X *out, int o_ld, size_t o_bstride,
                                                                  float *lse) {
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
@@ -1004,8 +1030,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
@@ -1015,9 +1041,14 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
         MMA_UNROLL
         for (int r = 0; r < 4; r++) {
             int i = ir[r & 1], d = 16 * ks + 2 * tq + (r & 2 ? 8 : 0);
-            float x0 = i < p.Tq && d < hd ? Q[(size_t)i * hd + d] : 0.0f;
-            float x1 = i < p.Tq && d + 1 < hd ? Q[(size_t)i * hd + d + 1] : 0.0f;
-            qa[ks][r] = pack_bf16x2(x0, x1);
+            const X *q = Q + (size_t)i * hd + d;
+            if (sizeof(X) == 2 && hd % 2 == 0) { /* bf16 pairs as they are (d even: 4-byte aligned) */
+                qa[ks][r] = i < p.Tq && d < hd ? mem_as<uint32_t>(q) : 0u;
+            } else {
+                float x0 = i < p.Tq && d < hd ? act_ld(q[0]) : 0.0f;
+                float x1 = i < p.Tq && d + 1 < hd ? act_ld(q[1]) : 0.0f;
+                qa[ks][r] = pack_bf16x2(x0, x1);
+            }
         }
     }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's share of the row sums */
@@ -1089,8 +1120,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnDev p, floa
 }
 
 /* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's */
-template <int NT>
-__global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const float *dout, int o_ld, size_t o_bstride,
+template <int NT, typename X>
+__global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
                                                             const float *lse, const float *D, float *dQ,
                                                             float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
@@ -1101,7 +1132,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const flo
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const float *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
     mma_load_rows<hdp>(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, TC_ROWS);
     mma_load_rows<hdp>(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, TC_ROWS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
@@ -1152,8 +1183,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnDev p, const flo
 /* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
  * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T), so that P^T and G^T are A
  * operands of dV += P^T.dO and dK += G^T.Q. */
-template <int NT>
-__global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnDev p, const float *dout, int o_ld,
+template <int NT, typename X>
+__global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const X *dout, int o_ld,
                                                              size_t o_bstride, const float *lse, const float *D,
                                                              float *dK, float *dV, float *colacc) {
     extern __shared__ __align__(128) float tsm[];
@@ -1176,7 +1207,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnDev p, const fl
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const float *Q = p.Q + (size_t)bh * p.Tq * hd, *dO = dout + (size_t)b * o_bstride + (size_t)h * hd;
+        const X *Q = p.Q + (size_t)bh * p.Tq * hd, *dO = dout + (size_t)b * o_bstride + (size_t)h * hd;
         float cs[2] = {0.0f, 0.0f};
         for (int i0 = p.causal ? j0 : 0; i0 < p.Tq; i0 += MMA_KT) { /* causal: queries before j0 see none */
             __syncthreads();
