@@ -772,6 +772,8 @@ static void test_position_schemes(void) {
         attention_case("bidirectional, key padding", 2, 9, 2, 4, 0, 1, 0.0f);
         attention_case("causal, key padding, dropout", 2, 9, 2, 4, 1, 1, 0.25f);
         attention_case("bidirectional, dropout", 2, 9, 2, 4, 0, 0, 0.25f);
+        /* a head dim that the CUDA pack and unpack move 16 bytes a thread, rotations included */
+        attention_case("causal, head dim 16", 1, 20, 2, 16, 1, 0, 0.0f);
         attention_set_symmetric_path(0);
         attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
         attention_set_symmetric_path(1);

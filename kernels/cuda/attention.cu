@@ -54,57 +54,114 @@ int attention_mma_path(void) { return g_mma_path; }
 
 /* ------------------------------------------------------------------ pack and unpack */
 
-/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
- * table (T rows of hd/2 (cos, sin) pairs) when rope is given (and then rounded to the activations' type). */
-__global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
-                            const float *rope) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * heads * T * hd) return;
-    int d = (int)(idx % hd);
-    size_t r = idx / hd;
-    int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
-    const act_t *x = src + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
-    if (rope) {
-        int k = d / 2;
-        float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
-        float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
-        dst[idx] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
-    } else {
-        dst[idx] = x[d];
-    }
+/* Pack and unpack move PACK_VEC values a thread (16 bytes of activations: eight bf16 or four floats) where the
+ * head dim, the strides and the buffers allow, one otherwise; and index with 32 bits where the count fits (I),
+ * since a 64-bit division costs a GPU dozens of instructions, and these kernels' work is a few per value. */
+#define PACK_VEC (16 / (int)sizeof(act_t))
+template <int W> struct alignas(W * sizeof(act_t)) ActVec {
+    act_t v[W];
+};
+
+/* The head-major position of thread idx (values d .. d + W - 1 of packed row r), and row r's (b, hh, t). */
+template <typename I> struct PackPos {
+    I r;
+    int d, t, hh, b;
+};
+template <int W, typename I> __device__ __forceinline__ PackPos<I> pack_pos(I idx, int T, int heads, int hd) {
+    I per = (I)(hd / W), r = idx / per;
+    I rt = r / (I)T;
+    return {r, (int)(idx - r * per) * W, (int)(r - rt * (I)T), (int)(rt % (I)heads), (int)(rt / (I)heads)};
 }
 
-/* dst rows += src (packed), rotated back (R^T) when rope is given. */
-__global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const float *src, int B, int T, int heads,
-                                  int hd, const float *rope) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * heads * T * hd) return;
-    int d = (int)(idx % hd);
-    size_t r = idx / hd;
-    int t = (int)(r % T), hh = (int)(r / T % heads), b = (int)(r / T / heads);
-    act_t *y = dst + (size_t)b * bstride + (size_t)t * ld + (size_t)hh * hd;
-    if (rope) {
-        int k = d / 2;
-        float c = rope[(size_t)t * hd + 2 * k], s = rope[(size_t)t * hd + 2 * k + 1];
-        const float *x = src + (idx - d);
-        float x0 = x[2 * k], x1 = x[2 * k + 1];
-        y[d] = act_st(act_ld(y[d]) + (d % 2 == 0 ? c * x0 + s * x1 : -s * x0 + c * x1));
-    } else {
-        y[d] = act_st(act_ld(y[d]) + src[idx]);
-    }
+/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
+ * table (T rows of hd/2 (cos, sin) pairs) when rope is given (and then rounded to the activations' type); n: the
+ * threads' count, (B heads T hd) / W. */
+template <int W, typename I>
+__global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride, I n, int T, int heads, int hd,
+                            const float *rope) {
+    I idx = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    PackPos<I> q = pack_pos<W>(idx, T, heads, hd);
+    const act_t *x = src + (size_t)q.b * bstride + (size_t)q.t * ld + (size_t)q.hh * hd; /* the source row */
+    ActVec<W> v = mem_as<ActVec<W>>(x + q.d);
+    if (rope)
+        for (int e = 0; e < W; e++) {
+            int d = q.d + e, k = d / 2;
+            float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
+            float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
+            v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
+        }
+    mem_put<ActVec<W>>(dst + (size_t)q.r * hd + q.d, v);
 }
+
+/* dst rows += src (packed float), rotated back (R^T) when rope is given. */
+template <int W, typename I>
+__global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const float *src, I n, int T, int heads,
+                                  int hd, const float *rope) {
+    I idx = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    PackPos<I> q = pack_pos<W>(idx, T, heads, hd);
+    act_t *y = dst + (size_t)q.b * bstride + (size_t)q.t * ld + (size_t)q.hh * hd + q.d;
+    const float *x = src + (size_t)q.r * hd; /* the packed row */
+    float g[W];
+    if (rope) {
+        for (int e = 0; e < W; e++) {
+            int d = q.d + e, k = d / 2;
+            float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
+            float x0 = x[2 * k], x1 = x[2 * k + 1];
+            g[e] = d % 2 == 0 ? c * x0 + s * x1 : -s * x0 + c * x1;
+        }
+    } else if constexpr (W % 4 == 0) { /* W floats 16-byte aligned: hd and q.d are multiples of W */
+        for (int e = 0; e < W; e += 4) {
+            float4 f = mem_as<float4>(x + q.d + e);
+            g[e] = f.x, g[e + 1] = f.y, g[e + 2] = f.z, g[e + 3] = f.w;
+        }
+    } else {
+        for (int e = 0; e < W; e++) g[e] = x[q.d + e];
+    }
+    ActVec<W> v = mem_as<ActVec<W>>(y);
+    for (int e = 0; e < W; e++) v.v[e] = act_st(act_ld(v.v[e]) + g[e]);
+    mem_put<ActVec<W>>(y, v);
+}
+
+/* Values a thread for rows of hd values at rows (row stride ld, batch stride bstride) and a packed buffer at
+ * packed: PACK_VEC where every row starts on a 16-byte boundary, else 1. */
+static int pack_width(const void *rows, int ld, size_t bstride, int hd, const void *packed) {
+    return hd % PACK_VEC == 0 && ld % PACK_VEC == 0 && bstride % PACK_VEC == 0 && (uintptr_t)rows % 16 == 0 &&
+                   (uintptr_t)packed % 16 == 0
+               ? PACK_VEC
+               : 1;
+}
+
+/* KERNEL<w, I> over n threads of 256: I 32-bit where the grid's thread indices fit */
+#define PACK_LAUNCH(KERNEL, w, n, ...)                                                                           \
+    do {                                                                                                         \
+        unsigned grid_ = cuda_blocks((n), 256);                                                                  \
+        if ((size_t)grid_ * 256 <= UINT32_MAX) {                                                                 \
+            if ((w) == 1)                                                                                        \
+                KERNEL<1, unsigned><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                  \
+            else                                                                                                 \
+                KERNEL<PACK_VEC, unsigned><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                           \
+        } else if ((w) == 1) {                                                                                   \
+            KERNEL<1, size_t><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                        \
+        } else {                                                                                                 \
+            KERNEL<PACK_VEC, size_t><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                 \
+        }                                                                                                        \
+    } while (0)
 
 static void pack(act_t *dst, const act_t *src, int ld, size_t bstride, int B, int T, int heads, int hd,
                  const float *rope) {
-    size_t n = (size_t)B * heads * T * hd;
-    pack_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, ld, bstride, B, T, heads, hd, rope);
+    int w = pack_width(src, ld, bstride, hd, dst);
+    size_t n = (size_t)B * heads * T * (hd / w);
+    PACK_LAUNCH(pack_kernel, w, n, dst, src, ld, bstride, n, T, heads, hd, rope);
     CUDA_LAUNCHED(pack);
 }
 
 static void unpack_add(act_t *dst, int ld, size_t bstride, const float *src, int B, int T, int heads, int hd,
                        const float *rope) {
-    size_t n = (size_t)B * heads * T * hd;
-    unpack_add_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, ld, bstride, src, B, T, heads, hd, rope);
+    int w = pack_width(dst, ld, bstride, hd, src);
+    size_t n = (size_t)B * heads * T * (hd / w);
+    PACK_LAUNCH(unpack_add_kernel, w, n, dst, ld, bstride, src, n, T, heads, hd, rope);
     CUDA_LAUNCHED(unpack_add);
 }
 
