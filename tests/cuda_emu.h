@@ -435,6 +435,7 @@ template <typename T> inline void mem_put(void *p, T v) {
     emu::check_aligned(p, sizeof(T));
     memcpy(p, &v, sizeof v);
 }
+inline float exp2_approx(float x) { return exp2f(x); }
 inline uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__float2bfloat16(lo).bits | (uint32_t)__float2bfloat16(hi).bits << 16;
 }

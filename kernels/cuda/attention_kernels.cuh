@@ -850,6 +850,10 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
  * maximum taken over 64 keys at a time instead of 32), so the bf16 bounds hold; the same blocks, so each gradient
  * still has one writer. The symmetric backward stays WMMA's (tc_dkv_kernel with SYM). */
 #define MMA_KT 64 /* rows of a tile of the other side */
+/* The exponentials of the tiles with nothing to mask (and all of the forward's) are taken base 2 (exp2_approx,
+ * one instruction): exp(x) = 2^(x log2 e), the log2 e folded into the scores' scale. */
+#define MMA_LOG2E 1.4426950408889634f
+#define MMA_LN2 0.6931471805599453f
 
 /* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the 8 row addresses of one
  * ldmatrix matrix fall on different banks). forward: K, V tiles; dQ: the block's Q and dO rows, then K, V tiles;
@@ -1051,7 +1055,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
             }
         }
     }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's share of the row sums */
+    /* m: the rows' running maxima in base 2 (scores times log2 e); l: this lane's share of the row sums */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sl = p.scale * MMA_LOG2E;
     float o[2 * NT][4];
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
@@ -1076,8 +1082,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
             MMA_UNROLL
             for (int e = 0; e < 4; e++) {
                 int i = ir[e >> 1], j = j0 + 8 * n + 2 * tq + (e & 1);
-                float x = s[n][e] * p.scale;
-                if (!plain) x = visible(p, b, i, j) ? score_x(p, h, i, j, x) : -INFINITY;
+                float x = s[n][e] * sl;
+                if (!plain)
+                    x = visible(p, b, i, j) ? score_x(p, h, i, j, s[n][e] * p.scale) * MMA_LOG2E : -INFINITY;
                 s[n][e] = x;
                 mt[e >> 1] = fmaxf(mt[e >> 1], x);
             }
@@ -1088,13 +1095,13 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
             mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
             mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
             mnew[r] = fmaxf(m[r], mt[r]);
-            corr[r] = mnew[r] == -INFINITY ? 1.0f : expf(m[r] - mnew[r]); /* nothing seen yet: 0 from -inf */
+            corr[r] = mnew[r] == -INFINITY ? 1.0f : exp2_approx(m[r] - mnew[r]); /* nothing seen yet: 0 from -inf */
         }
         MMA_UNROLL
         for (int n = 0; n < NS; n++) {
             MMA_UNROLL
             for (int e = 0; e < 4; e++) { /* masked scores give 0, and so does every score of a row masked so far */
-                float x = s[n][e], ev = x == -INFINITY ? 0.0f : expf(x - mnew[e >> 1]);
+                float x = s[n][e], ev = x == -INFINITY ? 0.0f : exp2_approx(x - mnew[e >> 1]);
                 st[e >> 1] += ev;
                 if (!plain && ev != 0.0f) ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
                 s[n][e] = ev;
@@ -1113,7 +1120,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     for (int r = 0; r < 2; r++) {
         l[r] = mma_row_sum(l[r]);
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        if (tq == 0 && ir[r] < p.Tq) lse[(size_t)bh * p.Tq + ir[r]] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+        if (tq == 0 && ir[r] < p.Tq)
+            lse[(size_t)bh * p.Tq + ir[r]] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * MMA_LN2 : -INFINITY;
     }
     mma_scale_rows(o, inv);
     mma_write_rows<NT>(out + (size_t)b * o_bstride + (size_t)h * hd, (size_t)o_ld, ir, p.Tq, hd, o, 1.0f, lane);
@@ -1137,12 +1145,14 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     mma_load_rows<hdp>(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, TC_ROWS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
-    float li[2], Di[2], gs[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
+    float li[2], li2[2], Di[2], gs[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f}; /* li2: the lse in base 2 */
     MMA_UNROLL
     for (int r = 0; r < 2; r++) {
         li[r] = ir[r] < p.Tq ? lse[(size_t)bh * p.Tq + ir[r]] : -INFINITY;
+        li2[r] = li[r] * MMA_LOG2E;
         Di[r] = ir[r] < p.Tq ? D[(size_t)bh * p.Tq + ir[r]] : 0.0f;
     }
+    const float sl = p.scale * MMA_LOG2E;
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
     float dq[2 * NT][4];
     mma_zero(dq);
@@ -1158,7 +1168,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
             for (int e = 0; e < 4; e++) {
                 int r = e >> 1, i = ir[r], j = j0 + 8 * n + 2 * tq + (e & 1);
                 float sv = s[n][e] * p.scale;
-                float gp = plain ? expf(sv - li[r]) * (a[n][e] - Di[r])
+                float gp = plain ? exp2_approx(fmaf(s[n][e], sl, -li2[r])) * (a[n][e] - Di[r])
                                  : score_grad(p, b, h, i, j, sv, a[n][e], li[r], Di[r]).gp;
                 gs[r] += gp * sv;
                 rs[r] += gp;
@@ -1201,6 +1211,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     /* lane: keys jr[0] and jr[1] = jr[0] + 8 of the warp's 16, queries 2 tq and 2 tq + 1 of each 8 of a tile */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int jr[2] = {j0 + warp * 16 + lane / 4, j0 + warp * 16 + lane / 4 + 8};
+    const float sl = p.scale * MMA_LOG2E;
     float dk[2 * NT][4], dv[2 * NT][4];
     mma_zero(dk);
     mma_zero(dv);
@@ -1229,7 +1240,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
                     int c = 8 * n + 2 * tq + (e & 1), j = jr[e >> 1];
                     float sv = st[n][e] * p.scale, pt, gp;
                     if (plain) {
-                        pt = expf(sv - ls[c]);
+                        pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
                         gp = pt * (at[n][e] - Ds[c]);
                     } else {
                         ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);

@@ -12,7 +12,8 @@
  * keeps the probabilities in registers between Q.K^T and P.V.
  *
  * Under the CPU emulation of the CUDA built-ins (tests/cuda_emu.h) the emulator provides these functions with the
- * same layout; there mem_as and mem_put copy through memcpy and check the alignment a GPU faults on. */
+ * same layout; there mem_as and mem_put copy through memcpy and check the alignment a GPU faults on, and
+ * exp2_approx is exp2f. */
 #ifndef KVLAB_MMA_CUH
 #define KVLAB_MMA_CUH
 
@@ -53,6 +54,13 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void *row)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
+}
+/* 2^x from the special function unit in one instruction (ex2.approx.ftz: about 2^-22 relative, results below
+ * float's normal range flushed to 0), where exp2f and expf take several: the softmax's exponentials */
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 /* a value of type T at p (aligned to its size), and a store of one */
 template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
