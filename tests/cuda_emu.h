@@ -96,6 +96,13 @@ __attribute__((naked, noinline)) inline void switch_stack(void ** /* save: rdi *
 #define EMU_FAST_SWITCH 0
 #endif
 
+/* A cp.async copy in flight: its 16 bytes (read from global memory when issued, which no kernel writes while
+ * it reads) and where they land. */
+struct AsyncCopy {
+    void *dst;
+    unsigned char bytes[16];
+};
+
 struct Fiber {
     ucontext_t ctx;
     void *sp; /* EMU_FAST_SWITCH: its stack pointer while switched out */
@@ -105,6 +112,8 @@ struct Fiber {
     bool at_block;  /* waiting at __syncthreads, generation wait_gen */
     unsigned wait_gen;
     unsigned parity; /* of its next shuffle (two slots, one barrier per shuffle) */
+    std::vector<AsyncCopy> open;                 /* cp.async copies since its last commit */
+    std::vector<std::vector<AsyncCopy>> groups;  /* committed groups not yet waited for, oldest first */
 };
 
 struct Barrier {
@@ -192,6 +201,8 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned t) {
     f.tid = {t, 0, 0};
     f.done = f.at_block = false;
     f.parity = 0;
+    f.open.clear();
+    f.groups.clear();
 #if EMU_FAST_SWITCH
     /* the stack as switch_stack leaves one: six registers (zero), then trampoline as the address it returns to,
      * then a fake return address of trampoline's own, so that it starts with the stack aligned as after a call */
@@ -288,6 +299,12 @@ inline void launch_grid(EmuDim3 grid, unsigned threads, size_t smem, float *cons
             fprintf(stderr, "cuda_emu: block %lu ended with threads waiting at __syncthreads\n", b);
             exit(2);
         }
+        for (unsigned t = 0; t < threads; t++)
+            if (!fibers[t].open.empty() || !fibers[t].groups.empty()) {
+                fprintf(stderr, "cuda_emu: thread %u of block %lu ended with cp.async copies it never waited for\n",
+                        t, b);
+                exit(2);
+            }
         for (int i = 0; i < nshared; i++) {
             const unsigned char *c = (const unsigned char *)shared[i];
             for (size_t k = smem; k < fill; k++)
@@ -436,6 +453,31 @@ template <typename T> inline void mem_put(void *p, T v) {
     memcpy(p, &v, sizeof v);
 }
 inline float exp2_approx(float x) { return exp2f(x); }
+
+/* cp.async.cg.shared.global of 16 bytes (zeros where !in), cp.async.commit_group and cp.async.wait_group N: a
+ * copy lands in shared memory only when its thread waits for its group, so a read of the tile before the wait and
+ * the barrier after it sees what was there (NaN, or the tile before), as on a GPU it may. */
+inline void cp_async16(void *dst, const void *src, bool in) {
+    emu::check_aligned(dst, 16);
+    emu::AsyncCopy c{dst, {}};
+    if (in) {
+        emu::check_aligned(src, 16);
+        memcpy(c.bytes, src, 16);
+    }
+    emu::fibers[(size_t)emu::cur].open.push_back(c);
+}
+inline void cp_async_commit() {
+    emu::Fiber &f = emu::fibers[(size_t)emu::cur];
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+template <int N> inline void cp_async_wait() {
+    emu::Fiber &f = emu::fibers[(size_t)emu::cur];
+    while (f.groups.size() > (size_t)N) {
+        for (const emu::AsyncCopy &c : f.groups.front()) memcpy(c.dst, c.bytes, 16);
+        f.groups.erase(f.groups.begin());
+    }
+}
 inline uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__float2bfloat16(lo).bits | (uint32_t)__float2bfloat16(hi).bits << 16;
 }

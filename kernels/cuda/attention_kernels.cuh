@@ -856,12 +856,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
 #define MMA_LN2 0.6931471805599453f
 
 /* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the 8 row addresses of one
- * ldmatrix matrix fall on different banks). forward: K, V tiles; dQ: the block's Q and dO rows, then K, V tiles;
- * dK/dV: the block's K and V rows, then Q and dO tiles and the query tile's lse and D (float). */
+ * ldmatrix matrix fall on different banks). The tiles a kernel walks come in two buffers, the next one loading
+ * while the block works on the other (mma_next_tile). forward: two K, V pairs; dQ: the block's Q and dO rows, then
+ * two K, V pairs; dK/dV: the block's K and V rows, then two Q, dO pairs, then two of the query tiles' lse and D
+ * (float). ELEMS: a tile's bf16 count. */
 template <int NT> struct MmaShape {
-    static constexpr int hdp = TC_HD(NT), ld = hdp + 8;
-    static constexpr size_t TILE = (size_t)MMA_KT * ld * sizeof(__nv_bfloat16);
-    static constexpr size_t FWD = 2 * TILE, DQ = 4 * TILE, DKV = 4 * TILE + 2 * MMA_KT * sizeof(float);
+    static constexpr int hdp = TC_HD(NT), ld = hdp + 8, ELEMS = MMA_KT * ld;
+    static constexpr size_t TILE = (size_t)ELEMS * sizeof(__nv_bfloat16);
+    static constexpr size_t FWD = 4 * TILE, DQ = 6 * TILE, DKV = 6 * TILE + 4 * MMA_KT * sizeof(float);
     static_assert(TILE % 16 == 0 && TC_ROWS == MMA_KT, "tiles start 16-byte aligned; blocks of 64 rows");
 };
 enum MmaKernel { MMA_FWD, MMA_DQ, MMA_DKV };
@@ -872,16 +874,18 @@ static inline size_t mma_smem(MmaKernel k, int nt) {
     return nt == 1 ? mma_smem_nt<1>(k) : nt == 2 ? mma_smem_nt<2>(k) : nt == 4 ? mma_smem_nt<4>(k) : mma_smem_nt<8>(k);
 }
 
-/* rows r0 .. r0+rows-1 of an (n, hd) matrix of X (row stride src_ld) into a bf16 tile (row stride ld, HDP
- * columns), zeros past n and in columns hd .. HDP-1: 16 bytes a load (4 floats, rounded to bf16, or 8 bf16 as they
- * are) where hd and src_ld are multiples of that count and src is 16-byte aligned (the packed roles, and dO's rows
- * where the width allows), one value a load otherwise. */
+/* Starts loading rows r0 .. r0+rows-1 of an (n, hd) matrix of X (row stride src_ld) into a bf16 tile (row stride
+ * ld, HDP columns), zeros past n and in columns hd .. HDP-1, 16 bytes a thread where hd and src_ld are multiples of
+ * that many values and src is 16-byte aligned (the packed roles, and dO's rows where the width allows): 8 bf16
+ * with cp.async, which land when the thread waits for the group its next cp_async_commit closes, or 4 floats
+ * through registers, rounded on the way; one value a load otherwise. The latter two land at once. */
 template <int HDP, typename X>
 __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const X *src, size_t src_ld, int r0,
                                               int n, int hd, int rows) {
     constexpr int W = 16 / sizeof(X), VECS = HDP / W; /* values of one load; loads of a tile row */
     static_assert(HDP % W == 0, "whole loads per tile row");
     if (hd % W == 0 && src_ld % W == 0 && (uintptr_t)src % 16 == 0) {
+        MMA_ROLLED
         for (int e = threadIdx.x; e < rows * VECS; e += TC_THREADS) {
             int r = e / VECS, d = e % VECS * W;
             const X *at = src + (size_t)(r0 + r) * src_ld + d;
@@ -892,9 +896,7 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
                 mem_put<uint64_t>(dst + r * ld + d,
                                   (uint64_t)pack_bf16x2(v.x, v.y) | (uint64_t)pack_bf16x2(v.z, v.w) << 32);
             } else {
-                uint4 v = {0u, 0u, 0u, 0u};
-                if (in) v = mem_as<uint4>(at);
-                mem_put<uint4>(dst + r * ld + d, v);
+                cp_async16(dst + r * ld + d, in ? at : src, in);
             }
         }
     } else {
@@ -902,14 +904,25 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
     }
 }
 
-/* Keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into the block's two tiles, between barriers (the last
- * tile's readers done, this one's writers done). */
+/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into a pair of tiles, as one group. */
 template <int HDP, typename X>
-__device__ __forceinline__ void mma_load_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const X *K, const X *V,
-                                            int j0, int Tk, int hd) {
-    __syncthreads();
+__device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const X *K, const X *V,
+                                             int j0, int Tk, int hd) {
     mma_load_rows<HDP>(Ks, ld, K, hd, j0, Tk, hd, MMA_KT);
     mma_load_rows<HDP>(Vs, ld, V, hd, j0, Tk, hd, MMA_KT);
+    cp_async_commit();
+}
+
+/* Step t of n over double-buffered tiles, whose step t was started (fetch(t), one group each) into buffer t % 2:
+ * starts step t + 1 into the other buffer, waits for step t's copies and makes them the block's. The caller ends
+ * the step with a barrier, so that every warp is done with buffer t % 2 before fetch(t + 2) refills it. */
+template <typename F> __device__ __forceinline__ void mma_next_tile(int t, int n, F fetch) {
+    if (t + 1 < n) {
+        fetch(t + 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
     __syncthreads();
 }
 
@@ -1029,7 +1042,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)tsm, *Vs = Ks + MMA_KT * ld;
+    __nv_bfloat16 *Kb[2] = {(__nv_bfloat16 *)tsm, (__nv_bfloat16 *)tsm + 2 * S::ELEMS}; /* the two K, V pairs */
+    __nv_bfloat16 *Vb[2] = {Kb[0] + S::ELEMS, Kb[1] + S::ELEMS};
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
@@ -1060,9 +1074,13 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     const float sl = p.scale * MMA_LOG2E;
     float o[2 * NT][4];
     mma_zero(o);
-    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
-    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
-        mma_load_kv<hdp>(Ks, Vs, ld, K, V, j0, p.Tk, hd);
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(Kb[t % 2], Vb[t % 2], ld, K, V, t * MMA_KT, p.Tk, hd); };
+    fetch(0);
+    for (int t = 0; t < nkt; t++) {
+        const int j0 = t * MMA_KT;
+        const __nv_bfloat16 *Ks = Kb[t % 2], *Vs = Vb[t % 2];
+        mma_next_tile(t, nkt, fetch);
         float s[NS][4];
         mma_zero(s);
         MMA_UNROLL
@@ -1114,6 +1132,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
         }
         mma_scale_rows(o, corr);
         mma_xr<NT>(o, s, Vs, ld, lane);
+        __syncthreads();
     }
     float inv[2];
     MMA_UNROLL
@@ -1135,7 +1154,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + MMA_KT * ld, *Ks = dOs + MMA_KT * ld, *Vs = Ks + MMA_KT * ld;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + S::ELEMS;
+    __nv_bfloat16 *Kb[2] = {dOs + S::ELEMS, dOs + 3 * S::ELEMS}, *Vb[2] = {Kb[0] + S::ELEMS, Kb[1] + S::ELEMS};
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
@@ -1156,9 +1176,13 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
     float dq[2 * NT][4];
     mma_zero(dq);
-    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
-    for (int j0 = 0; j0 < kend; j0 += MMA_KT) {
-        mma_load_kv<hdp>(Ks, Vs, ld, K, V, j0, p.Tk, hd);
+    int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(Kb[t % 2], Vb[t % 2], ld, K, V, t * MMA_KT, p.Tk, hd); };
+    fetch(0); /* with the block's Q and dO rows in its group */
+    for (int t = 0; t < nkt; t++) {
+        const int j0 = t * MMA_KT;
+        const __nv_bfloat16 *Ks = Kb[t % 2], *Vs = Vb[t % 2];
+        mma_next_tile(t, nkt, fetch);
         float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
         mma_scores_dp<NT>(s, a, Qs + warp * 16 * ld, Ks, dOs + warp * 16 * ld, Vs, ld, lane);
         const bool plain = mma_plain_tile(p, i0, j0);
@@ -1176,6 +1200,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
             }
         }
         mma_xr<NT>(dq, s, Ks, ld, lane);
+        __syncthreads();
     }
     mma_write_rows<NT>(dQ + (size_t)bh * p.Tq * hd, (size_t)hd, ir, p.Tq, hd, dq, p.scale, lane);
     if (rowacc) {
@@ -1200,8 +1225,10 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + MMA_KT * ld, *Qs = Vk + MMA_KT * ld, *dOs = Qs + MMA_KT * ld;
-    float *ls = (float *)(dOs + MMA_KT * ld), *Ds = ls + MMA_KT;
+    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS;
+    __nv_bfloat16 *Qb[2] = {Vk + S::ELEMS, Vk + 3 * S::ELEMS}, *dOb[2] = {Qb[0] + S::ELEMS, Qb[1] + S::ELEMS};
+    float *lsb = (float *)(Vk + 5 * S::ELEMS); /* the query tiles' lse and D, two buffers each */
+    float *lb[2] = {lsb, lsb + MMA_KT}, *Db[2] = {lsb + 2 * MMA_KT, lsb + 3 * MMA_KT};
     const int hd = p.hd;
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
@@ -1215,47 +1242,55 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     float dk[2 * NT][4], dv[2 * NT][4];
     mma_zero(dk);
     mma_zero(dv);
-    for (int h = g * p.group; h < (g + 1) * p.group; h++) {
-        int bh = b * p.H + h;
-        float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const X *Q = p.Q + (size_t)bh * p.Tq * hd, *dO = dout + (size_t)b * o_bstride + (size_t)h * hd;
-        float cs[2] = {0.0f, 0.0f};
-        for (int i0 = p.causal ? j0 : 0; i0 < p.Tq; i0 += MMA_KT) { /* causal: queries before j0 see none */
-            __syncthreads();
-            mma_load_rows<hdp>(Qs, ld, Q, hd, i0, p.Tq, hd, MMA_KT);
-            mma_load_rows<hdp>(dOs, ld, dO, o_ld, i0, p.Tq, hd, MMA_KT);
-            for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
-                bool in = i0 + r < p.Tq;
-                ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
-                Ds[r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
-            }
-            __syncthreads();
-            float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
-            mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
-            const bool plain = mma_plain_tile(p, i0, j0);
-            MMA_UNROLL
-            for (int n = 0; n < NS; n++) {
-                MMA_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    int c = 8 * n + 2 * tq + (e & 1), j = jr[e >> 1];
-                    float sv = st[n][e] * p.scale, pt, gp;
-                    if (plain) {
-                        pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
-                        gp = pt * (at[n][e] - Ds[c]);
-                    } else {
-                        ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
-                        pt = sg.a * sg.kf;
-                        gp = sg.gp;
-                    }
-                    cs[e >> 1] += gp;
-                    st[n][e] = pt;
-                    at[n][e] = alpha * gp;
-                }
-            }
-            mma_xr<NT>(dv, st, dOs, ld, lane);
-            mma_xr<NT>(dk, at, Qs, ld, lane);
+    /* the steps: the block's query heads in order, each over its query tiles from istart (causal: queries before
+     * j0 see none; at least one tile, so that every head's column sums are written) */
+    const int istart = p.causal ? j0 : 0, nqt = max(1, (p.Tq - istart + MMA_KT - 1) / MMA_KT), steps = p.group * nqt;
+    auto fetch = [&](int t) {
+        int h = g * p.group + t / nqt, i0 = istart + t % nqt * MMA_KT, bh = b * p.H + h, k = t % 2;
+        mma_load_rows<hdp>(Qb[k], ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
+        mma_load_rows<hdp>(dOb[k], ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
+        for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
+            bool in = i0 + r < p.Tq;
+            lb[k][r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+            Db[k][r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
         }
-        if (colacc) {
+        cp_async_commit();
+    };
+    fetch(0); /* with the block's K and V rows in its group */
+    float cs[2] = {0.0f, 0.0f};
+    for (int t = 0; t < steps; t++) {
+        const int qt = t % nqt, h = g * p.group + t / nqt, bh = b * p.H + h, i0 = istart + qt * MMA_KT;
+        const float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+        const __nv_bfloat16 *Qs = Qb[t % 2], *dOs = dOb[t % 2];
+        const float *ls = lb[t % 2], *Ds = Db[t % 2];
+        if (qt == 0) cs[0] = cs[1] = 0.0f;
+        mma_next_tile(t, steps, fetch);
+        float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
+        mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
+        const bool plain = mma_plain_tile(p, i0, j0);
+        MMA_UNROLL
+        for (int n = 0; n < NS; n++) {
+            MMA_UNROLL
+            for (int e = 0; e < 4; e++) {
+                int c = 8 * n + 2 * tq + (e & 1), j = jr[e >> 1];
+                float sv = st[n][e] * p.scale, pt, gp;
+                if (plain) {
+                    pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
+                    gp = pt * (at[n][e] - Ds[c]);
+                } else {
+                    ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
+                    pt = sg.a * sg.kf;
+                    gp = sg.gp;
+                }
+                cs[e >> 1] += gp;
+                st[n][e] = pt;
+                at[n][e] = alpha * gp;
+            }
+        }
+        mma_xr<NT>(dv, st, dOs, ld, lane);
+        mma_xr<NT>(dk, at, Qs, ld, lane);
+        __syncthreads();
+        if (qt == nqt - 1 && colacc) { /* the head's last tile: its column sums */
             MMA_UNROLL
             for (int r = 0; r < 2; r++) {
                 float sum = mma_row_sum(cs[r]);

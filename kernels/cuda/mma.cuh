@@ -12,18 +12,21 @@
  * keeps the probabilities in registers between Q.K^T and P.V.
  *
  * Under the CPU emulation of the CUDA built-ins (tests/cuda_emu.h) the emulator provides these functions with the
- * same layout; there mem_as and mem_put copy through memcpy and check the alignment a GPU faults on, and
- * exp2_approx is exp2f. */
+ * same layout; there mem_as and mem_put copy through memcpy and check the alignment a GPU faults on,
+ * exp2_approx is exp2f, and a cp.async copy lands when its thread waits for it. */
 #ifndef KVLAB_MMA_CUH
 #define KVLAB_MMA_CUH
 
 #include <stdint.h>
 
-/* before a loop over registers (fragments, accumulators): unrolled, so that they stay registers */
+/* before a loop over registers (fragments, accumulators): unrolled, so that they stay registers; MMA_ROLLED before a
+ * loop of loads that should not be (unrolled, the compiler keeps every iteration's addresses in registers) */
 #ifdef KVLAB_CUDA_EMU_H
 #define MMA_UNROLL
+#define MMA_ROLLED
 #else
 #define MMA_UNROLL _Pragma("unroll")
+#define MMA_ROLLED _Pragma("unroll 1")
 #endif
 
 #ifndef KVLAB_CUDA_EMU_H
@@ -61,6 +64,18 @@ __device__ __forceinline__ float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+/* cp.async (sm_80 and later): 16 bytes from global src to shared dst without passing through registers (.cg: cached
+ * in L2, not L1), or 16 zeros where !in (a source size of 0; src must still be a global address). A thread's
+ * copies form a group at cp_async_commit; cp_async_wait<N> returns when at most its N newest groups are still in
+ * flight; a barrier after it makes every thread's landed copies visible to the block. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool in) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 /* a value of type T at p (aligned to its size), and a store of one */
 template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
