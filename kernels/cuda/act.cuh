@@ -14,4 +14,15 @@ __host__ __device__ inline float act_as<float>(float x) { return x; }
 template <>
 __host__ __device__ inline __nv_bfloat16 act_as<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
+/* W activations of type A moved as one access (W sizeof(A) = 16 bytes: one 128-bit load or store), with mem_as
+ * and mem_put: a load and a store of a T at p, which must be aligned to the T's size (a GPU faults otherwise; the
+ * CPU emulation, tests/cuda_emu.h, provides both and checks it). */
+template <typename A, int W> struct alignas(W * sizeof(A)) ActVec {
+    A v[W];
+};
+#ifndef KVLAB_CUDA_EMU_H
+template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
+template <typename T> __device__ __forceinline__ void mem_put(void *p, T v) { *reinterpret_cast<T *>(p) = v; }
+#endif
+
 #endif

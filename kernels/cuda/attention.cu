@@ -58,9 +58,7 @@ int attention_mma_path(void) { return g_mma_path; }
  * head dim, the strides and the buffers allow, one otherwise; and index with 32 bits where the count fits (I),
  * since a 64-bit division costs a GPU dozens of instructions, and these kernels' work is a few per value. */
 #define PACK_VEC (16 / (int)sizeof(act_t))
-template <int W> struct alignas(W * sizeof(act_t)) ActVec {
-    act_t v[W];
-};
+template <int W> using PackVec = ActVec<act_t, W>;
 
 /* The head-major position of thread idx (values d .. d + W - 1 of packed row r), and row r's (b, hh, t). */
 template <typename I> struct PackPos {
@@ -83,7 +81,7 @@ __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride
     if (idx >= n) return;
     PackPos<I> q = pack_pos<W>(idx, T, heads, hd);
     const act_t *x = src + (size_t)q.b * bstride + (size_t)q.t * ld + (size_t)q.hh * hd; /* the source row */
-    ActVec<W> v = mem_as<ActVec<W>>(x + q.d);
+    PackVec<W> v = mem_as<PackVec<W>>(x + q.d);
     if (rope)
         for (int e = 0; e < W; e++) {
             int d = q.d + e, k = d / 2;
@@ -91,7 +89,7 @@ __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride
             float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
             v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
         }
-    mem_put<ActVec<W>>(dst + (size_t)q.r * hd + q.d, v);
+    mem_put<PackVec<W>>(dst + (size_t)q.r * hd + q.d, v);
 }
 
 /* dst rows += src (packed float), rotated back (R^T) when rope is given. */
@@ -119,9 +117,9 @@ __global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const floa
     } else {
         for (int e = 0; e < W; e++) g[e] = x[q.d + e];
     }
-    ActVec<W> v = mem_as<ActVec<W>>(y);
+    PackVec<W> v = mem_as<PackVec<W>>(y);
     for (int e = 0; e < W; e++) v.v[e] = act_st(act_ld(v.v[e]) + g[e]);
-    mem_put<ActVec<W>>(y, v);
+    mem_put<PackVec<W>>(y, v);
 }
 
 /* Values a thread for rows of hd values at rows (row stride ld, batch stride bstride) and a packed buffer at

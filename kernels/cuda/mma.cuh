@@ -19,6 +19,8 @@
 
 #include <stdint.h>
 
+#include "act.cuh"
+
 /* before a loop over registers (fragments, accumulators): unrolled, so that they stay registers; MMA_ROLLED before a
  * loop of loads that should not be (unrolled, the compiler keeps every iteration's addresses in registers) */
 #ifdef KVLAB_CUDA_EMU_H
@@ -77,9 +79,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-/* a value of type T at p (aligned to its size), and a store of one */
-template <typename T> __device__ __forceinline__ T mem_as(const void *p) { return *reinterpret_cast<const T *>(p); }
-template <typename T> __device__ __forceinline__ void mem_put(void *p, T v) { *reinterpret_cast<T *>(p) = v; }
 #endif
 
 /* Operands of mma_bf16_16816 from bf16 tiles in shared memory (row-major, rows ld elements apart, ld a multiple

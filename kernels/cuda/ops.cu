@@ -707,23 +707,35 @@ void dropout_backward(act_t *dinp, const act_t *dout, size_t n, float p, uint64_
 
 /* ------------------------------------------------------------------ cross-entropy */
 
+/* The cross-entropy kernels read and write a row's logits W at a time: CE_VEC (16 bytes: 8 bf16 or 4 floats) where
+ * V is a multiple of it and the logits 16-byte aligned (a vocabulary padded to a multiple of 8 or more, as
+ * GPT2_VOCAB_MULTIPLE gives), one otherwise. */
+#define CE_VEC (16 / (int)sizeof(act_t))
+static int ce_width(const void *logits, const void *dlogits, int V) {
+    return V % CE_VEC == 0 && (uintptr_t)logits % 16 == 0 && (uintptr_t)dlogits % 16 == 0 ? CE_VEC : 1;
+}
+
 /* one block per row; the logits (the largest activation, B T x V) are read once: each thread keeps an online
  * softmax (its max m and sum s of exp(x - m), rescaled when the max grows), then the block combines them at its
  * max. With the backward's read and write, the loss costs two reads and a write of the logits, as a classifier
  * fusing forward and backward would. */
+template <int W>
 __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act_t *logits, const int *targets,
                                             int V, int ignore_index, float smoothing) {
     int i = blockIdx.x;
     const act_t *x = logits + (size_t)i * V;
     float m = -INFINITY, s = 0.0f, sx = 0.0f;
-    for (int j = threadIdx.x; j < V; j += THREADS) {
-        float v = act_ld(x[j]);
-        sx += v;
-        if (v > m) {
-            s = s * expf(m - v) + 1.0f;
-            m = v;
-        } else if (m != -INFINITY) {
-            s += expf(v - m);
+    for (int j = threadIdx.x * W; j < V; j += THREADS * W) {
+        ActVec<act_t, W> xv = mem_as<ActVec<act_t, W>>(x + j);
+        for (int e = 0; e < W; e++) {
+            float v = act_ld(xv.v[e]);
+            sx += v;
+            if (v > m) {
+                s = s * expf(m - v) + 1.0f;
+                m = v;
+            } else if (m != -INFINITY) {
+                s += expf(v - m);
+            }
         }
     }
     float mx = block_max(m);
@@ -742,29 +754,42 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
     int counted = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
-    crossentropy_forward_kernel<<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
-                                                             smoothing);
+    if (ce_width(logits, logits, V) == CE_VEC)
+        crossentropy_forward_kernel<CE_VEC><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V,
+                                                                          ignore_index, smoothing);
+    else
+        crossentropy_forward_kernel<1><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
+                                                                     smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
     return counted;
 }
 
+template <int W>
 __global__ void crossentropy_backward_kernel(act_t *dlogits, const act_t *logits, const float *lse,
                                              const int *targets, int V, int ignore_index, float smoothing,
                                              float scale) {
+    typedef ActVec<act_t, W> Vec;
     int i = blockIdx.x;
     const act_t *x = logits + (size_t)i * V;
     act_t *d = dlogits + (size_t)i * V;
     int t = targets[i];
     int inplace = d == x;
     if (t == ignore_index) {
-        if (inplace)
-            for (int j = threadIdx.x; j < V; j += THREADS) d[j] = act_st(0.0f);
+        if (inplace) {
+            Vec z;
+            for (int e = 0; e < W; e++) z.v[e] = act_st(0.0f);
+            for (int j = threadIdx.x * W; j < V; j += THREADS * W) mem_put<Vec>(d + j, z);
+        }
         return;
     }
     float l = lse[i], off = smoothing / V;
-    for (int j = threadIdx.x; j < V; j += THREADS) {
-        float g = (expf(act_ld(x[j]) - l) - off) * scale - (j == t ? (1.0f - smoothing) * scale : 0.0f);
-        d[j] = act_st(inplace ? g : act_ld(d[j]) + g);
+    for (int j = threadIdx.x * W; j < V; j += THREADS * W) {
+        Vec xv = mem_as<Vec>(x + j), dv = inplace ? xv : mem_as<Vec>(d + j);
+        for (int e = 0; e < W; e++) {
+            float g = (expf(act_ld(xv.v[e]) - l) - off) * scale - (j + e == t ? (1.0f - smoothing) * scale : 0.0f);
+            dv.v[e] = act_st(inplace ? g : act_ld(dv.v[e]) + g);
+        }
+        mem_put<Vec>(d + j, dv);
     }
 }
 
@@ -773,8 +798,12 @@ void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse
                            float smoothing, float scale) {
     KPROF_OP();
     args_classes("crossentropy_backward", N, V, smoothing);
-    crossentropy_backward_kernel<<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
-                                                              smoothing, scale);
+    if (ce_width(logits, dlogits, V) == CE_VEC)
+        crossentropy_backward_kernel<CE_VEC><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V,
+                                                                           ignore_index, smoothing, scale);
+    else
+        crossentropy_backward_kernel<1><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
+                                                                      smoothing, scale);
     CUDA_LAUNCHED(crossentropy_backward);
 }
 
