@@ -431,8 +431,8 @@ static void check_adamw_spans(void) {
 
 /* The layernorm forward kernel (ops_kernels.cuh) against float64 (1e-5 of the largest output), and its fused
  * residual form against the plain form on the CPU-made sum, bit for bit: rows over several blocks, a width
- * that is not a multiple of 32, with and without bias. */
-static void check_layernorm(int N, int C, bool bias) {
+ * that is not a multiple of 32, with and without bias; W values a lane at a time (1, or 4: 16 bytes). */
+template <int W> static void check_layernorm(int N, int C, bool bias) {
     std::vector<float> a = rand_vec((size_t)N * C, 2.0f), b = rand_vec((size_t)N * C, 1.0f);
     std::vector<float> w = rand_vec((size_t)C, 1.0f), bb = rand_vec((size_t)C, 0.5f), sum((size_t)N * C);
     for (size_t i = 0; i < sum.size(); i++) sum[i] = a[i] + b[i];
@@ -441,12 +441,12 @@ static void check_layernorm(int N, int C, bool bias) {
     const float *bp = bias ? bb.data() : nullptr;
     unsigned grid = (unsigned)((N * 32 + 255) / 256);
     emu::launch(grid, 256, 0, sm, [&] {
-        layernorm_forward_kernel<float>(out.data(), mean.data(), rstd.data(), nullptr, sum.data(), nullptr, w.data(),
-                                        bp, N, C);
+        layernorm_forward_kernel<float, W>(out.data(), mean.data(), rstd.data(), nullptr, sum.data(), nullptr,
+                                           w.data(), bp, N, C);
     });
     emu::launch(grid, 256, 0, sm, [&] {
-        layernorm_forward_kernel<float>(out2.data(), mean2.data(), rstd2.data(), res.data(), a.data(), b.data(),
-                                        w.data(), bp, N, C);
+        layernorm_forward_kernel<float, W>(out2.data(), mean2.data(), rstd2.data(), res.data(), a.data(),
+                                           b.data(), w.data(), bp, N, C);
     });
     std::vector<double> want((size_t)N * C);
     for (int r = 0; r < N; r++) {
@@ -459,8 +459,8 @@ static void check_layernorm(int N, int C, bool bias) {
     }
     double e = rel_err(out, want);
     bool same = res == sum && out2 == out && mean2 == mean && rstd2 == rstd;
-    CHECK(e <= 1e-5 && same, "layernorm forward (N %d, C %d%s): %.3g of the largest against float64; the fused "
-          "residual form %s", N, C, bias ? ", bias" : "", e, same ? "gives the same bits" : "DIFFERS");
+    CHECK(e <= 1e-5 && same, "layernorm forward (N %d, C %d%s, %d a load): %.3g of the largest against float64; the "
+          "fused residual form %s", N, C, bias ? ", bias" : "", W, e, same ? "gives the same bits" : "DIFFERS");
 }
 
 
@@ -845,8 +845,10 @@ int main(void) {
     check_embedding_backward(300, 70, 11, 16);
     check_embedding_backward(EMB_THREADS, 32, 7, 3);
     check_adamw_spans();
-    check_layernorm(37, 100, true);
-    check_layernorm(9, 31, false);
+    check_layernorm<1>(37, 100, true);
+    check_layernorm<1>(9, 31, false);
+    check_layernorm<4>(37, 100, true); /* 25 loads a row: a lane takes one or none in the last pass */
+    check_layernorm<4>(9, 416, false);
     check_launches();
     check_order();
     check_gemm();

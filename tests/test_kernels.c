@@ -831,8 +831,10 @@ static double ln_loss(void *v) {
     return dot(c->out, c->R, (size_t)c->N * c->C);
 }
 
-static void test_layernorm(int with_bias) {
-    int N = 7, C = 37;
+/* C 37: one value a load on the CUDA target; 264: 16 bytes a load (8 bf16 or 4 floats), some lanes twice */
+static void test_layernorm(int with_bias, int C) {
+    int N = 7;
+    char what[64];
     Buf x = act_rand((size_t)N * C, 2.0), w = buf_rand(C, 1.0), b = with_bias ? buf_rand(C, 1.0) : NONE;
     Buf R = act_rand((size_t)N * C, 1.0), out = act_zeros((size_t)N * C), mean = buf_zeros(N), rstd = buf_zeros(N),
         dx = act_zeros((size_t)N * C), dw = buf_zeros(C), db = with_bias ? buf_zeros(C) : NONE;
@@ -844,10 +846,13 @@ static void test_layernorm(int with_bias) {
                xmalloc((size_t)N * C * sizeof(double)), R.h};
     ln_loss(&c);
     double omax, err = max_abs_diff(buf_download(&out), c.out, (size_t)N * C, &omax);
-    CHECK(err <= FWD_TOL * omax, "layernorm forward error %.3g", err);
-    check_grad("layernorm d(inp)", c.x, (size_t)N * C, buf_download(&dx), ln_loss, &c, 400);
-    check_grad("layernorm d(w)", c.w, C, buf_download(&dw), ln_loss, &c, 100);
-    if (b.n) check_grad("layernorm d(b)", c.b, C, buf_download(&db), ln_loss, &c, 100);
+    CHECK(err <= FWD_TOL * omax, "layernorm forward error %.3g (C %d)", err, C);
+    snprintf(what, sizeof what, "layernorm d(inp), C %d", C);
+    check_grad(what, c.x, (size_t)N * C, buf_download(&dx), ln_loss, &c, 400);
+    snprintf(what, sizeof what, "layernorm d(w), C %d", C);
+    check_grad(what, c.w, C, buf_download(&dw), ln_loss, &c, 100);
+    snprintf(what, sizeof what, "layernorm d(b), C %d", C);
+    if (b.n) check_grad(what, c.b, C, buf_download(&db), ln_loss, &c, 100);
     free(c.x), free(c.w), free(c.b), free(c.out);
     /* the fused residual add: the values of residual_forward then layernorm_forward, bit for bit, in place too */
     Buf y = act_rand((size_t)N * C, 1.0), res = act_zeros((size_t)N * C), res2 = act_zeros((size_t)N * C);
@@ -863,8 +868,8 @@ static void test_layernorm(int with_bias) {
     residual_layernorm_forward(x.a, out2.a, mean2.d, rstd2.d, x.a, y.a, w.d, b.d, N, C); /* res = a */
     same = same && !memcmp(buf_download(&x), res.h, (size_t)N * C * sizeof(float)) &&
            !memcmp(buf_download(&out2), out.h, (size_t)N * C * sizeof(float));
-    CHECK(same, "residual_layernorm_forward%s: the sum, output, mean and rstd of residual_forward then "
-          "layernorm_forward, bit for bit (also with res = a)", with_bias ? "" : " without bias");
+    CHECK(same, "residual_layernorm_forward%s, C %d: the sum, output, mean and rstd of residual_forward then "
+          "layernorm_forward, bit for bit (also with res = a)", with_bias ? "" : " without bias", C);
     buf_free(&y), buf_free(&res), buf_free(&res2), buf_free(&out2), buf_free(&mean2), buf_free(&rstd2);
     buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&mean), buf_free(&rstd),
         buf_free(&dx), buf_free(&dw), buf_free(&db);
@@ -1873,8 +1878,9 @@ int main(int argc, char **argv) {
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);
     cross_case("key padding, head dim 160", 1, 7, 40, 1, 160, 1, 0.0f);
-    test_layernorm(1);
-    test_layernorm(0);
+    test_layernorm(1, 37);
+    test_layernorm(0, 37);
+    test_layernorm(1, 264);
     test_linear(1);
     test_linear(0);
     test_lt_plans();

@@ -213,12 +213,19 @@ void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, i
 
 /* ------------------------------------------------------------------ layernorm */
 
+#define LN_VEC (16 / (int)sizeof(act_t)) /* values a lane moves at once where the rows allow (row_width) */
+
 void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
                        const float *w, const float *b, int N, int C) {
     KPROF_OP();
     args_rows("layernorm_forward", N, C);
-    layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
-        out, mean, rstd, NULL, inp, NULL, w, b, N, C);
+    unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
+    if (row_width<act_t>(C, out, inp, NULL, NULL) > 1)
+        layernorm_forward_kernel<act_t, LN_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, NULL, inp, NULL, w,
+                                                                                 b, N, C);
+    else
+        layernorm_forward_kernel<act_t, 1><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, NULL, inp, NULL, w, b,
+                                                                            N, C);
     CUDA_LAUNCHED(layernorm_forward);
 }
 
@@ -226,29 +233,44 @@ void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd
                                 const float *w, const float *bias, int N, int C) {
     KPROF_OP();
     args_rows("residual_layernorm_forward", N, C);
-    layernorm_forward_kernel<act_t><<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(
-        out, mean, rstd, res, a, b, w, bias, N, C);
+    unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
+    if (row_width<act_t>(C, out, res, a, b) > 1)
+        layernorm_forward_kernel<act_t, LN_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, res, a, b, w, bias,
+                                                                                 N, C);
+    else
+        layernorm_forward_kernel<act_t, 1><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, res, a, b, w, bias, N,
+                                                                            C);
     CUDA_LAUNCHED(residual_layernorm_forward);
 }
 
+/* One warp per row, W values a lane at a time (row_width) */
+template <int W>
 __global__ void layernorm_backward_dx_kernel(act_t *dinp, const act_t *dout, const act_t *inp, const float *w,
                                              const float *mean, const float *rstd, int N, int C) {
+    typedef ActVec<act_t, W> Vec;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     const act_t *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
     act_t *dx = dinp + (size_t)row * C;
     float m = mean[row], s = rstd[row];
     float sum_d = 0.0f, sum_dx = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float xh = (act_ld(x[c]) - m) * s, dxh = act_ld(d[c]) * w[c];
-        sum_d += dxh;
-        sum_dx += dxh * xh;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        Vec xv = mem_as<Vec>(x + c), dv = mem_as<Vec>(d + c);
+        for (int e = 0; e < W; e++) {
+            float xh = (act_ld(xv.v[e]) - m) * s, dxh = act_ld(dv.v[e]) * w[c + e];
+            sum_d += dxh;
+            sum_dx += dxh * xh;
+        }
     }
     sum_d = warp_sum(sum_d) / C;
     sum_dx = warp_sum(sum_dx) / C;
-    for (int c = lane; c < C; c += 32) {
-        float xh = (act_ld(x[c]) - m) * s;
-        dx[c] = act_st(act_ld(dx[c]) + s * (act_ld(d[c]) * w[c] - sum_d - xh * sum_dx));
+    for (int c = lane * W; c < C; c += 32 * W) {
+        Vec xv = mem_as<Vec>(x + c), dv = mem_as<Vec>(d + c), gv = mem_as<Vec>(dx + c);
+        for (int e = 0; e < W; e++) {
+            float xh = (act_ld(xv.v[e]) - m) * s;
+            gv.v[e] = act_st(act_ld(gv.v[e]) + s * (act_ld(dv.v[e]) * w[c + e] - sum_d - xh * sum_dx));
+        }
+        mem_put<Vec>(dx + c, gv);
     }
 }
 
@@ -286,8 +308,11 @@ void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, co
                         const float *w, const float *mean, const float *rstd, int N, int C) {
     KPROF_OP();
     args_rows("layernorm_backward", N, C);
-    layernorm_backward_dx_kernel<<<cuda_blocks((size_t)N * 32, THREADS), THREADS, 0, kv_stream>>>(dinp, dout, inp, w,
-                                                                                                  mean, rstd, N, C);
+    unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
+    if (row_width<act_t>(C, dinp, dout, inp, NULL) > 1)
+        layernorm_backward_dx_kernel<LN_VEC><<<grid, THREADS, 0, kv_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    else
+        layernorm_backward_dx_kernel<1><<<grid, THREADS, 0, kv_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     CUDA_LAUNCHED(layernorm_backward_dx);
     int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
     float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * 2 * C);

@@ -12,12 +12,25 @@
 
 /* ------------------------------------------------------------------ layernorm forward */
 
+/* Activations a row kernel moves per access: 16 bytes of A (8 bf16 or 4 floats) where the row width C is a multiple
+ * of that and the rows' buffers are 16-byte aligned (every row then is), one otherwise. */
+template <typename A> static inline int row_width(int C, const void *p0, const void *p1, const void *p2,
+                                                  const void *p3) {
+    constexpr int W = 16 / (int)sizeof(A);
+    const void *ps[4] = {p0, p1, p2, p3};
+    bool ok = C % W == 0;
+    for (const void *p : ps) ok = ok && (uintptr_t)p % 16 == 0; /* NULL (an absent buffer) is aligned */
+    return ok ? W : 1;
+}
+
 /* One warp per row: out = (x - mean) rstd w + b, mean and rstd saved. x is the row of inp, or with res given
  * the residual add inp + inp2, written to res on the way (each lane reads back only what it wrote), so that
- * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit. */
-template <typename A>
+ * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit. A lane takes W
+ * consecutive values at a time (row_width). */
+template <typename A, int W>
 __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *res, const A *inp, const A *inp2,
                                          const float *w, const float *b, int N, int C) {
+    typedef ActVec<A, W> Vec;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     const A *x = inp + (size_t)row * C;
@@ -25,21 +38,36 @@ __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *re
     if (res) { /* the sum as stored (rounded to A), which is what the layernorm of it reads */
         const A *y = inp2 + (size_t)row * C;
         A *r = res + (size_t)row * C;
-        for (int c = lane; c < C; c += 32) {
-            r[c] = act_as<A>(act_ld(x[c]) + act_ld(y[c]));
-            s += act_ld(r[c]);
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec xv = mem_as<Vec>(x + c), yv = mem_as<Vec>(y + c), rv;
+            for (int e = 0; e < W; e++) {
+                rv.v[e] = act_as<A>(act_ld(xv.v[e]) + act_ld(yv.v[e]));
+                s += act_ld(rv.v[e]);
+            }
+            mem_put<Vec>(r + c, rv);
         }
         x = r;
     } else {
-        for (int c = lane; c < C; c += 32) s += act_ld(x[c]);
+        for (int c = lane * W; c < C; c += 32 * W) {
+            Vec xv = mem_as<Vec>(x + c);
+            for (int e = 0; e < W; e++) s += act_ld(xv.v[e]);
+        }
     }
     float m = warp_sum(s) / C;
     float v = 0.0f;
-    for (int c = lane; c < C; c += 32) v += (act_ld(x[c]) - m) * (act_ld(x[c]) - m);
+    for (int c = lane * W; c < C; c += 32 * W) {
+        Vec xv = mem_as<Vec>(x + c);
+        for (int e = 0; e < W; e++) v += (act_ld(xv.v[e]) - m) * (act_ld(xv.v[e]) - m);
+    }
     v = warp_sum(v) / C;
     float rs = 1.0f / sqrtf(v + 1e-5f);
     A *o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = act_as<A>((act_ld(x[c]) - m) * rs * w[c] + (b ? b[c] : 0.0f));
+    for (int c = lane * W; c < C; c += 32 * W) {
+        Vec xv = mem_as<Vec>(x + c), ov;
+        for (int e = 0; e < W; e++)
+            ov.v[e] = act_as<A>((act_ld(xv.v[e]) - m) * rs * w[c + e] + (b ? b[c + e] : 0.0f));
+        mem_put<Vec>(o + c, ov);
+    }
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = rs;
