@@ -283,10 +283,11 @@ int attention_symmetric_path(void); /* as last set */
  * No effect on other targets and precisions. Default on. */
 void attention_set_mma_path(int on);
 int attention_mma_path(void); /* as last set */
-/* Runs the helpers of those kernels on one warp with small integer matrices and compares their products with
- * exact ones: the check that this GPU's mma.sync and ldmatrix place elements where kernels/cuda/mma.cuh says
- * (the CPU emulation of the tests implements that reading). Returns the number of elements out of place (the
- * first is named on stderr), or -1 where the build has no such kernels (other targets and precisions). */
+/* Runs the helpers of those kernels on one warp with small integer matrices, loaded from float and from bf16
+ * (cp.async), and compares their products with exact ones: the check that this GPU's mma.sync, ldmatrix and
+ * cp.async place elements where kernels/cuda/mma.cuh says (the CPU emulation of the tests implements that
+ * reading). Returns the number of elements out of place (the first is named on stderr), or -1 where the build has
+ * no such kernels (other targets and precisions). */
 int attention_mma_check(void);
 
 /* One (batch, head) as dense T x T matrices (S and A: device memory), computed by the same code as

@@ -424,12 +424,9 @@ inline float __bfloat162float(__nv_bfloat16 h) {
     return v;
 }
 
-/* CUDA's 16-byte vector types, aligned as on a GPU */
+/* CUDA's 16-byte vector type, aligned as on a GPU */
 struct alignas(16) float4 {
     float x, y, z, w;
-};
-struct alignas(16) uint4 {
-    unsigned x, y, z, w;
 };
 
 /* kernels/cuda/mma.cuh's primitives. mem_as and mem_put: a load and a store of a T, which a GPU faults on unless
@@ -454,9 +451,10 @@ template <typename T> inline void mem_put(void *p, T v) {
 }
 inline float exp2_approx(float x) { return exp2f(x); }
 
-/* cp.async.cg.shared.global of 16 bytes (zeros where !in), cp.async.commit_group and cp.async.wait_group N: a
- * copy lands in shared memory only when its thread waits for its group, so a read of the tile before the wait and
- * the barrier after it sees what was there (NaN, or the tile before), as on a GPU it may. */
+/* cp.async.cg.shared.global of 16 bytes (zeros where !in), cp.async.commit_group and cp.async.wait_group N: the
+ * destination turns NaN (0xff bytes) when the copy is issued and gets its bytes only when the thread waits for the
+ * copy's group, so a read of the tile before the wait and the barrier after it sees NaN, and so does a warp still
+ * reading a buffer that another warp already refills (a missing barrier), where a GPU may give either value. */
 inline void cp_async16(void *dst, const void *src, bool in) {
     emu::check_aligned(dst, 16);
     emu::AsyncCopy c{dst, {}};
@@ -464,6 +462,7 @@ inline void cp_async16(void *dst, const void *src, bool in) {
         emu::check_aligned(src, 16);
         memcpy(c.bytes, src, 16);
     }
+    memset(dst, 0xff, 16);
     emu::fibers[(size_t)emu::cur].open.push_back(c);
 }
 inline void cp_async_commit() {

@@ -92,6 +92,7 @@ static Problem make_problem(const Case &c) {
     p.thr = (uint32_t)(c.dropout * 16777216.0f);
     p.seed = 0x1234567ull + (uint64_t)c.hd;
     p.batch_first = 1; /* as rank 1 of a split batch: the global row index reaches the dropout hash */
+    p.bufs = 2;        /* the mma kernels' tile buffers, as on a GPU with the shared memory for two */
     if (c.pad) { /* batch b pads its last 3 (b + 1) keys; the last batch of a 'pad = 2' case pads them all */
         pr.pad.assign((size_t)c.B * c.Tk, 0);
         for (int b = 0; b < c.B; b++)
@@ -174,7 +175,7 @@ static void tc_forward(const Case &c, const AttnIO<X> &p, X *out, int o_ld, size
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         if (!wmma) {
             auto k = ATT_PICK(mma_forward_kernel, nt, X);
-            emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
+            emu::launch(grid, TC_THREADS, mma_smem(MMA_FWD, nt, p.bufs), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
             return;
         }
     auto k = TC_PICK(tc_forward_kernel, nt, E, X);
@@ -193,8 +194,10 @@ static void tc_backward(const Case &c, const AttnIO<X> &p, bool sym, const X *do
         if (!sym && !wmma) {
             auto kq = ATT_PICK(mma_dq_kernel, nt, X);
             auto kk = ATT_PICK(mma_dkv_kernel, nt, X);
-            emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt), tsm, [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
-            emu::launch(gk, TC_THREADS, mma_smem(MMA_DKV, nt), tsm, [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+            emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt, p.bufs), tsm,
+                        [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+            emu::launch(gk, TC_THREADS, mma_smem(MMA_DKV, nt, p.bufs), tsm,
+                        [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
             return;
         }
     auto kq = TC_PICK(tc_dq_kernel, nt, E, X);
@@ -219,12 +222,14 @@ template <typename X> static std::vector<X> as_act(const std::vector<float> &v) 
 
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them), the
  * roles, the output and its gradient in the activations' type X (float, or bf16 as CUDA_BF16 builds give them);
- * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles). */
+ * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles); bufs: the mma kernels' tile
+ * buffers (1 as where shared memory is short). */
 template <typename X = float>
-static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false) {
+static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false, int bufs = 2) {
     const Case &c = pr.c;
     AttnIO<X> p;
     static_cast<AttnDev &>(p) = pr.p;
+    p.bufs = bufs;
     std::vector<X> Q = as_act<X>(pr.Q), K = as_act<X>(pr.K), V = as_act<X>(pr.V), dO = as_act<X>(pr.dout);
     p.Q = Q.data(), p.K = K.data(), p.V = V.data();
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
@@ -336,15 +341,19 @@ static void check_case(const Case &c) {
     /* TF32 with its rounding off (the same sums as the fp32 kernels), TF32, and bf16 (7 mantissa bits: the
      * bounds of test_kernels' bf16 builds), with the scores in registers and with WMMA's kernels; then with bf16
      * activations as CUDA_BF16 builds run them (the roles, the output and its gradient stored as bf16): those two
-     * and the fp32 kernels, which such builds run past head dim 128, within the same bf16 bounds */
-    static const Path paths[] = {TF32, TF32, BF16, BF16_WMMA, BF16, BF16_WMMA, FP32};
-    static const char *const modes[] = {"TF32 rounding off", "TF32", "bf16", "bf16, WMMA", "bf16 activations",
-                                        "bf16 activations, WMMA", "fp32 kernels, bf16 activations"};
-    for (int mode_k = 0; mode_k < 7; mode_k++) {
+     * and the fp32 kernels, which such builds run past head dim 128, within the same bf16 bounds; and the kernels
+     * with the scores in registers with one tile buffer, as where a GPU's shared memory is short */
+    static const Path paths[] = {TF32, TF32, BF16, BF16_WMMA, BF16, BF16_WMMA, FP32, BF16};
+    static const char *const modes[] = {"TF32 rounding off",      "TF32",
+                                        "bf16",                   "bf16, WMMA",
+                                        "bf16 activations",       "bf16 activations, WMMA",
+                                        "fp32 kernels, bf16 activations", "bf16 activations, one buffer"};
+    for (int mode_k = 0; mode_k < 8; mode_k++) {
         emu::tf32_exact = mode_k == 0;
         Path path = paths[mode_k];
         bool bf16_act = mode_k >= 4;
-        Result tc = bf16_act ? run_path<__nv_bfloat16>(pr, path, &f32) : run_path(pr, path, &f32);
+        int bufs = mode_k == 7 ? 1 : 2;
+        Result tc = bf16_act ? run_path<__nv_bfloat16>(pr, path, &f32, false, bufs) : run_path(pr, path, &f32);
         const char *mode = modes[mode_k];
         double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
         double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;

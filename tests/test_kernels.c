@@ -939,12 +939,12 @@ static void test_linear(int with_bias) {
 }
 
 /* The register layouts the bf16 attention kernels assume: on a GPU this is the check of the emulator's reading of
- * mma.sync and ldmatrix (tests/cuda_emu.h) against the hardware, which the comparisons with the CPU below would
- * only show as wrong attention. Builds without those kernels answer -1. */
+ * mma.sync, ldmatrix and cp.async (tests/cuda_emu.h) against the hardware, which the comparisons with the CPU below
+ * would only show as wrong attention. Builds without those kernels answer -1. */
 static void test_mma_layout(void) {
     int bad = attention_mma_check();
     if (IS_ENABLED(CONFIG_TARGET_CUDA) && TC_BF16)
-        CHECK(bad == 0, "mma.sync and ldmatrix layouts: %d of 1280 elements out of place", bad);
+        CHECK(bad == 0, "mma.sync, ldmatrix and cp.async: %d of 2 x 1280 elements out of place", bad);
     else
         CHECK(bad == -1, "attention_mma_check in a build without the mma kernels: %d, expected -1", bad);
 }
@@ -1865,6 +1865,8 @@ int main(int argc, char **argv) {
     /* head dims past one warp's worth of values per lane (the CUDA kernels' wider register tiles and larger
      * shared-memory blocks) */
     attention_case("causal, key padding, head dim 96", 1, 40, 1, 96, 1, 1, 0.0f);
+    /* three tiles of 64 keys at a head dim the bf16 kernels load by cp.async: their double buffering on a GPU */
+    attention_case("causal, key padding, head dim 64, 3 key tiles", 1, 130, 1, 64, 1, 1, 0.0f);
     attention_case("bidirectional, dropout, head dim 160", 1, 40, 1, 160, 0, 0, 0.1f);
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);

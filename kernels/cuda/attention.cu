@@ -521,24 +521,31 @@ static int tc_tiles(int hd) {
     int nt = tc_nt(hd);
     if (!TC_ATTN || !nt) return 0;
     size_t fwd = tc_smem_forward<TcElem>(nt), bwd = tc_smem_backward<TcElem>(nt), most = fwd > bwd ? fwd : bwd;
-    if (std::is_same<TcElem, __nv_bfloat16>::value && mma_smem(MMA_DKV, nt) > most) /* its largest (> DQ, FWD) */
-        most = mma_smem(MMA_DKV, nt);
-    return most <= kv_smem_max ? nt : 0; /* whichever the mma path's switch picks */
+    return most <= kv_smem_max ? nt : 0; /* the WMMA kernels' needs: the mma kernels need less with one buffer */
+}
+
+/* The tile buffers of an mma kernel at NT on this GPU: 2 where its shared memory per block allows, else 1 (at
+ * head dim 128 on sm_86 and sm_89, 99 KiB a block), else 0: no room, and the WMMA kernels run. */
+static int mma_bufs(MmaKernel k, int nt) {
+    return mma_smem(k, nt, 2) <= kv_smem_max ? 2 : mma_smem(k, nt, 1) <= kv_smem_max ? 1 : 0;
 }
 
 /* ---- the known-answer check of the register layouts the bf16 kernels assume (attention_mma_check, attention.h).
  * One warp runs the kernels' own helpers on a 16-row A, a 64-row tile R1 and a 64-row tile R2 (16 columns each,
- * loaded from float by mma_load_rows): S = A . R1^T (mma_abt: ldmatrix and mma.sync) and X = bf16(S) . R2 (mma_a_acc
- * and mma_xr: the accumulators as the next A operand, ldmatrix .trans), both written by mma_write_rows. The
- * values are small integers, so every product and sum is exact and any element out of place shows. */
+ * loaded by mma_load_rows from X: float through registers, or bf16 by cp.async with its commit and wait): S = A .
+ * R1^T (mma_abt: ldmatrix and mma.sync) and X = bf16(S) . R2 (mma_a_acc and mma_xr: the accumulators as the next A
+ * operand, ldmatrix .trans), both written by mma_write_rows. The values are small integers, so every product and
+ * sum is exact and any element out of place shows. */
 enum { MMA_CHECK_A = 16 * 16, MMA_CHECK_R = MMA_KT * 16 };
-__global__ void mma_check_kernel(float *S, float *X, const float *in) {
+template <typename X> __global__ void mma_check_kernel(float *S, float *Xo, const X *in) {
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<1> Sh;
-    __nv_bfloat16 *As = (__nv_bfloat16 *)tsm, *R1 = As + MMA_KT * Sh::ld, *R2 = R1 + MMA_KT * Sh::ld;
+    __nv_bfloat16 *As = (__nv_bfloat16 *)tsm, *R1 = As + Sh::ELEMS, *R2 = R1 + Sh::ELEMS;
     mma_load_rows<Sh::hdp>(As, Sh::ld, in, 16, 0, 16, 16, 16);
     mma_load_rows<Sh::hdp>(R1, Sh::ld, in + MMA_CHECK_A, 16, 0, MMA_KT, 16, MMA_KT);
     mma_load_rows<Sh::hdp>(R2, Sh::ld, in + MMA_CHECK_A + MMA_CHECK_R, 16, 0, MMA_KT, 16, MMA_KT);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x, r[2] = {lane / 4, lane / 4 + 8};
@@ -548,7 +555,22 @@ __global__ void mma_check_kernel(float *S, float *X, const float *in) {
     mma_abt<1>(s, As, R1, Sh::ld, lane);
     mma_xr<1>(x, s, R2, Sh::ld, lane);
     mma_write_rows<MMA_KT / 16>(S, MMA_KT, r, 16, MMA_KT, s, 1.0f, lane);
-    mma_write_rows<1>(X, 16, r, 16, 16, x, 1.0f, lane);
+    mma_write_rows<1>(Xo, 16, r, 16, 16, x, 1.0f, lane);
+}
+
+/* The check's inputs as X, run; out: S (16 x MMA_KT) then X (16 x 16). */
+template <typename X> static void mma_check_run(float *out, size_t out_bytes, const float *in, int nin) {
+    X *hx = (X *)xmalloc((size_t)nin * sizeof(X));
+    for (int i = 0; i < nin; i++) hx[i] = act_as<X>(in[i]);
+    X *din = (X *)dev_alloc((size_t)nin * sizeof(X));
+    float *dout = (float *)dev_alloc(out_bytes);
+    dev_upload(din, hx, (size_t)nin * sizeof(X));
+    mma_check_kernel<X><<<1, TC_THREADS, 3 * MmaShape<1>::TILE, kv_stream>>>(dout, dout + 16 * MMA_KT, din);
+    CUDA_LAUNCHED(mma_check);
+    dev_download(out, dout, out_bytes);
+    dev_free(din);
+    dev_free(dout);
+    free(hx);
 }
 
 int attention_mma_check(void) {
@@ -563,35 +585,34 @@ int attention_mma_check(void) {
             h = h * 1664525u + 1013904223u;
             in[i] = (float)((int)(h >> 24) % 5 - 2);
         }
-        float *din = (float *)dev_alloc(sizeof in), *dout = (float *)dev_alloc(sizeof out);
-        dev_upload(din, in, sizeof in);
-        size_t smem = 3 * MmaShape<1>::TILE;
-        mma_check_kernel<<<1, TC_THREADS, smem, kv_stream>>>(dout, dout + NS, din);
-        CUDA_LAUNCHED(mma_check);
-        dev_download(out, dout, sizeof out);
-        dev_free(din);
-        dev_free(dout);
         const float *A = in, *R1 = in + MMA_CHECK_A, *R2 = R1 + MMA_CHECK_R;
         int bad = 0;
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < MMA_KT + 16; j++) {
-                double want = 0.0;
-                if (j < MMA_KT) {
-                    for (int k = 0; k < 16; k++) want += (double)A[i * 16 + k] * R1[j * 16 + k];
-                } else {
-                    for (int k = 0; k < MMA_KT; k++) {
-                        double sk = 0.0;
-                        for (int c = 0; c < 16; c++) sk += (double)A[i * 16 + c] * R1[k * 16 + c];
-                        want += sk * R2[k * 16 + (j - MMA_KT)];
+        for (int bf16_in = 0; bf16_in < 2; bf16_in++) {
+            if (bf16_in)
+                mma_check_run<__nv_bfloat16>(out, sizeof out, in, NIN);
+            else
+                mma_check_run<float>(out, sizeof out, in, NIN);
+            for (int i = 0; i < 16; i++)
+                for (int j = 0; j < MMA_KT + 16; j++) {
+                    double want = 0.0;
+                    if (j < MMA_KT) {
+                        for (int k = 0; k < 16; k++) want += (double)A[i * 16 + k] * R1[j * 16 + k];
+                    } else {
+                        for (int k = 0; k < MMA_KT; k++) {
+                            double sk = 0.0;
+                            for (int c = 0; c < 16; c++) sk += (double)A[i * 16 + c] * R1[k * 16 + c];
+                            want += sk * R2[k * 16 + (j - MMA_KT)];
+                        }
                     }
+                    float got = j < MMA_KT ? out[i * MMA_KT + j] : out[NS + i * 16 + (j - MMA_KT)];
+                    if ((double)got != want && bad++ == 0)
+                        fprintf(stderr, "attention_mma_check: %s[%d][%d] is %g, expected %g, from %s inputs: "
+                                "mma.sync, ldmatrix or cp.async places elements where kernels/cuda/mma.cuh does not "
+                                "say (hint: attention_set_mma_path(0) runs the WMMA kernels)\n",
+                                j < MMA_KT ? "A.R1^T" : "S.R2", i, j < MMA_KT ? j : j - MMA_KT, got, want,
+                                bf16_in ? "bf16" : "float");
                 }
-                float got = j < MMA_KT ? out[i * MMA_KT + j] : out[NS + i * 16 + (j - MMA_KT)];
-                if ((double)got != want && bad++ == 0)
-                    fprintf(stderr, "attention_mma_check: %s[%d][%d] is %g, expected %g: mma.sync or ldmatrix "
-                            "places elements where kernels/cuda/mma.cuh does not say (hint: "
-                            "attention_set_mma_path(0) runs the WMMA kernels)\n", j < MMA_KT ? "A.R1^T" : "S.R2", i,
-                            j < MMA_KT ? j : j - MMA_KT, got, want);
-            }
+        }
         return bad;
     }
 }
@@ -602,9 +623,11 @@ template <typename E> static void tc_forward(Call *c, int nt) {
     const AttnIO<act_t> *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
-        if (g_mma_path) {
-            launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt, act_t), grid, TC_THREADS, mma_smem(MMA_FWD, nt),
-                   *d, c->out, c->o_ld, c->o_bstride, c->lse);
+        if (int bufs = g_mma_path ? mma_bufs(MMA_FWD, nt) : 0) {
+            AttnIO<act_t> dm = *d;
+            dm.bufs = bufs;
+            launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt, act_t), grid, TC_THREADS,
+                   mma_smem(MMA_FWD, nt, bufs), dm, c->out, c->o_ld, c->o_bstride, c->lse);
             return;
         }
     launch("tc_forward_kernel", TC_PICK(tc_forward_kernel, nt, E, act_t), grid, TC_THREADS, tc_smem_forward<E>(nt), *d,
@@ -635,12 +658,17 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
     if (sym) {
         launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
                *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
-    } else if (std::is_same<E, __nv_bfloat16>::value && g_mma_path) {
+    } else if (std::is_same<E, __nv_bfloat16>::value && g_mma_path && mma_bufs(MMA_DQ, nt) &&
+               mma_bufs(MMA_DKV, nt)) {
         if constexpr (std::is_same<E, __nv_bfloat16>::value) {
-            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS, mma_smem(MMA_DQ, nt), *d, dout,
-                   c->o_ld, c->o_bstride, lse, D, dq, rowacc);
-            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt, act_t), gk, TC_THREADS, mma_smem(MMA_DKV, nt), *d, dout,
-                   c->o_ld, c->o_bstride, lse, D, dk, dv, colacc);
+            AttnIO<act_t> dq_call = *d, dkv_call = *d;
+            dq_call.bufs = mma_bufs(MMA_DQ, nt);
+            dkv_call.bufs = mma_bufs(MMA_DKV, nt);
+            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS,
+                   mma_smem(MMA_DQ, nt, dq_call.bufs), dq_call, dout, c->o_ld, c->o_bstride, lse, D, dq, rowacc);
+            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt, act_t), gk, TC_THREADS,
+                   mma_smem(MMA_DKV, nt, dkv_call.bufs), dkv_call, dout, c->o_ld, c->o_bstride, lse, D, dk, dv,
+                   colacc);
         }
     } else {
         launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E, act_t), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,

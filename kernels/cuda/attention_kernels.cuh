@@ -48,6 +48,7 @@ struct AttnDev {
     const float *f, *g, *alpha, *bias;
     const float *pe_bias;         /* (H, pe_nd) at d + Tq - 1, or NULL */
     int pe_nd;
+    int bufs;                     /* the mma kernels' tile buffers: 2, or 1 where shared memory is short */
 };
 
 /* ... and its packed roles, of the activations' type X, as are the output and its gradient that the kernels take:
@@ -856,22 +857,22 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
 #define MMA_LN2 0.6931471805599453f
 
 /* A tile: MMA_KT rows of the head dim padded to hdp, rows ld bf16 apart (hdp + 8: the 8 row addresses of one
- * ldmatrix matrix fall on different banks). The tiles a kernel walks come in two buffers, the next one loading
- * while the block works on the other (mma_next_tile). forward: two K, V pairs; dQ: the block's Q and dO rows, then
- * two K, V pairs; dK/dV: the block's K and V rows, then two Q, dO pairs, then two of the query tiles' lse and D
- * (float). ELEMS: a tile's bf16 count. */
+ * ldmatrix matrix fall on different banks). The tiles a kernel walks come in p.bufs buffers: two, the next one
+ * loading while the block works on the other (mma_next_tile), or one where a GPU's shared memory per block is
+ * short (head dim 128 on sm_86 and sm_89). forward: the K, V pairs; dQ: the block's Q and dO rows, then the K, V
+ * pairs; dK/dV: the block's K and V rows, then the Q, dO pairs, then the query tiles' lse and D (float, bufs of
+ * each). ELEMS: a tile's bf16 count. */
 template <int NT> struct MmaShape {
     static constexpr int hdp = TC_HD(NT), ld = hdp + 8, ELEMS = MMA_KT * ld;
     static constexpr size_t TILE = (size_t)ELEMS * sizeof(__nv_bfloat16);
-    static constexpr size_t FWD = 4 * TILE, DQ = 6 * TILE, DKV = 6 * TILE + 4 * MMA_KT * sizeof(float);
     static_assert(TILE % 16 == 0 && TC_ROWS == MMA_KT, "tiles start 16-byte aligned; blocks of 64 rows");
 };
 enum MmaKernel { MMA_FWD, MMA_DQ, MMA_DKV };
-template <int NT> static inline size_t mma_smem_nt(MmaKernel k) {
-    return k == MMA_FWD ? MmaShape<NT>::FWD : k == MMA_DQ ? MmaShape<NT>::DQ : MmaShape<NT>::DKV;
-}
-static inline size_t mma_smem(MmaKernel k, int nt) {
-    return nt == 1 ? mma_smem_nt<1>(k) : nt == 2 ? mma_smem_nt<2>(k) : nt == 4 ? mma_smem_nt<4>(k) : mma_smem_nt<8>(k);
+static inline size_t mma_smem(MmaKernel k, int nt, int bufs) {
+    size_t tile = (size_t)MMA_KT * (TC_HD(nt) + 8) * sizeof(__nv_bfloat16);
+    return k == MMA_FWD ? 2 * bufs * tile
+           : k == MMA_DQ ? (2 + 2 * (size_t)bufs) * tile
+                         : (2 + 2 * (size_t)bufs) * tile + 2 * (size_t)bufs * MMA_KT * sizeof(float);
 }
 
 /* Starts loading rows r0 .. r0+rows-1 of an (n, hd) matrix of X (row stride src_ld) into a bf16 tile (row stride
@@ -913,11 +914,16 @@ __device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *V
     cp_async_commit();
 }
 
-/* Step t of n over double-buffered tiles, whose step t was started (fetch(t), one group each) into buffer t % 2:
- * starts step t + 1 into the other buffer, waits for step t's copies and makes them the block's. The caller ends
- * the step with a barrier, so that every warp is done with buffer t % 2 before fetch(t + 2) refills it. */
-template <typename F> __device__ __forceinline__ void mma_next_tile(int t, int n, F fetch) {
-    if (t + 1 < n) {
+/* Step t of n over tiles in bufs buffers (step t in buffer t % bufs; fetch(t) starts it, one group each, and the
+ * caller starts step 0 before the loop): with two, starts step t + 1 into the other buffer, then waits for step
+ * t's copies; with one, starts step t only now (t > 0), the buffer's readers being done, and waits for it. Then a
+ * barrier makes the tile the block's. The caller ends the step with a barrier, so that every warp is done with
+ * its buffer before a later fetch refills it. */
+template <typename F> __device__ __forceinline__ void mma_next_tile(int t, int n, int bufs, F fetch) {
+    if (bufs == 1) {
+        if (t > 0) fetch(t);
+        cp_async_wait<0>();
+    } else if (t + 1 < n) {
         fetch(t + 1);
         cp_async_wait<1>();
     } else {
@@ -1042,8 +1048,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Kb[2] = {(__nv_bfloat16 *)tsm, (__nv_bfloat16 *)tsm + 2 * S::ELEMS}; /* the two K, V pairs */
-    __nv_bfloat16 *Vb[2] = {Kb[0] + S::ELEMS, Kb[1] + S::ELEMS};
+    /* the K, V pairs: buffer t % 2 at kv + (t % 2) * step (step 0 with one buffer), V a tile after K */
+    __nv_bfloat16 *const kv = (__nv_bfloat16 *)tsm;
+    const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS;
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
@@ -1075,12 +1082,15 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     float o[2 * NT][4];
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) { mma_fetch_kv<hdp>(Kb[t % 2], Vb[t % 2], ld, K, V, t * MMA_KT, p.Tk, hd); };
+    auto fetch = [&](int t) {
+        __nv_bfloat16 *k = kv + (t & 1) * step;
+        mma_fetch_kv<hdp>(k, k + S::ELEMS, ld, K, V, t * MMA_KT, p.Tk, hd);
+    };
     fetch(0);
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
-        const __nv_bfloat16 *Ks = Kb[t % 2], *Vs = Vb[t % 2];
-        mma_next_tile(t, nkt, fetch);
+        const __nv_bfloat16 *Ks = kv + (t & 1) * step, *Vs = Ks + S::ELEMS;
+        mma_next_tile(t, nkt, nb, fetch);
         float s[NS][4];
         mma_zero(s);
         MMA_UNROLL
@@ -1154,8 +1164,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + S::ELEMS;
-    __nv_bfloat16 *Kb[2] = {dOs + S::ELEMS, dOs + 3 * S::ELEMS}, *Vb[2] = {Kb[0] + S::ELEMS, Kb[1] + S::ELEMS};
+    /* the block's Q and dO rows, then the K, V pairs as the forward's (kv, step) */
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + S::ELEMS, *const kv = dOs + S::ELEMS;
+    const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS;
     const int hd = p.hd;
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
@@ -1177,12 +1188,15 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     float dq[2 * NT][4];
     mma_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) { mma_fetch_kv<hdp>(Kb[t % 2], Vb[t % 2], ld, K, V, t * MMA_KT, p.Tk, hd); };
+    auto fetch = [&](int t) {
+        __nv_bfloat16 *k = kv + (t & 1) * step;
+        mma_fetch_kv<hdp>(k, k + S::ELEMS, ld, K, V, t * MMA_KT, p.Tk, hd);
+    };
     fetch(0); /* with the block's Q and dO rows in its group */
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
-        const __nv_bfloat16 *Ks = Kb[t % 2], *Vs = Vb[t % 2];
-        mma_next_tile(t, nkt, fetch);
+        const __nv_bfloat16 *Ks = kv + (t & 1) * step, *Vs = Ks + S::ELEMS;
+        mma_next_tile(t, nkt, nb, fetch);
         float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
         mma_scores_dp<NT>(s, a, Qs + warp * 16 * ld, Ks, dOs + warp * 16 * ld, Vs, ld, lane);
         const bool plain = mma_plain_tile(p, i0, j0);
@@ -1225,10 +1239,11 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS;
-    __nv_bfloat16 *Qb[2] = {Vk + S::ELEMS, Vk + 3 * S::ELEMS}, *dOb[2] = {Qb[0] + S::ELEMS, Qb[1] + S::ELEMS};
-    float *lsb = (float *)(Vk + 5 * S::ELEMS); /* the query tiles' lse and D, two buffers each */
-    float *lb[2] = {lsb, lsb + MMA_KT}, *Db[2] = {lsb + 2 * MMA_KT, lsb + 3 * MMA_KT};
+    /* the block's K and V rows, then the Q, dO pairs (buffer t % 2 at qo + (t % 2) * step, dO a tile after Q),
+     * then the query tiles' lse and D, nb of each (buffer t % 2 at ld0 + (t % 2) * lstep, D after all lse) */
+    const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS, lstep = (nb - 1) * MMA_KT;
+    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS, *const qo = Vk + S::ELEMS;
+    float *const ld0 = (float *)(qo + 2 * nb * S::ELEMS);
     const int hd = p.hd;
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
@@ -1246,13 +1261,15 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
      * j0 see none; at least one tile, so that every head's column sums are written) */
     const int istart = p.causal ? j0 : 0, nqt = max(1, (p.Tq - istart + MMA_KT - 1) / MMA_KT), steps = p.group * nqt;
     auto fetch = [&](int t) {
-        int h = g * p.group + t / nqt, i0 = istart + t % nqt * MMA_KT, bh = b * p.H + h, k = t % 2;
-        mma_load_rows<hdp>(Qb[k], ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
-        mma_load_rows<hdp>(dOb[k], ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
+        int h = g * p.group + t / nqt, i0 = istart + t % nqt * MMA_KT, bh = b * p.H + h;
+        __nv_bfloat16 *q = qo + (t & 1) * step;
+        float *l = ld0 + (t & 1) * lstep;
+        mma_load_rows<hdp>(q, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
+        mma_load_rows<hdp>(q + S::ELEMS, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
         for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
             bool in = i0 + r < p.Tq;
-            lb[k][r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
-            Db[k][r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
+            l[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
+            l[nb * MMA_KT + r] = in ? D[(size_t)bh * p.Tq + i0 + r] : 0.0f;
         }
         cp_async_commit();
     };
@@ -1261,10 +1278,10 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     for (int t = 0; t < steps; t++) {
         const int qt = t % nqt, h = g * p.group + t / nqt, bh = b * p.H + h, i0 = istart + qt * MMA_KT;
         const float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const __nv_bfloat16 *Qs = Qb[t % 2], *dOs = dOb[t % 2];
-        const float *ls = lb[t % 2], *Ds = Db[t % 2];
+        const __nv_bfloat16 *Qs = qo + (t & 1) * step, *dOs = Qs + S::ELEMS;
+        const float *ls = ld0 + (t & 1) * lstep, *Ds = ls + nb * MMA_KT;
         if (qt == 0) cs[0] = cs[1] = 0.0f;
-        mma_next_tile(t, steps, fetch);
+        mma_next_tile(t, steps, nb, fetch);
         float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
         mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
         const bool plain = mma_plain_tile(p, i0, j0);
