@@ -25,8 +25,9 @@ template <typename A> static inline int row_width(int C, const void *p0, const v
 
 /* One warp per row: out = (x - mean) rstd w + b, mean and rstd saved. x is the row of inp, or with res given
  * the residual add inp + inp2, written to res on the way (each lane reads back only what it wrote), so that
- * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit. A lane takes W
- * consecutive values at a time (row_width). */
+ * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit, where both take the
+ * same width: a lane takes W consecutive values at a time (row_width), and W sets the order of the row's sums (the
+ * blocks carve every activation 16-byte aligned, nn/block.c, so both take 16 bytes where C allows). */
 template <typename A, int W>
 __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *res, const A *inp, const A *inp2,
                                          const float *w, const float *b, int N, int C) {
