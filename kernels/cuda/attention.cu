@@ -658,12 +658,13 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
     if (sym) {
         launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
                *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
-    } else if (std::is_same<E, __nv_bfloat16>::value && g_mma_path && mma_bufs(MMA_DQ, nt) &&
-               mma_bufs(MMA_DKV, nt)) {
+    } else if (int bq = std::is_same<E, __nv_bfloat16>::value && g_mma_path ? mma_bufs(MMA_DQ, nt) : 0,
+               bk = bq ? mma_bufs(MMA_DKV, nt) : 0;
+               bk) {
         if constexpr (std::is_same<E, __nv_bfloat16>::value) {
             AttnIO<act_t> dq_call = *d, dkv_call = *d;
-            dq_call.bufs = mma_bufs(MMA_DQ, nt);
-            dkv_call.bufs = mma_bufs(MMA_DKV, nt);
+            dq_call.bufs = bq;
+            dkv_call.bufs = bk;
             launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS,
                    mma_smem(MMA_DQ, nt, dq_call.bufs), dq_call, dout, c->o_ld, c->o_bstride, lse, D, dq, rowacc);
             launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt, act_t), gk, TC_THREADS,

@@ -905,12 +905,16 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
     }
 }
 
-/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into a pair of tiles, as one group. */
+/* Step t's buffer of tiles kept in two buffers, step apart from base (step 0 with one buffer: every step in it) */
+template <typename T> __device__ __forceinline__ T *mma_buf(T *base, int step, int t) { return base + (t & 1) * step; }
+
+/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into a pair of tiles (K's at pair, V's a tile
+ * after it), as one group. */
 template <int HDP, typename X>
-__device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *Ks, __nv_bfloat16 *Vs, int ld, const X *K, const X *V,
-                                             int j0, int Tk, int hd) {
-    mma_load_rows<HDP>(Ks, ld, K, hd, j0, Tk, hd, MMA_KT);
-    mma_load_rows<HDP>(Vs, ld, V, hd, j0, Tk, hd, MMA_KT);
+__device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *pair, int ld, const X *K, const X *V, int j0, int Tk,
+                                             int hd) {
+    mma_load_rows<HDP>(pair, ld, K, hd, j0, Tk, hd, MMA_KT);
+    mma_load_rows<HDP>(pair + MMA_KT * ld, ld, V, hd, j0, Tk, hd, MMA_KT);
     cp_async_commit();
 }
 
@@ -1048,7 +1052,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    /* the K, V pairs: buffer t % 2 at kv + (t % 2) * step (step 0 with one buffer), V a tile after K */
+    /* the K, V pairs (mma_buf), V a tile after K */
     __nv_bfloat16 *const kv = (__nv_bfloat16 *)tsm;
     const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS;
     const int hd = p.hd;
@@ -1082,14 +1086,11 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     float o[2 * NT][4];
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) {
-        __nv_bfloat16 *k = kv + (t & 1) * step;
-        mma_fetch_kv<hdp>(k, k + S::ELEMS, ld, K, V, t * MMA_KT, p.Tk, hd);
-    };
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, K, V, t * MMA_KT, p.Tk, hd); };
     fetch(0);
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
-        const __nv_bfloat16 *Ks = kv + (t & 1) * step, *Vs = Ks + S::ELEMS;
+        const __nv_bfloat16 *Ks = mma_buf(kv, step, t), *Vs = Ks + S::ELEMS;
         mma_next_tile(t, nkt, nb, fetch);
         float s[NS][4];
         mma_zero(s);
@@ -1164,7 +1165,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    /* the block's Q and dO rows, then the K, V pairs as the forward's (kv, step) */
+    /* the block's Q and dO rows, then the K, V pairs as the forward's */
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)tsm, *dOs = Qs + S::ELEMS, *const kv = dOs + S::ELEMS;
     const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS;
     const int hd = p.hd;
@@ -1188,14 +1189,11 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     float dq[2 * NT][4];
     mma_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) {
-        __nv_bfloat16 *k = kv + (t & 1) * step;
-        mma_fetch_kv<hdp>(k, k + S::ELEMS, ld, K, V, t * MMA_KT, p.Tk, hd);
-    };
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, K, V, t * MMA_KT, p.Tk, hd); };
     fetch(0); /* with the block's Q and dO rows in its group */
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
-        const __nv_bfloat16 *Ks = kv + (t & 1) * step, *Vs = Ks + S::ELEMS;
+        const __nv_bfloat16 *Ks = mma_buf(kv, step, t), *Vs = Ks + S::ELEMS;
         mma_next_tile(t, nkt, nb, fetch);
         float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
         mma_scores_dp<NT>(s, a, Qs + warp * 16 * ld, Ks, dOs + warp * 16 * ld, Vs, ld, lane);
@@ -1239,8 +1237,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    /* the block's K and V rows, then the Q, dO pairs (buffer t % 2 at qo + (t % 2) * step, dO a tile after Q),
-     * then the query tiles' lse and D, nb of each (buffer t % 2 at ld0 + (t % 2) * lstep, D after all lse) */
+    /* the block's K and V rows, then the Q, dO pairs (mma_buf from qo, dO a tile after Q), then the query tiles'
+     * lse and D, nb of each (mma_buf from ld0; a buffer's D nb * MMA_KT floats after its lse) */
     const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS, lstep = (nb - 1) * MMA_KT;
     __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS, *const qo = Vk + S::ELEMS;
     float *const ld0 = (float *)(qo + 2 * nb * S::ELEMS);
@@ -1262,8 +1260,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     const int istart = p.causal ? j0 : 0, nqt = max(1, (p.Tq - istart + MMA_KT - 1) / MMA_KT), steps = p.group * nqt;
     auto fetch = [&](int t) {
         int h = g * p.group + t / nqt, i0 = istart + t % nqt * MMA_KT, bh = b * p.H + h;
-        __nv_bfloat16 *q = qo + (t & 1) * step;
-        float *l = ld0 + (t & 1) * lstep;
+        __nv_bfloat16 *q = mma_buf(qo, step, t);
+        float *l = mma_buf(ld0, lstep, t);
         mma_load_rows<hdp>(q, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
         mma_load_rows<hdp>(q + S::ELEMS, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
         for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
@@ -1278,8 +1276,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     for (int t = 0; t < steps; t++) {
         const int qt = t % nqt, h = g * p.group + t / nqt, bh = b * p.H + h, i0 = istart + qt * MMA_KT;
         const float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const __nv_bfloat16 *Qs = qo + (t & 1) * step, *dOs = Qs + S::ELEMS;
-        const float *ls = ld0 + (t & 1) * lstep, *Ds = ls + nb * MMA_KT;
+        const __nv_bfloat16 *Qs = mma_buf(qo, step, t), *dOs = Qs + S::ELEMS;
+        const float *ls = mma_buf(ld0, lstep, t), *Ds = ls + nb * MMA_KT;
         if (qt == 0) cs[0] = cs[1] = 0.0f;
         mma_next_tile(t, steps, nb, fetch);
         float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */

@@ -290,22 +290,10 @@ __global__ void to_act_kernel(act_t *dst, const float *src, size_t n) {
     if (i < n) dst[i] = act_st(src[i]);
 }
 
-__global__ void to_float_kernel(float *dst, const act_t *src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = act_ld(src[i]);
-}
-
 void cuda_to_act(act_t *dst, const float *src, size_t n) {
     if (!n) return;
     to_act_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, n);
     CUDA_LAUNCHED(to_act);
-}
-
-void cuda_to_float(float *dst, const act_t *src, size_t n) {
-    if (!n) return;
-    cuda_float_written(dst, n * sizeof(float));
-    to_float_kernel<<<cuda_blocks(n, 256), 256, 0, kv_stream>>>(dst, src, n);
-    CUDA_LAUNCHED(to_float);
 }
 
 float *cuda_scratch(float **buf, size_t *cap, size_t floats) {

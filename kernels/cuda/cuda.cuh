@@ -69,9 +69,8 @@ void cuda_sync_before_copy(void);
 __host__ __device__ inline act_t act_st(float x) { return act_as<act_t>(x); }
 /* cuBLAS's name of act_t */
 #define CUDA_R_ACT (KVLAB_ACT_BYTES == 2 ? CUDA_R_16BF : CUDA_R_32F)
-/* n values converted on the stream, float to act_t (rounded) and back. */
+/* n values converted on the stream, float to act_t (rounded). */
 void cuda_to_act(act_t *dst, const float *src, size_t n);
-void cuda_to_float(float *dst, const act_t *src, size_t n);
 
 /* The backend wrote bytes at p, or freed them: a kept bf16 copy of a weight matrix there is stale, or freed (the
  * copies of ops.cu, weights_as_act). Every op that may write parameters calls the first: the transfers, dev_zero,
