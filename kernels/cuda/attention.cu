@@ -54,10 +54,9 @@ int attention_mma_path(void) { return g_mma_path; }
 
 /* ------------------------------------------------------------------ pack and unpack */
 
-/* Pack and unpack move PACK_VEC values a thread (16 bytes of activations: eight bf16 or four floats) where the
+/* Pack and unpack move ACT_VEC values a thread (16 bytes of activations: eight bf16 or four floats) where the
  * head dim, the strides and the buffers allow, one otherwise; and index with 32 bits where the count fits (I),
  * since a 64-bit division costs a GPU dozens of instructions, and these kernels' work is a few per value. */
-#define PACK_VEC (16 / (int)sizeof(act_t))
 template <int W> using PackVec = ActVec<act_t, W>;
 
 /* The head-major position of thread idx (values d .. d + W - 1 of packed row r), and row r's (b, hh, t). */
@@ -123,12 +122,10 @@ __global__ void unpack_add_kernel(act_t *dst, int ld, size_t bstride, const floa
 }
 
 /* Values a thread for rows of hd values at rows (row stride ld, batch stride bstride) and a packed buffer at
- * packed: PACK_VEC where every row starts on a 16-byte boundary, else 1. */
+ * packed: ACT_VEC where every row starts on a 16-byte boundary (the strides multiples of it too), else 1. */
 static int pack_width(const void *rows, int ld, size_t bstride, int hd, const void *packed) {
-    return hd % PACK_VEC == 0 && ld % PACK_VEC == 0 && bstride % PACK_VEC == 0 && (uintptr_t)rows % 16 == 0 &&
-                   (uintptr_t)packed % 16 == 0
-               ? PACK_VEC
-               : 1;
+    int w = act_vec_width(hd, rows, packed);
+    return ld % w == 0 && bstride % w == 0 ? w : 1;
 }
 
 /* KERNEL<w, I> over n threads of 256: I 32-bit where the grid's thread indices fit */
@@ -139,11 +136,11 @@ static int pack_width(const void *rows, int ld, size_t bstride, int hd, const vo
             if ((w) == 1)                                                                                        \
                 KERNEL<1, unsigned><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                  \
             else                                                                                                 \
-                KERNEL<PACK_VEC, unsigned><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                           \
+                KERNEL<ACT_VEC, unsigned><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                           \
         } else if ((w) == 1) {                                                                                   \
             KERNEL<1, size_t><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                        \
         } else {                                                                                                 \
-            KERNEL<PACK_VEC, size_t><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                 \
+            KERNEL<ACT_VEC, size_t><<<grid_, 256, 0, kv_stream>>>(__VA_ARGS__);                                 \
         }                                                                                                        \
     } while (0)
 

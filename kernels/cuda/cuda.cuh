@@ -67,6 +67,17 @@ void cuda_sync_before_copy(void);
 /* Activations (act_t, kernels.h) loaded as float (act_ld, act.cuh) and stored rounded from float. */
 #include "act.cuh"
 __host__ __device__ inline act_t act_st(float x) { return act_as<act_t>(x); }
+/* Activations one 16-byte access moves (ActVec, act.cuh): 8 bf16 or 4 floats. */
+#define ACT_VEC (16 / (int)sizeof(act_t))
+/* ACT_VEC where rows of n activations fit whole 16-byte accesses: n a multiple of ACT_VEC and every buffer given
+ * 16-byte aligned (NULL, an absent buffer, is), so that every row of each starts aligned; 1 otherwise. */
+static inline int act_vec_width(int n, const void *p0, const void *p1 = NULL, const void *p2 = NULL,
+                                const void *p3 = NULL) {
+    const void *ps[4] = {p0, p1, p2, p3};
+    bool ok = n % ACT_VEC == 0;
+    for (const void *p : ps) ok = ok && (uintptr_t)p % 16 == 0;
+    return ok ? ACT_VEC : 1;
+}
 /* cuBLAS's name of act_t */
 #define CUDA_R_ACT (KVLAB_ACT_BYTES == 2 ? CUDA_R_16BF : CUDA_R_32F)
 /* n values converted on the stream, float to act_t (rounded). */

@@ -213,15 +213,14 @@ void pool_tokens_backward(act_t *dinp, const act_t *dout, int B, int T, int C, i
 
 /* ------------------------------------------------------------------ layernorm */
 
-#define LN_VEC (16 / (int)sizeof(act_t)) /* values a lane moves at once where the rows allow (row_width) */
 
 void layernorm_forward(act_t *out, float *mean, float *rstd, const act_t *inp,
                        const float *w, const float *b, int N, int C) {
     KPROF_OP();
     args_rows("layernorm_forward", N, C);
     unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
-    if (row_width<act_t>(C, out, inp, NULL, NULL) > 1)
-        layernorm_forward_kernel<act_t, LN_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, NULL, inp, NULL, w,
+    if (act_vec_width(C, out, inp) > 1)
+        layernorm_forward_kernel<act_t, ACT_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, NULL, inp, NULL, w,
                                                                                  b, N, C);
     else
         layernorm_forward_kernel<act_t, 1><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, NULL, inp, NULL, w, b,
@@ -234,8 +233,8 @@ void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd
     KPROF_OP();
     args_rows("residual_layernorm_forward", N, C);
     unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
-    if (row_width<act_t>(C, out, res, a, b) > 1)
-        layernorm_forward_kernel<act_t, LN_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, res, a, b, w, bias,
+    if (act_vec_width(C, out, res, a, b) > 1)
+        layernorm_forward_kernel<act_t, ACT_VEC><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, res, a, b, w, bias,
                                                                                  N, C);
     else
         layernorm_forward_kernel<act_t, 1><<<grid, THREADS, 0, kv_stream>>>(out, mean, rstd, res, a, b, w, bias, N,
@@ -243,7 +242,7 @@ void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd
     CUDA_LAUNCHED(residual_layernorm_forward);
 }
 
-/* One warp per row, W values a lane at a time (row_width) */
+/* One warp per row, W values a lane at a time (act_vec_width) */
 template <int W>
 __global__ void layernorm_backward_dx_kernel(act_t *dinp, const act_t *dout, const act_t *inp, const float *w,
                                              const float *mean, const float *rstd, int N, int C) {
@@ -309,8 +308,8 @@ void layernorm_backward(act_t *dinp, float *dw, float *db, const act_t *dout, co
     KPROF_OP();
     args_rows("layernorm_backward", N, C);
     unsigned grid = cuda_blocks((size_t)N * 32, THREADS);
-    if (row_width<act_t>(C, dinp, dout, inp, NULL) > 1)
-        layernorm_backward_dx_kernel<LN_VEC><<<grid, THREADS, 0, kv_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    if (act_vec_width(C, dinp, dout, inp) > 1)
+        layernorm_backward_dx_kernel<ACT_VEC><<<grid, THREADS, 0, kv_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     else
         layernorm_backward_dx_kernel<1><<<grid, THREADS, 0, kv_stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     CUDA_LAUNCHED(layernorm_backward_dx);
@@ -732,13 +731,8 @@ void dropout_backward(act_t *dinp, const act_t *dout, size_t n, float p, uint64_
 
 /* ------------------------------------------------------------------ cross-entropy */
 
-/* The cross-entropy kernels read and write a row's logits W at a time: CE_VEC (16 bytes: 8 bf16 or 4 floats) where
- * V is a multiple of it and the logits 16-byte aligned (a vocabulary padded to a multiple of 8 or more, as
- * GPT2_VOCAB_MULTIPLE gives), one otherwise. */
-#define CE_VEC (16 / (int)sizeof(act_t))
-static int ce_width(const void *logits, const void *dlogits, int V) {
-    return V % CE_VEC == 0 && (uintptr_t)logits % 16 == 0 && (uintptr_t)dlogits % 16 == 0 ? CE_VEC : 1;
-}
+/* The cross-entropy kernels read and write a row's logits W at a time: ACT_VEC where the rows allow
+ * (act_vec_width: a vocabulary padded to a multiple of 8 or more, as GPT2_VOCAB_MULTIPLE gives), one otherwise. */
 
 /* one block per row; the logits (the largest activation, B T x V) are read once: each thread keeps an online
  * softmax (its max m and sum s of exp(x - m), rescaled when the max grows), then the block combines them at its
@@ -779,8 +773,8 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
     int counted = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
-    if (ce_width(logits, logits, V) == CE_VEC)
-        crossentropy_forward_kernel<CE_VEC><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V,
+    if (act_vec_width(V, logits) > 1)
+        crossentropy_forward_kernel<ACT_VEC><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V,
                                                                           ignore_index, smoothing);
     else
         crossentropy_forward_kernel<1><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
@@ -823,8 +817,8 @@ void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse
                            float smoothing, float scale) {
     KPROF_OP();
     args_classes("crossentropy_backward", N, V, smoothing);
-    if (ce_width(logits, dlogits, V) == CE_VEC)
-        crossentropy_backward_kernel<CE_VEC><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V,
+    if (act_vec_width(V, logits, dlogits) > 1)
+        crossentropy_backward_kernel<ACT_VEC><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V,
                                                                            ignore_index, smoothing, scale);
     else
         crossentropy_backward_kernel<1><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,

@@ -12,21 +12,10 @@
 
 /* ------------------------------------------------------------------ layernorm forward */
 
-/* Activations a row kernel moves per access: 16 bytes of A (8 bf16 or 4 floats) where the row width C is a multiple
- * of that and the rows' buffers are 16-byte aligned (every row then is), one otherwise. */
-template <typename A> static inline int row_width(int C, const void *p0, const void *p1, const void *p2,
-                                                  const void *p3) {
-    constexpr int W = 16 / (int)sizeof(A);
-    const void *ps[4] = {p0, p1, p2, p3};
-    bool ok = C % W == 0;
-    for (const void *p : ps) ok = ok && (uintptr_t)p % 16 == 0; /* NULL (an absent buffer) is aligned */
-    return ok ? W : 1;
-}
-
 /* One warp per row: out = (x - mean) rstd w + b, mean and rstd saved. x is the row of inp, or with res given
  * the residual add inp + inp2, written to res on the way (each lane reads back only what it wrote), so that
  * residual_layernorm_forward is this kernel and gives layernorm_forward's values bit for bit, where both take the
- * same width: a lane takes W consecutive values at a time (row_width), and W sets the order of the row's sums (the
+ * same width: a lane takes W consecutive values at a time (act_vec_width, cuda.cuh), and W sets the order of the row's sums (the
  * blocks carve every activation 16-byte aligned, nn/block.c, so both take 16 bytes where C allows). */
 template <typename A, int W>
 __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *res, const A *inp, const A *inp2,
