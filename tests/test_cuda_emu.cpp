@@ -181,8 +181,8 @@ static void tc_forward(const Case &c, const AttnIO<X> &p, X *out, int o_ld, size
     auto k = TC_PICK(tc_forward_kernel, nt, E, X);
     emu::launch(grid, TC_THREADS, tc_smem_forward<E>(nt), tsm, [&] { k(p, out, o_ld, o_bs, lse); });
 }
-/* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles (WMMA's); bf16's
- * general path with the scores in registers. */
+/* The backward as kernels/cuda/attention.cu launches it: with sym no dQ kernel, dK of both roles; bf16's with the
+ * scores in registers unless wmma. */
 template <typename E, typename X>
 static void tc_backward(const Case &c, const AttnIO<X> &p, bool sym, const X *dout, int o_ld, size_t o_bs,
                         const float *L, const float *Dp, float *dQ, float *dK, float *dV, float *rowacc,
@@ -191,13 +191,14 @@ static void tc_backward(const Case &c, const AttnIO<X> &p, bool sym, const X *do
     unsigned gq = (unsigned)(c.B * c.H * ((c.Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)(c.B * c.G * ((c.Tk + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
-        if (!sym && !wmma) {
+        if (!wmma) {
             auto kq = ATT_PICK(mma_dq_kernel, nt, X);
-            auto kk = ATT_PICK(mma_dkv_kernel, nt, X);
-            emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt, p.bufs), tsm,
-                        [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
-            emu::launch(gk, TC_THREADS, mma_smem(MMA_DKV, nt, p.bufs), tsm,
-                        [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc); });
+            auto kk = ATT_PICK_SYM(mma_dkv_kernel, nt, X, sym);
+            if (!sym)
+                emu::launch(gq, TC_THREADS, mma_smem(MMA_DQ, nt, p.bufs), tsm,
+                            [&] { kq(p, dout, o_ld, o_bs, L, Dp, dQ, rowacc); });
+            emu::launch(gk, TC_THREADS, mma_smem(sym ? MMA_DKV_SYM : MMA_DKV, nt, p.bufs), tsm,
+                        [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
             return;
         }
     auto kq = TC_PICK(tc_dq_kernel, nt, E, X);
@@ -209,8 +210,7 @@ static void tc_backward(const Case &c, const AttnIO<X> &p, bool sym, const X *do
 }
 
 /* BF16_WMMA: bf16's WMMA kernels (tc_forward_kernel, tc_dq_kernel, tc_dkv_kernel), which attention.cu runs with
- * attention_set_mma_path(0): the symmetric backward's partner, whose dV and column sums it matches bit for bit, and
- * held to the same bounds as the kernels with the scores in registers. */
+ * attention_set_mma_path(0), held to the same bounds as the kernels with the scores in registers. */
 enum Path { FP32, TF32, BF16, BF16_WMMA };
 
 /* v in the activations' type X (rounded to bf16, or as it is) */
@@ -306,15 +306,16 @@ template <typename T> static double rel_err(const std::vector<float> &a, const s
  * forward fwd): dK of both roles = the general dQ + dK within tol (the same scores, summed in another order; with
  * tensor-core rounding each role's score gradient rounded apart or summed first), the +Pos row sums within tol,
  * dV and the column sums bit for bit (the same code and order). That no dQ kernel runs on the symmetric path is
- * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). X: the activations' type. */
+ * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). X: the activations' type;
+ * bufs: the mma kernels' tile buffers. */
 template <typename X = float>
 static void check_symmetric(const Problem &pr, Path path, const Result &gen, const Result *fwd, double tol,
-                            const char *mode) {
+                            const char *mode, int bufs = 2) {
     const Case &c = pr.c;
     bool valid = c.G == c.H && c.Tq == c.Tk && !c.causal;
     CHECK(valid, "%s: a symmetric case has G = H, Tq = Tk and no causal mask", c.name);
     if (!valid) return;
-    Result s = run_path<X>(pr, path, fwd, true);
+    Result s = run_path<X>(pr, path, fwd, true, bufs);
     std::vector<float> both(gen.dK.size());
     for (size_t k = 0; k < both.size(); k++) both[k] = gen.dQ[k] + gen.dK[k];
     double ek = rel_err(s.dK, both), er = c.pos ? rel_err(s.rowacc, gen.rowacc) : 0.0;
@@ -369,10 +370,10 @@ static void check_case(const Case &c) {
             CHECK(ek <= grad_tol, "%s, %s: tensor-core %s against the fp32 kernels: %.3g (bound %g)", c.name, mode,
                   what[k], ek, grad_tol);
         }
-        if (c.sym && path != BF16) { /* the symmetric backward is WMMA's: against WMMA's general path */
+        if (c.sym) { /* against the general path of the same kernels */
             double tol = mode_k == 0 || path == FP32 ? 2e-5 : grad_tol;
             if (bf16_act)
-                check_symmetric<__nv_bfloat16>(pr, path, tc, &f32, tol, mode);
+                check_symmetric<__nv_bfloat16>(pr, path, tc, &f32, tol, mode, bufs);
             else
                 check_symmetric(pr, path, tc, &f32, tol, mode);
         }
@@ -842,6 +843,7 @@ int main(void) {
         {"hd 64, symmetric, bias", 1, 2, 2, 70, 70, 64, 0, 0, 0, 1, 1, 0.0f, 1},
         {"hd 128, symmetric, masked batch, +Pos", 2, 1, 1, 40, 40, 128, 0, 2, P, 1, 0, 0.0f, 1},
         {"hd 8, symmetric", 1, 3, 3, 65, 65, 8, 0, 0, 0, 1, 0, 0.0f, 1},
+        {"hd 32, symmetric, 2 whole blocks", 1, 2, 2, 130, 130, 32, 0, 0, 0, 1, 0, 0.0f, 1},
         /* whole blocks of rows and tiles of keys with nothing to mask (mma_forward_kernel's plain tiles) beside
          * the diagonal's and the last partial tile's; a head dim of 6 loads one value at a time */
         {"hd 64, causal, 3 whole blocks", 1, 2, 2, 192, 192, 64, 1, 0, 0, 1, 0, 0.0f, 0},

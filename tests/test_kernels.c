@@ -312,8 +312,9 @@ static void check_packs(const KprofRow *rows, int n, const char *op, const char 
 }
 /* On a GPU the backward of bidirectional KV and K self-attention (one K/V head per query head) on the symmetric
  * path takes each pair's score once: the dK/dV kernel also takes the query role and no dQ kernel runs; every
- * other call runs one dQ kernel. Head dims up to 32 only: a wider head may take the general path on GPUs with
- * 99 KB of shared memory a block (kernels/cuda/attention.cu symmetric_backward). */
+ * other call runs one dQ kernel. The dK/dV kernel is of the forward's set (check_forward_kernel), on either path.
+ * Head dims up to 32 only: a wider head may take the general path on GPUs with 99 KB of shared memory a block
+ * (kernels/cuda/attention.cu symmetric_backward). */
 static void check_backward_kernels(const KprofRow *rows, int n, const char *what, int causal, int kv_heads, int H,
                                    int hd) {
     if (strncmp(backend_name(), "cuda", 4) || hd > 32) return;
@@ -324,6 +325,13 @@ static void check_backward_kernels(const KprofRow *rows, int n, const char *what
     long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0) + (mma ? mma->calls : 0);
     CHECK(calls == !sym, "%s: attention_backward runs %d dQ kernel(s) (%s): %ld", what, !sym,
           sym ? "symmetric path: the dK/dV kernel takes both roles" : "general path", calls);
+    int bf16 = IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL);
+    const char *want = IS_ENABLED(CONFIG_CUDA_FP32) ? "dkv_kernel"
+                       : bf16 && attention_mma_path() ? "mma_dkv_kernel"
+                                                      : "tc_dkv_kernel";
+    const KprofRow *r = prof_row(rows, n, "attention_backward", want);
+    CHECK(r && r->calls == 1, "%s: attention_backward runs %s once (%s, mma path %s): %ld", what, want,
+          sym ? "symmetric path" : "general path", attention_mma_path() ? "on" : "off", r ? r->calls : 0L);
 }
 
 /* On a GPU the forward runs the kernels docs/cuda.md names for the build: fp32's with CUDA_FP32, with bf16 products

@@ -23,8 +23,8 @@
  * With a tensor-core precision steps 2 and 3 run as the tensor-core kernels,
  * the same per-score code around WMMA products: TF32 with CUDA_TF32, bf16
  * (operand tiles stored as bf16) with CUDA_BF16_MATMUL. bf16's forward and
- * backward keep the scores in registers instead (mma.sync, mma.cuh), all but
- * the symmetric backward, unless attention_set_mma_path(0). Both sets of
+ * backward keep the scores in registers instead (mma.sync, mma.cuh), the
+ * symmetric backward too, unless attention_set_mma_path(0). Both sets of
  * kernels are in attention_kernels.cuh.
  *
  * Order of operations per score, as on the CPU: rotation, scale, +Pos,
@@ -40,7 +40,8 @@
 #include "cuda.cuh"
 #include "attention_kernels.cuh"
 
-/* The symmetric backward of KV and K (each pair's score once, attention_kernels.cuh dkv_kernel): on unless a
+/* The symmetric backward of KV and K (each pair's score once, attention_kernels.cuh dkv_kernel, tc_dkv_kernel and
+ * mma_dkv_kernel with SYM): on unless a
  * test or benchmark turns it off to compare with the general path. The forward pass has none: each block of
  * query rows keeps its rows' online softmax, which needs every score of those rows. */
 static int g_symmetric_path = 1;
@@ -615,7 +616,7 @@ int attention_mma_check(void) {
 }
 
 /* The tensor-core forward: bf16's keeps the scores in registers (mma.sync) unless attention_set_mma_path(0),
- * TF32's is WMMA's. The backward likewise (tc_backward), but for the symmetric path, which is WMMA's in both. */
+ * TF32's is WMMA's. The backward likewise (tc_backward, mma_backward). */
 template <typename E> static void tc_forward(Call *c, int nt) {
     const AttnIO<act_t> *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
@@ -643,8 +644,15 @@ static void run_forward(Call *c) {
            *d, c->out, c->o_ld, c->o_bstride, c->lse);
 }
 
-/* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone (WMMA), else the query-side
- * and the key-side kernel, bf16's with the scores in registers. */
+/* Whether the backward at NT runs bf16's kernels with the scores in registers (both general kernels fit this GPU's
+ * shared memory), and then the symmetric path's too, where it is taken (its dK/dV kernel's three tiles of each
+ * kind fit, symmetric_backward). */
+static bool mma_backward(int nt) {
+    return std::is_same<TcElem, __nv_bfloat16>::value && g_mma_path && mma_bufs(MMA_DQ, nt) && mma_bufs(MMA_DKV, nt);
+}
+
+/* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone, else the query-side and the
+ * key-side kernel; bf16's with the scores in registers where mma_backward. */
 template <typename E>
 static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const float *D, float *dq, float *dk,
                         float *dv, float *rowacc, float *colacc) {
@@ -652,22 +660,21 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
     const float *lse = c->lse;
     unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + TC_ROWS - 1) / TC_ROWS));
-    if (sym) {
-        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
-               *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
-    } else if (int bq = std::is_same<E, __nv_bfloat16>::value && g_mma_path ? mma_bufs(MMA_DQ, nt) : 0,
-               bk = bq ? mma_bufs(MMA_DKV, nt) : 0;
-               bk) {
+    if (mma_backward(nt)) {
         if constexpr (std::is_same<E, __nv_bfloat16>::value) {
             AttnIO<act_t> dq_call = *d, dkv_call = *d;
-            dq_call.bufs = bq;
-            dkv_call.bufs = bk;
-            launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS,
-                   mma_smem(MMA_DQ, nt, dq_call.bufs), dq_call, dout, c->o_ld, c->o_bstride, lse, D, dq, rowacc);
-            launch("mma_dkv_kernel", ATT_PICK(mma_dkv_kernel, nt, act_t), gk, TC_THREADS,
-                   mma_smem(MMA_DKV, nt, dkv_call.bufs), dkv_call, dout, c->o_ld, c->o_bstride, lse, D, dk, dv,
-                   colacc);
+            dq_call.bufs = mma_bufs(MMA_DQ, nt);
+            dkv_call.bufs = mma_bufs(sym ? MMA_DKV_SYM : MMA_DKV, nt);
+            if (!sym)
+                launch("mma_dq_kernel", ATT_PICK(mma_dq_kernel, nt, act_t), gq, TC_THREADS,
+                       mma_smem(MMA_DQ, nt, dq_call.bufs), dq_call, dout, c->o_ld, c->o_bstride, lse, D, dq, rowacc);
+            launch("mma_dkv_kernel", ATT_PICK_SYM(mma_dkv_kernel, nt, act_t, sym), gk, TC_THREADS,
+                   mma_smem(sym ? MMA_DKV_SYM : MMA_DKV, nt, dkv_call.bufs), dkv_call, dout, c->o_ld, c->o_bstride,
+                   lse, D, dk, dv, colacc, rowacc);
         }
+    } else if (sym) {
+        launch("tc_dkv_kernel", TC_PICK_SYM(tc_dkv_kernel, nt, E, act_t, true), gk, TC_THREADS, tc_smem_backward_sym<E>(nt),
+               *d, dout, c->o_ld, c->o_bstride, lse, D, dk, dv, colacc, rowacc);
     } else {
         launch("tc_dq_kernel", TC_PICK(tc_dq_kernel, nt, E, act_t), gq, TC_THREADS, tc_smem_backward<E>(nt), *d, dout,
                c->o_ld, c->o_bstride, lse, D, dq, rowacc);
@@ -702,7 +709,9 @@ static void run_backward(Call *c, const act_t *dout, float **dq, float **dk, flo
                                                                       d->H, d->Tq, d->hd);
     CUDA_LAUNCHED(rowdot);
     int hd = d->hd, nt = tc_tiles(hd);
-    bool sym = symmetric_backward(d, nt ? tc_smem_backward_sym<TcElem>(nt) : att_smem_dkv(hd, 1));
+    bool sym = symmetric_backward(d, !nt                ? att_smem_dkv(hd, 1)
+                                     : mma_backward(nt) ? mma_smem(MMA_DKV_SYM, nt, 1)
+                                                        : tc_smem_backward_sym<TcElem>(nt));
     if (sym) *dq = NULL;
     if (nt) {
         tc_backward<TcElem>(c, nt, sym, dout, D, *dq, *dk, *dv, rowacc, colacc);

@@ -849,7 +849,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
  * warp of the block. Whole tiles that need no mask (every pair visible, no +Pos, bias, padding or dropout) skip the
  * per-score code. The same values as the WMMA kernels up to the order of the float sums (and the forward's running
  * maximum taken over 64 keys at a time instead of 32), so the bf16 bounds hold; the same blocks, so each gradient
- * still has one writer. The symmetric backward stays WMMA's (tc_dkv_kernel with SYM). */
+ * still has one writer. The symmetric backward is mma_dkv_kernel's with SYM. */
 #define MMA_KT 64 /* rows of a tile of the other side */
 /* The exponentials of the tiles with nothing to mask (and all of the forward's) are taken base 2 (exp2_approx,
  * one instruction): exp(x) = 2^(x log2 e), the log2 e folded into the scores' scale. */
@@ -861,18 +861,19 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
  * loading while the block works on the other (mma_next_tile), or one where a GPU's shared memory per block is
  * short (head dim 128 on sm_86 and sm_89). forward: the K, V pairs; dQ: the block's Q and dO rows, then the K, V
  * pairs; dK/dV: the block's K and V rows, then the Q, dO pairs, then the query tiles' lse and D (float, bufs of
- * each). ELEMS: a tile's bf16 count. */
+ * each); the symmetric dK/dV (MMA_DKV_SYM) three tiles of each kind: the block's dO rows and each step's values
+ * too. ELEMS: a tile's bf16 count. */
 template <int NT> struct MmaShape {
     static constexpr int hdp = TC_HD(NT), ld = hdp + 8, ELEMS = MMA_KT * ld;
     static constexpr size_t TILE = (size_t)ELEMS * sizeof(__nv_bfloat16);
     static_assert(TILE % 16 == 0 && TC_ROWS == MMA_KT, "tiles start 16-byte aligned; blocks of 64 rows");
 };
-enum MmaKernel { MMA_FWD, MMA_DQ, MMA_DKV };
+enum MmaKernel { MMA_FWD, MMA_DQ, MMA_DKV, MMA_DKV_SYM };
 static inline size_t mma_smem(MmaKernel k, int nt, int bufs) {
-    size_t tile = (size_t)MMA_KT * (TC_HD(nt) + 8) * sizeof(__nv_bfloat16);
+    size_t tile = (size_t)MMA_KT * (TC_HD(nt) + 8) * sizeof(__nv_bfloat16), n = k == MMA_DKV_SYM ? 3 : 2;
     return k == MMA_FWD ? 2 * bufs * tile
            : k == MMA_DQ ? (2 + 2 * (size_t)bufs) * tile
-                         : (2 + 2 * (size_t)bufs) * tile + 2 * (size_t)bufs * MMA_KT * sizeof(float);
+                         : (n + n * (size_t)bufs) * tile + 2 * (size_t)bufs * MMA_KT * sizeof(float);
 }
 
 /* Starts loading rows r0 .. r0+rows-1 of an (n, hd) matrix of X (row stride src_ld) into a bf16 tile (row stride
@@ -1229,29 +1230,52 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
 
 /* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
  * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T), so that P^T and G^T are A
- * operands of dV += P^T.dO and dK += G^T.Q. */
-template <int NT, typename X>
+ * operands of dV += P^T.dO and dK += G^T.Q.
+ * SYM, the symmetric backward (as tc_dkv_kernel's; K is Q, G = H, Tq = Tk, no causal mask): each score S_ji of a
+ * tile is also that of the pair (query j, key i), so the block adds that pair's score gradient G'_ji, from one more
+ * product dO_j . V_i^T (the block's own dO rows against the query tile's values, a third tile of each step) and
+ * row j's lse and D, to G'_ij before dK += G^T.Q, which is then the gradient of both roles, and writes the +Pos
+ * row sums of its keys (rowacc as dq_kernel's); no dQ kernel runs. dO_j . V_i^T is formed MMA_SYM_N 8-column
+ * groups at a time, so that its accumulators add 4 MMA_SYM_N registers a lane to the general kernel's, not 32. */
+#define MMA_SYM_N 4
+template <int NT, typename X, bool SYM>
 __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const X *dout, int o_ld,
                                                              size_t o_bstride, const float *lse, const float *D,
-                                                             float *dK, float *dV, float *colacc) {
+                                                             float *dK, float *dV, float *colacc, float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
-    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8;
-    /* the block's K and V rows, then the Q, dO pairs (mma_buf from qo, dO a tile after Q), then the query tiles'
-     * lse and D, nb of each (mma_buf from ld0; a buffer's D nb * MMA_KT floats after its lse) */
-    const int nb = p.bufs, step = 2 * (nb - 1) * S::ELEMS, lstep = (nb - 1) * MMA_KT;
-    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS, *const qo = Vk + S::ELEMS;
-    float *const ld0 = (float *)(qo + 2 * nb * S::ELEMS);
+    constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8, TILES = SYM ? 3 : 2, SN = SYM ? MMA_SYM_N : NS;
+    static_assert(NS % SN == 0 && SN % 2 == 0, "whole pairs of 8-column groups");
+    /* the block's K and V rows (SYM: and its dO rows), then the step tiles, TILES a buffer (mma_buf from qo): Q
+     * and dO (SYM: and the query tile's V), then the query tiles' lse and D, nb of each (mma_buf from ld0; a
+     * buffer's D nb * MMA_KT floats after its lse) */
+    const int nb = p.bufs, step = TILES * (nb - 1) * S::ELEMS, lstep = (nb - 1) * MMA_KT;
+    __nv_bfloat16 *Kk = (__nv_bfloat16 *)tsm, *Vk = Kk + S::ELEMS, *dOk = Vk + S::ELEMS;
+    __nv_bfloat16 *const qo = Kk + TILES * S::ELEMS; /* the block's own rows are TILES tiles too */
+    float *const ld0 = (float *)(qo + TILES * nb * S::ELEMS);
     const int hd = p.hd;
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
     mma_load_rows<hdp>(Kk, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
     mma_load_rows<hdp>(Vk, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
+    if (SYM) /* G = H: head g */
+        mma_load_rows<hdp>(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, TC_ROWS);
     /* lane: keys jr[0] and jr[1] = jr[0] + 8 of the warp's 16, queries 2 tq and 2 tq + 1 of each 8 of a tile */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int jr[2] = {j0 + warp * 16 + lane / 4, j0 + warp * 16 + lane / 4 + 8};
     const float sl = p.scale * MMA_LOG2E;
+    /* SYM: the keys' rows as queries of the one head (bg is its (batch, head)): their lse, in base 2 too, and D */
+    float lk[2] = {-INFINITY, -INFINITY}, lk2[2] = {-INFINITY, -INFINITY}, Dk[2] = {0.0f, 0.0f};
+    if (SYM) {
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++)
+            if (jr[r] < p.Tq) {
+                lk[r] = lse[(size_t)bg * p.Tq + jr[r]];
+                lk2[r] = lk[r] * MMA_LOG2E;
+                Dk[r] = D[(size_t)bg * p.Tq + jr[r]];
+            }
+    }
     float dk[2 * NT][4], dv[2 * NT][4];
     mma_zero(dk);
     mma_zero(dv);
@@ -1264,6 +1288,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         float *l = mma_buf(ld0, lstep, t);
         mma_load_rows<hdp>(q, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
         mma_load_rows<hdp>(q + S::ELEMS, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
+        if (SYM) mma_load_rows<hdp>(q + 2 * S::ELEMS, ld, p.V + (size_t)bg * p.Tk * hd, hd, i0, p.Tk, hd, MMA_KT);
         for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
             bool in = i0 + r < p.Tq;
             l[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -1271,45 +1296,68 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         }
         cp_async_commit();
     };
-    fetch(0); /* with the block's K and V rows in its group */
-    float cs[2] = {0.0f, 0.0f};
+    fetch(0); /* with the block's own rows in its group */
+    float cs[2] = {0.0f, 0.0f}, gr[2] = {0.0f, 0.0f}, rq[2] = {0.0f, 0.0f}; /* SYM: row sums of G'_ji S_ji, G'_ji */
     for (int t = 0; t < steps; t++) {
         const int qt = t % nqt, h = g * p.group + t / nqt, bh = b * p.H + h, i0 = istart + qt * MMA_KT;
         const float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const __nv_bfloat16 *Qs = mma_buf(qo, step, t), *dOs = Qs + S::ELEMS;
+        const __nv_bfloat16 *Qs = mma_buf(qo, step, t), *dOs = Qs + S::ELEMS, *Vq = dOs + S::ELEMS;
         const float *ls = mma_buf(ld0, lstep, t), *Ds = ls + nb * MMA_KT;
-        if (qt == 0) cs[0] = cs[1] = 0.0f;
+        if (qt == 0) cs[0] = cs[1] = gr[0] = gr[1] = rq[0] = rq[1] = 0.0f;
         mma_next_tile(t, steps, nb, fetch);
         float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
         mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
-        const bool plain = mma_plain_tile(p, i0, j0);
+        const bool plain = mma_plain_tile(p, i0, j0); /* SYM: no causal mask and Tq = Tk, so (j0, i0)'s is too */
         MMA_UNROLL
-        for (int n = 0; n < NS; n++) {
+        for (int n0 = 0; n0 < NS; n0 += SN) {
+            float aq[SN][4]; /* SYM: dO_j . V_i^T of the 8-column groups n0 .. n0 + SN - 1 */
+            if (SYM) {
+                mma_zero(aq);
+                mma_abt<NT>(aq, dOk + warp * 16 * ld, Vq + n0 * 8 * ld, ld, lane);
+            }
             MMA_UNROLL
-            for (int e = 0; e < 4; e++) {
-                int c = 8 * n + 2 * tq + (e & 1), j = jr[e >> 1];
-                float sv = st[n][e] * p.scale, pt, gp;
-                if (plain) {
-                    pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
-                    gp = pt * (at[n][e] - Ds[c]);
-                } else {
-                    ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
-                    pt = sg.a * sg.kf;
-                    gp = sg.gp;
+            for (int n = n0; n < n0 + SN; n++) {
+                MMA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1, c = 8 * n + 2 * tq + (e & 1), j = jr[r];
+                    float sv = st[n][e] * p.scale, pt, gp;
+                    if (plain) {
+                        pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
+                        gp = pt * (at[n][e] - Ds[c]);
+                    } else {
+                        ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
+                        pt = sg.a * sg.kf;
+                        gp = sg.gp;
+                    }
+                    cs[r] += gp;
+                    float gk = gp;
+                    if (SYM) { /* the pair as (query j, key i0 + c) */
+                        float gq = plain ? exp2_approx(fmaf(st[n][e], sl, -lk2[r])) * (aq[n - n0][e] - Dk[r])
+                                         : score_grad(p, b, h, j, i0 + c, sv, aq[n - n0][e], lk[r], Dk[r]).gp;
+                        gk += gq;
+                        gr[r] += gq * sv;
+                        rq[r] += gq;
+                    }
+                    st[n][e] = pt;
+                    at[n][e] = alpha * gk;
                 }
-                cs[e >> 1] += gp;
-                st[n][e] = pt;
-                at[n][e] = alpha * gp;
             }
         }
         mma_xr<NT>(dv, st, dOs, ld, lane);
         mma_xr<NT>(dk, at, Qs, ld, lane);
         __syncthreads();
-        if (qt == nqt - 1 && colacc) { /* the head's last tile: its column sums */
+        if (qt == nqt - 1) { /* the head's last tile: its column sums, and SYM's row sums */
             MMA_UNROLL
             for (int r = 0; r < 2; r++) {
                 float sum = mma_row_sum(cs[r]);
-                if (tq == 0 && jr[r] < p.Tk) colacc[(size_t)bh * p.Tk + jr[r]] = sum;
+                if (colacc && tq == 0 && jr[r] < p.Tk) colacc[(size_t)bh * p.Tk + jr[r]] = sum;
+                if (SYM && rowacc) {
+                    float gsum = mma_row_sum(gr[r]), rsum = mma_row_sum(rq[r]);
+                    if (tq == 0 && jr[r] < p.Tq) {
+                        rowacc[((size_t)bh * p.Tq + jr[r]) * 2] = gsum;
+                        rowacc[((size_t)bh * p.Tq + jr[r]) * 2 + 1] = rsum;
+                    }
+                }
             }
         }
     }
