@@ -850,6 +850,10 @@ int main(void) {
         {"hd 32, bidirectional, GQA", 2, 2, 1, 130, 130, 32, 0, 0, 0, 1, 0, 0.0f, 0},
         {"hd 128, causal", 1, 1, 1, 140, 140, 128, 1, 0, 0, 1, 0, 0.0f, 0},
         {"hd 6, causal, dropout", 2, 1, 1, 70, 70, 6, 1, 0, 0, 1, 0, 0.1f, 0},
+        /* +Pos alone: its whole tiles take the +Pos-only per-score code (mma_tile_kind), the rest the masked one */
+        {"hd 64, causal, +Pos, 3 whole blocks", 1, 2, 2, 192, 192, 64, 1, 0, P, 1, 0, 0.0f, 0},
+        {"hd 16, causal, GQA, +Pos per head, 2 whole blocks", 1, 4, 2, 130, 130, 16, 1, 0, P, 4, 0, 0.0f, 0},
+        {"hd 32, symmetric, +Pos per head, 2 whole blocks", 1, 2, 2, 130, 130, 32, 0, 0, P, 2, 0, 0.0f, 1},
     };
     for (const Case &c : cases) check_case(c);
     check_embedding_backward(700, 300, 23, 5);

@@ -846,8 +846,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
  * 64 come out of mma.sync into registers whose row and column each lane knows, the per-score code (masks, +Pos,
  * bias, softmax, dropout, the score gradients) works on them there, and the results, packed to bf16, are at once
  * the A operand of the next product. Only bf16 tiles of rows pass through shared memory (MmaShape), read by every
- * warp of the block. Whole tiles that need no mask (every pair visible, no +Pos, bias, padding or dropout) skip the
- * per-score code. The same values as the WMMA kernels up to the order of the float sums (and the forward's running
+ * warp of the block. Whole tiles that need no mask (every pair visible, no bias, padding or dropout) skip the
+ * per-score code but for +Pos's term, if any (mma_tile_kind). The same values as the WMMA kernels up to the order of the float sums (and the forward's running
  * maximum taken over 64 keys at a time instead of 32), so the bf16 bounds hold; the same blocks, so each gradient
  * still has one writer. The symmetric backward is mma_dkv_kernel's with SYM. */
 #define MMA_KT 64 /* rows of a tile of the other side */
@@ -1036,14 +1036,33 @@ __device__ __forceinline__ float mma_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-/* Whether a call has no per-score work beyond the softmax (no +Pos, bias, padding or dropout). */
+/* Whether a call has no per-score work beyond the softmax (no +Pos, bias, padding or dropout)... */
 __device__ __forceinline__ bool mma_plain_call(const AttnDev &p) {
     return !(ATTN_POS && p.pos) && !p.pe_bias && !p.pad && p.dropout <= 0.0f;
 }
-/* ... and whether the tile of rows r0.. and columns c0.. (MMA_KT each) is whole and every pair of it visible:
- * queries and keys in range, and with the causal mask every key at or before every query. */
-__device__ __forceinline__ bool mma_plain_tile(const AttnDev &p, int i0, int j0) {
-    return mma_plain_call(p) && i0 + MMA_KT <= p.Tq && j0 + MMA_KT <= p.Tk && (!p.causal || j0 + MMA_KT - 1 <= i0);
+/* ... or none beyond +Pos's term (no bias, padding or dropout). */
+__device__ __forceinline__ bool mma_pos_call(const AttnDev &p) {
+    return ATTN_POS && p.pos && !p.pe_bias && !p.pad && p.dropout <= 0.0f;
+}
+/* What a tile of query rows i0.. and keys j0.. (MMA_KT each) needs per score: MMA_PLAIN nothing but the softmax,
+ * MMA_POS only +Pos's term (mma_pos_f, mma_pos_g: a row's and a column's part read once, not score_x's four reads
+ * and visible's tests per score), MMA_MASKED the whole per-score code. The first two where the tile is whole and
+ * every pair of it visible (queries and keys in range; with the causal mask every key at or before every query). */
+enum { MMA_MASKED, MMA_POS, MMA_PLAIN };
+__device__ __forceinline__ int mma_tile_kind(const AttnDev &p, int i0, int j0) {
+    bool whole = i0 + MMA_KT <= p.Tq && j0 + MMA_KT <= p.Tk && (!p.causal || j0 + MMA_KT - 1 <= i0);
+    return !whole ? MMA_MASKED : mma_plain_call(p) ? MMA_PLAIN : mma_pos_call(p) ? MMA_POS : MMA_MASKED;
+}
+/* +Pos's terms of head h as score_x adds them, alpha S + g_j + (f_i + b): query i's f_i + b and key j's g_j. The
+ * kernels add them as fmaf(alpha, S, g_j) + (f_i + b), the fused multiply-add written out, so that the compiler's
+ * choice of where to fuse cannot differ between the kernels (the symmetric backward's dV equals the general
+ * one's bit for bit). */
+__device__ __forceinline__ float mma_pos_f(const AttnDev &p, int h, int i) {
+    int gi = p.pos_groups == 1 ? 0 : h;
+    return p.f[(size_t)gi * p.Tq + i] + p.bias[gi];
+}
+__device__ __forceinline__ float mma_pos_g(const AttnDev &p, int h, int j) {
+    return p.g[(size_t)(p.pos_groups == 1 ? 0 : h) * p.Tk + j];
 }
 
 /* forward: one block per (batch, head, 64 query rows), as tc_forward_kernel's */
@@ -1084,6 +1103,13 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     /* m: the rows' running maxima in base 2 (scores times log2 e); l: this lane's share of the row sums */
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * MMA_LOG2E;
+    /* +Pos alone (mma_pos_call): alpha, and the rows' f_i + b */
+    float pa = 1.0f, pf[2] = {0.0f, 0.0f};
+    if (mma_pos_call(p)) {
+        pa = p.alpha[p.pos_groups == 1 ? 0 : h];
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) pf[r] = ir[r] < p.Tq ? mma_pos_f(p, h, ir[r]) : 0.0f;
+    }
     float o[2 * NT][4];
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
@@ -1105,7 +1131,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
                 mma_bf16_16816(s[n + 1], qa[ks], kb[1]);
             }
         }
-        const bool plain = mma_plain_tile(p, i0, j0);
+        const int kind = mma_tile_kind(p, i0, j0);
         float mt[2] = {-INFINITY, -INFINITY};
         MMA_UNROLL
         for (int n = 0; n < NS; n++) {
@@ -1113,7 +1139,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
             for (int e = 0; e < 4; e++) {
                 int i = ir[e >> 1], j = j0 + 8 * n + 2 * tq + (e & 1);
                 float x = s[n][e] * sl;
-                if (!plain)
+                if (kind == MMA_POS)
+                    x = (fmaf(pa, s[n][e] * p.scale, mma_pos_g(p, h, j)) + pf[e >> 1]) * MMA_LOG2E;
+                else if (kind == MMA_MASKED)
                     x = visible(p, b, i, j) ? score_x(p, h, i, j, s[n][e] * p.scale) * MMA_LOG2E : -INFINITY;
                 s[n][e] = x;
                 mt[e >> 1] = fmaxf(mt[e >> 1], x);
@@ -1133,7 +1161,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
             for (int e = 0; e < 4; e++) { /* masked scores give 0, and so does every score of a row masked so far */
                 float x = s[n][e], ev = x == -INFINITY ? 0.0f : exp2_approx(x - mnew[e >> 1]);
                 st[e >> 1] += ev;
-                if (!plain && ev != 0.0f) ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
+                if (kind == MMA_MASKED && ev != 0.0f)
+                    ev *= keep_factor(p, b, h, ir[e >> 1], j0 + 8 * n + 2 * tq + (e & 1));
                 s[n][e] = ev;
             }
         }
@@ -1187,6 +1216,11 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     }
     const float sl = p.scale * MMA_LOG2E;
     float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
+    float pf[2] = {0.0f, 0.0f}; /* +Pos alone (mma_pos_call): the rows' f_i + b */
+    if (mma_pos_call(p)) {
+        MMA_UNROLL
+        for (int r = 0; r < 2; r++) pf[r] = ir[r] < p.Tq ? mma_pos_f(p, h, ir[r]) : 0.0f;
+    }
     float dq[2 * NT][4];
     mma_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
@@ -1198,15 +1232,20 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
         mma_next_tile(t, nkt, nb, fetch);
         float s[NS][4], a[NS][4]; /* the scores and dO . V^T */
         mma_scores_dp<NT>(s, a, Qs + warp * 16 * ld, Ks, dOs + warp * 16 * ld, Vs, ld, lane);
-        const bool plain = mma_plain_tile(p, i0, j0);
+        const int kind = mma_tile_kind(p, i0, j0);
         MMA_UNROLL
         for (int n = 0; n < NS; n++) {
             MMA_UNROLL
             for (int e = 0; e < 4; e++) {
                 int r = e >> 1, i = ir[r], j = j0 + 8 * n + 2 * tq + (e & 1);
-                float sv = s[n][e] * p.scale;
-                float gp = plain ? exp2_approx(fmaf(s[n][e], sl, -li2[r])) * (a[n][e] - Di[r])
-                                 : score_grad(p, b, h, i, j, sv, a[n][e], li[r], Di[r]).gp;
+                float sv = s[n][e] * p.scale, gp;
+                if (kind == MMA_PLAIN)
+                    gp = exp2_approx(fmaf(s[n][e], sl, -li2[r])) * (a[n][e] - Di[r]);
+                else if (kind == MMA_POS)
+                    gp = exp2_approx(fmaf(fmaf(alpha, sv, mma_pos_g(p, h, j)) + pf[r], MMA_LOG2E, -li2[r])) *
+                         (a[n][e] - Di[r]);
+                else
+                    gp = score_grad(p, b, h, i, j, sv, a[n][e], li[r], Di[r]).gp;
                 gs[r] += gp * sv;
                 rs[r] += gp;
                 s[n][e] = alpha * gp;
@@ -1304,10 +1343,18 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         const __nv_bfloat16 *Qs = mma_buf(qo, step, t), *dOs = Qs + S::ELEMS, *Vq = dOs + S::ELEMS;
         const float *ls = mma_buf(ld0, lstep, t), *Ds = ls + nb * MMA_KT;
         if (qt == 0) cs[0] = cs[1] = gr[0] = gr[1] = rq[0] = rq[1] = 0.0f;
+        float kg[2] = {0.0f, 0.0f}, kf[2] = {0.0f, 0.0f}; /* +Pos alone: the keys' g_j (SYM: and, as queries, f_j + b) */
+        if (mma_pos_call(p)) {
+            MMA_UNROLL
+            for (int r = 0; r < 2; r++) {
+                kg[r] = jr[r] < p.Tk ? mma_pos_g(p, h, jr[r]) : 0.0f;
+                if (SYM) kf[r] = jr[r] < p.Tq ? mma_pos_f(p, h, jr[r]) : 0.0f;
+            }
+        }
         mma_next_tile(t, steps, nb, fetch);
         float st[NS][4], at[NS][4]; /* the scores and dO . V^T, transposed */
         mma_scores_dp<NT>(st, at, Kk + warp * 16 * ld, Qs, Vk + warp * 16 * ld, dOs, ld, lane);
-        const bool plain = mma_plain_tile(p, i0, j0); /* SYM: no causal mask and Tq = Tk, so (j0, i0)'s is too */
+        const int kind = mma_tile_kind(p, i0, j0); /* SYM: no causal mask and Tq = Tk, so (j0, i0)'s is the same */
         MMA_UNROLL
         for (int n0 = 0; n0 < NS; n0 += SN) {
             float aq[SN][4]; /* SYM: dO_j . V_i^T of the 8-column groups n0 .. n0 + SN - 1 */
@@ -1321,8 +1368,12 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1, c = 8 * n + 2 * tq + (e & 1), j = jr[r];
                     float sv = st[n][e] * p.scale, pt, gp;
-                    if (plain) {
+                    if (kind == MMA_PLAIN) {
                         pt = exp2_approx(fmaf(st[n][e], sl, -ls[c] * MMA_LOG2E));
+                        gp = pt * (at[n][e] - Ds[c]);
+                    } else if (kind == MMA_POS) {
+                        float x = fmaf(alpha, sv, kg[r]) + mma_pos_f(p, h, i0 + c);
+                        pt = exp2_approx(fmaf(x, MMA_LOG2E, -ls[c] * MMA_LOG2E));
                         gp = pt * (at[n][e] - Ds[c]);
                     } else {
                         ScoreGrad sg = score_grad(p, b, h, i0 + c, j, sv, at[n][e], ls[c], Ds[c]);
@@ -1332,8 +1383,15 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
                     cs[r] += gp;
                     float gk = gp;
                     if (SYM) { /* the pair as (query j, key i0 + c) */
-                        float gq = plain ? exp2_approx(fmaf(st[n][e], sl, -lk2[r])) * (aq[n - n0][e] - Dk[r])
-                                         : score_grad(p, b, h, j, i0 + c, sv, aq[n - n0][e], lk[r], Dk[r]).gp;
+                        float gq;
+                        if (kind == MMA_PLAIN)
+                            gq = exp2_approx(fmaf(st[n][e], sl, -lk2[r])) * (aq[n - n0][e] - Dk[r]);
+                        else if (kind == MMA_POS)
+                            gq = exp2_approx(fmaf(fmaf(alpha, sv, mma_pos_g(p, h, i0 + c)) + kf[r], MMA_LOG2E,
+                                                  -lk2[r])) *
+                                 (aq[n - n0][e] - Dk[r]);
+                        else
+                            gq = score_grad(p, b, h, j, i0 + c, sv, aq[n - n0][e], lk[r], Dk[r]).gp;
                         gk += gq;
                         gr[r] += gq * sv;
                         rq[r] += gq;
