@@ -844,6 +844,8 @@ int main(void) {
         {"hd 128, symmetric, masked batch, +Pos", 2, 1, 1, 40, 40, 128, 0, 2, P, 1, 0, 0.0f, 1},
         {"hd 8, symmetric", 1, 3, 3, 65, 65, 8, 0, 0, 0, 1, 0, 0.0f, 1},
         {"hd 32, symmetric, 2 whole blocks", 1, 2, 2, 130, 130, 32, 0, 0, 0, 1, 0, 0.0f, 1},
+        {"hd 64, symmetric, 2 whole blocks", 1, 1, 1, 130, 130, 64, 0, 0, 0, 1, 0, 0.0f, 1},
+        {"hd 128, symmetric, 2 whole blocks", 1, 1, 1, 130, 130, 128, 0, 0, 0, 1, 0, 0.0f, 1},
         /* whole blocks of rows and tiles of keys with nothing to mask (mma_forward_kernel's plain tiles) beside
          * the diagonal's and the last partial tile's; a head dim of 6 loads one value at a time */
         {"hd 64, causal, 3 whole blocks", 1, 2, 2, 192, 192, 64, 1, 0, 0, 1, 0, 0.0f, 0},
