@@ -310,11 +310,25 @@ static void check_packs(const KprofRow *rows, int n, const char *op, const char 
     CHECK(pack && pack->calls == want, "%s: %s packs %d role(s), one per block and rotation: %ld", what, op, want,
           pack ? pack->calls : -1L);
 }
+/* On a GPU an attention op runs, once, the kernel of name `base` (fp32's name) from the set docs/cuda.md names for
+ * the build: fp32's with CUDA_FP32, with bf16 products the kernels with the scores in registers ("mma_";
+ * attention_set_mma_path(0): WMMA's), else (TF32) WMMA's ("tc_"). path: what the message says of the call. */
+static void check_kernel_once(const KprofRow *rows, int n, const char *what, const char *op, const char *base,
+                              const char *path) {
+    int bf16 = IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL);
+    char want[64];
+    snprintf(want, sizeof want, "%s%s",
+             IS_ENABLED(CONFIG_CUDA_FP32) ? "" : bf16 && attention_mma_path() ? "mma_" : "tc_", base);
+    const KprofRow *r = prof_row(rows, n, op, want);
+    CHECK(r && r->calls == 1, "%s: %s runs %s once (%smma path %s): %ld", what, op, want, path,
+          attention_mma_path() ? "on" : "off", r ? r->calls : 0L);
+}
+
 /* On a GPU the backward of bidirectional KV and K self-attention (one K/V head per query head) on the symmetric
  * path takes each pair's score once: the dK/dV kernel also takes the query role and no dQ kernel runs; every
- * other call runs one dQ kernel. The dK/dV kernel is of the forward's set (check_forward_kernel), on either path.
- * Head dims up to 32 only: a wider head may take the general path on GPUs with 99 KB of shared memory a block
- * (kernels/cuda/attention.cu symmetric_backward). */
+ * other call runs one dQ kernel. The dK/dV kernel is of the build's set on either path. Head dims up to 32 only:
+ * a wider head may take the general path on GPUs with 99 KB of shared memory a block (kernels/cuda/attention.cu
+ * symmetric_backward). */
 static void check_backward_kernels(const KprofRow *rows, int n, const char *what, int causal, int kv_heads, int H,
                                    int hd) {
     if (strncmp(backend_name(), "cuda", 4) || hd > 32) return;
@@ -325,27 +339,14 @@ static void check_backward_kernels(const KprofRow *rows, int n, const char *what
     long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0) + (mma ? mma->calls : 0);
     CHECK(calls == !sym, "%s: attention_backward runs %d dQ kernel(s) (%s): %ld", what, !sym,
           sym ? "symmetric path: the dK/dV kernel takes both roles" : "general path", calls);
-    int bf16 = IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL);
-    const char *want = IS_ENABLED(CONFIG_CUDA_FP32) ? "dkv_kernel"
-                       : bf16 && attention_mma_path() ? "mma_dkv_kernel"
-                                                      : "tc_dkv_kernel";
-    const KprofRow *r = prof_row(rows, n, "attention_backward", want);
-    CHECK(r && r->calls == 1, "%s: attention_backward runs %s once (%s, mma path %s): %ld", what, want,
-          sym ? "symmetric path" : "general path", attention_mma_path() ? "on" : "off", r ? r->calls : 0L);
+    check_kernel_once(rows, n, what, "attention_backward", "dkv_kernel", sym ? "symmetric path, " : "general path, ");
 }
 
-/* On a GPU the forward runs the kernels docs/cuda.md names for the build: fp32's with CUDA_FP32, with bf16 products
- * the kernels with the scores in registers (attention_set_mma_path(0): WMMA's), else (TF32) WMMA's. Head dims up
- * to 64 only, whose tensor-core tiles fit every GPU's shared memory. */
+/* On a GPU the forward runs the build's kernel (check_kernel_once). Head dims up to 64 only, whose tensor-core
+ * tiles fit every GPU's shared memory. */
 static void check_forward_kernel(const KprofRow *rows, int n, const char *what, int hd) {
     if (strncmp(backend_name(), "cuda", 4) || hd > 64) return;
-    int bf16 = IS_ENABLED(CONFIG_CUDA_BF16) || IS_ENABLED(CONFIG_CUDA_BF16_MATMUL);
-    const char *want = IS_ENABLED(CONFIG_CUDA_FP32) ? "forward_kernel"
-                       : bf16 && attention_mma_path() ? "mma_forward_kernel"
-                                                      : "tc_forward_kernel";
-    const KprofRow *r = prof_row(rows, n, "attention_forward", want);
-    CHECK(r && r->calls == 1, "%s: attention_forward runs %s once (mma path %s): %ld", what, want,
-          attention_mma_path() ? "on" : "off", r ? r->calls : 0L);
+    check_kernel_once(rows, n, what, "attention_forward", "forward_kernel", "");
 }
 
 static int self_packs(void) {
