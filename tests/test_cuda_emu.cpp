@@ -220,17 +220,42 @@ template <typename X> static std::vector<X> as_act(const std::vector<float> &v) 
     return x;
 }
 
+/* A role's rows (packed (B, heads, T, hd)) in the activations' type X, laid out as the kernels read them: packed
+ * as they are, or (in_place) as attention.cu reads a projection in place, rows of heads hd values and 8 more apart
+ * (a wider projection's other blocks), those 8 NaN so that a read past the head's columns shows. */
+template <typename X>
+static std::vector<X> role_rows(const std::vector<float> &packed, int B, int heads, int T, int hd, bool in_place,
+                                AttnRows *lay) {
+    if (!in_place) {
+        *lay = AttnRows{(size_t)heads * T * hd, (size_t)T * hd, hd};
+        return as_act<X>(packed);
+    }
+    int ld = heads * hd + 8;
+    *lay = AttnRows{(size_t)T * ld, (size_t)hd, ld};
+    std::vector<X> rows((size_t)B * T * ld, act_as<X>(NAN));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < heads; h++)
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hd; d++)
+                    rows[(size_t)b * lay->bstride + (size_t)t * ld + (size_t)h * hd + d] =
+                        act_as<X>(packed[(((size_t)b * heads + h) * T + t) * hd + d]);
+    return rows;
+}
+
 /* One path's forward, then its backward on the common inputs (the fp32 path's out and lse, D from them), the
  * roles, the output and its gradient in the activations' type X (float, or bf16 as CUDA_BF16 builds give them);
  * sym: the symmetric backward (no dQ kernel: dQ stays NaN, dK holds both roles); bufs: the mma kernels' tile
- * buffers (1 as where shared memory is short). */
+ * buffers (1 as where shared memory is short); in_place: the roles in rows of a wider matrix (role_rows). */
 template <typename X = float>
-static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false, int bufs = 2) {
+static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool sym = false, int bufs = 2,
+                       bool in_place = false) {
     const Case &c = pr.c;
     AttnIO<X> p;
     static_cast<AttnDev &>(p) = pr.p;
     p.bufs = bufs;
-    std::vector<X> Q = as_act<X>(pr.Q), K = as_act<X>(pr.K), V = as_act<X>(pr.V), dO = as_act<X>(pr.dout);
+    std::vector<X> Q = role_rows<X>(pr.Q, c.B, c.H, c.Tq, c.hd, in_place, &p.q);
+    std::vector<X> K = role_rows<X>(pr.K, c.B, c.G, c.Tk, c.hd, in_place, &p.k);
+    std::vector<X> V = role_rows<X>(pr.V, c.B, c.G, c.Tk, c.hd, in_place, &p.v), dO = as_act<X>(pr.dout);
     p.Q = Q.data(), p.K = K.data(), p.V = V.data();
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
     size_t o_bs = (size_t)c.Tq * C;
@@ -307,15 +332,15 @@ template <typename T> static double rel_err(const std::vector<float> &a, const s
  * tensor-core rounding each role's score gradient rounded apart or summed first), the +Pos row sums within tol,
  * dV and the column sums bit for bit (the same code and order). That no dQ kernel runs on the symmetric path is
  * kernels/cuda/attention.cu's choice, checked by test_kernels (check_backward_kernels). X: the activations' type;
- * bufs: the mma kernels' tile buffers. */
+ * bufs, in_place: as run_path's. */
 template <typename X = float>
 static void check_symmetric(const Problem &pr, Path path, const Result &gen, const Result *fwd, double tol,
-                            const char *mode, int bufs = 2) {
+                            const char *mode, int bufs = 2, bool in_place = false) {
     const Case &c = pr.c;
     bool valid = c.G == c.H && c.Tq == c.Tk && !c.causal;
     CHECK(valid, "%s: a symmetric case has G = H, Tq = Tk and no causal mask", c.name);
     if (!valid) return;
-    Result s = run_path<X>(pr, path, fwd, true, bufs);
+    Result s = run_path<X>(pr, path, fwd, true, bufs, in_place);
     std::vector<float> both(gen.dK.size());
     for (size_t k = 0; k < both.size(); k++) both[k] = gen.dQ[k] + gen.dK[k];
     double ek = rel_err(s.dK, both), er = c.pos ? rel_err(s.rowacc, gen.rowacc) : 0.0;
@@ -345,16 +370,24 @@ static void check_case(const Case &c) {
      * and the fp32 kernels, which such builds run past head dim 128, within the same bf16 bounds; and the kernels
      * with the scores in registers with one tile buffer, as where a GPU's shared memory is short */
     static const Path paths[] = {TF32, TF32, BF16, BF16_WMMA, BF16, BF16_WMMA, FP32, BF16};
-    static const char *const modes[] = {"TF32 rounding off",      "TF32",
-                                        "bf16",                   "bf16, WMMA",
-                                        "bf16 activations",       "bf16 activations, WMMA",
-                                        "fp32 kernels, bf16 activations", "bf16 activations, one buffer"};
+    /* the roles read in place (role_rows), as attention.cu reads them without RoPE, in half the modes: each set of
+     * kernels both ways (the fp32 kernels' packed run is the reference's) */
+    static const bool in_place[] = {false, true, false, true, true, false, true, false};
+    static const char *const modes[] = {"TF32 rounding off",
+                                        "TF32, roles in place",
+                                        "bf16",
+                                        "bf16, WMMA, roles in place",
+                                        "bf16 activations, roles in place",
+                                        "bf16 activations, WMMA",
+                                        "fp32 kernels, bf16 activations, roles in place",
+                                        "bf16 activations, one buffer"};
     for (int mode_k = 0; mode_k < 8; mode_k++) {
         emu::tf32_exact = mode_k == 0;
         Path path = paths[mode_k];
         bool bf16_act = mode_k >= 4;
         int bufs = mode_k == 7 ? 1 : 2;
-        Result tc = bf16_act ? run_path<__nv_bfloat16>(pr, path, &f32, false, bufs) : run_path(pr, path, &f32);
+        Result tc = bf16_act ? run_path<__nv_bfloat16>(pr, path, &f32, false, bufs, in_place[mode_k])
+                             : run_path(pr, path, &f32, false, 2, in_place[mode_k]);
         const char *mode = modes[mode_k];
         double fwd_tol = mode_k == 0 ? 2e-5 : mode_k == 1 ? TF32_FWD_TOL : BF16_FWD_TOL;
         double grad_tol = mode_k == 0 ? 1e-4 : mode_k == 1 ? TF32_GRAD_TOL : BF16_GRAD_TOL;
@@ -373,9 +406,9 @@ static void check_case(const Case &c) {
         if (c.sym) { /* against the general path of the same kernels */
             double tol = mode_k == 0 || path == FP32 ? 2e-5 : grad_tol;
             if (bf16_act)
-                check_symmetric<__nv_bfloat16>(pr, path, tc, &f32, tol, mode, bufs);
+                check_symmetric<__nv_bfloat16>(pr, path, tc, &f32, tol, mode, bufs, in_place[mode_k]);
             else
-                check_symmetric(pr, path, tc, &f32, tol, mode);
+                check_symmetric(pr, path, tc, &f32, tol, mode, 2, in_place[mode_k]);
         }
     }
     emu::tf32_exact = false;

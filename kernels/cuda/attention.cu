@@ -2,11 +2,11 @@
  * backend (kernels/cpu/attention.c, the reference) runs them through one code
  * path. docs/cuda.md describes the kernels.
  *
- *  1. pack: the query, key and value roles are copied out of the projection
- *     into head-major buffers (B, heads, T, hd) of the activations' type,
- *     rotated on the way when the position scheme is RoPE. Roles that read
- *     one block alike share one packed copy (pack_roles). The kernels read
- *     them, the output and its gradient in that type (AttnIO).
+ *  1. roles: the kernels read the query, key and value rows in the
+ *     projection itself, at any row stride (AttnRows); under RoPE the query
+ *     and key are first rotated into head-major buffers (B, heads, T, hd),
+ *     "pack" (place_roles). They read the roles, the output and its gradient
+ *     in the activations' type (AttnIO).
  *  2. forward: one block per (batch, query head, 32 query rows) walks the keys
  *     in tiles of 32 held in shared memory with an online softmax (running
  *     max and sum), so the T x T scores never reach GPU memory; it writes the
@@ -71,9 +71,9 @@ template <int W, typename I> __device__ __forceinline__ PackPos<I> pack_pos(I id
     return {r, (int)(idx - r * per) * W, (int)(r - rt * (I)T), (int)(rt % (I)heads), (int)(rt / (I)heads)};
 }
 
-/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
- * table (T rows of hd/2 (cos, sin) pairs) when rope is given (and then rounded to the activations' type); n: the
- * threads' count, (B heads T hd) / W. */
+/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride) rotated by the RoPE
+ * table (T rows of hd/2 (cos, sin) pairs), rounded to the activations' type; n: the threads' count,
+ * (B heads T hd) / W. */
 template <int W, typename I>
 __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride, I n, int T, int heads, int hd,
                             const float *rope) {
@@ -81,14 +81,13 @@ __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride
     if (idx >= n) return;
     PackPos<I> q = pack_pos<W>(idx, T, heads, hd);
     const act_t *x = src + (size_t)q.b * bstride + (size_t)q.t * ld + (size_t)q.hh * hd; /* the source row */
-    PackVec<W> v = mem_as<PackVec<W>>(x + q.d);
-    if (rope)
-        for (int e = 0; e < W; e++) {
-            int d = q.d + e, k = d / 2;
-            float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
-            float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
-            v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
-        }
+    PackVec<W> v;
+    for (int e = 0; e < W; e++) {
+        int d = q.d + e, k = d / 2;
+        float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
+        float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
+        v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
+    }
     mem_put<PackVec<W>>(dst + (size_t)q.r * hd + q.d, v);
 }
 
@@ -175,9 +174,9 @@ __global__ void diag_kernel(AttnIO<act_t> p, const act_t *dout, int o_ld, size_t
         if (j < 0 || !visible(p, b, i, j)) continue;
         float li = lse[(size_t)bh * p.Tq + i];
         if (li == -INFINITY) continue;
-        const act_t *q = p.Q + ((size_t)bh * p.Tq + i) * hd;
-        const act_t *k = p.K + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
-        const act_t *v = p.V + ((size_t)(b * p.G + g) * p.Tk + j) * hd;
+        const act_t *q = attn_rows(p.Q, p.q, b, h) + (size_t)i * p.q.ld;
+        const act_t *k = attn_rows(p.K, p.k, b, g) + (size_t)j * p.k.ld;
+        const act_t *v = attn_rows(p.V, p.v, b, g) + (size_t)j * p.v.ld;
         const act_t *o = dout + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
         float s = 0.0f, dA = 0.0f;
         for (int c = 0; c < hd; c++) {
@@ -376,37 +375,47 @@ enum { ROLE_Q, ROLE_K, ROLE_V };
 static float *g_pack, *g_grad, *g_misc;
 static size_t g_pack_cap, g_grad_cap, g_misc_cap;
 
-/* Does role r read the same rows as role s (same block, strides, rotation and shape), so that one packed copy
- * serves both? */
-static int same_source(const Call *c, int r, int s, int rotated_r, int rotated_s) {
+/* Does role r read the same rows as role s (same block, strides and shape), so that one rotated copy serves both? */
+static int same_source(const Call *c, int r, int s) {
     const AttnDev *d = &c->d;
     int rows_r = r == ROLE_Q ? d->Tq : d->Tk, rows_s = s == ROLE_Q ? d->Tq : d->Tk;
     int heads_r = r == ROLE_Q ? d->H : d->G, heads_s = s == ROLE_Q ? d->H : d->G;
-    return c->src[r] == c->src[s] && c->ld[r] == c->ld[s] && c->bstride[r] == c->bstride[s] &&
-           rotated_r == rotated_s && rows_r == rows_s && heads_r == heads_s;
+    return c->src[r] == c->src[s] && c->ld[r] == c->ld[s] && c->bstride[r] == c->bstride[s] && rows_r == rows_s &&
+           heads_r == heads_s;
 }
 
-/* Packs the roles into scratch (rotating Q and K under RoPE). A block that two roles read alike is packed once
- * and read by both: KV's query and key, KV tying's key and value and all three of K's (without RoPE, which
- * rotates the query and key but not the value). */
-static void pack_roles(Call *c) {
+/* Where the kernels read the roles. The projection in place (rows of W values, a head's hd of them at h hd),
+ * where a role needs no rotation: the kernels take any row stride (AttnRows), so copying the rows head-major first
+ * would only move them once more (B T W values of the activations' type each call, forward and backward). Under
+ * RoPE the query and key are rotated into scratch (pack), head-major; the value stays in place. Two roles reading
+ * the same rows alike get the same pointer (KV's query and key, KV tying's key and value, all three of K's without
+ * RoPE; under RoPE KV's and K's rotated query and key share one rotated copy), which symmetric_backward reads. */
+static void place_roles(Call *c) {
     AttnIO<act_t> *d = &c->d;
-    size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
-    size_t floats = ((nq + 2 * nk) * sizeof(act_t) + sizeof(float) - 1) / sizeof(float); /* scratch counts floats */
-    act_t *q = (act_t *)cuda_scratch(&g_pack, &g_pack_cap, floats), *k = q + nq, *v = k + nk;
-    int rot = c->rope != NULL;
-    pack(q, c->src[ROLE_Q], c->ld[ROLE_Q], c->bstride[ROLE_Q], d->B, d->Tq, d->H, d->hd, c->rope);
-    if (same_source(c, ROLE_K, ROLE_Q, rot, rot))
-        k = q;
-    else
-        pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
-    if (same_source(c, ROLE_V, ROLE_K, 0, rot))
-        v = k;
-    else
-        pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
-    d->Q = q;
-    d->K = k;
-    d->V = v;
+    const int heads[3] = {d->H, d->G, d->G}, rows[3] = {d->Tq, d->Tk, d->Tk};
+    const act_t *at[3];
+    AttnRows lay[3];
+    for (int r = 0; r < 3; r++) {
+        at[r] = c->src[r];
+        lay[r] = AttnRows{c->bstride[r], (size_t)d->hd, c->ld[r]};
+    }
+    if (c->rope) {
+        size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
+        size_t floats = ((nq + nk) * sizeof(act_t) + sizeof(float) - 1) / sizeof(float); /* scratch counts floats */
+        act_t *q = (act_t *)cuda_scratch(&g_pack, &g_pack_cap, floats), *k = q + nq;
+        for (int r = ROLE_Q; r <= ROLE_K; r++) {
+            if (r == ROLE_K && same_source(c, ROLE_K, ROLE_Q)) {
+                at[r] = at[ROLE_Q], lay[r] = lay[ROLE_Q];
+                continue;
+            }
+            act_t *dst = r == ROLE_Q ? q : k;
+            pack(dst, c->src[r], c->ld[r], c->bstride[r], d->B, rows[r], heads[r], d->hd, c->rope);
+            at[r] = dst;
+            lay[r] = AttnRows{(size_t)heads[r] * rows[r] * d->hd, (size_t)rows[r] * d->hd, d->hd};
+        }
+    }
+    d->Q = at[ROLE_Q], d->K = at[ROLE_K], d->V = at[ROLE_V];
+    d->q = lay[ROLE_Q], d->k = lay[ROLE_K], d->v = lay[ROLE_V];
 }
 
 static void common_setup(AttnDev *d, int B, int Tq, int Tk, int H, int G, int hd, float dropout, uint64_t seed) {
@@ -471,7 +480,7 @@ static void self_call(Call *c, const char *op, act_t *out, float *lse, const act
     c->o_ld = C;
     c->o_bstride = (size_t)a->T * C;
     c->lse = lse;
-    pack_roles(c);
+    place_roles(c);
 }
 
 static void cross_call(Call *c, const char *op, act_t *out, float *lse, const act_t *q, const act_t *kv,
@@ -495,7 +504,7 @@ static void cross_call(Call *c, const char *op, act_t *out, float *lse, const ac
     c->o_ld = C;
     c->o_bstride = (size_t)a->Tq * C;
     c->lse = lse;
-    pack_roles(c);
+    place_roles(c);
 }
 
 /* Launches one of the attention kernels, named in a profile (kernels.h) by name. */
@@ -683,7 +692,7 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
     }
 }
 
-/* Whether a backward call takes the symmetric path: the query and key one packed copy (KV and K, so the raw
+/* Whether a backward call takes the symmetric path: the query and key the same rows (KV and K, so the raw
  * scores are symmetric), bidirectional, self-attention, one K/V head per query head, and the larger shared memory
  * it needs available on this GPU (smem: its bytes). */
 static bool symmetric_backward(const AttnIO<act_t> *d, size_t smem) {
@@ -917,8 +926,8 @@ __global__ void dense_scores_kernel(float *S, AttnIO<act_t> p, int b, int h) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= p.Tq * p.Tk) return;
     int i = idx / p.Tk, j = idx % p.Tk, hd = p.hd;
-    const act_t *q = p.Q + (((size_t)b * p.H + h) * p.Tq + i) * hd;
-    const act_t *k = p.K + (((size_t)b * p.G + h / p.group) * p.Tk + j) * hd;
+    const act_t *q = attn_rows(p.Q, p.q, b, h) + (size_t)i * p.q.ld;
+    const act_t *k = attn_rows(p.K, p.k, b, h / p.group) + (size_t)j * p.k.ld;
     float s = 0.0f;
     for (int c = 0; c < hd; c++) s += act_ld(q[c]) * act_ld(k[c]);
     S[idx] = score_x(p, h, i, j, p.scale * s);

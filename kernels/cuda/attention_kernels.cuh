@@ -51,12 +51,25 @@ struct AttnDev {
     int bufs;                     /* the mma kernels' tile buffers: 2, or 1 where shared memory is short */
 };
 
-/* ... and its packed roles, of the activations' type X, as are the output and its gradient that the kernels take:
- * float, or __nv_bfloat16 with bf16 activations (half the bytes of every tile load, and no conversion passes
- * around the kernels). The kernels compute in float what they read (act_ld) and round what they store (act_as). */
-template <typename X> struct AttnIO : AttnDev {
-    const X *Q, *K, *V; /* packed (B, H, Tq, hd), (B, G, Tk, hd) x 2 */
+/* Where a role's rows are: row t of (batch b, head h) at base + b bstride + h hstride + t ld. A packed copy
+ * (B, heads, T, hd) has ld hd and hstride T hd; the projection read in place, ld its row width and hstride hd. */
+struct AttnRows {
+    size_t bstride, hstride;
+    int ld;
 };
+
+/* ... and its roles, of the activations' type X, as are the output and its gradient that the kernels take: float,
+ * or __nv_bfloat16 with bf16 activations (half the bytes of every tile load, and no conversion passes around the
+ * kernels). The kernels compute in float what they read (act_ld) and round what they store (act_as). */
+template <typename X> struct AttnIO : AttnDev {
+    const X *Q, *K, *V; /* (B, H, Tq, hd), (B, G, Tk, hd) x 2, where q, k and v say */
+    AttnRows q, k, v;
+};
+
+/* The rows of (batch b, head h) of a role at base laid out as l. */
+template <typename X> __device__ __forceinline__ const X *attn_rows(const X *base, const AttnRows &l, int b, int h) {
+    return base + (size_t)b * l.bstride + (size_t)h * l.hstride;
+}
 
 __device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
     float x = s;
@@ -103,15 +116,17 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttnDev &p, int b, int h, 
 
 /* ------------------------------------------------------------------ forward */
 
-/* Keys and values j0 .. j0+BC-1 of one K/V head into shared memory (rows ldk and ldv apart), zeros past Tk. */
+/* Keys and values j0 .. j0+BC-1 of one K/V head (rows p.k.ld and p.v.ld apart) into shared memory (rows ldk and ldv
+ * apart), zeros past Tk. */
 template <typename X>
-__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const X *K, const X *V, int j0,
-                                             int Tk, int hd) {
+__device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const AttnIO<X> &p, const X *K,
+                                             const X *V, int j0) {
+    const int hd = p.hd;
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         int c = e / hd, d = e % hd;
-        bool in = j0 + c < Tk;
-        Ks[c * ldk + d] = in ? act_ld(K[(size_t)(j0 + c) * hd + d]) : 0.0f;
-        Vs[c * ldv + d] = in ? act_ld(V[(size_t)(j0 + c) * hd + d]) : 0.0f;
+        bool in = j0 + c < p.Tk;
+        Ks[c * ldk + d] = in ? act_ld(K[(size_t)(j0 + c) * p.k.ld + d]) : 0.0f;
+        Vs[c * ldv + d] = in ? act_ld(V[(size_t)(j0 + c) * p.v.ld + d]) : 0.0f;
     }
 }
 
@@ -124,10 +139,9 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnIO<X> p, X *ou
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
-        Qs[e] = i0 + e / hd < p.Tq ? act_ld(Q[(size_t)i0 * hd + e]) : 0.0f;
+        Qs[e] = i0 + e / hd < p.Tq ? act_ld(Q[(size_t)(i0 + e / hd) * p.q.ld + e % hd]) : 0.0f;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float m[RPW], l[RPW], o[RPW][NPL];
     for (int r = 0; r < RPW; r++) {
@@ -138,7 +152,7 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnIO<X> p, X *ou
     int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += BC) {
         __syncthreads();
-        load_kv_tile(Ks, ldk, Vs, hd, K, V, j0, p.Tk, hd);
+        load_kv_tile(Ks, ldk, Vs, hd, p, K, V, j0);
         __syncthreads();
         int j = j0 + lane;
         for (int rr = 0; rr < RPW; rr++) {
@@ -207,12 +221,11 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
         int r = e / hd, d = e % hd;
         bool in = i0 + r < p.Tq;
-        Qs[e] = in ? act_ld(Q[(size_t)i0 * hd + e]) : 0.0f;
+        Qs[e] = in ? act_ld(Q[(size_t)(i0 + r) * p.q.ld + d]) : 0.0f;
         dOs[e] = in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d]) : 0.0f;
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -228,7 +241,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
     int kend = p.causal ? min(p.Tk, i0 + BR) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += BC) {
         __syncthreads();
-        load_kv_tile(Ks, ldk, Vs, ldk, K, V, j0, p.Tk, hd);
+        load_kv_tile(Ks, ldk, Vs, ldk, p, K, V, j0);
         __syncthreads();
         int j = j0 + lane;
         for (int rr = 0; rr < RPW; rr++) {
@@ -290,11 +303,11 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
     int tiles = (p.Tk + BC - 1) / BC;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
     int b = bg / p.G, g = bg % p.G;
-    const X *K = p.K + (size_t)bg * p.Tk * hd, *V = p.V + (size_t)bg * p.Tk * hd;
+    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         bool in = j0 + e / hd < p.Tk;
-        Ks[e] = in ? act_ld(K[(size_t)j0 * hd + e]) : 0.0f;
-        Vs[e] = in ? act_ld(V[(size_t)j0 * hd + e]) : 0.0f;
+        Ks[e] = in ? act_ld(K[(size_t)(j0 + e / hd) * p.k.ld + e % hd]) : 0.0f;
+        Vs[e] = in ? act_ld(V[(size_t)(j0 + e / hd) * p.v.ld + e % hd]) : 0.0f;
         if (SYM) /* G = H: head g */
             dOk[e] = in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(j0 + e / hd) * o_ld + (size_t)g * hd + e % hd])
                         : 0.0f;
@@ -306,7 +319,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const X *Q = p.Q + (size_t)bh * p.Tq * hd;
+        const X *Q = attn_rows(p.Q, p.q, b, h);
         float cs[RPW], lk[RPW], Dk[RPW], gr[RPW], rq[RPW]; /* rq, gr: row j's sums of G'_ji and G'_ji S_ji */
         for (int cc = 0; cc < RPW; cc++) {
             int j = j0 + warp * RPW + cc;
@@ -319,10 +332,10 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
             for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
                 int r = e / hd, d = e % hd;
                 bool in = i0 + r < p.Tq;
-                Qs[r * ldq + d] = in ? act_ld(Q[(size_t)(i0 + r) * hd + d]) : 0.0f;
+                Qs[r * ldq + d] = in ? act_ld(Q[(size_t)(i0 + r) * p.q.ld + d]) : 0.0f;
                 dOs[r * ldq + d] =
                     in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d]) : 0.0f;
-                if (SYM) Vq[r * ldq + d] = in ? act_ld(V[(size_t)(i0 + r) * hd + d]) : 0.0f;
+                if (SYM) Vq[r * ldq + d] = in ? act_ld(V[(size_t)(i0 + r) * p.v.ld + d]) : 0.0f;
             }
             for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
                 bool in = i0 + r < p.Tq;
@@ -599,8 +612,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then P.V */
     E *Pw = Ps + r0 * ldp;     /* and their probabilities (with TF32 the same tile as the scores) */
@@ -613,8 +626,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         Acc s[TC_COLS / 16];
         tc_zero<E>(s);
@@ -676,8 +689,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    tc_load_rows(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, hdp, TC_ROWS);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_ROWS);
     tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += TC_THREADS) {
         bool in = i0 + r < p.Tq;
@@ -696,8 +709,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, hd, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, hd, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         Acc s[TC_COLS / 16], a[TC_COLS / 16];
         tc_zero<E>(s);
@@ -757,8 +770,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
     /* SYM: the keys' own dO rows, the query tile's values and dO_j.V_i^T */
     E *dOk = (E *)(base + S::B_SO), *Vq = (E *)(base + S::B_SV);
     float *Aq = (float *)(base + S::B_SA);
-    tc_load_rows(Ks, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
-    tc_load_rows(Vs, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, hdp, TC_ROWS);
+    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_ROWS);
+    tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_ROWS);
     if (SYM) /* G = H: head g */
         tc_load_rows(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
@@ -772,15 +786,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
     for (int h = g * p.group; h < (g + 1) * p.group; h++) {
         int bh = b * p.H + h;
         float alpha = ATTN_POS && p.pos ? p.alpha[p.pos_groups == 1 ? 0 : h] : 1.0f;
-        const X *Q = p.Q + (size_t)bh * p.Tq * hd;
+        const X *Q = attn_rows(p.Q, p.q, b, h);
         float cs = 0.0f, gr = 0.0f, rq = 0.0f; /* rq, gr (SYM): row j's sums of G'_ji and G'_ji S_ji */
         float lk = SYM && j < p.Tq ? lse[(size_t)bh * p.Tq + j] : -INFINITY;
         float Dk = SYM && j < p.Tq ? D[(size_t)bh * p.Tq + j] : 0.0f;
         for (int i0 = p.causal ? j0 / TC_COLS * TC_COLS : 0; i0 < p.Tq; i0 += TC_COLS) {
             __syncthreads();
-            tc_load_rows(Qs, ld, Q, hd, i0, p.Tq, hd, hdp, TC_COLS);
+            tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_COLS);
             tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_COLS);
-            if (SYM) tc_load_rows(Vq, ld, p.V + (size_t)bg * p.Tk * hd, hd, i0, p.Tk, hd, hdp, TC_COLS);
+            if (SYM) tc_load_rows(Vq, ld, V, p.v.ld, i0, p.Tk, hd, hdp, TC_COLS);
             for (int r = threadIdx.x; r < TC_COLS; r += TC_THREADS) {
                 bool in = i0 + r < p.Tq;
                 ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -909,13 +923,13 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
 /* Step t's buffer of tiles kept in two buffers, step apart from base (step 0 with one buffer: every step in it) */
 template <typename T> __device__ __forceinline__ T *mma_buf(T *base, int step, int t) { return base + (t & 1) * step; }
 
-/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head into a pair of tiles (K's at pair, V's a tile
- * after it), as one group. */
+/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head (K, V: its rows, laid out as p.k and p.v say)
+ * into a pair of tiles (K's at pair, V's a tile after it), as one group. */
 template <int HDP, typename X>
-__device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *pair, int ld, const X *K, const X *V, int j0, int Tk,
-                                             int hd) {
-    mma_load_rows<HDP>(pair, ld, K, hd, j0, Tk, hd, MMA_KT);
-    mma_load_rows<HDP>(pair + MMA_KT * ld, ld, V, hd, j0, Tk, hd, MMA_KT);
+__device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *pair, int ld, const AttnIO<X> &p, const X *K, const X *V,
+                                             int j0) {
+    mma_load_rows<HDP>(pair, ld, K, p.k.ld, j0, p.Tk, p.hd, MMA_KT);
+    mma_load_rows<HDP>(pair + MMA_KT * ld, ld, V, p.v.ld, j0, p.Tk, p.hd, MMA_KT);
     cp_async_commit();
 }
 
@@ -1079,19 +1093,19 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = p.Q + (size_t)bh * p.Tq * hd;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
     /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
     uint32_t qa[NT][4]; /* the rows' queries as A operands, one per 16 of the head dim, read once */
+    const bool pairs = hd % 2 == 0 && p.q.ld % 2 == 0 && (uintptr_t)Q % 4 == 0; /* every pair 4-byte aligned */
     MMA_UNROLL
     for (int ks = 0; ks < NT; ks++) {
         MMA_UNROLL
         for (int r = 0; r < 4; r++) {
             int i = ir[r & 1], d = 16 * ks + 2 * tq + (r & 2 ? 8 : 0);
-            const X *q = Q + (size_t)i * hd + d;
-            if (sizeof(X) == 2 && hd % 2 == 0) { /* bf16 pairs as they are (d even: 4-byte aligned) */
+            const X *q = Q + (size_t)i * p.q.ld + d;
+            if (sizeof(X) == 2 && pairs) { /* bf16 pairs as they are (d even: 4-byte aligned) */
                 qa[ks][r] = i < p.Tq && d < hd ? mem_as<uint32_t>(q) : 0u;
             } else {
                 float x0 = i < p.Tq && d < hd ? act_ld(q[0]) : 0.0f;
@@ -1113,7 +1127,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     float o[2 * NT][4];
     mma_zero(o);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, K, V, t * MMA_KT, p.Tk, hd); };
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, p, K, V, t * MMA_KT); };
     fetch(0);
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
@@ -1202,8 +1216,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *K = p.K + (size_t)(b * p.G + g) * p.Tk * hd, *V = p.V + (size_t)(b * p.G + g) * p.Tk * hd;
-    mma_load_rows<hdp>(Qs, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, TC_ROWS);
+    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    mma_load_rows<hdp>(Qs, ld, attn_rows(p.Q, p.q, b, h), p.q.ld, i0, p.Tq, hd, TC_ROWS);
     mma_load_rows<hdp>(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, TC_ROWS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
@@ -1224,7 +1238,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     float dq[2 * NT][4];
     mma_zero(dq);
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk, nkt = (kend + MMA_KT - 1) / MMA_KT;
-    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, K, V, t * MMA_KT, p.Tk, hd); };
+    auto fetch = [&](int t) { mma_fetch_kv<hdp>(mma_buf(kv, step, t), ld, p, K, V, t * MMA_KT); };
     fetch(0); /* with the block's Q and dO rows in its group */
     for (int t = 0; t < nkt; t++) {
         const int j0 = t * MMA_KT;
@@ -1296,8 +1310,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
-    mma_load_rows<hdp>(Kk, ld, p.K + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
-    mma_load_rows<hdp>(Vk, ld, p.V + (size_t)bg * p.Tk * hd, hd, j0, p.Tk, hd, TC_ROWS);
+    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    mma_load_rows<hdp>(Kk, ld, K, p.k.ld, j0, p.Tk, hd, TC_ROWS);
+    mma_load_rows<hdp>(Vk, ld, V, p.v.ld, j0, p.Tk, hd, TC_ROWS);
     if (SYM) /* G = H: head g */
         mma_load_rows<hdp>(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, TC_ROWS);
     /* lane: keys jr[0] and jr[1] = jr[0] + 8 of the warp's 16, queries 2 tq and 2 tq + 1 of each 8 of a tile */
@@ -1325,9 +1340,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         int h = g * p.group + t / nqt, i0 = istart + t % nqt * MMA_KT, bh = b * p.H + h;
         __nv_bfloat16 *q = mma_buf(qo, step, t);
         float *l = mma_buf(ld0, lstep, t);
-        mma_load_rows<hdp>(q, ld, p.Q + (size_t)bh * p.Tq * hd, hd, i0, p.Tq, hd, MMA_KT);
+        mma_load_rows<hdp>(q, ld, attn_rows(p.Q, p.q, b, h), p.q.ld, i0, p.Tq, hd, MMA_KT);
         mma_load_rows<hdp>(q + S::ELEMS, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
-        if (SYM) mma_load_rows<hdp>(q + 2 * S::ELEMS, ld, p.V + (size_t)bg * p.Tk * hd, hd, i0, p.Tk, hd, MMA_KT);
+        if (SYM) mma_load_rows<hdp>(q + 2 * S::ELEMS, ld, V, p.v.ld, i0, p.Tk, hd, MMA_KT);
         for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
             bool in = i0 + r < p.Tq;
             l[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
