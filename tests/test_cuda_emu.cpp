@@ -254,8 +254,8 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
     static_cast<AttnDev &>(p) = pr.p;
     p.bufs = bufs;
     std::vector<X> Q = role_rows<X>(pr.Q, c.B, c.H, c.Tq, c.hd, in_place, &p.q);
-    std::vector<X> K = role_rows<X>(pr.K, c.B, c.G, c.Tk, c.hd, in_place, &p.k);
-    std::vector<X> V = role_rows<X>(pr.V, c.B, c.G, c.Tk, c.hd, in_place, &p.v), dO = as_act<X>(pr.dout);
+    std::vector<X> K = role_rows<X>(pr.K, c.B, c.G, c.Tk, c.hd, in_place, &p.kv); /* V's layout is K's */
+    std::vector<X> V = role_rows<X>(pr.V, c.B, c.G, c.Tk, c.hd, in_place, &p.kv), dO = as_act<X>(pr.dout);
     p.Q = Q.data(), p.K = K.data(), p.V = V.data();
     int C = c.H * c.hd, hd = c.hd, o_ld = C;
     size_t o_bs = (size_t)c.Tq * C;

@@ -300,15 +300,15 @@ static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, con
     return NULL;
 }
 
-/* On a GPU the kernels read the roles in the projection itself; only under RoPE are the query and key first
- * rotated into head-major copies (the "pack" launches of the forward op), one copy where they are one block (the
+/* On a GPU the kernels read the roles in the projection itself; only under RoPE are they first copied head-major
+ * (the "pack" launches of the forward op), the query and key rotated, one copy where those two are one block (the
  * symmetric variants). Cross-attention has no RoPE: no packs. want: the packs expected. The CPU reads the
  * projection in place: no parts. */
 static void check_packs(const KprofRow *rows, int n, const char *op, const char *what, int want) {
     if (strncmp(backend_name(), "cuda", 4)) return;
     const KprofRow *pack = prof_row(rows, n, op, "pack");
     long calls = pack ? pack->calls : 0;
-    CHECK(calls == want, "%s: %s packs %d role(s), one per rotated block: %ld", what, op, want, calls);
+    CHECK(calls == want, "%s: %s packs %d role(s), none without RoPE: %ld", what, op, want, calls);
 }
 /* On a GPU an attention op runs, once, the kernel of name `base` (fp32's name) from the set docs/cuda.md names for
  * the build: fp32's with CUDA_FP32, with bf16 products the kernels with the scores in registers ("mma_";
@@ -351,7 +351,7 @@ static void check_forward_kernel(const KprofRow *rows, int n, const char *what, 
 
 static int self_packs(void) {
     int rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
-    return rope ? 2 - attn_symmetric(ATTN_VARIANT) : 0;
+    return rope ? 3 - attn_symmetric(ATTN_VARIANT) : 0;
 }
 
 /* One attention configuration against the float64 reference: forward, d(proj) (and +Pos gradients) against

@@ -3,10 +3,10 @@
  * path. docs/cuda.md describes the kernels.
  *
  *  1. roles: the kernels read the query, key and value rows in the
- *     projection itself, at any row stride (AttnRows); under RoPE the query
- *     and key are first rotated into head-major buffers (B, heads, T, hd),
- *     "pack" (place_roles). They read the roles, the output and its gradient
- *     in the activations' type (AttnIO).
+ *     projection itself, at any row stride (AttnRows); under RoPE the roles
+ *     are first copied into head-major buffers (B, heads, T, hd), the query
+ *     and key rotated, "pack" (place_roles). They read the roles, the output
+ *     and its gradient in the activations' type (AttnIO).
  *  2. forward: one block per (batch, query head, 32 query rows) walks the keys
  *     in tiles of 32 held in shared memory with an online softmax (running
  *     max and sum), so the T x T scores never reach GPU memory; it writes the
@@ -71,9 +71,9 @@ template <int W, typename I> __device__ __forceinline__ PackPos<I> pack_pos(I id
     return {r, (int)(idx - r * per) * W, (int)(r - rt * (I)T), (int)(rt % (I)heads), (int)(rt / (I)heads)};
 }
 
-/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride) rotated by the RoPE
- * table (T rows of hd/2 (cos, sin) pairs), rounded to the activations' type; n: the threads' count,
- * (B heads T hd) / W. */
+/* dst (B, heads, T, hd) = head-major copy of src rows (row stride ld, batch stride bstride), rotated by the RoPE
+ * table (T rows of hd/2 (cos, sin) pairs) when rope is given (and then rounded to the activations' type); n: the
+ * threads' count, (B heads T hd) / W. */
 template <int W, typename I>
 __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride, I n, int T, int heads, int hd,
                             const float *rope) {
@@ -81,13 +81,14 @@ __global__ void pack_kernel(act_t *dst, const act_t *src, int ld, size_t bstride
     if (idx >= n) return;
     PackPos<I> q = pack_pos<W>(idx, T, heads, hd);
     const act_t *x = src + (size_t)q.b * bstride + (size_t)q.t * ld + (size_t)q.hh * hd; /* the source row */
-    PackVec<W> v;
-    for (int e = 0; e < W; e++) {
-        int d = q.d + e, k = d / 2;
-        float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
-        float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
-        v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
-    }
+    PackVec<W> v = mem_as<PackVec<W>>(x + q.d);
+    if (rope)
+        for (int e = 0; e < W; e++) {
+            int d = q.d + e, k = d / 2;
+            float c = rope[(size_t)q.t * hd + 2 * k], s = rope[(size_t)q.t * hd + 2 * k + 1];
+            float x0 = act_ld(x[2 * k]), x1 = act_ld(x[2 * k + 1]);
+            v.v[e] = act_st(d % 2 == 0 ? c * x0 - s * x1 : s * x0 + c * x1);
+        }
     mem_put<PackVec<W>>(dst + (size_t)q.r * hd + q.d, v);
 }
 
@@ -175,8 +176,8 @@ __global__ void diag_kernel(AttnIO<act_t> p, const act_t *dout, int o_ld, size_t
         float li = lse[(size_t)bh * p.Tq + i];
         if (li == -INFINITY) continue;
         const act_t *q = attn_rows(p.Q, p.q, b, h) + (size_t)i * p.q.ld;
-        const act_t *k = attn_rows(p.K, p.k, b, g) + (size_t)j * p.k.ld;
-        const act_t *v = attn_rows(p.V, p.v, b, g) + (size_t)j * p.v.ld;
+        const act_t *k = attn_rows(p.K, p.kv, b, g) + (size_t)j * p.kv.ld;
+        const act_t *v = attn_rows(p.V, p.kv, b, g) + (size_t)j * p.kv.ld;
         const act_t *o = dout + (size_t)b * o_bstride + (size_t)i * o_ld + (size_t)h * hd;
         float s = 0.0f, dA = 0.0f;
         for (int c = 0; c < hd; c++) {
@@ -384,38 +385,34 @@ static int same_source(const Call *c, int r, int s) {
            heads_r == heads_s;
 }
 
-/* Where the kernels read the roles. The projection in place (rows of W values, a head's hd of them at h hd),
- * where a role needs no rotation: the kernels take any row stride (AttnRows), so copying the rows head-major first
- * would only move them once more (B T W values of the activations' type each call, forward and backward). Under
- * RoPE the query and key are rotated into scratch (pack), head-major; the value stays in place. Two roles reading
- * the same rows alike get the same pointer (KV's query and key, KV tying's key and value, all three of K's without
- * RoPE; under RoPE KV's and K's rotated query and key share one rotated copy), which symmetric_backward reads. */
+/* Where the kernels read the roles: in the projection itself (rows of W values, a head's hd of them at h hd), the
+ * kernels taking any row stride (AttnRows), so that copying the rows head-major first would only move them once
+ * more (B T W values of the activations' type each call, forward and backward). Roles reading one block alike are
+ * then one pointer (KV's query and key, KV tying's key and value, all three of K's), which symmetric_backward reads.
+ * Under RoPE the roles are packed into head-major scratch instead, the query and key rotated (one copy for KV's
+ * and K's shared block), the value as it is: the kernels read K and V through one layout (AttnIO kv). */
 static void place_roles(Call *c) {
     AttnIO<act_t> *d = &c->d;
-    const int heads[3] = {d->H, d->G, d->G}, rows[3] = {d->Tq, d->Tk, d->Tk};
-    const act_t *at[3];
-    AttnRows lay[3];
-    for (int r = 0; r < 3; r++) {
-        at[r] = c->src[r];
-        lay[r] = AttnRows{c->bstride[r], (size_t)d->hd, c->ld[r]};
+    if (!c->rope) {
+        d->Q = c->src[ROLE_Q], d->K = c->src[ROLE_K], d->V = c->src[ROLE_V];
+        d->q = AttnRows{c->bstride[ROLE_Q], (size_t)d->hd, c->ld[ROLE_Q]};
+        d->kv = AttnRows{c->bstride[ROLE_K], (size_t)d->hd, c->ld[ROLE_K]};
+        if (c->bstride[ROLE_V] != c->bstride[ROLE_K] || c->ld[ROLE_V] != c->ld[ROLE_K])
+            FATAL("attention: the key and value rows are laid out differently (a bug in kernels/cuda/attention.cu)");
+        return;
     }
-    if (c->rope) {
-        size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
-        size_t floats = ((nq + nk) * sizeof(act_t) + sizeof(float) - 1) / sizeof(float); /* scratch counts floats */
-        act_t *q = (act_t *)cuda_scratch(&g_pack, &g_pack_cap, floats), *k = q + nq;
-        for (int r = ROLE_Q; r <= ROLE_K; r++) {
-            if (r == ROLE_K && same_source(c, ROLE_K, ROLE_Q)) {
-                at[r] = at[ROLE_Q], lay[r] = lay[ROLE_Q];
-                continue;
-            }
-            act_t *dst = r == ROLE_Q ? q : k;
-            pack(dst, c->src[r], c->ld[r], c->bstride[r], d->B, rows[r], heads[r], d->hd, c->rope);
-            at[r] = dst;
-            lay[r] = AttnRows{(size_t)heads[r] * rows[r] * d->hd, (size_t)rows[r] * d->hd, d->hd};
-        }
-    }
-    d->Q = at[ROLE_Q], d->K = at[ROLE_K], d->V = at[ROLE_V];
-    d->q = lay[ROLE_Q], d->k = lay[ROLE_K], d->v = lay[ROLE_V];
+    size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
+    size_t floats = ((nq + 2 * nk) * sizeof(act_t) + sizeof(float) - 1) / sizeof(float); /* scratch counts floats */
+    act_t *q = (act_t *)cuda_scratch(&g_pack, &g_pack_cap, floats), *k = q + nq, *v = k + nk;
+    pack(q, c->src[ROLE_Q], c->ld[ROLE_Q], c->bstride[ROLE_Q], d->B, d->Tq, d->H, d->hd, c->rope);
+    if (same_source(c, ROLE_K, ROLE_Q))
+        k = q;
+    else
+        pack(k, c->src[ROLE_K], c->ld[ROLE_K], c->bstride[ROLE_K], d->B, d->Tk, d->G, d->hd, c->rope);
+    pack(v, c->src[ROLE_V], c->ld[ROLE_V], c->bstride[ROLE_V], d->B, d->Tk, d->G, d->hd, NULL);
+    d->Q = q, d->K = k, d->V = v;
+    d->q = AttnRows{(size_t)d->H * d->Tq * d->hd, (size_t)d->Tq * d->hd, d->hd};
+    d->kv = AttnRows{(size_t)d->G * d->Tk * d->hd, (size_t)d->Tk * d->hd, d->hd};
 }
 
 static void common_setup(AttnDev *d, int B, int Tq, int Tk, int H, int G, int hd, float dropout, uint64_t seed) {
@@ -927,7 +924,7 @@ __global__ void dense_scores_kernel(float *S, AttnIO<act_t> p, int b, int h) {
     if (idx >= p.Tq * p.Tk) return;
     int i = idx / p.Tk, j = idx % p.Tk, hd = p.hd;
     const act_t *q = attn_rows(p.Q, p.q, b, h) + (size_t)i * p.q.ld;
-    const act_t *k = attn_rows(p.K, p.k, b, h / p.group) + (size_t)j * p.k.ld;
+    const act_t *k = attn_rows(p.K, p.kv, b, h / p.group) + (size_t)j * p.kv.ld;
     float s = 0.0f;
     for (int c = 0; c < hd; c++) s += act_ld(q[c]) * act_ld(k[c]);
     S[idx] = score_x(p, h, i, j, p.scale * s);

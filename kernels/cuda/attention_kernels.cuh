@@ -62,8 +62,9 @@ struct AttnRows {
  * or __nv_bfloat16 with bf16 activations (half the bytes of every tile load, and no conversion passes around the
  * kernels). The kernels compute in float what they read (act_ld) and round what they store (act_as). */
 template <typename X> struct AttnIO : AttnDev {
-    const X *Q, *K, *V; /* (B, H, Tq, hd), (B, G, Tk, hd) x 2, where q, k and v say */
-    AttnRows q, k, v;
+    const X *Q, *K, *V; /* (B, H, Tq, hd), (B, G, Tk, hd) x 2, where q and kv say (K and V alike: one address
+                         * computation serves both tiles) */
+    AttnRows q, kv;
 };
 
 /* The rows of (batch b, head h) of a role at base laid out as l. */
@@ -116,8 +117,8 @@ __device__ __forceinline__ ScoreGrad score_grad(const AttnDev &p, int b, int h, 
 
 /* ------------------------------------------------------------------ forward */
 
-/* Keys and values j0 .. j0+BC-1 of one K/V head (rows p.k.ld and p.v.ld apart) into shared memory (rows ldk and ldv
- * apart), zeros past Tk. */
+/* Keys and values j0 .. j0+BC-1 of one K/V head (rows p.kv.ld apart) into shared memory (rows ldk and ldv apart),
+ * zeros past Tk. */
 template <typename X>
 __device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int ldv, const AttnIO<X> &p, const X *K,
                                              const X *V, int j0) {
@@ -125,8 +126,8 @@ __device__ __forceinline__ void load_kv_tile(float *Ks, int ldk, float *Vs, int 
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         int c = e / hd, d = e % hd;
         bool in = j0 + c < p.Tk;
-        Ks[c * ldk + d] = in ? act_ld(K[(size_t)(j0 + c) * p.k.ld + d]) : 0.0f;
-        Vs[c * ldv + d] = in ? act_ld(V[(size_t)(j0 + c) * p.v.ld + d]) : 0.0f;
+        Ks[c * ldk + d] = in ? act_ld(K[(size_t)(j0 + c) * p.kv.ld + d]) : 0.0f;
+        Vs[c * ldv + d] = in ? act_ld(V[(size_t)(j0 + c) * p.kv.ld + d]) : 0.0f;
     }
 }
 
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(ATT_THREADS) forward_kernel(AttnIO<X> p, X *ou
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS)
         Qs[e] = i0 + e / hd < p.Tq ? act_ld(Q[(size_t)(i0 + e / hd) * p.q.ld + e % hd]) : 0.0f;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
     int tiles = (p.Tq + BR - 1) / BR;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * BR;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     for (int e = threadIdx.x; e < BR * hd; e += ATT_THREADS) {
         int r = e / hd, d = e % hd;
         bool in = i0 + r < p.Tq;
@@ -303,11 +304,11 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
     int tiles = (p.Tk + BC - 1) / BC;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * BC;
     int b = bg / p.G, g = bg % p.G;
-    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     for (int e = threadIdx.x; e < BC * hd; e += ATT_THREADS) {
         bool in = j0 + e / hd < p.Tk;
-        Ks[e] = in ? act_ld(K[(size_t)(j0 + e / hd) * p.k.ld + e % hd]) : 0.0f;
-        Vs[e] = in ? act_ld(V[(size_t)(j0 + e / hd) * p.v.ld + e % hd]) : 0.0f;
+        Ks[e] = in ? act_ld(K[(size_t)(j0 + e / hd) * p.kv.ld + e % hd]) : 0.0f;
+        Vs[e] = in ? act_ld(V[(size_t)(j0 + e / hd) * p.kv.ld + e % hd]) : 0.0f;
         if (SYM) /* G = H: head g */
             dOk[e] = in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(j0 + e / hd) * o_ld + (size_t)g * hd + e % hd])
                         : 0.0f;
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
                 Qs[r * ldq + d] = in ? act_ld(Q[(size_t)(i0 + r) * p.q.ld + d]) : 0.0f;
                 dOs[r * ldq + d] =
                     in ? act_ld(dout[(size_t)b * o_bstride + (size_t)(i0 + r) * o_ld + (size_t)h * hd + d]) : 0.0f;
-                if (SYM) Vq[r * ldq + d] = in ? act_ld(V[(size_t)(i0 + r) * p.v.ld + d]) : 0.0f;
+                if (SYM) Vq[r * ldq + d] = in ? act_ld(V[(size_t)(i0 + r) * p.kv.ld + d]) : 0.0f;
             }
             for (int r = threadIdx.x; r < BR; r += ATT_THREADS) {
                 bool in = i0 + r < p.Tq;
@@ -612,7 +613,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
     float *Sw = Ss + r0 * lds; /* this warp's 16 rows: scores, then P.V */
@@ -626,8 +627,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, p.kv.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, p.kv.ld, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         Acc s[TC_COLS / 16];
         tc_zero<E>(s);
@@ -689,7 +690,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_ROWS);
     tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_ROWS);
     for (int r = threadIdx.x; r < TC_ROWS; r += TC_THREADS) {
@@ -709,8 +710,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     int kend = p.causal ? min(p.Tk, i0 + TC_ROWS) : p.Tk;
     for (int j0 = 0; j0 < kend; j0 += TC_COLS) {
         __syncthreads();
-        tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_COLS);
-        tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Ks, ld, K, p.kv.ld, j0, p.Tk, hd, hdp, TC_COLS);
+        tc_load_rows(Vs, ld, V, p.kv.ld, j0, p.Tk, hd, hdp, TC_COLS);
         __syncthreads();
         Acc s[TC_COLS / 16], a[TC_COLS / 16];
         tc_zero<E>(s);
@@ -770,9 +771,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
     /* SYM: the keys' own dO rows, the query tile's values and dO_j.V_i^T */
     E *dOk = (E *)(base + S::B_SO), *Vq = (E *)(base + S::B_SV);
     float *Aq = (float *)(base + S::B_SA);
-    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
-    tc_load_rows(Ks, ld, K, p.k.ld, j0, p.Tk, hd, hdp, TC_ROWS);
-    tc_load_rows(Vs, ld, V, p.v.ld, j0, p.Tk, hd, hdp, TC_ROWS);
+    const X *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
+    tc_load_rows(Ks, ld, K, p.kv.ld, j0, p.Tk, hd, hdp, TC_ROWS);
+    tc_load_rows(Vs, ld, V, p.kv.ld, j0, p.Tk, hd, hdp, TC_ROWS);
     if (SYM) /* G = H: head g */
         tc_load_rows(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, hdp, TC_ROWS);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
@@ -794,7 +795,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
             __syncthreads();
             tc_load_rows(Qs, ld, Q, p.q.ld, i0, p.Tq, hd, hdp, TC_COLS);
             tc_load_rows(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, hdp, TC_COLS);
-            if (SYM) tc_load_rows(Vq, ld, V, p.v.ld, i0, p.Tk, hd, hdp, TC_COLS);
+            if (SYM) tc_load_rows(Vq, ld, V, p.kv.ld, i0, p.Tk, hd, hdp, TC_COLS);
             for (int r = threadIdx.x; r < TC_COLS; r += TC_THREADS) {
                 bool in = i0 + r < p.Tq;
                 ls[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
@@ -923,13 +924,13 @@ __device__ __forceinline__ void mma_load_rows(__nv_bfloat16 *dst, int ld, const 
 /* Step t's buffer of tiles kept in two buffers, step apart from base (step 0 with one buffer: every step in it) */
 template <typename T> __device__ __forceinline__ T *mma_buf(T *base, int step, int t) { return base + (t & 1) * step; }
 
-/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head (K, V: its rows, laid out as p.k and p.v say)
+/* Starts loading keys and values j0 .. j0 + MMA_KT - 1 of a K/V head (K, V: its rows, laid out as p.kv says)
  * into a pair of tiles (K's at pair, V's a tile after it), as one group. */
 template <int HDP, typename X>
 __device__ __forceinline__ void mma_fetch_kv(__nv_bfloat16 *pair, int ld, const AttnIO<X> &p, const X *K, const X *V,
                                              int j0) {
-    mma_load_rows<HDP>(pair, ld, K, p.k.ld, j0, p.Tk, p.hd, MMA_KT);
-    mma_load_rows<HDP>(pair + MMA_KT * ld, ld, V, p.v.ld, j0, p.Tk, p.hd, MMA_KT);
+    mma_load_rows<HDP>(pair, ld, K, p.kv.ld, j0, p.Tk, p.hd, MMA_KT);
+    mma_load_rows<HDP>(pair + MMA_KT * ld, ld, V, p.kv.ld, j0, p.Tk, p.hd, MMA_KT);
     cp_async_commit();
 }
 
@@ -1093,7 +1094,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *Q = attn_rows(p.Q, p.q, b, h), *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     /* lane: rows ir[0] and ir[1] = ir[0] + 8 of the warp's 16, columns 2 tq and 2 tq + 1 of each 8-column tile */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int ir[2] = {i0 + warp * 16 + lane / 4, i0 + warp * 16 + lane / 4 + 8};
@@ -1216,7 +1217,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     int tiles = (p.Tq + TC_ROWS - 1) / TC_ROWS;
     int bh = blockIdx.x / tiles, i0 = query_tile(p, tiles) * TC_ROWS;
     int b = bh / p.H, h = bh % p.H, g = h / p.group;
-    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
+    const X *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
     mma_load_rows<hdp>(Qs, ld, attn_rows(p.Q, p.q, b, h), p.q.ld, i0, p.Tq, hd, TC_ROWS);
     mma_load_rows<hdp>(dOs, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, TC_ROWS);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
@@ -1310,9 +1311,9 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
     int tiles = (p.Tk + TC_ROWS - 1) / TC_ROWS;
     int bg = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * TC_ROWS;
     int b = bg / p.G, g = bg % p.G;
-    const X *K = attn_rows(p.K, p.k, b, g), *V = attn_rows(p.V, p.v, b, g);
-    mma_load_rows<hdp>(Kk, ld, K, p.k.ld, j0, p.Tk, hd, TC_ROWS);
-    mma_load_rows<hdp>(Vk, ld, V, p.v.ld, j0, p.Tk, hd, TC_ROWS);
+    const X *K = attn_rows(p.K, p.kv, b, g), *V = attn_rows(p.V, p.kv, b, g);
+    mma_load_rows<hdp>(Kk, ld, K, p.kv.ld, j0, p.Tk, hd, TC_ROWS);
+    mma_load_rows<hdp>(Vk, ld, V, p.kv.ld, j0, p.Tk, hd, TC_ROWS);
     if (SYM) /* G = H: head g */
         mma_load_rows<hdp>(dOk, ld, dout + (size_t)b * o_bstride + (size_t)g * hd, o_ld, j0, p.Tq, hd, TC_ROWS);
     /* lane: keys jr[0] and jr[1] = jr[0] + 8 of the warp's 16, queries 2 tq and 2 tq + 1 of each 8 of a tile */
@@ -1342,7 +1343,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         float *l = mma_buf(ld0, lstep, t);
         mma_load_rows<hdp>(q, ld, attn_rows(p.Q, p.q, b, h), p.q.ld, i0, p.Tq, hd, MMA_KT);
         mma_load_rows<hdp>(q + S::ELEMS, ld, dout + (size_t)b * o_bstride + (size_t)h * hd, o_ld, i0, p.Tq, hd, MMA_KT);
-        if (SYM) mma_load_rows<hdp>(q + 2 * S::ELEMS, ld, V, p.v.ld, i0, p.Tk, hd, MMA_KT);
+        if (SYM) mma_load_rows<hdp>(q + 2 * S::ELEMS, ld, V, p.kv.ld, i0, p.Tk, hd, MMA_KT);
         for (int r = threadIdx.x; r < MMA_KT; r += TC_THREADS) {
             bool in = i0 + r < p.Tq;
             l[r] = in ? lse[(size_t)bh * p.Tq + i0 + r] : -INFINITY;
