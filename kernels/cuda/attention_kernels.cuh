@@ -1051,14 +1051,13 @@ __device__ __forceinline__ float mma_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-/* Whether a call has no per-score work beyond the softmax (no +Pos, bias, padding or dropout)... */
-__device__ __forceinline__ bool mma_plain_call(const AttnDev &p) {
-    return !(ATTN_POS && p.pos) && !p.pe_bias && !p.pad && p.dropout <= 0.0f;
+/* Whether a call has no per-score work beyond the softmax and +Pos's term (no bias, padding or dropout); of those,
+ * mma_plain_call has no +Pos either, mma_pos_call has it. */
+__device__ __forceinline__ bool mma_unmasked_call(const AttnDev &p) {
+    return !p.pe_bias && !p.pad && p.dropout <= 0.0f;
 }
-/* ... or none beyond +Pos's term (no bias, padding or dropout). */
-__device__ __forceinline__ bool mma_pos_call(const AttnDev &p) {
-    return ATTN_POS && p.pos && !p.pe_bias && !p.pad && p.dropout <= 0.0f;
-}
+__device__ __forceinline__ bool mma_plain_call(const AttnDev &p) { return mma_unmasked_call(p) && !(ATTN_POS && p.pos); }
+__device__ __forceinline__ bool mma_pos_call(const AttnDev &p) { return mma_unmasked_call(p) && ATTN_POS && p.pos; }
 /* What a tile of query rows i0.. and keys j0.. (MMA_KT each) needs per score: MMA_PLAIN nothing but the softmax,
  * MMA_POS only +Pos's term (mma_pos_f, mma_pos_g: a row's and a column's part read once, not score_x's four reads
  * and visible's tests per score), MMA_MASKED the whole per-score code. The first two where the tile is whole and
@@ -1423,8 +1422,10 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
         if (qt == nqt - 1) { /* the head's last tile: its column sums, and SYM's row sums */
             MMA_UNROLL
             for (int r = 0; r < 2; r++) {
-                float sum = mma_row_sum(cs[r]);
-                if (colacc && tq == 0 && jr[r] < p.Tk) colacc[(size_t)bh * p.Tk + jr[r]] = sum;
+                if (colacc) { /* uniform over the block: every lane takes the shuffles or none does */
+                    float sum = mma_row_sum(cs[r]);
+                    if (tq == 0 && jr[r] < p.Tk) colacc[(size_t)bh * p.Tk + jr[r]] = sum;
+                }
                 if (SYM && rowacc) {
                     float gsum = mma_row_sum(gr[r]), rsum = mma_row_sum(rq[r]);
                     if (tq == 0 && jr[r] < p.Tq) {
