@@ -495,11 +495,18 @@ static double cross_loss(void *vctx) {
     return dot(c->out, c->R, (size_t)c->B * c->Tq * c->H * c->hd);
 }
 
-static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout) {
+/* One cross-attention configuration against the float64 reference; alias: q is the first B Tq C values of kv's
+ * buffer (Tq <= 2 Tk), the same address as kv, read as rows of C, which the GPU must not take for the symmetric
+ * self-attention whose query and key are one block (kernels/cuda/attention.cu symmetric_backward). */
+static void cross_case_as(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout,
+                          int alias) {
     int C = H * hd;
     size_t nq = (size_t)B * Tq * C, nkv = (size_t)B * Tk * 2 * C;
     Buf q = act_rand(nq, 1.0), kv = act_rand(nkv, 1.0), R = act_rand(nq, 1.0);
     Buf out = act_zeros(nq), lse = buf_zeros((size_t)B * H * Tq), dq = act_zeros(nq), dkv = act_zeros(nkv);
+    if (alias && nq > nkv) FATAL("cross_case_as: %s: q does not fit in kv's buffer", name);
+    const act_t *qa = alias ? kv.a : q.a; /* the device rows q and their host values */
+    const float *qh = alias ? kv.h : q.h;
     unsigned char *pad = NULL, *pad_d = NULL;
     if (padded) {
         pad = xcalloc((size_t)B * Tk, 1);
@@ -510,14 +517,14 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
     CrossAttnArgs a = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .hd = hd, .key_pad = pad_d, .dropout = dropout, .seed = 99};
     char what[128];
     kprof_start();
-    cross_attention_forward(out.a, lse.d, q.a, kv.a, &a);
+    cross_attention_forward(out.a, lse.d, qa, kv.a, &a);
     const KprofRow *rows;
     int nrows = kprof_stop(&rows);
     snprintf(what, sizeof what, "cross-attention %s", name);
     check_packs(rows, nrows, "cross_attention_forward", what, 0);
-    cross_attention_backward(dq.a, dkv.a, R.a, q.a, kv.a, out.a, lse.d, &a);
+    cross_attention_backward(dq.a, dkv.a, R.a, qa, kv.a, out.a, lse.d, &a);
     buf_download(&out), buf_download(&dq), buf_download(&dkv);
-    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(q.h, nq), to_double(kv.h, nkv), R.h,
+    CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(qh, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};
     cross_loss(&c);
     double omax, err = max_abs_diff(out.h, c.out, nq, &omax);
@@ -533,6 +540,9 @@ static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, i
     free(pad);
     dev_free(pad_d);
     buf_free(&q), buf_free(&kv), buf_free(&R), buf_free(&out), buf_free(&lse), buf_free(&dq), buf_free(&dkv);
+}
+static void cross_case(const char *name, int B, int Tq, int Tk, int H, int hd, int padded, float dropout) {
+    cross_case_as(name, B, Tq, Tk, H, hd, padded, dropout, 0);
 }
 
 /* Data parallelism (dropout_batch_rows): a process holding rows [first, first + count) of a global batch
@@ -1889,6 +1899,10 @@ int main(int argc, char **argv) {
     cross_case("key padding", 2, 6, 11, 2, 4, 1, 0.0f);
     cross_case("dropout", 2, 5, 70, 2, 4, 1, 0.2f);
     cross_case("key padding, head dim 160", 1, 7, 40, 1, 160, 1, 0.0f);
+    /* head dim 32: the GPU's tensor-core kernels, 16-byte loads of the kv rows (2C apart, V at C); and q in kv's
+     * buffer with Tq = Tk, the one shape where the pointers alone would look like symmetric self-attention */
+    cross_case("head dim 32", 2, 9, 13, 2, 32, 1, 0.0f);
+    cross_case_as("q in kv's buffer", 2, 12, 12, 2, 32, 0, 0.0f, 1);
     test_layernorm(1, 37);
     test_layernorm(0, 37);
     test_layernorm(1, 264);

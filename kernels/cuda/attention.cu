@@ -690,10 +690,13 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
 }
 
 /* Whether a backward call takes the symmetric path: the query and key the same rows (KV and K, so the raw
- * scores are symmetric), bidirectional, self-attention, one K/V head per query head, and the larger shared memory
- * it needs available on this GPU (smem: its bytes). */
+ * scores are symmetric: the same address and layout; a cross-attention whose q is kv's buffer has the address
+ * only), bidirectional, self-attention, one K/V head per query head, and the larger shared memory it needs
+ * available on this GPU (smem: its bytes). */
 static bool symmetric_backward(const AttnIO<act_t> *d, size_t smem) {
-    return g_symmetric_path && d->Q == d->K && !d->causal && d->Tq == d->Tk && d->G == d->H && smem <= kv_smem_max;
+    bool same_rows = d->Q == d->K && d->q.ld == d->kv.ld && d->q.bstride == d->kv.bstride &&
+                     d->q.hstride == d->kv.hstride && d->Tq == d->Tk && d->G == d->H;
+    return g_symmetric_path && same_rows && !d->causal && smem <= kv_smem_max;
 }
 
 /* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. On the
