@@ -300,15 +300,17 @@ static const KprofRow *prof_row(const KprofRow *rows, int n, const char *op, con
     return NULL;
 }
 
-/* On a GPU the kernels read the roles in the projection itself; only under RoPE are they first copied head-major
- * (the "pack" launches of the forward op), the query and key rotated, one copy where those two are one block (the
- * symmetric variants). Cross-attention has no RoPE: no packs. want: the packs expected. The CPU reads the
- * projection in place: no parts. */
-static void check_packs(const KprofRow *rows, int n, const char *op, const char *what, int want) {
+/* On a GPU the kernels read the roles in the projection itself and add their gradients there; only under RoPE are
+ * the roles first copied head-major (the "pack" launches of the forward op), the query and key rotated, one copy
+ * where those two are one block (the symmetric variants), and their gradients written packed, then rotated back
+ * and added (the backward op's "unpack_add" launches: one a role, the query's none on the symmetric path).
+ * Cross-attention has no RoPE: neither. part: "pack" or "unpack_add"; want: the launches expected. The CPU reads
+ * and writes the projection in place: no parts. */
+static void check_packs(const KprofRow *rows, int n, const char *op, const char *part, const char *what, int want) {
     if (strncmp(backend_name(), "cuda", 4)) return;
-    const KprofRow *pack = prof_row(rows, n, op, "pack");
+    const KprofRow *pack = prof_row(rows, n, op, part);
     long calls = pack ? pack->calls : 0;
-    CHECK(calls == want, "%s: %s packs %d role(s), none without RoPE: %ld", what, op, want, calls);
+    CHECK(calls == want, "%s: %s runs %d %s launch(es), none without RoPE: %ld", what, op, want, part, calls);
 }
 /* On a GPU an attention op runs, once, the kernel of name `base` (fp32's name) from the set docs/cuda.md names for
  * the build: fp32's with CUDA_FP32, with bf16 products the kernels with the scores in registers ("mma_";
@@ -339,6 +341,8 @@ static void check_backward_kernels(const KprofRow *rows, int n, const char *what
     long calls = (fp ? fp->calls : 0) + (tc ? tc->calls : 0) + (mma ? mma->calls : 0);
     CHECK(calls == !sym, "%s: attention_backward runs %d dQ kernel(s) (%s): %ld", what, !sym,
           sym ? "symmetric path: the dK/dV kernel takes both roles" : "general path", calls);
+    int rope = attn_positions[g_scheme].where == ATTN_PE_ROTARY;
+    check_packs(rows, n, "attention_backward", "unpack_add", what, rope ? 3 - sym : 0);
     check_kernel_once(rows, n, what, "attention_backward", "dkv_kernel", sym ? "symmetric path, " : "general path, ");
 }
 
@@ -398,7 +402,7 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     const KprofRow *rows;
     int nrows = kprof_stop(&rows);
     snprintf(what, sizeof what, "%s %s", case_label(variant, ATTN_POS), name);
-    check_packs(rows, nrows, "attention_forward", what, self_packs());
+    check_packs(rows, nrows, "attention_forward", "pack", what, self_packs());
     check_forward_kernel(rows, nrows, what, hd);
     kprof_start();
     attention_backward(dproj.a, pos ? &dpos : NULL, R.a, proj.a, out.a, lse.d, pos, &a);
@@ -521,8 +525,11 @@ static void cross_case_as(const char *name, int B, int Tq, int Tk, int H, int hd
     const KprofRow *rows;
     int nrows = kprof_stop(&rows);
     snprintf(what, sizeof what, "cross-attention %s", name);
-    check_packs(rows, nrows, "cross_attention_forward", what, 0);
+    check_packs(rows, nrows, "cross_attention_forward", "pack", what, 0);
+    kprof_start();
     cross_attention_backward(dq.a, dkv.a, R.a, qa, kv.a, out.a, lse.d, &a);
+    nrows = kprof_stop(&rows);
+    check_packs(rows, nrows, "cross_attention_backward", "unpack_add", what, 0);
     buf_download(&out), buf_download(&dq), buf_download(&dkv);
     CrossCtx c = {B, Tq, Tk, H, hd, pad, dropout, 99, to_double(qh, nq), to_double(kv.h, nkv), R.h,
                   xmalloc(nq * sizeof(double))};

@@ -17,8 +17,10 @@
  *     has one writer and no floating-point atomics are needed: a run repeats
  *     bit for bit. A K/V head's block walks its query heads in order (grouped
  *     heads). The relative-bias gradient sums each diagonal in one warp.
- *  4. unpack: each role's gradient is added back into the projection gradient
- *     (rotated back for RoPE); roles that share a block add in turn.
+ *  4. gradients: the backward kernels add each role's gradient into its rows
+ *     of the projection's gradient, roles that share a block in turn (query,
+ *     key, value). Under RoPE they write packed float32 instead, and
+ *     "unpack_add" rotates it back and adds it.
  *
  * With a tensor-core precision steps 2 and 3 run as the tensor-core kernels,
  * the same per-score code around WMMA products: TF32 with CUDA_TF32, bf16
@@ -365,7 +367,8 @@ typedef struct {
     const act_t *src[3];
     int ld[3];
     size_t bstride[3];
-    act_t *out; /* the output (read only by the backward) */
+    act_t *grad[3]; /* the backward's: where each role's gradient is added, laid out as its source */
+    act_t *out;     /* the output (read only by the backward) */
     int o_ld;
     size_t o_bstride;
     float *lse;
@@ -660,8 +663,8 @@ static bool mma_backward(int nt) {
 /* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone, else the query-side and the
  * key-side kernel; bf16's with the scores in registers where mma_backward. */
 template <typename E>
-static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const float *D, float *dq, float *dk,
-                        float *dv, float *rowacc, float *colacc) {
+static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const float *D, RoleGrad<act_t> dq,
+                        RoleGrad<act_t> dk, RoleGrad<act_t> dv, float *rowacc, float *colacc) {
     const AttnIO<act_t> *d = &c->d;
     const float *lse = c->lse;
     unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
@@ -699,15 +702,22 @@ static bool symmetric_backward(const AttnIO<act_t> *d, size_t smem) {
     return g_symmetric_path && same_rows && !d->causal && smem <= kv_smem_max;
 }
 
-/* The gradients of the three roles (packed, written) and, for +Pos and the relative bias, their sums. On the
- * symmetric path *dq is NULL: *dk holds the gradient of both roles. */
+/* The gradients of the three roles and, for +Pos and the relative bias, their sums. Each role's gradient is added
+ * into its rows at c->grad, or, where the roles were packed (RoPE), written packed to float32 *dq, *dk and *dv
+ * (else NULL), which the caller turns back and adds. On the symmetric path the key's rows (or *dk) take the
+ * gradient of both roles, and *dq is NULL. */
 static void run_backward(Call *c, const act_t *dout, float **dq, float **dk, float **dv, const AttnPos *pos,
                          AttnPosGrad *dpos) {
     AttnIO<act_t> *d = &c->d;
-    size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
-    *dq = cuda_scratch(&g_grad, &g_grad_cap, nq + 2 * nk);
-    *dk = *dq + nq;
-    *dv = *dk + nk;
+    RoleGrad<act_t> rq = {NULL, c->grad[ROLE_Q]}, rk = {NULL, c->grad[ROLE_K]}, rv = {NULL, c->grad[ROLE_V]};
+    *dq = *dk = *dv = NULL;
+    if (c->rope) {
+        size_t nq = (size_t)d->B * d->H * d->Tq * d->hd, nk = (size_t)d->B * d->G * d->Tk * d->hd;
+        *dq = cuda_scratch(&g_grad, &g_grad_cap, nq + 2 * nk);
+        *dk = *dq + nq;
+        *dv = *dk + nk;
+        rq = {*dq, NULL}, rk = {*dk, NULL}, rv = {*dv, NULL};
+    }
     size_t nrow = (size_t)d->B * d->H * d->Tq, ncol = (size_t)d->B * d->H * d->Tk;
     int rel = d->pe_bias && pos->scheme == ATTN_POSITION_REL_BIAS;
     size_t nmisc = nrow + (d->pos ? 2 * nrow + ncol : 0) + (rel ? (size_t)d->B * d->H * d->pe_nd : 0);
@@ -723,15 +733,15 @@ static void run_backward(Call *c, const act_t *dout, float **dq, float **dk, flo
                                                         : tc_smem_backward_sym<TcElem>(nt));
     if (sym) *dq = NULL;
     if (nt) {
-        tc_backward<TcElem>(c, nt, sym, dout, D, *dq, *dk, *dv, rowacc, colacc);
+        tc_backward<TcElem>(c, nt, sym, dout, D, rq, rk, rv, rowacc, colacc);
     } else {
         unsigned gq = (unsigned)((size_t)d->B * d->H * ((d->Tq + BR - 1) / BR));
         if (!sym)
             launch("dq_kernel", ATT_PICK(dq_kernel, att_npl(hd), act_t), gq, ATT_THREADS, att_smem_dq(hd), *d, dout,
-                   c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dq, rowacc);
+                   c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, rq, rowacc);
         unsigned gk = (unsigned)((size_t)d->B * d->G * ((d->Tk + BC - 1) / BC));
         launch("dkv_kernel", ATT_PICK_SYM(dkv_kernel, att_npl(hd), act_t, sym), gk, ATT_THREADS, att_smem_dkv(hd, sym), *d,
-               dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, *dk, *dv, colacc, rowacc);
+               dout, c->o_ld, c->o_bstride, (const float *)c->lse, (const float *)D, rk, rv, colacc, rowacc);
     }
     if (d->pos) {
         static float *buf;
@@ -779,13 +789,15 @@ void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, cons
         FATAL("attention_backward: relative bias without its gradient buffer");
     Call c;
     self_call(&c, "attention_backward", (act_t *)out, (float *)lse, proj, pos, a);
-    float *dq, *dk, *dv;
-    run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
     AttnDev *d = &c.d;
     int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
+    for (int r = 0; r < 3; r++) c.grad[r] = dproj + (c.src[r] - proj); /* the roles' own blocks, when in place */
+    float *dq, *dk, *dv;
+    run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
+    if (!dk) return; /* added in place */
     size_t bs = (size_t)a->T * W;
-    /* each role's gradient into its block; roles sharing a block add in turn (the query's in the key's on the
-     * symmetric path) */
+    /* RoPE: each role's gradient rotated back into its block; roles sharing a block add in turn (the query's in the
+     * key's on the symmetric path) */
     if (dq)
         unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC), W, bs, dq, a->B,
                    a->T, a->H, a->hd, c.rope);
@@ -808,12 +820,9 @@ void cross_attention_backward(act_t *dq, act_t *dkv, const act_t *dout, const ac
     if (!dq || !dkv || !dout) FATAL("cross_attention_backward: NULL gradient buffer");
     Call c;
     cross_call(&c, "cross_attention_backward", (act_t *)out, (float *)lse, q, kv, a);
+    c.grad[ROLE_Q] = dq, c.grad[ROLE_K] = dkv, c.grad[ROLE_V] = dkv + a->H * a->hd; /* laid out as q and kv */
     float *gq, *gk, *gv;
-    run_backward(&c, dout, &gq, &gk, &gv, NULL, NULL);
-    int C = a->H * a->hd;
-    unpack_add(dq, C, (size_t)a->Tq * C, gq, a->B, a->Tq, a->H, a->hd, NULL);
-    unpack_add(dkv, 2 * C, (size_t)a->Tk * 2 * C, gk, a->B, a->Tk, a->H, a->hd, NULL);
-    unpack_add(dkv + C, 2 * C, (size_t)a->Tk * 2 * C, gv, a->B, a->Tk, a->H, a->hd, NULL);
+    run_backward(&c, dout, &gq, &gk, &gv, NULL, NULL); /* no RoPE across: added in place */
 }
 
 /* ------------------------------------------------------------------ decoding */

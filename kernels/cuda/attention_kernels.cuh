@@ -72,6 +72,37 @@ template <typename X> __device__ __forceinline__ const X *attn_rows(const X *bas
     return base + (size_t)b * l.bstride + (size_t)h * l.hstride;
 }
 
+/* Where the backward kernels put a role's gradient: added to the role's rows of the projection's gradient (rows,
+ * of the activations' type, laid out as the role: AttnIO q or kv), as the kernels read the roles in place; or,
+ * where the roles were packed (RoPE), written to packed float32 (B, heads, T, hd), which attention.cu turns back
+ * and adds (unpack_add). Roles sharing a block add in the order unpack_add takes them (query, key, value), with the
+ * same rounding, so both ways give the same values. */
+template <typename X> struct RoleGrad {
+    float *packed;
+    X *rows;
+};
+/* ... and its rows of (batch b, head h): at x (ld apart, added to) or at f (hd apart, written) */
+template <typename X> struct GradRows {
+    float *f;
+    X *x;
+    size_t ld;
+};
+template <typename X>
+__device__ __forceinline__ GradRows<X> grad_rows(const RoleGrad<X> &g, const AttnRows &l, int b, int h, int heads,
+                                                 int T, int hd) {
+    if (g.rows) return GradRows<X>{nullptr, g.rows + (size_t)b * l.bstride + (size_t)h * l.hstride, (size_t)l.ld};
+    return GradRows<X>{g.packed + ((size_t)b * heads + h) * T * hd, nullptr, (size_t)hd};
+}
+/* value v of row i, column d */
+template <typename X> __device__ __forceinline__ void grad_put(const GradRows<X> &g, int i, int d, float v) {
+    if (g.x) {
+        X *y = g.x + (size_t)i * g.ld + d;
+        *y = act_as<X>(act_ld(*y) + v);
+    } else {
+        g.f[(size_t)i * g.ld + d] = v;
+    }
+}
+
 __device__ __forceinline__ float score_x(const AttnDev &p, int h, int i, int j, float s) {
     float x = s;
     if (ATTN_POS && p.pos) {
@@ -211,10 +242,11 @@ __global__ void rowdot_kernel(float *D, const X *dout, const X *out, int o_ld, s
     if (lane == 0) D[row] = s;
 }
 
-/* dQ (packed, written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij S_ij and sum_j G'_ij (+Pos). */
+/* dQ (RoleGrad: added in place, or packed and written) per block of query rows; rowacc (B*H*Tq, 2): sum_j G'_ij
+ * S_ij and sum_j G'_ij (+Pos). */
 template <int NPL, typename X>
 __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
-                                                         const float *lse, const float *D, float *dQ,
+                                                         const float *lse, const float *D, RoleGrad<X> dQ,
                                                          float *rowacc) {
     extern __shared__ float sm[];
     const int hd = p.hd, ldk = hd + 1;
@@ -267,13 +299,13 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
             }
         }
     }
+    const GradRows<X> gq = grad_rows(dQ, p.q, b, h, p.H, p.Tq, hd);
     for (int rr = 0; rr < RPW; rr++) {
         int i = i0 + warp * RPW + rr;
         if (i >= p.Tq) continue;
-        float *row = dQ + ((size_t)bh * p.Tq + i) * hd;
         for (int k = 0; k < NPL; k++) {
             int d = lane + 32 * k;
-            if (d < hd) row[d] = p.scale * dq[rr][k];
+            if (d < hd) grad_put(gq, i, d, p.scale * dq[rr][k]);
         }
         if (rowacc) {
             float a = warp_sum(gs[rr]), c = warp_sum(rs[rr]);
@@ -285,7 +317,7 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
     }
 }
 
-/* dK, dV (packed, written) per block of 32 keys of one K/V head, over its query heads in order; colacc
+/* dK, dV (RoleGrad) per block of 32 keys of one K/V head, over its query heads in order; colacc
  * (B*H*Tk): sum_i G'_ij per query head (+Pos).
  * With SYM (KV and K bidirectional: the packed Q is K, S_ij = S_ji; a template argument, so that the general
  * kernel is compiled without its registers) the block's keys are queries too, and the
@@ -295,8 +327,8 @@ __global__ void __launch_bounds__(ATT_THREADS) dq_kernel(AttnIO<X> p, const X *d
  * backward pass, where the general path computes it in both kernels. */
 template <int NPL, typename X, bool SYM>
 __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
-                                                          const float *lse, const float *D, float *dK, float *dV,
-                                                          float *colacc, float *rowacc) {
+                                                          const float *lse, const float *D, RoleGrad<X> dK,
+                                                          RoleGrad<X> dV, float *colacc, float *rowacc) {
     extern __shared__ float sm[];
     const int hd = p.hd, ldq = hd + 1;
     float *Ks = sm, *Vs = Ks + BC * hd, *Qs = Vs + BC * hd, *dOs = Qs + BR * ldq, *ls = dOs + BR * ldq, *Ds = ls + BR;
@@ -393,14 +425,15 @@ __global__ void __launch_bounds__(ATT_THREADS) dkv_kernel(AttnIO<X> p, const X *
                 }
             }
     }
+    const GradRows<X> gk = grad_rows(dK, p.kv, b, g, p.G, p.Tk, hd), gv = grad_rows(dV, p.kv, b, g, p.G, p.Tk, hd);
     for (int cc = 0; cc < RPW; cc++) {
         int j = j0 + warp * RPW + cc;
         if (j >= p.Tk) continue;
         for (int k = 0; k < NPL; k++) {
             int d = lane + 32 * k;
-            if (d < hd) {
-                dK[((size_t)bg * p.Tk + j) * hd + d] = p.scale * dk[cc][k];
-                dV[((size_t)bg * p.Tk + j) * hd + d] = dv[cc][k];
+            if (d < hd) { /* the key's first, then the value's: KV tying's and K's share their rows */
+                grad_put(gk, j, d, p.scale * dk[cc][k]);
+                grad_put(gv, j, d, dv[cc][k]);
             }
         }
     }
@@ -555,17 +588,18 @@ template <typename Acc, int N> __device__ __forceinline__ void tc_store(float *d
     for (int n = 0; n < N; n++) wmma::store_matrix_sync(dst + n * 16, c[n], ld, wmma::mem_row_major);
 }
 
-/* A warp's 16 gradient rows (fragments c, 16 x 16 NT) to dst (row stride hd, its first `rows` rows: fewer past
- * the end), 32 columns at a time through the warp's 16 rows of a float tile (ld >= 32) */
-template <typename Acc, int N>
-__device__ __forceinline__ void tc_write_rows(float *dst, int hd, int rows, Acc (&c)[N], float *tile, int ld) {
+/* A warp's 16 gradient rows (fragments c, 16 x 16 NT) to rows r0 .. of g (grad_put; its first `rows` rows: fewer
+ * past the end), 32 columns at a time through the warp's 16 rows of a float tile (ld >= 32) */
+template <typename X, typename Acc, int N>
+__device__ __forceinline__ void tc_write_rows(const GradRows<X> &g, int r0, int hd, int rows, Acc (&c)[N], float *tile,
+                                              int ld) {
     const int lane = threadIdx.x % 32;
     for (int n0 = 0; n0 < N; n0 += 2) {
         const int nn = N - n0 < 2 ? N - n0 : 2, d = 16 * n0 + lane;
         for (int n = 0; n < nn; n++) wmma::store_matrix_sync(tile + n * 16, c[n0 + n], ld, wmma::mem_row_major);
         __syncwarp();
         if (lane < 16 * nn && d < hd)
-            for (int r = 0; r < rows; r++) dst[(size_t)r * hd + d] = tile[r * ld + lane];
+            for (int r = 0; r < rows; r++) grad_put(g, r0 + r, d, tile[r * ld + lane]);
         __syncwarp();
     }
 }
@@ -672,10 +706,10 @@ __global__ void __launch_bounds__(TC_THREADS) tc_forward_kernel(AttnIO<X> p, X *
     }
 }
 
-/* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's. */
+/* dQ (RoleGrad) per block of 64 query rows; rowacc as dq_kernel's. */
 template <int NT, typename E, typename X>
 __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
-                                                           const float *lse, const float *D, float *dQ,
+                                                           const float *lse, const float *D, RoleGrad<X> dQ,
                                                            float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef TcShape<E, NT> S;
@@ -736,7 +770,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     __syncwarp();
     for (int n = 0; n < NT; n++)
         for (int t = 0; t < dq[n].num_elements; t++) dq[n].x[t] *= p.scale;
-    tc_write_rows(dQ + ((size_t)bh * p.Tq + i0 + r0) * hd, hd, min(16, p.Tq - i0 - r0), dq, Sw, lds);
+    tc_write_rows(grad_rows(dQ, p.q, b, h, p.H, p.Tq, hd), i0 + r0, hd, min(16, p.Tq - i0 - r0), dq, Sw, lds);
     if (rowacc) {
         gs += __shfl_xor_sync(0xffffffffu, gs, 1);
         rs += __shfl_xor_sync(0xffffffffu, rs, 1);
@@ -747,14 +781,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dq_kernel(AttnIO<X> p, const X 
     }
 }
 
-/* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
+/* dK, dV (RoleGrad) per block of 64 keys of one K/V head, over its query heads in order; colacc as
  * dkv_kernel's, and with SYM dK of both roles and rowacc as dkv_kernel's. The scores are formed transposed
  * (keys as rows: K.Q^T, V.dO^T) so that P^T and G^T are the A operands of dV += P^T.dO and dK += G^T.Q; with
  * SYM dO_j.V_i^T is a third product, and G^T + G'' (G''_ji, the pair as query j, key i) the A operand of dK's. */
 template <int NT, typename E, typename X, bool SYM>
 __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
-                                                            const float *lse, const float *D, float *dK, float *dV,
-                                                            float *colacc, float *rowacc) {
+                                                            const float *lse, const float *D, RoleGrad<X> dK,
+                                                            RoleGrad<X> dV, float *colacc, float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef TcShape<E, NT> S;
     typedef typename Tc<E>::C Acc;
@@ -850,9 +884,11 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
     __syncwarp();
     for (int n = 0; n < NT; n++)
         for (int t = 0; t < dk[n].num_elements; t++) dk[n].x[t] *= p.scale;
-    size_t row = ((size_t)bg * p.Tk + j0 + r0) * hd;
-    tc_write_rows(dK + row, hd, min(16, p.Tk - j0 - r0), dk, Sw, lds);
-    tc_write_rows(dV + row, hd, min(16, p.Tk - j0 - r0), dv, Aw, lds);
+    /* the key's rows first, then the value's: KV tying's and K's share them, and a lane writes the same elements of
+     * both */
+    const int nr = min(16, p.Tk - j0 - r0);
+    tc_write_rows(grad_rows(dK, p.kv, b, g, p.G, p.Tk, hd), j0 + r0, hd, nr, dk, Sw, lds);
+    tc_write_rows(grad_rows(dV, p.kv, b, g, p.G, p.Tk, hd), j0 + r0, hd, nr, dv, Aw, lds);
 }
 
 /* ------------------------------------------------------------------ bf16 kernels with scores in registers */
@@ -1013,25 +1049,37 @@ __device__ __forceinline__ void mma_xr(float (&out)[2 * NT][4], const float (&x)
     }
 }
 
-/* A warp's 16 result rows (accumulators acc over the head dim, times `scale`) into rows r[0] and r[1] of dst
- * (row stride dst_ld; float gradients, or the output in the activations' type), rows at or past n left alone: the
- * lane's columns 2 tq and 2 tq + 1 of each 8. */
-template <int NT, typename T>
-__device__ __forceinline__ void mma_write_rows(T *dst, size_t dst_ld, const int (&r)[2], int n, int hd,
-                                               const float (&acc)[2 * NT][4], float scale, int lane) {
+/* A warp's 16 result rows (accumulators acc over the head dim, times `scale`), each value v of row i, column d
+ * given to put(i, d, v) for the lane's rows r[0] and r[1] (rows at or past n left alone) and its columns 2 tq and
+ * 2 tq + 1 of each 8 ... */
+template <int NT, typename F>
+__device__ __forceinline__ void mma_each_result(const int (&r)[2], int n, int hd, const float (&acc)[2 * NT][4],
+                                                float scale, int lane, F put) {
     MMA_UNROLL
     for (int h2 = 0; h2 < 2; h2++) {
         if (r[h2] >= n) continue;
-        T *row = dst + (size_t)r[h2] * dst_ld;
         MMA_UNROLL
         for (int c = 0; c < 2 * NT; c++) {
             MMA_UNROLL
             for (int e = 0; e < 2; e++) {
                 int d = 8 * c + 2 * (lane % 4) + e;
-                if (d < hd) row[d] = act_as<T>(acc[c][2 * h2 + e] * scale);
+                if (d < hd) put(r[h2], d, acc[c][2 * h2 + e] * scale);
             }
         }
     }
+}
+/* ... stored into dst (row stride dst_ld: the output in the activations' type, or floats) ... */
+template <int NT, typename T>
+__device__ __forceinline__ void mma_write_rows(T *dst, size_t dst_ld, const int (&r)[2], int n, int hd,
+                                               const float (&acc)[2 * NT][4], float scale, int lane) {
+    mma_each_result<NT>(r, n, hd, acc, scale, lane,
+                        [&](int i, int d, float v) { dst[(size_t)i * dst_ld + d] = act_as<T>(v); });
+}
+/* ... or put as a role's gradient (grad_put) */
+template <int NT, typename X>
+__device__ __forceinline__ void mma_write_grad(const GradRows<X> &g, const int (&r)[2], int n, int hd,
+                                               const float (&acc)[2 * NT][4], float scale, int lane) {
+    mma_each_result<NT>(r, n, hd, acc, scale, lane, [&](int i, int d, float v) { grad_put(g, i, d, v); });
 }
 
 /* acc's rows times f: the lane's row r[0] (elements 0, 1) by f[0], its row r[1] (2, 3) by f[1] */
@@ -1056,7 +1104,9 @@ __device__ __forceinline__ float mma_row_sum(float v) {
 __device__ __forceinline__ bool mma_unmasked_call(const AttnDev &p) {
     return !p.pe_bias && !p.pad && p.dropout <= 0.0f;
 }
-__device__ __forceinline__ bool mma_plain_call(const AttnDev &p) { return mma_unmasked_call(p) && !(ATTN_POS && p.pos); }
+__device__ __forceinline__ bool mma_plain_call(const AttnDev &p) {
+    return mma_unmasked_call(p) && !(ATTN_POS && p.pos);
+}
 __device__ __forceinline__ bool mma_pos_call(const AttnDev &p) { return mma_unmasked_call(p) && ATTN_POS && p.pos; }
 /* What a tile of query rows i0.. and keys j0.. (MMA_KT each) needs per score: MMA_PLAIN nothing but the softmax,
  * MMA_POS only +Pos's term (mma_pos_f, mma_pos_g: a row's and a column's part read once, not score_x's four reads
@@ -1201,10 +1251,10 @@ __global__ void __launch_bounds__(TC_THREADS) mma_forward_kernel(AttnIO<X> p, X 
     mma_write_rows<NT>(out + (size_t)b * o_bstride + (size_t)h * hd, (size_t)o_ld, ir, p.Tq, hd, o, 1.0f, lane);
 }
 
-/* dQ (packed, written) per block of 64 query rows; rowacc as dq_kernel's */
+/* dQ (RoleGrad) per block of 64 query rows; rowacc as dq_kernel's */
 template <int NT, typename X>
 __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X *dout, int o_ld, size_t o_bstride,
-                                                            const float *lse, const float *D, float *dQ,
+                                                            const float *lse, const float *D, RoleGrad<X> dQ,
                                                             float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
@@ -1268,7 +1318,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
         mma_xr<NT>(dq, s, Ks, ld, lane);
         __syncthreads();
     }
-    mma_write_rows<NT>(dQ + (size_t)bh * p.Tq * hd, (size_t)hd, ir, p.Tq, hd, dq, p.scale, lane);
+    mma_write_grad<NT>(grad_rows(dQ, p.q, b, h, p.H, p.Tq, hd), ir, p.Tq, hd, dq, p.scale, lane);
     if (rowacc) {
         MMA_UNROLL
         for (int r = 0; r < 2; r++) {
@@ -1281,7 +1331,7 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
     }
 }
 
-/* dK, dV (packed, written) per block of 64 keys of one K/V head, over its query heads in order; colacc as
+/* dK, dV (RoleGrad) per block of 64 keys of one K/V head, over its query heads in order; colacc as
  * dkv_kernel's. The scores are formed transposed (keys as rows: K.Q^T, V.dO^T), so that P^T and G^T are A
  * operands of dV += P^T.dO and dK += G^T.Q.
  * SYM, the symmetric backward (as tc_dkv_kernel's; K is Q, G = H, Tq = Tk, no causal mask): each score S_ji of a
@@ -1294,7 +1344,8 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dq_kernel(AttnIO<X> p, const X
 template <int NT, typename X, bool SYM>
 __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const X *dout, int o_ld,
                                                              size_t o_bstride, const float *lse, const float *D,
-                                                             float *dK, float *dV, float *colacc, float *rowacc) {
+                                                             RoleGrad<X> dK, RoleGrad<X> dV, float *colacc,
+                                                             float *rowacc) {
     extern __shared__ __align__(128) float tsm[];
     typedef MmaShape<NT> S;
     constexpr int hdp = S::hdp, ld = S::ld, NS = MMA_KT / 8, TILES = SYM ? 3 : 2, SN = SYM ? MMA_SYM_N : NS;
@@ -1436,9 +1487,10 @@ __global__ void __launch_bounds__(TC_THREADS) mma_dkv_kernel(AttnIO<X> p, const 
             }
         }
     }
-    float *dKh = dK + (size_t)bg * p.Tk * hd, *dVh = dV + (size_t)bg * p.Tk * hd;
-    mma_write_rows<NT>(dKh, (size_t)hd, jr, p.Tk, hd, dk, p.scale, lane);
-    mma_write_rows<NT>(dVh, (size_t)hd, jr, p.Tk, hd, dv, 1.0f, lane);
+    /* the key's first, then the value's: KV tying's and K's share their rows, and a lane writes the same elements of
+     * both */
+    mma_write_grad<NT>(grad_rows(dK, p.kv, b, g, p.G, p.Tk, hd), jr, p.Tk, hd, dk, p.scale, lane);
+    mma_write_grad<NT>(grad_rows(dV, p.kv, b, g, p.G, p.Tk, hd), jr, p.Tk, hd, dv, 1.0f, lane);
 }
 
 #endif
