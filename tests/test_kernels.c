@@ -159,9 +159,11 @@ typedef double (*LossFn)(void *ctx);
 
 /* Compares the analytic gradient g of input x (double copy xd, which the
  * loss reads) with central differences on up to max_checks entries, within
- * tol of the largest difference. */
-static void check_grad_tol(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx,
-                           int max_checks, double tol) {
+ * tol of the largest difference, or of scale where that is larger (a sum
+ * whose terms are larger than it: see the +Pos weights). Returns the largest
+ * difference. */
+static double check_grad_scaled(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx,
+                                int max_checks, double tol, double scale) {
     size_t step = n > (size_t)max_checks ? n / (size_t)max_checks : 1;
     double err = 0.0, fmax = 0.0;
     size_t worst = 0;
@@ -171,12 +173,19 @@ static void check_grad_tol(const char *what, double *xd, size_t n, const float *
         if (e > err) err = e, worst = k;
         fmax = fabs(fd) > fmax ? fabs(fd) : fmax;
     }
-    CHECK(err <= tol * fmax + 1e-6, "%s: gradient error %.3g (max |fd| %.3g, worst entry %zu)", what, err, fmax,
-          worst);
+    CHECK(err <= tol * (fmax > scale ? fmax : scale) + 1e-6,
+          "%s: gradient error %.3g (max |fd| %.3g, scale %.3g, worst entry %zu)", what, err, fmax, scale, worst);
+    return fmax;
 }
 
-static void check_grad(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx, int max_checks) {
-    check_grad_tol(what, xd, n, g, loss, ctx, max_checks, GRAD_TOL);
+static void check_grad_tol(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx,
+                           int max_checks, double tol) {
+    check_grad_scaled(what, xd, n, g, loss, ctx, max_checks, tol, 0.0);
+}
+
+static double check_grad(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx,
+                         int max_checks) {
+    return check_grad_scaled(what, xd, n, g, loss, ctx, max_checks, GRAD_TOL, 0.0);
 }
 
 /* ------------------------------------------------------------------ vexp accuracy */
@@ -424,10 +433,14 @@ static void attention_case_kv(const char *name, int kv_heads, int B, int T, int 
     snprintf(what, sizeof what, "%s %s forward", label, name);
     CHECK(err <= FWD_TOL * omax + 1e-6, "%s: max error %.3g (max |out| %.3g)", what, err, omax);
     snprintf(what, sizeof what, "%s %s d(proj)", label, name);
-    check_grad(what, c.proj, nproj, dproj.h, self_loss, &c, 300);
+    double proj_scale = check_grad(what, c.proj, nproj, dproj.h, self_loss, &c, 300);
     if (ATTN_POS) {
+        /* each weight's gradient sums score gradients times features over whole heads, so its rounding error
+         * scales with the score gradients, as the projection's gradient does, not with the sum, which can cancel
+         * (TF32, causal with ALiBi, padding and dropout: an error of 2e-3 where the largest weight gradient is 0.1
+         * and the projection's about 1): the bound is relative to the larger of the two */
         snprintf(what, sizeof what, "%s %s d(pos w)", label, name);
-        check_grad_tol(what, c.w, (size_t)groups * m, dw.h, self_loss, &c, 1000, POS_GRAD_TOL);
+        check_grad_scaled(what, c.w, (size_t)groups * m, dw.h, self_loss, &c, 1000, POS_GRAD_TOL, proj_scale);
         /* rows of G' sum to zero: db = 0 and all query-position channels get
          * the same gradient (attention-variants.md 3.3) */
         int ci = attn_pos_query_channels(m);
@@ -1838,6 +1851,7 @@ static void test_grouped_kv(void) {
     }
     attention_case_kv("causal, 2 row blocks", 1, 1, 70, H, hd, 1, 0, 0.0f);
     attention_case_kv("bidirectional, 2 row blocks", 2, 1, 70, H, hd, 0, 0, 0.0f);
+    attention_case_kv("causal, head dim 16", 2, 2, 12, H, 16, 1, 0, 0.0f); /* 16-byte loads on a GPU */
     for (int G = 1; G <= H; G *= 2)
         for (int causal = 0; causal <= 1; causal++) grouped_vs_expanded(G, causal);
     for (int G = 1; G <= H; G *= 2) grouped_decode(G);
@@ -1894,6 +1908,12 @@ int main(int argc, char **argv) {
     /* three tiles of 64 keys at a head dim the bf16 kernels load by cp.async: their double buffering on a GPU */
     attention_case("causal, key padding, head dim 64, 3 key tiles", 1, 130, 1, 64, 1, 1, 0.0f);
     attention_case("bidirectional, dropout, head dim 160", 1, 40, 1, 160, 0, 0, 0.1f);
+    /* several heads of a width the GPU loads 16 bytes at a time, read where the projection holds them (rows of
+     * W = attn_proj_width, the value's block after the key's, batches T W apart), and an odd width (rows of W
+     * odd: one value a load, and the bf16 forward's query pairs off 4-byte alignment) */
+    attention_case("causal, key padding, 3 heads of 32", 2, 20, 3, 32, 1, 1, 0.0f);
+    attention_case("bidirectional, 2 heads of 16", 2, 12, 2, 16, 0, 0, 0.0f);
+    attention_case("bidirectional, 3 heads of 5", 2, 9, 3, 5, 0, 1, 0.0f);
     attention_set_symmetric_path(0); /* KV and K: the general path must agree too */
     attention_case("bidirectional, general path", 2, 9, 2, 4, 0, 1, 0.0f);
     attention_set_symmetric_path(1);
