@@ -366,8 +366,8 @@ static Result run_path(const Problem &pr, Path path, const Result *fwd_of, bool 
                     [&] { kk(p, dout, o_ld, o_bs, L, Dp, dK, dV, colacc, rowacc); });
     }
     if (in_place) {
-        size_t outside = grad_added(gq, r.dQ, p.q, c.B, c.H, c.Tq, hd) + grad_added(gk, r.dK, p.kv, c.B, c.G, c.Tk, hd) +
-                         grad_added(gv, r.dV, p.kv, c.B, c.G, c.Tk, hd);
+        size_t outside = grad_added(gq, r.dQ, p.q, c.B, c.H, c.Tq, hd);
+        outside += grad_added(gk, r.dK, p.kv, c.B, c.G, c.Tk, hd) + grad_added(gv, r.dV, p.kv, c.B, c.G, c.Tk, hd);
         CHECK(outside == 0, "%s: the backward changed %zu values outside the roles' columns of the gradient's rows",
               c.name, outside);
         if (sym) { /* no dQ kernel: the query's rows as they were, and NaN as the packed form leaves them */
