@@ -161,7 +161,7 @@ typedef double (*LossFn)(void *ctx);
  * loss reads) with central differences on up to max_checks entries, within
  * tol of the largest difference, or of scale where that is larger (a sum
  * whose terms are larger than it: see the +Pos weights). Returns the largest
- * difference. */
+ * |central difference|. */
 static double check_grad_scaled(const char *what, double *xd, size_t n, const float *g, LossFn loss, void *ctx,
                                 int max_checks, double tol, double scale) {
     size_t step = n > (size_t)max_checks ? n / (size_t)max_checks : 1;

@@ -789,22 +789,16 @@ void attention_backward(act_t *dproj, AttnPosGrad *dpos, const act_t *dout, cons
         FATAL("attention_backward: relative bias without its gradient buffer");
     Call c;
     self_call(&c, "attention_backward", (act_t *)out, (float *)lse, proj, pos, a);
-    AttnDev *d = &c.d;
-    int C = a->H * a->hd, kvC = d->G * a->hd, W = attn_proj_width(ATTN_VARIANT, C, kvC);
-    for (int r = 0; r < 3; r++) c.grad[r] = dproj + (c.src[r] - proj); /* the roles' own blocks, when in place */
+    for (int r = 0; r < 3; r++) c.grad[r] = dproj + (c.src[r] - proj); /* the roles' own blocks */
     float *dq, *dk, *dv;
     run_backward(&c, dout, &dq, &dk, &dv, pos, dpos);
     if (!dk) return; /* added in place */
-    size_t bs = (size_t)a->T * W;
     /* RoPE: each role's gradient rotated back into its block; roles sharing a block add in turn (the query's in the
      * key's on the symmetric path) */
     if (dq)
-        unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_query_block(ATTN_VARIANT), C, kvC), W, bs, dq, a->B,
-                   a->T, a->H, a->hd, c.rope);
-    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_key_block(ATTN_VARIANT), C, kvC), W, bs, dk, a->B, a->T,
-               d->G, a->hd, c.rope);
-    unpack_add(dproj + attn_block_offset(ATTN_VARIANT, attn_value_block(ATTN_VARIANT), C, kvC), W, bs, dv, a->B, a->T,
-               d->G, a->hd, NULL);
+        unpack_add(c.grad[ROLE_Q], c.ld[ROLE_Q], c.bstride[ROLE_Q], dq, a->B, a->T, a->H, a->hd, c.rope);
+    unpack_add(c.grad[ROLE_K], c.ld[ROLE_K], c.bstride[ROLE_K], dk, a->B, a->T, c.d.G, a->hd, c.rope);
+    unpack_add(c.grad[ROLE_V], c.ld[ROLE_V], c.bstride[ROLE_V], dv, a->B, a->T, c.d.G, a->hd, NULL);
 }
 
 void cross_attention_forward(act_t *out, float *lse, const act_t *q, const act_t *kv, const CrossAttnArgs *a) {

@@ -900,7 +900,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dkv_kernel(AttnIO<X> p, const X
  * warp of the block. Whole tiles that need no mask (every pair visible, no bias, padding or dropout) skip the
  * per-score code but for +Pos's term, if any (mma_tile_kind). The same values as the WMMA kernels up to the order
  * of the float sums (and the forward's running maximum taken over 64 keys at a time instead of 32), so the bf16
- * bounds hold; the same blocks, so each gradient still has one writer. The symmetric backward is mma_dkv_kernel's with SYM. */
+ * bounds hold; the same blocks, so each gradient still has one writer. The symmetric backward is mma_dkv_kernel's
+ * with SYM. */
 #define MMA_KT 64 /* rows of a tile of the other side */
 /* The exponentials of the tiles with nothing to mask (and all of the forward's) are taken base 2 (exp2_approx,
  * one instruction): exp(x) = 2^(x log2 e), the log2 e folded into the scores' scale. */
