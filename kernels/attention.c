@@ -9,6 +9,16 @@
 #include "common.h"
 #include "kernels.h"
 
+/* ------------------------------------------------------------------ path switches */
+
+/* Host flags every backend reads (attention.h): the symmetric backward of KV and K, and the CUDA bf16 kernels with
+ * the scores in registers. Both default on; tests and benchmarks turn them off to compare paths in one run. */
+static int g_symmetric_path = 1, g_mma_path = 1;
+void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
+int attention_symmetric_path(void) { return g_symmetric_path; }
+void attention_set_mma_path(int on) { g_mma_path = on; }
+int attention_mma_path(void) { return g_mma_path; }
+
 /* ------------------------------------------------------------------ names */
 
 const char *attn_block_name(int variant, int block) {

@@ -41,15 +41,7 @@
 
 /* ------------------------------------------------------------------ problem */
 
-static int g_symmetric_path = 1;
-
-void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
-int attention_symmetric_path(void) { return g_symmetric_path; }
-
-/* the CPU has one set of kernels: the flag is only kept */
-static int g_mma_path = 1;
-void attention_set_mma_path(int on) { g_mma_path = on; }
-int attention_mma_path(void) { return g_mma_path; }
+/* the CPU has one set of kernels: attention_set_mma_path (kernels/attention.c) changes nothing here */
 int attention_mma_check(void) { return -1; } /* no such kernels here */
 
 /* One attention call with its roles resolved to strided pointers. Head h of
@@ -546,7 +538,7 @@ static void self_problem(Problem *p, const char *op, float *out, float *lse, con
     p->hd = a->hd;
     p->group = a->H / G;
     p->causal = a->causal;
-    p->symmetric = attn_symmetric(ATTN_VARIANT) && !a->causal && g_symmetric_path;
+    p->symmetric = attn_symmetric(ATTN_VARIANT) && !a->causal && attention_symmetric_path();
     p->pos = ATTN_POS;
     p->scale = 1.0f / sqrtf((float)a->hd);
     p->q = proj + qo;

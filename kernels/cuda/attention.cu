@@ -43,17 +43,10 @@
 #include "attention_kernels.cuh"
 
 /* The symmetric backward of KV and K (each pair's score once, attention_kernels.cuh dkv_kernel, tc_dkv_kernel and
- * mma_dkv_kernel with SYM): on unless a
- * test or benchmark turns it off to compare with the general path. The forward pass has none: each block of
- * query rows keeps its rows' online softmax, which needs every score of those rows. */
-static int g_symmetric_path = 1;
-void attention_set_symmetric_path(int on) { g_symmetric_path = on; }
-int attention_symmetric_path(void) { return g_symmetric_path; }
-
-/* bf16's kernels with the scores in registers, or WMMA's (attention.h) */
-static int g_mma_path = 1;
-void attention_set_mma_path(int on) { g_mma_path = on; }
-int attention_mma_path(void) { return g_mma_path; }
+ * mma_dkv_kernel with SYM) runs where attention_symmetric_path() (kernels/attention.c) says, on unless a test or
+ * benchmark turns it off to compare with the general path. The forward pass has none: each block of query rows
+ * keeps its rows' online softmax, which needs every score of those rows. bf16's kernels with the scores in
+ * registers run where attention_mma_path() says, WMMA's otherwise (attention.h). */
 
 /* ------------------------------------------------------------------ pack and unpack */
 
@@ -630,7 +623,7 @@ template <typename E> static void tc_forward(Call *c, int nt) {
     const AttnIO<act_t> *d = &c->d;
     unsigned grid = (unsigned)((size_t)d->B * d->H * ((d->Tq + TC_ROWS - 1) / TC_ROWS));
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
-        if (int bufs = g_mma_path ? mma_bufs(MMA_FWD, nt) : 0) {
+        if (int bufs = attention_mma_path() ? mma_bufs(MMA_FWD, nt) : 0) {
             AttnIO<act_t> dm = *d;
             dm.bufs = bufs;
             launch("mma_forward_kernel", ATT_PICK(mma_forward_kernel, nt, act_t), grid, TC_THREADS,
@@ -657,7 +650,8 @@ static void run_forward(Call *c) {
  * shared memory), and then the symmetric path's too, where it is taken (its dK/dV kernel's three tiles of each
  * kind fit, symmetric_backward). */
 static bool mma_backward(int nt) {
-    return std::is_same<TcElem, __nv_bfloat16>::value && g_mma_path && mma_bufs(MMA_DQ, nt) && mma_bufs(MMA_DKV, nt);
+    return std::is_same<TcElem, __nv_bfloat16>::value && attention_mma_path() && mma_bufs(MMA_DQ, nt) &&
+           mma_bufs(MMA_DKV, nt);
 }
 
 /* The tensor-core backward's kernels: with sym the symmetric key-side kernel alone, else the query-side and the
@@ -699,7 +693,7 @@ static void tc_backward(Call *c, int nt, bool sym, const act_t *dout, const floa
 static bool symmetric_backward(const AttnIO<act_t> *d, size_t smem) {
     bool same_rows = d->Q == d->K && d->q.ld == d->kv.ld && d->q.bstride == d->kv.bstride &&
                      d->q.hstride == d->kv.hstride && d->Tq == d->Tk && d->G == d->H;
-    return g_symmetric_path && same_rows && !d->causal && smem <= kv_smem_max;
+    return attention_symmetric_path() && same_rows && !d->causal && smem <= kv_smem_max;
 }
 
 /* The gradients of the three roles and, for +Pos and the relative bias, their sums. Each role's gradient is added
