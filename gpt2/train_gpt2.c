@@ -327,18 +327,8 @@ static void generate(Run *r, const char *prompt_text, const SampleOptions *opt) 
 }
 
 static int cmd_train(int argc, char **argv) {
-    const char *out = NULL, *step = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--step") && i + 1 < argc)
-            step = argv[++i];
-        else if (!strcmp(argv[i], "--set") && i + 1 < argc)
-            kconfig_runtime_set(argv[++i]); /* a run-time symbol's value for this run (lib/runconfig.h) */
-        else
-            usage();
-    }
-    if (!out || !step) usage();
+    const char *out, *step;
+    if (!run_train_args(argc, argv, &out, &step)) usage();
     dist_init(); /* a rank of a job when started by mpirun or srun (Kconfig Distributed) */
     Run r;
     memset(&r, 0, sizeof r);

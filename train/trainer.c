@@ -11,6 +11,7 @@
 
 #include "buildinfo.h"
 #include "kernels.h"
+#include "runconfig.h"
 #include "tracking.h"
 
 /* The run whose metrics still say "running": a fatal error marks them failed. */
@@ -28,6 +29,21 @@ void run_die(const Err *e) {
         metrics_write(r->metrics, &ignored); /* best effort, e.g. on a full disk */
     }
     process_exit(1); /* in a job of several processes: all of them */
+}
+
+int run_train_args(int argc, char **argv, const char **out, const char **step) {
+    *out = *step = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            *out = argv[++i];
+        else if (!strcmp(argv[i], "--step") && i + 1 < argc)
+            *step = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc)
+            kconfig_runtime_set(argv[++i]);
+        else
+            return 0;
+    }
+    return *out && *step;
 }
 
 void run_init(TrainRun *r, const char *family, const char *out, const char *step, uint64_t seed) {
