@@ -135,11 +135,6 @@ size_t gpt2_num_params(const GPT2Config *c) {
     return n;
 }
 
-static int is_suffix(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* GPT-2 init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LayerNorm
  * weights 1, biases 0; +Pos as PyTorch's Linear(m, 1): U(-1/sqrt(m), 1/sqrt(m)). */
 static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
@@ -149,10 +144,10 @@ static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
     } else if (strstr(s->name, ".pos.")) {
         double bound = 1.0 / sqrt((double)c->pos_m);
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
-    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
+    } else if (strstr(s->name, "ln") && str_ends_with(s->name, ".weight")) {
         for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-    } else if (is_suffix(s->name, ".weight")) {
-        int residual = is_suffix(s->name, "attn.proj.weight") || is_suffix(s->name, "mlp.proj.weight");
+    } else if (str_ends_with(s->name, ".weight")) {
+        int residual = str_ends_with(s->name, "attn.proj.weight") || str_ends_with(s->name, "mlp.proj.weight");
         double std = residual ? 0.02 / sqrt(2.0 * c->L) : 0.02;
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)(std * rng_normal(rng));
     } /* biases stay 0 */

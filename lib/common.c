@@ -194,6 +194,12 @@ int file_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
+int str_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+
 double wall_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -64,6 +64,9 @@ char *read_file(const char *path, size_t *n, Err *e);
 /* mkdir -p */
 int make_dirs(const char *path, Err *e);
 int file_exists(const char *path);
+/* whether s ends with suffix */
+int str_ends_with(const char *s, const char *suffix);
+
 
 /* A command-line option's value: the whole argument a finite number in [lo, hi], integral if integer; anything
  * else stops the program with one line naming the command, the option and its range, and the hint. */

@@ -150,11 +150,6 @@ size_t s2s_num_params(const S2SConfig *c) {
     return n;
 }
 
-static int is_suffix(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* As the reference models: xavier-uniform on every matrix, zero biases,
  * LayerNorm 1 and 0; +Pos weights xavier-uniform as Linear(m, 1), bias 0. */
 static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
@@ -162,9 +157,9 @@ static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
     double bound = 0.0;
     if (strstr(s->name, ".rel_bias"))
         return; /* relative-position bias starts at zero */
-    if (strstr(s->name, "ln") && is_suffix(s->name, ".weight"))
+    if (strstr(s->name, "ln") && str_ends_with(s->name, ".weight"))
         for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-    else if (is_suffix(s->name, ".pos.w"))
+    else if (str_ends_with(s->name, ".pos.w"))
         bound = sqrt(6.0 / (c->pos_m + 1));
     else if (s->ndim == 2)
         bound = sqrt(6.0 / (double)(s->shape[0] + s->shape[1]));

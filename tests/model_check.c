@@ -26,6 +26,32 @@ float *perturb_params(Params *w, float scale) {
     return p;
 }
 
+int init_matches(const char *what, const float *p, const ParamSpec *s, InitRule rule, double x) {
+    static const char *const rules[] = {"constant", "normal", "uniform"};
+    const float *v = p + s->offset;
+    size_t n = s->numel, off = 0, distinct = 0;
+    double sum = 0.0, sq = 0.0, amax = 0.0;
+    for (size_t k = 0; k < n; k++) {
+        double y = v[k];
+        if (rule == INIT_CONST ? y != x : !isfinite(y) || (rule == INIT_UNIFORM && fabs(y) > x * (1.0 + 1e-6))) off++;
+        distinct += k > 0 && v[k] != v[0];
+        sum += y, sq += y * y, amax = fmax(amax, fabs(y));
+    }
+    double mean = n ? sum / (double)n : 0.0, sd = n > 1 ? sqrt(fmax(0.0, (sq - sum * mean) / (double)(n - 1))) : 0.0;
+    double want_sd = rule == INIT_UNIFORM ? x / sqrt(3.0) : x;
+    int ok = off == 0;
+    if (rule != INIT_CONST) {
+        if (n >= 2 && distinct == 0) ok = 0;
+        if (n >= 1000)
+            ok = ok && fabs(sd / want_sd - 1.0) <= 0.1 && fabs(mean) <= 5.0 * want_sd / sqrt((double)n) &&
+                 (rule != INIT_UNIFORM || amax > 0.9 * x);
+    }
+    if (!ok)
+        printf("  %s: %s (%zu values) is not %s %g: %zu values off, mean %.4g, sd %.4g (the rule's %.4g), max |x| "
+               "%.4g\n", what, s->name, n, rules[rule], x, off, mean, sd, rule == INIT_CONST ? 0.0 : want_sd, amax);
+    return ok;
+}
+
 /* b may continue a's fused block: both "<prefix>attn.<block>.<kind>" with the same prefix and kind, b's block a
  * later one of the variant's (attn_block_name), or v after k in cross-attention ("xattn.") */
 static int fused_next(const char *a, const char *b) {

@@ -30,6 +30,16 @@ int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void 
  * gradients (call it after a backward pass: nothing may write there). */
 int param_layout_errors(const char *name, const Params *w);
 
+/* A family's initialisation rule for one tensor: every value exactly x (INIT_CONST), or drawn from N(0, x^2)
+ * (INIT_NORMAL) or U(-x, x) (INIT_UNIFORM). */
+typedef enum { INIT_CONST, INIT_NORMAL, INIT_UNIFORM } InitRule;
+/* Whether tensor s of the host buffer p (params_to_host) holds values its rule gives: INIT_CONST, every value x;
+ * the random rules, every value finite (and for the uniform within [-x, x]), two or more values not all equal,
+ * and in a tensor of 1,000 values or more the sample's standard deviation within 10% of the rule's (x, or x/sqrt 3
+ * for the uniform; 4.5 standard errors at 1,000), its mean within 5 standard errors of 0 and, for the uniform, its
+ * largest |value| above 0.9 x. Prints what is off, naming `what` and the tensor. */
+int init_matches(const char *what, const float *p, const ParamSpec *s, InitRule rule, double x);
+
 /* The float64 references' positions under the configured scheme: the absolute position value added to
  * channel k at position t (the learned table at P + learned, which the family has only with the default
  * scheme; the sinusoidal table computed here; 0 when the scheme acts inside attention), and the

@@ -612,6 +612,32 @@ static void test_decoding(int H, int kv_heads) {
     s2s_free(&m);
 }
 
+/* seq2seq's initialisation as seq2seq/model.c states it (the reference models), tensor by tensor from the names:
+ * every matrix Xavier-uniform, U(-b, b) with b = sqrt(6 / (rows + columns)), the +Pos weights as Linear(m, 1)'s
+ * (b = sqrt(6 / (m + 1))), LayerNorm weights 1, every bias and relative-position bias 0. */
+static void test_init(void) {
+    S2SConfig c = {.decoder = 1, .Vs = 100, .Vt = 80, .Tmax = 20, .C = 32, .H = 2, .mlp = 64, .L_enc = 2,
+                   .L_dec = 2, .scale_emb = 1, .pad = TOK_PAD, .variant = ATTN_VARIANT, .pos = ATTN_POS,
+                   .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
+    S2S m;
+    s2s_init(&m, &c, 1);
+    float *p = params_to_host(&m.w, m.w.params);
+    int bad = 0;
+    for (int i = 0; i < m.w.table.n; i++) {
+        const ParamSpec *s = &m.w.table.specs[i];
+        const char *n = s->name;
+        if (str_ends_with(n, ".pos.w"))
+            bad += !init_matches("seq2seq", p, s, INIT_UNIFORM, sqrt(6.0 / (c.pos_m + 1)));
+        else if (s->ndim == 2 && !strstr(n, ".rel_bias"))
+            bad += !init_matches("seq2seq", p, s, INIT_UNIFORM, sqrt(6.0 / (double)(s->shape[0] + s->shape[1])));
+        else
+            bad += !init_matches("seq2seq", p, s, INIT_CONST, strstr(n, "ln") && str_ends_with(n, ".weight"));
+    }
+    CHECK(bad == 0, "seq2seq initialisation: %d of %d tensors off their rule", bad, m.w.table.n);
+    free(p);
+    s2s_free(&m);
+}
+
 int main(void) {
     backend_init(1);
     test_tasks();
@@ -619,6 +645,7 @@ int main(void) {
     test_text();
     test_batches();
     test_param_counts();
+    test_init();
     test_models();
     test_decoding(2, 0);
     if (!attn_symmetric(ATTN_VARIANT)) { /* grouped K/V heads: QKV and KV tying */

@@ -265,10 +265,49 @@ static void test_reference_norm(void) {
     vit_data_free(&d);
 }
 
+/* ViT's initialisation as vit/model.c states it (PyTorch's defaults, as the reference ViT), tensor by tensor from
+ * the names: every weight U(-1/sqrt(fan-in), 1/sqrt(fan-in)) with fan-in its rows' width, every bias as its own
+ * weight (the tensor of the same name), the CLS token and position table N(0, 1), LayerNorm 1 and 0, +Pos
+ * U(-1/sqrt(m), 1/sqrt(m)), relative-position biases 0. */
+static void test_init(void) {
+    ViTConfig c = config(28, 28, 1, 10, 7, 64, 2, 2, 64);
+    c.attn_bias = 1; /* a tensor of every kind */
+    if (!attn_symmetric(ATTN_VARIANT)) c.kv_heads = 1; /* a bias narrower than the one before it */
+    ViT m;
+    vit_init(&m, &c, 1);
+    float *p = params_to_host(&m.w, m.w.params);
+    int bad = 0;
+    for (int i = 0; i < m.w.table.n; i++) {
+        const ParamSpec *s = &m.w.table.specs[i];
+        const char *n = s->name;
+        int ln = !strncmp(n, "ln", 2) || strstr(n, ".ln") != NULL;
+        if (strstr(n, ".rel_bias")) {
+            bad += !init_matches("ViT", p, s, INIT_CONST, 0.0);
+        } else if (strstr(n, ".pos.")) {
+            bad += !init_matches("ViT", p, s, INIT_UNIFORM, 1.0 / sqrt((double)c.pos_m));
+        } else if (!strcmp(n, "cls") || !strcmp(n, "pos_emb")) {
+            bad += !init_matches("ViT", p, s, INIT_NORMAL, 1.0);
+        } else if (ln) {
+            bad += !init_matches("ViT", p, s, INIT_CONST, str_ends_with(n, ".weight") ? 1.0 : 0.0);
+        } else {
+            char wname[PARAM_NAME_MAX];
+            const char *dot = strrchr(n, '.'); /* a name without one has no weight */
+            snprintf(wname, sizeof wname, "%.*s.weight", dot ? (int)(dot - n) : (int)strlen(n), n);
+            const ParamSpec *w = param_find(&m.w.table, wname);
+            CHECK(w != NULL, "ViT tensor %s: no weight %s to take its fan-in from", n, wname);
+            if (w) bad += !init_matches("ViT", p, s, INIT_UNIFORM, 1.0 / sqrt((double)w->shape[w->ndim - 1]));
+        }
+    }
+    CHECK(bad == 0, "ViT initialisation: %d of %d tensors off their rule", bad, m.w.table.n);
+    free(p);
+    vit_free(&m);
+}
+
 int main(void) {
     backend_init(0);
     printf("vit model test: attention %s\n", attn_variant_label(ATTN_VARIANT, ATTN_POS));
     test_param_counts();
+    test_init();
     model_case("CLS pooling, two-layer head", config(8, 8, 2, 5, 4, 8, 2, 2, 12));
     ViTConfig mean = config(8, 12, 1, 4, 4, 8, 1, 2, 8);
     mean.cls = 0, mean.T = mean.N, mean.head_mlp = 0, mean.final_ln = 1, mean.attn_bias = 1;

@@ -156,11 +156,6 @@ size_t vit_num_params(const ViTConfig *c) {
     return n;
 }
 
-static int is_suffix(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 /* PyTorch's defaults, as the reference ViT: Linear weights and biases
  * U(-1/sqrt(in), 1/sqrt(in)); CLS token and position embedding N(0, 1);
  * LayerNorm 1 and 0; +Pos U(-1/sqrt(m), 1/sqrt(m)). */
@@ -170,15 +165,15 @@ static void init_rule(const ParamSpec *s, float *p, Rng *rng, void *ctx) {
         return; /* relative-position bias starts at zero */
     } else if (!strcmp(s->name, "cls") || !strcmp(s->name, "pos_emb")) {
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)rng_normal(rng);
-    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".weight")) {
+    } else if (strstr(s->name, "ln") && str_ends_with(s->name, ".weight")) {
         for (size_t k = 0; k < s->numel; k++) p[k] = 1.0f;
-    } else if (strstr(s->name, "ln") && is_suffix(s->name, ".bias")) {
+    } else if (strstr(s->name, "ln") && str_ends_with(s->name, ".bias")) {
         return;
     } else {
         /* fan-in: the weight's second dim; a bias shares its weight's (the tensor before it); +Pos: m */
-        const ParamSpec *w = is_suffix(s->name, ".bias") ? s - 1 : s;
+        const ParamSpec *w = str_ends_with(s->name, ".bias") ? s - 1 : s;
         int fan_in = strstr(s->name, ".pos.") ? m->cfg.pos_m : (int)w->shape[w->ndim - 1];
-        if (strstr(s->name, "attn.") && is_suffix(s->name, ".bias") && !strstr(s->name, "proj"))
+        if (strstr(s->name, "attn.") && str_ends_with(s->name, ".bias") && !strstr(s->name, "proj"))
             fan_in = m->cfg.C; /* fused projection biases follow their own weights */
         double bound = 1.0 / sqrt((double)fan_in);
         for (size_t k = 0; k < s->numel; k++) p[k] = (float)((2.0 * rng_uniform(rng) - 1.0) * bound);
