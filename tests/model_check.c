@@ -52,6 +52,18 @@ int init_matches(const char *what, const float *p, const ParamSpec *s, InitRule 
     return ok;
 }
 
+int init_errors(const char *what, const Params *w, InitRuleOf rule_of, const void *ctx) {
+    float *p = params_to_host(w, w->params);
+    int bad = 0;
+    for (int i = 0; i < w->table.n; i++) {
+        double x = 0.0;
+        InitRule rule = rule_of(&w->table.specs[i], ctx, &x);
+        bad += !init_matches(what, p, &w->table.specs[i], rule, x);
+    }
+    free(p);
+    return bad;
+}
+
 /* b may continue a's fused block: both "<prefix>attn.<block>.<kind>" with the same prefix and kind, b's block a
  * later one of the variant's (attn_block_name), or v after k in cross-attention ("xattn.") */
 static int fused_next(const char *a, const char *b) {

@@ -39,6 +39,10 @@ typedef enum { INIT_CONST, INIT_NORMAL, INIT_UNIFORM } InitRule;
  * for the uniform; 4.5 standard errors at 1,000), its mean within 5 standard errors of 0 and, for the uniform, its
  * largest |value| above 0.9 x. Prints what is off, naming `what` and the tensor. */
 int init_matches(const char *what, const float *p, const ParamSpec *s, InitRule rule, double x);
+/* A family's rule for tensor s: returns the rule and sets *x (ctx: what the rule needs, such as the config) */
+typedef InitRule (*InitRuleOf)(const ParamSpec *s, const void *ctx, double *x);
+/* How many tensors of w's table hold values other than rule_of gives them (init_matches, after one download) */
+int init_errors(const char *what, const Params *w, InitRuleOf rule_of, const void *ctx);
 
 /* The float64 references' positions under the configured scheme: the absolute position value added to
  * channel k at position t (the learned table at P + learned, which the family has only with the default

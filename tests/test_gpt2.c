@@ -451,31 +451,24 @@ static void test_sample_top_k(void) {
 /* GPT-2's initialisation as gpt2/model.c states it, tensor by tensor from the names: weights N(0, 0.02), the two
  * residual projections of each layer N(0, 0.02/sqrt(2L)), LayerNorm weights 1, every bias 0, +Pos as PyTorch's
  * Linear(m, 1) U(-1/sqrt(m), 1/sqrt(m)), relative-position biases 0. */
+static InitRule gpt2_init_rule(const ParamSpec *s, const void *ctx, double *x) {
+    const GPT2Config *c = ctx;
+    const char *n = s->name;
+    *x = 0.0;
+    if (strstr(n, ".rel_bias") || (str_ends_with(n, ".bias") && !strstr(n, ".pos."))) return INIT_CONST;
+    if (strstr(n, ".pos.")) return *x = 1.0 / sqrt((double)c->pos_m), INIT_UNIFORM;
+    if (!strncmp(n, "ln", 2) || strstr(n, ".ln")) return *x = 1.0, INIT_CONST;
+    if (str_ends_with(n, "attn.proj.weight") || str_ends_with(n, "mlp.proj.weight"))
+        return *x = 0.02 / sqrt(2.0 * c->L), INIT_NORMAL;
+    return *x = 0.02, INIT_NORMAL;
+}
 static void test_init(void) {
     GPT2Config c = char_gpt();
     c.attn_bias = 1; /* a tensor of every kind */
     GPT2 m;
     gpt2_init(&m, &c, 1);
-    float *p = params_to_host(&m.w, m.w.params);
-    int bad = 0;
-    for (int i = 0; i < m.w.table.n; i++) {
-        const ParamSpec *s = &m.w.table.specs[i];
-        const char *n = s->name;
-        if (strstr(n, ".rel_bias"))
-            bad += !init_matches("GPT-2", p, s, INIT_CONST, 0.0);
-        else if (strstr(n, ".pos."))
-            bad += !init_matches("GPT-2", p, s, INIT_UNIFORM, 1.0 / sqrt((double)c.pos_m));
-        else if (str_ends_with(n, ".bias"))
-            bad += !init_matches("GPT-2", p, s, INIT_CONST, 0.0);
-        else if (!strncmp(n, "ln", 2) || strstr(n, ".ln"))
-            bad += !init_matches("GPT-2", p, s, INIT_CONST, 1.0);
-        else if (str_ends_with(n, "attn.proj.weight") || str_ends_with(n, "mlp.proj.weight"))
-            bad += !init_matches("GPT-2", p, s, INIT_NORMAL, 0.02 / sqrt(2.0 * c.L));
-        else
-            bad += !init_matches("GPT-2", p, s, INIT_NORMAL, 0.02);
-    }
+    int bad = init_errors("GPT-2", &m.w, gpt2_init_rule, &c);
     CHECK(bad == 0, "GPT-2 initialisation: %d of %d tensors off their rule", bad, m.w.table.n);
-    free(p);
     gpt2_free(&m);
 }
 

@@ -615,26 +615,22 @@ static void test_decoding(int H, int kv_heads) {
 /* seq2seq's initialisation as seq2seq/model.c states it (the reference models), tensor by tensor from the names:
  * every matrix Xavier-uniform, U(-b, b) with b = sqrt(6 / (rows + columns)), the +Pos weights as Linear(m, 1)'s
  * (b = sqrt(6 / (m + 1))), LayerNorm weights 1, every bias and relative-position bias 0. */
+static InitRule s2s_init_rule(const ParamSpec *s, const void *ctx, double *x) {
+    const S2SConfig *c = ctx;
+    const char *n = s->name;
+    if (str_ends_with(n, ".pos.w")) return *x = sqrt(6.0 / (c->pos_m + 1)), INIT_UNIFORM;
+    if (s->ndim == 2 && !strstr(n, ".rel_bias"))
+        return *x = sqrt(6.0 / (double)(s->shape[0] + s->shape[1])), INIT_UNIFORM;
+    return *x = strstr(n, "ln") && str_ends_with(n, ".weight"), INIT_CONST;
+}
 static void test_init(void) {
     S2SConfig c = {.decoder = 1, .Vs = 100, .Vt = 80, .Tmax = 20, .C = 32, .H = 2, .mlp = 64, .L_enc = 2,
                    .L_dec = 2, .scale_emb = 1, .pad = TOK_PAD, .variant = ATTN_VARIANT, .pos = ATTN_POS,
                    .pos_m = ATTN_POS_DIM, .pos_groups = ATTN_POS ? (ATTN_POS_PER_HEAD ? 2 : 1) : 0};
     S2S m;
     s2s_init(&m, &c, 1);
-    float *p = params_to_host(&m.w, m.w.params);
-    int bad = 0;
-    for (int i = 0; i < m.w.table.n; i++) {
-        const ParamSpec *s = &m.w.table.specs[i];
-        const char *n = s->name;
-        if (str_ends_with(n, ".pos.w"))
-            bad += !init_matches("seq2seq", p, s, INIT_UNIFORM, sqrt(6.0 / (c.pos_m + 1)));
-        else if (s->ndim == 2 && !strstr(n, ".rel_bias"))
-            bad += !init_matches("seq2seq", p, s, INIT_UNIFORM, sqrt(6.0 / (double)(s->shape[0] + s->shape[1])));
-        else
-            bad += !init_matches("seq2seq", p, s, INIT_CONST, strstr(n, "ln") && str_ends_with(n, ".weight"));
-    }
+    int bad = init_errors("seq2seq", &m.w, s2s_init_rule, &c);
     CHECK(bad == 0, "seq2seq initialisation: %d of %d tensors off their rule", bad, m.w.table.n);
-    free(p);
     s2s_free(&m);
 }
 

@@ -269,37 +269,29 @@ static void test_reference_norm(void) {
  * the names: every weight U(-1/sqrt(fan-in), 1/sqrt(fan-in)) with fan-in its rows' width, every bias as its own
  * weight (the tensor of the same name), the CLS token and position table N(0, 1), LayerNorm 1 and 0, +Pos
  * U(-1/sqrt(m), 1/sqrt(m)), relative-position biases 0. */
+static InitRule vit_init_rule(const ParamSpec *s, const void *ctx, double *x) {
+    const ViT *m = ctx;
+    const char *n = s->name;
+    *x = 0.0;
+    if (strstr(n, ".rel_bias")) return INIT_CONST;
+    if (strstr(n, ".pos.")) return *x = 1.0 / sqrt((double)m->cfg.pos_m), INIT_UNIFORM;
+    if (!strcmp(n, "cls") || !strcmp(n, "pos_emb")) return *x = 1.0, INIT_NORMAL;
+    if (!strncmp(n, "ln", 2) || strstr(n, ".ln")) return *x = str_ends_with(n, ".weight"), INIT_CONST;
+    char wname[PARAM_NAME_MAX];
+    const char *dot = strrchr(n, '.');
+    snprintf(wname, sizeof wname, "%.*s.weight", dot ? (int)(dot - n) : (int)strlen(n), n);
+    const ParamSpec *w = param_find(&m->w.table, wname);
+    if (!w) return *x = NAN, INIT_CONST; /* no weight to take the fan-in from: reported as off */
+    return *x = 1.0 / sqrt((double)w->shape[w->ndim - 1]), INIT_UNIFORM;
+}
 static void test_init(void) {
     ViTConfig c = config(28, 28, 1, 10, 7, 64, 2, 2, 64);
     c.attn_bias = 1; /* a tensor of every kind */
     if (!attn_symmetric(ATTN_VARIANT)) c.kv_heads = 1; /* a bias narrower than the one before it */
     ViT m;
     vit_init(&m, &c, 1);
-    float *p = params_to_host(&m.w, m.w.params);
-    int bad = 0;
-    for (int i = 0; i < m.w.table.n; i++) {
-        const ParamSpec *s = &m.w.table.specs[i];
-        const char *n = s->name;
-        int ln = !strncmp(n, "ln", 2) || strstr(n, ".ln") != NULL;
-        if (strstr(n, ".rel_bias")) {
-            bad += !init_matches("ViT", p, s, INIT_CONST, 0.0);
-        } else if (strstr(n, ".pos.")) {
-            bad += !init_matches("ViT", p, s, INIT_UNIFORM, 1.0 / sqrt((double)c.pos_m));
-        } else if (!strcmp(n, "cls") || !strcmp(n, "pos_emb")) {
-            bad += !init_matches("ViT", p, s, INIT_NORMAL, 1.0);
-        } else if (ln) {
-            bad += !init_matches("ViT", p, s, INIT_CONST, str_ends_with(n, ".weight") ? 1.0 : 0.0);
-        } else {
-            char wname[PARAM_NAME_MAX];
-            const char *dot = strrchr(n, '.'); /* a name without one has no weight */
-            snprintf(wname, sizeof wname, "%.*s.weight", dot ? (int)(dot - n) : (int)strlen(n), n);
-            const ParamSpec *w = param_find(&m.w.table, wname);
-            CHECK(w != NULL, "ViT tensor %s: no weight %s to take its fan-in from", n, wname);
-            if (w) bad += !init_matches("ViT", p, s, INIT_UNIFORM, 1.0 / sqrt((double)w->shape[w->ndim - 1]));
-        }
-    }
+    int bad = init_errors("ViT", &m.w, vit_init_rule, &m);
     CHECK(bad == 0, "ViT initialisation: %d of %d tensors off their rule", bad, m.w.table.n);
-    free(p);
     vit_free(&m);
 }
 
