@@ -199,7 +199,6 @@ int str_ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-
 double wall_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

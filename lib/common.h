@@ -67,7 +67,6 @@ int file_exists(const char *path);
 /* whether s ends with suffix */
 int str_ends_with(const char *s, const char *suffix);
 
-
 /* A command-line option's value: the whole argument a finite number in [lo, hi], integral if integer; anything
  * else stops the program with one line naming the command, the option and its range, and the hint. */
 double option_number(const char *cmd, const char *opt, const char *s, double lo, double hi, int integer,

@@ -259,12 +259,10 @@ static float grad_start(size_t k) { return (float)((int)(k * 37 % 7) - 3) / 128.
 template <typename X> struct GradDest {
     std::vector<X> rows;
     RoleGrad<X> rg;
-    int shift;
 };
 template <typename X>
 static void grad_dest(GradDest<X> &g, std::vector<float> &packed, const AttnRows &lay, int B, int heads, int T,
                       int hd, bool in_place, int shift) {
-    g.shift = shift;
     if (!in_place) {
         g.rg = RoleGrad<X>{packed.data(), nullptr};
         return;
@@ -287,13 +285,14 @@ template <typename X>
 static size_t grad_added(const GradDest<X> &g, std::vector<float> &packed, const AttnRows &lay, int B, int heads,
                          int T, int hd) {
     if (g.rows.empty()) return 0;
+    size_t shift = (size_t)(g.rg.rows - g.rows.data()); /* grad_dest's */
     std::vector<char> role(g.rows.size(), 0);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < heads; h++)
             for (int t = 0; t < T; t++)
                 for (int d = 0; d < hd; d++) {
                     size_t k = (((size_t)b * heads + h) * T + t) * hd + d;
-                    size_t at = (size_t)g.shift + (size_t)b * lay.bstride + (size_t)h * lay.hstride +
+                    size_t at = shift + (size_t)b * lay.bstride + (size_t)h * lay.hstride +
                                 (size_t)t * lay.ld + d;
                     role[at] = 1;
                     packed[k] = act_ld(g.rows[at]) - act_ld(act_as<X>(grad_start(k)));

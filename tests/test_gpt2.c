@@ -455,7 +455,7 @@ static InitRule gpt2_init_rule(const ParamSpec *s, const void *ctx, double *x) {
     const GPT2Config *c = ctx;
     const char *n = s->name;
     *x = 0.0;
-    if (strstr(n, ".rel_bias") || (str_ends_with(n, ".bias") && !strstr(n, ".pos."))) return INIT_CONST;
+    if (strstr(n, ".rel_bias") || str_ends_with(n, ".bias")) return INIT_CONST; /* +Pos's is ".pos.b" */
     if (strstr(n, ".pos.")) return *x = 1.0 / sqrt((double)c->pos_m), INIT_UNIFORM;
     if (!strncmp(n, "ln", 2) || strstr(n, ".ln")) return *x = 1.0, INIT_CONST;
     if (str_ends_with(n, "attn.proj.weight") || str_ends_with(n, "mlp.proj.weight"))

@@ -20,7 +20,6 @@
 #include "buildinfo.h"
 #include "checkpoint.h"
 #include "common.h"
-#include "runconfig.h"
 #include "data.h"
 #include "dist.h"
 #include "kernels.h"
