@@ -73,8 +73,19 @@ def run(cmd, **kw):
     return subprocess.run(cmd, **kw)
 
 
+SECTIONS = []  # (title, time it began), for the summary's slowest sections
+
+
 def section(title):
+    SECTIONS.append((title, time.time()))
     print(f"\n== {title}", flush=True)
+
+
+def slowest_sections(end, n=8):
+    """The n sections that took longest, as lines "  <seconds> s  <title>": CI has a time limit (90 minutes),
+    and this says where a run's time went."""
+    spans = [(b - a, title) for (title, a), (_, b) in zip(SECTIONS, SECTIONS[1:] + [("", end)])]
+    return [f"  {secs:6.0f} s  {title[:90]}" for secs, title in sorted(spans, reverse=True)[:n]]
 
 
 # ---------------------------------------------------------------- 1. Kconfig
@@ -1303,6 +1314,11 @@ def test_units(build_root, sanitize, only):
     section("C unit tests" + (" (sanitizers)" if sanitize else ""))
     env = unit_test_env()
     env["ASAN_OPTIONS"] = "detect_leaks=1"  # LeakSanitizer: the tests free what they allocate
+    # test_mechint runs on one thread for about a minute in each attention configuration (3-5 under the
+    # sanitizers), most of this section's time: after the loop, one per core at a time. Not beside the loop's
+    # programs, whose OpenMP threads wait for each other spinning: tried so, on a machine that also ran a
+    # second test run, test_vit went from 0.1 s to 47 s
+    mechint = []
     for i, (name, frags) in enumerate(TEST_CONFIGS):
         if only and only not in name and only not in "unit":
             continue
@@ -1325,9 +1341,17 @@ def test_units(build_root, sanitize, only):
             if name == "guard" and os.path.basename(prog) == "test_mechint":
                 continue  # mechint runs under the guard end to end (test_guard_end_to_end)
             label = f"{name}/{os.path.basename(prog)}"
+            if os.path.basename(prog) == "test_mechint":
+                mechint.append((label, prog))
+                continue
             _, counts, _ = run_test_program(prog, label, env, ("FAIL", "SKIP", "  got"))
             if counts is not None and os.path.basename(prog) == "test_cuda_emu":  # again, threads in reverse order
                 run_test_program(prog, label + " in reverse order", dict(env, KVLAB_CUDA_EMU_ORDER="reverse"))
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(int(NPROC)) as pool:
+        runs = [(label, pool.submit(exec_test_program, prog, env)) for label, prog in mechint]
+        for label, fut in runs:  # in order, each as soon as it and those before it ended
+            report_test_program(*fut.result(), label, ("FAIL", "SKIP", "  got"))
 
 
 # ---------------------------------------------------------------- 3. integration
@@ -4524,6 +4548,8 @@ def main():
             guarded(test_paper_rows, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if SECTIONS:
+        print("\nslowest sections:\n" + "\n".join(slowest_sections(time.time())))
     print(f"\n{R.passed} passed, {R.failed} failed ({time.time() - t0:.0f} s)")
     return 1 if R.failed else 0
 
