@@ -118,7 +118,8 @@ void mask_plan_free(MaskPlan *p) {
 /* T = A diag(m) Bm into the role's rows of the parameter buffer (from the raw copy). NULL m: restore. */
 void mask_apply(const MaskPlan *p, const double *mask) {
     int r = p->r, C = p->C, P = p->P;
-    double *T = xmalloc((size_t)r * r * sizeof(double));
+    double *T = xmalloc((size_t)r * r * sizeof(double)), *Am = xmalloc((size_t)r * r * sizeof(double));
+    double *Wd = xmalloc((size_t)r * C * sizeof(double)), *Td = xmalloc((size_t)r * C * sizeof(double));
     float *W = p->work_w, *b = p->work_b;
     for (int l = 0; l < p->L; l++) {
         const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
@@ -132,19 +133,14 @@ void mask_apply(const MaskPlan *p, const double *mask) {
                 for (int c = 0; c < r; c++) all_on &= m[c] == 1.0;
                 if (all_on) continue; /* exactly the unmasked model (R1) */
                 for (int a = 0; a < r; a++)
-                    for (int c = 0; c < r; c++) {
-                        double t = 0.0;
-                        for (int k = 0; k < r; k++) t += A[(size_t)a * r + k] * m[k] * Bm[(size_t)k * r + c];
-                        T[(size_t)a * r + c] = t;
-                    }
+                    for (int k = 0; k < r; k++) Am[(size_t)a * r + k] = A[(size_t)a * r + k] * m[k];
+                la_gemm(T, Am, 0, Bm, 0, r, r, r);
                 size_t row0 = (size_t)p->role_block[ro] * C + (size_t)h * r; /* Linear rows (out, in) */
+                for (size_t i = 0; i < (size_t)r * C; i++) Wd[i] = W0[row0 * C + i];
+                la_gemm(Td, T, 1, Wd, 0, r, r, C); /* the new rows: T^T W0's rows */
                 for (int c = 0; c < r; c++) {
                     float *dst = W + (row0 + c) * C;
-                    for (int i = 0; i < C; i++) {
-                        double acc = 0.0;
-                        for (int a = 0; a < r; a++) acc += T[(size_t)a * r + c] * W0[(row0 + a) * C + i];
-                        dst[i] = (float)acc;
-                    }
+                    for (int i = 0; i < C; i++) dst[i] = (float)Td[(size_t)c * C + i];
                     if (p->attn_bias) {
                         double acc = 0.0;
                         for (int a = 0; a < r; a++) acc += T[(size_t)a * r + c] * b0[row0 + a];
@@ -155,14 +151,15 @@ void mask_apply(const MaskPlan *p, const double *mask) {
         dev_upload(p->dev_params + p->bp[l].attnw, W, (size_t)P * C * C * sizeof(float));
         if (p->attn_bias) dev_upload(p->dev_params + p->bp[l].attnb, b, (size_t)P * C * sizeof(float));
     }
-    free(T);
+    free(T), free(Am), free(Wd), free(Td);
 }
 
 /* d(objective)/d(m) from the parameter gradients of the masked rows:
  * dT = W0^T dW' (augmented), dm_c = (A^T dT Bm^T)_cc. */
 static void mask_grad(const MaskPlan *p, double *dm) {
     int r = p->r, C = p->C, P = p->P;
-    double *dT = xmalloc((size_t)r * r * sizeof(double));
+    double *dT = xmalloc((size_t)r * r * sizeof(double)), *X = xmalloc((size_t)r * r * sizeof(double));
+    double *Wd = xmalloc((size_t)r * C * sizeof(double)), *Gd = xmalloc((size_t)r * C * sizeof(double));
     for (int l = 0; l < p->L; l++) {
         const float *W0 = p->raw_w + (size_t)l * P * C * C, *b0 = p->raw_b + (size_t)l * P * C;
         float *gW = p->work_w, *gb = p->work_b;
@@ -172,23 +169,18 @@ static void mask_grad(const MaskPlan *p, double *dm) {
             for (int ro = 0; ro < p->nroles; ro++) {
                 size_t idx = ((size_t)l * p->H + h) * p->nroles + ro;
                 size_t row0 = (size_t)p->role_block[ro] * C + (size_t)h * r;
-                for (int a = 0; a < r; a++)
-                    for (int c = 0; c < r; c++) {
-                        double acc = 0.0;
-                        for (int i = 0; i < C; i++) acc += (double)W0[(row0 + a) * C + i] * gW[(row0 + c) * C + i];
-                        if (p->attn_bias) acc += (double)b0[row0 + a] * gb[row0 + c];
-                        dT[(size_t)a * r + c] = acc;
-                    }
+                for (size_t i = 0; i < (size_t)r * C; i++) Wd[i] = W0[row0 * C + i], Gd[i] = gW[row0 * C + i];
+                la_gemm(dT, Wd, 0, Gd, 1, r, C, r); /* W0's rows times their gradients' */
+                for (int a = 0; p->attn_bias && a < r; a++)
+                    for (int c = 0; c < r; c++) dT[(size_t)a * r + c] += (double)b0[row0 + a] * gb[row0 + c];
                 const double *A = p->A + idx * r * r, *Bm = p->Bm + idx * r * r;
-                for (int k = 0; k < r; k++) {
-                    double g = 0.0;
-                    for (int a = 0; a < r; a++)
-                        for (int c = 0; c < r; c++) g += A[(size_t)a * r + k] * dT[(size_t)a * r + c] * Bm[(size_t)k * r + c];
-                    dm[idx * r + k] = g;
-                }
+                la_gemm(X, dT, 0, Bm, 1, r, r, r); /* dm_k = (A^T dT Bm^T)_kk = sum_a A_ak (dT Bm^T)_ak */
+                for (int k = 0; k < r; k++) dm[idx * r + k] = 0.0;
+                for (int a = 0; a < r; a++)
+                    for (int k = 0; k < r; k++) dm[idx * r + k] += A[(size_t)a * r + k] * X[(size_t)a * r + k];
             }
     }
-    free(dT);
+    free(dT), free(X), free(Wd), free(Gd);
 }
 
 /* Reference distributions of the unmasked model on the mask batches. */
@@ -287,6 +279,18 @@ static double kept_shift(const double *theta, size_t n, double tau, double c) {
     return hi;
 }
 
+double mask_kl_grad(Runner *r, const MaskPlan *p, const void *refp, int batch, const double *mask, double *dm) {
+    const Ref *f = refp;
+    int counted;
+    mask_apply(p, mask);
+    r->forward(r, batch, NULL);
+    float *logits = runner_logits(r); /* replaced by d(KL)/d(logits) in place */
+    double kl = softmax_kl_rows(logits, f->p_full[batch], r->targets, r->rows, r->V, logits, &counted);
+    runner_backward(r, logits);
+    mask_grad(p, dm);
+    return kl;
+}
+
 void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, int steps, double lr, double *hard,
                 double *theta_out) {
     const Ref *f = refp;
@@ -298,13 +302,7 @@ void mask_train(Runner *r, const MaskPlan *p, const void *refp, double target, i
     for (int t = 0; t < steps; t++) {
         double tau = 1.0 - 0.8 * t / (steps > 1 ? steps - 1 : 1);
         for (size_t i = 0; i < n; i++) m[i] = 1.0 / (1.0 + exp(-theta[i] / tau));
-        mask_apply(p, m);
-        int k = t % f->nb, counted;
-        r->forward(r, k, NULL);
-        float *logits = runner_logits(r); /* replaced by d(KL)/d(logits) in place */
-        softmax_kl_rows(logits, f->p_full[k], r->targets, r->rows, r->V, logits, &counted);
-        runner_backward(r, logits);
-        mask_grad(p, dm);
+        mask_kl_grad(r, p, f, t % f->nb, m, dm);
         /* Momentum per logit under one shared RMS scale: a per-logit (Adam) scale would move a direction the
          * KL ignores as fast as one it defends, erasing the very difference the masks are meant to find. */
         double g2 = 0.0;

@@ -50,6 +50,9 @@ void *mask_ref_new(Runner *r, int batches);
 void mask_ref_free(void *ref);
 double mask_ref_loss(const void *ref);
 MaskEval mask_evaluate(Runner *r, const MaskPlan *p, const double *mask, const void *ref);
+/* KL(p_full || p_masked) on one of ref's batches with the masks applied (left applied), and its gradient with
+ * respect to every mask value into dm (L x H x roles x r), as mask_train descends it */
+double mask_kl_grad(Runner *r, const MaskPlan *p, const void *ref, int batch, const double *mask, double *dm);
 /* Deterministic given the batches. hard: the round(target * n) kept directions; theta_out (optional): the
  * final mask logits */
 void mask_train(Runner *r, const MaskPlan *p, const void *ref, double target, int steps, double lr, double *hard,
