@@ -388,6 +388,30 @@ static void mask_gradient_check(Runner *r, const MaskPlan *p, void *ref, size_t 
     free(m), free(dm), free(u), free(mp), free(junk);
 }
 
+/* A checkpoint saved as g_dir/<name>.safetensors after edit, opened with its model, mask plan and the reference
+ * of one batch; 0 (and a failed check) when it does not open. masks_close frees what it made. */
+static int masks_open(const char *name, void (*edit)(const GPT2 *m, float *W), Runner *r, Model *m, MaskPlan *p,
+                      void **ref) {
+    char path[512];
+    Err e;
+    snprintf(path, sizeof path, "%s/%s.safetensors", g_dir, name);
+    save_checkpoint(path, edit);
+    int opened = runner_open(r, path, 1, 1, 1, &e) == 0;
+    CHECK(opened, "runner opens the %s checkpoint: %s", name, opened ? "" : e.msg);
+    if (!opened) return 0;
+    model_build(m, r->family, &r->src);
+    mask_plan(p, m, r);
+    *ref = mask_ref_new(r, 1);
+    return 1;
+}
+
+static void masks_close(Runner *r, Model *m, MaskPlan *p, void *ref) {
+    mask_ref_free(ref);
+    mask_plan_free(p);
+    model_free(m);
+    runner_close(r);
+}
+
 static void test_runner(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/kvlab_test_mechint_%d", (int)getpid());
     char path[512];
@@ -442,36 +466,16 @@ static void test_runner(void) {
     CHECK(on.loss == mask_ref_loss(ref) && on.kl < 1e-7, /* KL against float probabilities */ "A11: all-on masks give the plain loss exactly (%.9f vs %.9f)",
           on.loss, mask_ref_loss(ref));
     CHECK(off.kl > 1e-4, "A11: all-off masks change the output (KL %.4g)", off.kl);
-    mask_ref_free(ref);
     free(ones), free(zeros);
-    mask_plan_free(&p);
-    model_free(&m);
-    runner_close(&r);
+    masks_close(&r, &m, &p, ref);
 
     /* the masks' gradient, with biases that take part (initialised biases are 0) */
-    snprintf(path, sizeof path, "%s/biased.safetensors", g_dir);
-    save_checkpoint(path, bias_attention);
-    opened = runner_open(&r, path, 1, 1, 1, &e) == 0;
-    CHECK(opened, "runner opens the biased checkpoint: %s", opened ? "" : e.msg);
-    if (!opened) return;
-    model_build(&m, r.family, &r.src);
-    mask_plan(&p, &m, &r);
-    ref = mask_ref_new(&r, 1);
+    if (!masks_open("biased", bias_attention, &r, &m, &p, &ref)) return;
     mask_gradient_check(&r, &p, ref, (size_t)p.L * p.H * p.nroles * p.r);
-    mask_ref_free(ref);
-    mask_plan_free(&p);
-    model_free(&m);
-    runner_close(&r);
+    masks_close(&r, &m, &p, ref);
 
     /* planted directions: masks at the planted fraction keep exactly them */
-    snprintf(path, sizeof path, "%s/planted.safetensors", g_dir);
-    save_checkpoint(path, plant);
-    opened = runner_open(&r, path, 1, 1, 1, &e) == 0;
-    CHECK(opened, "runner opens the planted checkpoint: %s", opened ? "" : e.msg);
-    if (!opened) return;
-    model_build(&m, r.family, &r.src);
-    mask_plan(&p, &m, &r);
-    ref = mask_ref_new(&r, 1);
+    if (!masks_open("planted", plant, &r, &m, &p, &ref)) return;
     nm = (size_t)p.L * p.H * p.nroles * p.r;
     double *hard = xmalloc(nm * 8), *planted = xmalloc(nm * 8);
     int R = p.r;
@@ -516,10 +520,7 @@ static void test_runner(void) {
           learned.kl, kl_bound, learned.loss - mask_ref_loss(ref));
     free(theta);
     free(hard), free(planted);
-    mask_ref_free(ref);
-    mask_plan_free(&p);
-    model_free(&m);
-    runner_close(&r);
+    masks_close(&r, &m, &p, ref);
 
     /* bad files: one clear error each */
     snprintf(path, sizeof path, "%s/junk.safetensors", g_dir);
