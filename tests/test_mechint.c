@@ -367,7 +367,8 @@ static double kl_at(Runner *r, const MaskPlan *p, void *ref, const double *m, co
  * differences at 4e-3 and 2e-3 are combined (Richardson, (4 D(h/2) - D(h)) / 3), which cancels the curvature
  * term. Their difference is measured against the gradient's norm (a random direction's derivative can be
  * small by cancellation): at most 1.6e-4 of it measured in the attention test configurations; the bound is 1e-3. */
-static void mask_gradient_check(Runner *r, const MaskPlan *p, void *ref, size_t nm) {
+static void mask_gradient_check(Runner *r, const MaskPlan *p, void *ref) {
+    size_t nm = (size_t)p->L * p->H * p->nroles * p->r;
     Rng g = rng_seeded(13, 1);
     double *m = xmalloc(nm * 8), *dm = xmalloc(nm * 8), *u = xmalloc(nm * 8), *mp = xmalloc(nm * 8), *junk = xmalloc(nm * 8);
     for (size_t i = 0; i < nm; i++) m[i] = 0.3 + 0.4 * rng_uniform(&g);
@@ -471,7 +472,7 @@ static void test_runner(void) {
 
     /* the masks' gradient, with biases that take part (initialised biases are 0) */
     if (!masks_open("biased", bias_attention, &r, &m, &p, &ref)) return;
-    mask_gradient_check(&r, &p, ref, (size_t)p.L * p.H * p.nroles * p.r);
+    mask_gradient_check(&r, &p, ref);
     masks_close(&r, &m, &p, ref);
 
     /* planted directions: masks at the planted fraction keep exactly them */
