@@ -1381,6 +1381,40 @@ static void test_crossentropy(double smoothing, int V, int ramp) {
     buf_free(&logits), buf_free(&losses), buf_free(&lse), buf_free(&dl);
 }
 
+/* argmax_correct against a loop over the same (rounded) logits: each row's largest value placed along the row
+ * (past a GPU block's threads for the longer rows), a tie with a later index (the first index wins, as the CPU's
+ * loop finds it), ignored rows and wrong targets; V from below one warp to several values a thread. */
+static void test_argmax(int V) {
+    enum { N = 16 };
+    int targets[N], want_designed = 0;
+    Buf logits = act_rand((size_t)N * V, 1.0);
+    for (int i = 0; i < N; i++) {
+        float *x = logits.h + (size_t)i * V;
+        int p = (int)(((size_t)i * 7919u + (size_t)V / 2) % (size_t)V), kind = i % 4;
+        if (kind == 1 && p == V - 1) p = 0;
+        x[p] = 10.0f;
+        if (kind == 1) x[V - 1] = 10.0f; /* the same maximum again, later: the target is not the first */
+        targets[i] = kind == 0 ? p : kind == 1 ? V - 1 : kind == 2 ? -1 : (p + 1) % V;
+        want_designed += kind == 0;
+    }
+    buf_upload(&logits);
+    int want = 0;
+    for (int i = 0; i < N; i++) {
+        if (targets[i] < 0) continue;
+        const float *x = logits.h + (size_t)i * V;
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (x[j] > x[best]) best = j;
+        want += best == targets[i];
+    }
+    int *targets_d = dev_copy_of(targets, sizeof targets);
+    int got = argmax_correct(logits.a, targets_d, N, V, -1);
+    CHECK(want == want_designed && got == want, "argmax_correct, V %d: %d rows right, expected %d (by design %d)", V,
+          got, want, want_designed);
+    dev_free(targets_d);
+    buf_free(&logits);
+}
+
 static void test_dropout(void) {
     size_t n = 200000;
     float p = 0.3f;
@@ -1947,6 +1981,7 @@ int main(int argc, char **argv) {
     test_crossentropy(0.1, 13, 0);
     test_crossentropy(0.1, 1100, 1);
     test_crossentropy(0.1, 2056, 1); /* a multiple of 8: the CUDA kernels' 16-byte loads, two for some threads */
+    for (int V = 2; V <= 1100; V = V * 3 + 1) test_argmax(V); /* 2, 7, 22, 67, 202, 607 */
     test_dropout();
     test_split_batch_dropout();
     test_adamw_and_clip();

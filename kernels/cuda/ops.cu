@@ -14,7 +14,9 @@
 
 #define THREADS 256
 
-/* Sum of one value per thread over a block of THREADS threads, in a fixed order; every thread gets it. */
+/* Sum of one value per thread over a block of whole warps (THREADS at most), in a fixed order; every thread gets
+ * it. Warps that hold only zeros change no sum, so a block cut down to the warps its data fills (row_threads) sums
+ * bit for bit as a block of THREADS does. */
 template <typename F>
 __device__ F block_sum(F x) {
     __shared__ F part[THREADS / 32];
@@ -24,7 +26,7 @@ __device__ F block_sum(F x) {
     if (lane == 0) part[w] = x;
     __syncthreads();
     F s = 0;
-    for (int i = 0; i < THREADS / 32; i++) s += part[i];
+    for (unsigned i = 0; i < blockDim.x / 32; i++) s += part[i];
     return s;
 }
 
@@ -36,8 +38,18 @@ __device__ float block_max(float x) {
     if (lane == 0) part[w] = x;
     __syncthreads();
     float m = -INFINITY;
-    for (int i = 0; i < THREADS / 32; i++) m = fmaxf(m, part[i]);
+    for (unsigned i = 0; i < blockDim.x / 32; i++) m = fmaxf(m, part[i]);
     return m;
+}
+
+/* The block of a kernel that gives each row of V values a block, W values a thread: THREADS, or for a row shorter
+ * than THREADS x W the power of two of whole warps that covers it once (a row of 12 classes: one warp, not eight
+ * of which seven would only add zeros). Each thread then reads the same values as in a block of THREADS, so the
+ * results are the same bit for bit. */
+static unsigned row_threads(int V, int W) {
+    unsigned t = 32;
+    while (t < THREADS && (size_t)t * (size_t)W < (size_t)V) t *= 2;
+    return t;
 }
 
 /* ------------------------------------------------------------------ device-side checks of ids */
@@ -744,7 +756,7 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act
     int i = blockIdx.x;
     const act_t *x = logits + (size_t)i * V;
     float m = -INFINITY, s = 0.0f, sx = 0.0f;
-    for (int j = threadIdx.x * W; j < V; j += THREADS * W) {
+    for (int j = threadIdx.x * W; j < V; j += blockDim.x * W) {
         ActVec<act_t, W> xv = mem_as<ActVec<act_t, W>>(x + j);
         for (int e = 0; e < W; e++) {
             float v = act_ld(xv.v[e]);
@@ -774,11 +786,11 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
     args_classes("crossentropy_forward", N, V, smoothing);
     int counted = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
     if (act_vec_width(V, logits) > 1)
-        crossentropy_forward_kernel<ACT_VEC><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V,
-                                                                          ignore_index, smoothing);
+        crossentropy_forward_kernel<ACT_VEC><<<N, row_threads(V, ACT_VEC), 0, kv_stream>>>(
+            losses, lse, logits, targets, V, ignore_index, smoothing);
     else
-        crossentropy_forward_kernel<1><<<N, THREADS, 0, kv_stream>>>(losses, lse, logits, targets, V, ignore_index,
-                                                                     smoothing);
+        crossentropy_forward_kernel<1><<<N, row_threads(V, 1), 0, kv_stream>>>(losses, lse, logits, targets, V,
+                                                                               ignore_index, smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
     return counted;
 }
@@ -797,12 +809,12 @@ __global__ void crossentropy_backward_kernel(act_t *dlogits, const act_t *logits
         if (inplace) {
             Vec z;
             for (int e = 0; e < W; e++) z.v[e] = act_st(0.0f);
-            for (int j = threadIdx.x * W; j < V; j += THREADS * W) mem_put<Vec>(d + j, z);
+            for (int j = threadIdx.x * W; j < V; j += blockDim.x * W) mem_put<Vec>(d + j, z);
         }
         return;
     }
     float l = lse[i], off = smoothing / V;
-    for (int j = threadIdx.x * W; j < V; j += THREADS * W) {
+    for (int j = threadIdx.x * W; j < V; j += blockDim.x * W) {
         Vec xv = mem_as<Vec>(x + j), dv = inplace ? xv : mem_as<Vec>(d + j);
         for (int e = 0; e < W; e++) {
             float g = (expf(act_ld(xv.v[e]) - l) - off) * scale - (j + e == t ? (1.0f - smoothing) * scale : 0.0f);
@@ -818,11 +830,11 @@ void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse
     KPROF_OP();
     args_classes("crossentropy_backward", N, V, smoothing);
     if (act_vec_width(V, logits, dlogits) > 1)
-        crossentropy_backward_kernel<ACT_VEC><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V,
-                                                                           ignore_index, smoothing, scale);
+        crossentropy_backward_kernel<ACT_VEC><<<N, row_threads(V, ACT_VEC), 0, kv_stream>>>(
+            dlogits, logits, lse, targets, V, ignore_index, smoothing, scale);
     else
-        crossentropy_backward_kernel<1><<<N, THREADS, 0, kv_stream>>>(dlogits, logits, lse, targets, V, ignore_index,
-                                                                      smoothing, scale);
+        crossentropy_backward_kernel<1><<<N, row_threads(V, 1), 0, kv_stream>>>(dlogits, logits, lse, targets, V,
+                                                                                ignore_index, smoothing, scale);
     CUDA_LAUNCHED(crossentropy_backward);
 }
 
@@ -834,7 +846,7 @@ __global__ void argmax_kernel(int *correct, const act_t *logits, const int *targ
     const act_t *x = logits + (size_t)i * V;
     float best = -INFINITY;
     int bi = INT_MAX;
-    for (int j = threadIdx.x; j < V; j += THREADS)
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
         if (act_ld(x[j]) > best || bi == INT_MAX) {
             best = act_ld(x[j]);
             bi = j;
@@ -844,7 +856,7 @@ __global__ void argmax_kernel(int *correct, const act_t *logits, const int *targ
     sv[threadIdx.x] = best;
     si[threadIdx.x] = bi;
     __syncthreads();
-    for (unsigned s = THREADS / 2; s > 0; s >>= 1) {
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) { /* a power of two (row_threads) */
         if (threadIdx.x < s) {
             float v2 = sv[threadIdx.x + s];
             int i2 = si[threadIdx.x + s];
@@ -865,7 +877,7 @@ int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ig
     static int *count;
     if (!count) count = (int *)dev_alloc(sizeof(int));
     dev_zero(count, sizeof(int));
-    argmax_kernel<<<N, THREADS, 0, kv_stream>>>(count, logits, targets, V, ignore_index);
+    argmax_kernel<<<N, row_threads(V, 1), 0, kv_stream>>>(count, logits, targets, V, ignore_index);
     CUDA_LAUNCHED(argmax);
     int c;
     dev_download(&c, count, sizeof c);
@@ -892,18 +904,19 @@ void adamw_update_spans(float *param, const float *grad, float *m, float *v, con
 
 #define NORM_BLOCKS 1024
 
-/* sum of squares in double: a fixed grid of partial sums, then one block adds them in order */
+/* sum of squares in double: a grid of partial sums (as many blocks as the data fills, NORM_BLOCKS at most; the grid
+ * depends on n alone, so a run repeats bit for bit), then one block adds them in order */
 __global__ void sumsq_partial_kernel(double *partial, const float *x, size_t n) {
     double s = 0.0;
-    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (size_t)NORM_BLOCKS * THREADS)
+    for (size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * THREADS)
         s += (double)x[i] * x[i];
     s = block_sum(s);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials_kernel(double *out, const double *partial) {
+__global__ void sum_partials_kernel(double *out, const double *partial, unsigned nblocks) {
     double s = 0.0;
-    for (int i = threadIdx.x; i < NORM_BLOCKS; i += THREADS) s += partial[i];
+    for (unsigned i = threadIdx.x; i < nblocks; i += THREADS) s += partial[i];
     s = block_sum(s);
     if (threadIdx.x == 0) *out = s;
 }
@@ -912,9 +925,10 @@ double grad_norm(const float *grad, size_t n) {
     KPROF_OP();
     static double *partial;
     if (!partial) partial = (double *)dev_alloc((NORM_BLOCKS + 1) * sizeof(double));
-    sumsq_partial_kernel<<<NORM_BLOCKS, THREADS, 0, kv_stream>>>(partial, grad, n);
+    unsigned blocks = (unsigned)std::min<size_t>(NORM_BLOCKS, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
+    sumsq_partial_kernel<<<blocks, THREADS, 0, kv_stream>>>(partial, grad, n);
     CUDA_LAUNCHED(sumsq_partial);
-    sum_partials_kernel<<<1, THREADS, 0, kv_stream>>>(partial + NORM_BLOCKS, partial);
+    sum_partials_kernel<<<1, THREADS, 0, kv_stream>>>(partial + NORM_BLOCKS, partial, blocks);
     CUDA_LAUNCHED(sum_partials);
     double s;
     dev_download(&s, partial + NORM_BLOCKS, sizeof s);
