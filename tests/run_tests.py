@@ -789,7 +789,7 @@ def test_emulated_gpu(build_root, tmp, sanitize):
         # CONFIG_CUDA_LT_EPILOGUE off: the bias and GELU in kernels of their own, as before cuBLASLt
         lt_off = write_fragment(os.path.join(frag_dir, "emu-lt-off.frag"), "# CONFIG_CUDA_LT_EPILOGUE is not set\n")
         builds += [("qkv", dict(configs)["qkv"], [lt_off], emu, ("test_kernels", "test_gpt2"), "-emu-lt-off")]
-    cuda_config_tests(build_root, builds, unit_test_env())
+    cuda_config_tests(build_root, builds, unit_test_env(), emulated=True)
     if not sanitize:  # the same programs again in other conditions of the emulation:
         # the fallbacks where cuBLASLt offers no epilogue (the emulation told to offer none), and threads, warps
         # and blocks in reverse order (a missing barrier reads unwritten shared memory in one order or the other)
@@ -907,51 +907,62 @@ CUDA_TC_CONFIGS = ("qkv", "kv_pos_head", "k", "kv_tying_gqa_pos")
 CUDA_TC_PRECISIONS = (("tf32", "CUDA_TF32"), ("bf16", "CUDA_BF16_MATMUL"), ("bf16act", "CUDA_BF16"))
 
 
-def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs):
+def cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs, progs=()):
     """Configures tests-cuda/<name><tag> (the base, the step fragments, tests/configs/cuda and extra) and builds its
-    variant test programs (and make_vars' extras) with make -j jobs. Returns (build folder, None) or (None, what
-    failed)."""
+    variant test programs (and make_vars' extras) with make -j jobs, or only the test programs progs where given.
+    Returns (build folder, None) or (None, what failed)."""
     bdir = os.path.join(build_root, "tests-cuda", name + tag)
     r = run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base")] +
             [os.path.join(REPO, f) for f in frags] + [os.path.join(REPO, "tests", "configs", "cuda")] + extra)
     if r.returncode != 0:
         return None, f"CUDA test configuration {name}{tag}: {r.stderr.strip()}"
-    r = run(["make", f"-j{jobs}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"] + make_vars)
+    r = run(["make", f"-j{jobs}", "-f", "scripts/Makefile.build", f"B={bdir}", "VARIANT_TESTS=y"] + make_vars +
+            [os.path.join(bdir, "tests", prog) for prog in progs])
     if r.returncode != 0:
         return None, f"CUDA build of {name}{tag}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
     return bdir, None
 
 
-def cuda_config_tests(build_root, builds, env):
+def cuda_config_tests(build_root, builds, env, emulated=False):
     """Builds every (name, fragments, extra, make variables, programs, tag) of builds and runs its programs after
     its build, several configurations at once on a machine with many cores: a GPU machine's time is short, and
     on an H200 the 22 GPU builds' programs one after the other took 11 minutes (test_mechint 20-45 s each, most
     of it host work), so there several share the GPU (each process its own context; no test times anything).
     Each configuration's programs are counted and printed as it ends, so a call stopped for time keeps what
-    ended; with two cores (this machine, CI) one configuration at a time, in order, as before."""
+    ended; with two cores (this machine, CI) one configuration at a time, in order, as before.
+    emulated (make CUDA_EMU=1): only the programs that run are built, and they run beside the next
+    configurations' builds (each emulated program is one thread, with no OpenMP to wait on a busy core); on two
+    cores a build keeps both busy for most of its time, its compiles queued behind the long emulated attention."""
     cores = int(NPROC)
     workers = max(1, min(len(builds), cores // 2))  # each build's long pole is one nvcc: two cores a build
     jobs = max(1, cores // workers)
+    import concurrent.futures
+    runner = concurrent.futures.ThreadPoolExecutor(workers) if emulated else None
 
     def build_and_run(b):
         name, frags, extra, make_vars, progs, tag = b
-        bdir, failure = cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs)
-        runs = [(prog, exec_test_program(os.path.join(bdir, "tests", prog), env)) for prog in progs] if bdir else []
-        return b, failure, runs
+        bdir, failure = cuda_config_build(build_root, name, frags, extra, make_vars, tag, jobs,
+                                          progs if emulated else ())
+        paths = [os.path.join(bdir, "tests", prog) for prog in progs] if bdir else []
+        if runner:  # started now, waited for when reported
+            return b, failure, [(prog, runner.submit(exec_test_program, path, env)) for prog, path in zip(progs, paths)]
+        return b, failure, [(prog, exec_test_program(path, env)) for prog, path in zip(progs, paths)]
 
-    import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for fut in concurrent.futures.as_completed([pool.submit(build_and_run, b) for b in builds]):
             (name, _, _, _, _, tag), failure, runs = fut.result()
             if not R.check(failure is None, failure):
                 continue
-            for prog, (r, secs) in runs:
+            for prog, ran in runs:
+                r, secs = ran.result() if runner else ran
                 r, counts, _ = report_test_program(r, secs, f"cuda{tag}/{name}/{prog}")
                 if counts is None:
                     continue
                 # what the GPU's libraries refused (a cuBLASLt epilogue; the backend's own kernels ran instead)
                 for ln in sorted({ln for ln in (r.stdout + r.stderr).splitlines() if "cuBLASLt" in ln})[:5]:
                     print(f"    {ln}")
+    if runner:
+        runner.shutdown()
 
 
 def cuda_kconfig(build_root, gpu):
