@@ -484,13 +484,14 @@ RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct
 }
 
 void run_banner_dist(const TrainRun *r) {
-    if (r->procs <= 1) return;
+    /* a job of one process says nothing, unless it runs NCCL's collectives all the same (on the CUDA target) */
+    if (r->procs <= 1 && !IS_ENABLED(CONFIG_DIST_NCCL)) return;
     char sums[160] = "";
     if (r->sync.nb)
         snprintf(sums, sizeof sums, "; gradients summed in %d buckets of %g KiB or more, started as the backward "
                  "pass finishes them", r->sync.nb, (double)DIST_BUCKET_BYTES / 1024.0);
-    printf("distributed: %d processes (%s, rank 0 on %s), %d threads each, each trains on its rows of every global "
-           "batch%s%s\n", r->procs, dist_transport(), dist_host(), backend_threads(),
+    printf("distributed: %d process%s (%s, rank 0 on %s), %d threads each, each trains on its rows of every global "
+           "batch%s%s\n", r->procs, r->procs == 1 ? "" : "es", dist_transport(), dist_host(), backend_threads(),
            r->zero1 ? "; ZeRO-1: AdamW moments sharded over the ranks" : "", sums);
     fflush(stdout);
 }
