@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <vector>
 
@@ -45,9 +47,40 @@ std::map<void *, size_t> g_allocs;
 size_t g_allocated;
 cublasMath_t g_math = CUBLAS_DEFAULT_MATH;
 
+/* A stream's deferred work (emu::stream_defer): run, in order, when the stream is next used, synchronised or waited
+ * for through an event recorded after it. seq numbers what was ever deferred on the stream. */
 struct Stream {
     unsigned flags;
+    std::deque<std::pair<uint64_t, std::function<void()>>> deferred;
+    uint64_t seq;
 };
+Stream g_default_stream{0, {}, 0}; /* stream 0 */
+std::vector<Stream *> g_streams{&g_default_stream};
+
+Stream *stream_of(cudaStream_t s) { return s ? (Stream *)s : &g_default_stream; }
+
+/* runs s's deferred work numbered below upto */
+void run_deferred(Stream *s, uint64_t upto = UINT64_MAX) {
+    while (!s->deferred.empty() && s->deferred.front().first < upto) {
+        auto fn = std::move(s->deferred.front().second);
+        s->deferred.pop_front();
+        fn();
+    }
+}
+
+uint64_t g_device_work; /* calls that queued work on a stream: emu::device_work */
+
+/* before new work on stream s: what was deferred on it comes first, as a stream runs in order */
+void stream_use(cudaStream_t s) { run_deferred(stream_of(s)); }
+
+void new_work(cudaStream_t s) {
+    stream_use(s);
+    g_device_work++;
+}
+
+void device_sync(void) {
+    for (Stream *s : g_streams) run_deferred(s);
+}
 
 cudaError_t fail(cudaError_t err) {
     g_last = err;
@@ -101,9 +134,12 @@ bool gemm_args_ok(int m, int n, int k, int lda, int ldb, int ldc, cublasOperatio
 
 } /* namespace */
 
+/* an event: its host time, and the stream and place in it where it was last recorded */
 struct CUevent_st {
     double ms;
     bool recorded;
+    Stream *stream;
+    uint64_t seq;
 };
 
 const char *cudaGetErrorString(cudaError_t err) {
@@ -135,7 +171,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
     if (device != 0) return fail(cudaErrorInvalidDevice);
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "cuda_emu H100");
-    memcpy(prop->uuid.bytes, "cuda_emu-device0", 16);
+    /* each process emulates a GPU of its own (so NCCL's ranks, tests/cuda_emu_nccl.h, have one each) */
+    char uuid[17];
+    snprintf(uuid, sizeof uuid, "cuda_emu%08x", (unsigned)getpid());
+    memcpy(prop->uuid.bytes, uuid, 16);
     prop->totalGlobalMem = MEM_TOTAL;
     prop->multiProcessorCount = 132;
     prop->major = 9, prop->minor = 0;
@@ -170,6 +209,7 @@ cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
     auto it = g_allocs.find(p);
     if (it == g_allocs.end()) return fail(cudaErrorInvalidValue);
+    device_sync(); /* cudaFree waits for the whole device */
     g_allocated -= it->second;
     g_allocs.erase(it);
     free(p);
@@ -183,49 +223,82 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-    (void)stream;
+    new_work(stream);
     return cudaMemcpy(dst, src, bytes, kind);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind kind, cudaStream_t stream) {
-    (void)kind, (void)stream;
+    (void)kind;
+    new_work(stream);
     if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
     for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
-    (void)stream;
+    new_work(stream);
     memset(p, value, bytes);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
-    *stream = (cudaStream_t) new Stream{flags};
+    Stream *s = new Stream{flags, {}, 0};
+    g_streams.push_back(s);
+    *stream = (cudaStream_t)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (!stream) return fail(cudaErrorInvalidValue);
+    Stream *s = stream_of(stream);
+    run_deferred(s); /* a destroyed stream still finishes its work */
+    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), s));
+    delete s;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    (void)stream;
+    stream_use(stream);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-    (void)stream;
+    stream_use(stream); /* done as soon as asked: its deferred work runs now */
     return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t *event) {
-    *event = new CUevent_st{0.0, false};
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    if (flags) return fail(cudaErrorInvalidValue);
+    (void)stream; /* a wait is no work: what was deferred on the waiting stream may stay so */
+    if (event->stream) run_deferred(event->stream, event->seq); /* the work the event follows ends first */
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    device_sync();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+    if (flags & ~cudaEventDisableTiming) return fail(cudaErrorInvalidValue);
+    *event = new CUevent_st{0.0, false, nullptr, 0};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete event;
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    (void)stream;
+    Stream *s = stream_of(stream);
     auto now = std::chrono::steady_clock::now().time_since_epoch();
-    event->ms = std::chrono::duration<double, std::milli>(now).count();
+    event->ms = std::chrono::duration<double, std::milli>(now).count(); /* deferred work is not timed */
     event->recorded = true;
+    event->stream = s, event->seq = s->seq;
     return cudaSuccess;
 }
 
@@ -246,7 +319,7 @@ cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value
 
 void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 grid, dim3 block, size_t smem,
                    cudaStream_t stream) {
-    (void)stream;
+    new_work(stream);
     unsigned long threads = (unsigned long)block.x * block.y * block.z;
     if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || grid.x > 0x7fffffffu || grid.y > 65535 ||
         grid.z > 65535) {
@@ -273,6 +346,21 @@ void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 gri
     }
     smem_written = smem != 0;
     launch_grid({grid.x, grid.y, grid.z}, block.x, smem, shared, smem ? 2 : 0, fn);
+}
+
+uint64_t device_work(void) { return g_device_work; }
+
+bool device_range(const void *p, size_t bytes) {
+    auto it = g_allocs.upper_bound((void *)p); /* the first allocation after p: the one before may hold it */
+    if (it == g_allocs.begin()) return false;
+    --it;
+    size_t off = (size_t)((const char *)p - (const char *)it->first);
+    return off <= it->second && bytes <= it->second - off;
+}
+
+void stream_defer(cudaStream_t stream, std::function<void()> fn) {
+    Stream *s = stream_of(stream);
+    s->deferred.emplace_back(s->seq++, std::move(fn));
 }
 
 } /* namespace emu */
@@ -314,7 +402,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
                            float *C, int ldc) {
-    (void)h;
+    new_work(h->stream);
     if (!gemm_args_ok(m, n, k, lda, ldb, ldc, ta, tb)) return CUBLAS_STATUS_INVALID_VALUE;
     gemm(ta, tb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc, g_math == CUBLAS_TF32_TENSOR_OP_MATH ? round_tf32 : keep);
     return CUBLAS_STATUS_SUCCESS;
@@ -324,7 +412,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
                             int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo) {
-    (void)h, (void)algo;
+    (void)algo;
+    new_work(h->stream);
     /* what kvlab asks for: float32 buffers (FAST_16BF rounds their inputs to bf16), or bf16 inputs with a bf16 or
      * float32 output and a float32 accumulator */
     float a = *(const float *)alpha, b = *(const float *)beta;
@@ -540,7 +629,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                               const void *beta, const void *C, cublasLtMatrixLayout_t cdesc, void *D,
                               cublasLtMatrixLayout_t ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
-    (void)h, (void)workspace, (void)workspace_bytes, (void)stream;
+    (void)h, (void)workspace, (void)workspace_bytes;
+    new_work(stream);
     if (!algo || !lt_problem_ok(op, adesc, bdesc, cdesc, ddesc)) return CUBLAS_STATUS_INVALID_VALUE;
     const void *bufs[4] = {A, B, C, D};
     for (int i = 0; i < 4; i++) /* a buffer less aligned than the algorithm was told it may assume */

@@ -7,7 +7,10 @@
  *
  * Device memory is host memory; every call runs at once, in order, so the
  * stream is always idle and an event's time is the host's clock when it was
- * recorded. A launch checks what a GPU would refuse, and the next
+ * recorded. The one exception is work queued with emu::stream_defer (the
+ * emulated NCCL's collectives, tests/cuda_emu_nccl.h, when asked to run
+ * them late): it waits until the stream is next used, synchronised or
+ * queried, or an event recorded after it is waited for. A launch checks what a GPU would refuse, and the next
  * cudaGetLastError reports it as the GPU would: an empty grid or block, more
  * than 1024 threads, a grid's y or z over 65535, and dynamic shared memory
  * over 48 KiB that the kernel was not given with cudaFuncSetAttribute, or
@@ -84,13 +87,27 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
+cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
 namespace emu {
+/* Queues fn as the stream's next work, to run as late as CUDA's ordering allows: before the next work on that
+ * stream, or when it is synchronised or queried, or when another stream waits for an event recorded on it after
+ * fn, or at cudaFree or cudaDeviceSynchronize (all of which a GPU would have finished by then). The emulated
+ * NCCL defers its collectives so (tests/cuda_emu_nccl.h); everything else runs at once. */
+void stream_defer(cudaStream_t stream, std::function<void()> fn);
+/* How many calls have queued work (a launch, a copy, a product) on any stream so far. */
+uint64_t device_work(void);
+/* Whether [p, p + bytes) lies inside one cudaMalloc allocation. */
+bool device_range(const void *p, size_t bytes);
 cudaError_t func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
 /* Runs fn, one thread's share of a kernel launched as kernel<<<grid, block, smem, stream>>>, over the grid,
  * after the checks a GPU makes (above); a refused launch runs nothing and sets the last error. */

@@ -707,6 +707,63 @@ static void check_launches(void) {
     cudaGetLastError();
 }
 
+/* emu::stream_defer (the emulated NCCL's late collectives): deferred work waits until its stream is next used,
+ * synchronised or queried, a stream waits for an event recorded after it, or the device is synchronised; an event
+ * recorded between two deferred items releases the first alone. And device_range, the emulated NCCL's check that
+ * a buffer is device memory. */
+static void check_deferred(void) {
+    cudaStream_t a, b;
+    cudaEvent_t ev;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess,
+          "streams and an event are made");
+    std::vector<int> ran;
+    emu::stream_defer(a, [&] { ran.push_back(1); });
+    cudaEventRecord(ev, a);
+    emu::stream_defer(a, [&] { ran.push_back(2); });
+    int launched = 0;
+    emu::kernel_launch([&] { launched++; }, (const void *)count_kernel, dim3(1), 32, 0, b);
+    CHECK(ran.empty() && launched == 32, "deferred work waits while another stream runs a kernel (%zu ran)",
+          ran.size());
+    emu::stream_defer(b, [&] { ran.push_back(10); });
+    cudaStreamWaitEvent(b, ev, 0);
+    CHECK(ran == std::vector<int>{1}, "a wait for an event releases the work before it alone, not the waiting "
+          "stream's (%zu ran)", ran.size());
+    cudaStreamSynchronize(b);
+    CHECK(ran == (std::vector<int>{1, 10}), "which its synchronisation runs");
+    ran.pop_back();
+    float *p = nullptr;
+    cudaMalloc((void **)&p, 64);
+    cudaMemsetAsync(p, 0, 64, a);
+    CHECK(ran == (std::vector<int>{1, 2}), "new work on the stream runs what was deferred on it first");
+    emu::stream_defer(a, [&] { ran.push_back(3); });
+    cudaStreamSynchronize(b);
+    CHECK(ran.size() == 2, "synchronising another stream leaves it deferred");
+    cudaStreamQuery(a);
+    CHECK(ran.size() == 3, "a query of its stream runs it");
+    emu::stream_defer(a, [&] { ran.push_back(4); });
+    emu::stream_defer(nullptr, [&] { ran.push_back(5); });
+    cudaDeviceSynchronize();
+    std::sort(ran.begin() + 3, ran.end()); /* the streams' order among themselves is unspecified */
+    CHECK(ran == (std::vector<int>{1, 2, 3, 4, 5}), "cudaDeviceSynchronize runs every stream's deferred work");
+    emu::stream_defer(b, [&] { ran.push_back(6); });
+    cudaStreamDestroy(b);
+    CHECK(ran.size() == 6, "a destroyed stream finishes its deferred work");
+    emu::stream_defer(a, [&] { ran.push_back(7); });
+    cudaFree(p);
+    CHECK(ran.size() == 7, "cudaFree waits for the whole device");
+    cudaMalloc((void **)&p, 64);
+    float host[16];
+    CHECK(emu::device_range(p, 64) && emu::device_range(p + 8, 32) && !emu::device_range(p + 8, 36) &&
+              !emu::device_range(host, 4) && emu::device_range(p + 16, 0),
+          "device_range: inside one allocation only");
+    cudaFree(p);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(a);
+    cudaGetLastError();
+}
+
 /* v to keep mantissa bits, to nearest: ties to even (bf16), or away from zero (TF32, as the hardware's
  * cvt.rna.tf32.f32 and tests/cuda_emu.h's __float_to_tf32) */
 static float bits_round(float v, int keep, bool ties_even) {
@@ -1012,6 +1069,7 @@ int main(void) {
     check_layernorm<4>(37, 100, true); /* 25 loads a row: a lane takes one or none in the last pass */
     check_layernorm<4>(9, 416, false);
     check_launches();
+    check_deferred();
     check_order();
     check_gemm();
     check_lt();
