@@ -805,16 +805,13 @@ def test_emulated_gpu(build_root, tmp, sanitize):
             path = os.path.join(build_root, "tests-cuda", prog.split("/")[0], "tests", prog.split("/")[1])
             if os.path.exists(path):
                 run_test_program(path, f"cuda-emu/{prog} {how}", dict(unit_test_env(), **{var: value}))
-    # what the emulation cannot build stops make with one line: another value, or NCCL
-    bdir = os.path.join(build_root, "tests-cuda", "emu-nccl")
-    mpi = write_fragment(os.path.join(frag_dir, "emu-mpi.frag"), "CONFIG_DIST_MPI=y\n")
+    # a value make does not know stops it with one line
+    bdir = os.path.join(build_root, "tests-cuda", "emu-value")
     run(KCONFIG + ["step", bdir, os.path.join(REPO, "tests", "configs", "base"),
-                   os.path.join(REPO, "tests", "configs", "cuda"), mpi])
-    for var, what in (("CUDA_EMU=yes", "CUDA_EMU=yes: the emulation of the CUDA backend is CUDA_EMU=1"),
-                      ("CUDA_EMU=1", "CUDA_EMU=1 with NCCL")):
-        r = run(["make", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", var, "VARIANT_TESTS=y"])
-        R.check(r.returncode != 0 and what in r.stderr and "hint:" in r.stderr and r.stderr.count("\n") == 1,
-                f"make {var} on a CUDA configuration with NCCL stops with one line: {r.stderr!r}")
+                   os.path.join(REPO, "tests", "configs", "cuda")])
+    r = run(["make", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", "CUDA_EMU=yes", "VARIANT_TESTS=y"])
+    R.check(r.returncode != 0 and "CUDA_EMU=yes: the emulation of the CUDA backend is CUDA_EMU=1" in r.stderr and
+            "hint:" in r.stderr and r.stderr.count("\n") == 1, f"make CUDA_EMU=yes stops with one line: {r.stderr!r}")
     emulated_device_index(build_root, frag_dir, emu)
     if not sanitize:
         cuda_against_cpu(tmp, emulated=True)
@@ -1153,6 +1150,79 @@ def cuda_nccl(tmp, gpu):
         R.check(r.returncode != 0 and "one GPU per rank" in r.stderr and time.time() - t < 60,
                 f"2 ranks on a machine with {gpus} GPU: a non-zero exit within a minute naming the problem: "
                 f"{r.returncode} {r.stderr[-800:]}")
+
+
+def test_emulated_nccl(tmp, sanitize):
+    """The NCCL transport of data parallelism (kernels/cuda/nccl.cu) where no GPU is: MPI builds of the CUDA target
+    under emulation (make CUDA_EMU=1), whose NCCL is MPI underneath (tests/cuda_emu_nccl.h), each process a GPU of
+    its own. The collectives (tests/test_dist.c) on 1 to 3 ranks, and gpt2 and seq2seq on 1 to 3 ranks against one
+    process of the emulated GPU: with the gradient sums overlapped with the backward pass in 1 KiB buckets (the
+    side stream), with and without ZeRO-1. Each twice: with the collectives run when they are queued, and as late
+    as the streams' order allows; a missing wait for a collective, or a collective started before its buffer is
+    final, gives other losses in one of the two. ViT is left to the GPU (its 59,000 validation images take minutes
+    a run here; its gradients go through the same train/grad_sync.c). Under --sanitize the collectives alone (a
+    training run takes minutes there)."""
+    section("NCCL data parallel under emulation: the NCCL transport on 1-3 processes, collectives run at once and late")
+    if not R.check(shutil.which("mpirun") is not None, "mpirun is installed (scripts/deps.sh: openmpi-bin)"):
+        return
+    t0 = time.time()
+    emu = ["CUDA_EMU=1"]
+    buckets = mpi_build(tmp, "emu-nccl-buckets", CUDA_EMU_TARGET + "CONFIG_DIST_MPI=y\nCONFIG_DIST_BUCKET_KIB=1\n",
+                        sanitize, dist_tests=True, make_args=emu)
+    if sanitize:
+        if buckets:
+            for when in ("now", "late"):
+                dist_collectives(buckets["test_dist"], (1, 2, 3), dict(mpi_env(), KVLAB_CUDA_EMU_NCCL=when),
+                                 f"emulated NCCL under the sanitizers, collectives run {when}")
+        print("  the training runs are left to the run without sanitizers (minutes each under them)")
+        return
+    one = mpi_build(tmp, "emu-none", CUDA_EMU_TARGET, sanitize, make_args=emu)
+    builds = [("1 KiB buckets", buckets),
+              ("ZeRO-1, 1 KiB buckets", mpi_build(tmp, "emu-nccl-zero1-buckets", CUDA_EMU_TARGET +
+                                                  "CONFIG_DIST_MPI=y\nCONFIG_DIST_ZERO1=y\nCONFIG_DIST_BUCKET_KIB=1\n",
+                                                  sanitize, make_args=emu))]
+    if not (one and all(b for _, b in builds)):
+        return
+    print(f"  builds: {time.time() - t0:.1f} s", flush=True)
+    libs = run(["ldd", builds[0][1]["gpt2"]]).stdout
+    R.check("libmpi" in libs and "libnccl" not in libs and "libcudart" not in libs,
+            f"the emulated NCCL build links MPI, and no NCCL or CUDA library: {libs}")
+    base = os.path.join(tmp, "emu-nccl-runs")
+    ref = {}
+    for fam in ("gpt2", "seq2seq"):
+        out1 = os.path.join(base, f"{fam}-single")
+        r = run([one[fam], "train", "--out", out1, "--step", "mpi"], env=mpi_env())
+        if R.check(r.returncode == 0, f"{fam}: one process on the emulated GPU:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
+            ref[fam] = curve(out1)
+    for when in ("now", "late"):
+        env = dict(mpi_env(), KVLAB_CUDA_EMU_NCCL=when)
+        dist_collectives(builds[0][1]["test_dist"], (1, 2, 3), env, f"emulated NCCL, collectives run {when}")
+        for what, build in builds:
+            for fam in ref:
+                worst = 0.0
+                for n in (1, 2, 3):
+                    out = os.path.join(base, f"{fam}-{what[:5]}-{when}-{n}")
+                    r = run(mpirun(n, build[fam], out, env_vars=("KVLAB_CUDA_EMU_NCCL",)), env=env, timeout=300)
+                    if not R.check(r.returncode == 0, f"{fam}, {what}, collectives run {when}: mpirun -np {n} over "
+                                   f"the emulated NCCL:\n{r.stdout[-2000:]}{r.stderr[-1500:]}"):
+                        continue
+                    if when == "late":  # each rank ran collectives after work queued later (its report at exit)
+                        late = [int(x) for x in re.findall(r"cuda_emu: NCCL collectives run late: (\d+) of \d+",
+                                                           r.stderr)]
+                        R.check(len(late) == n and min(late) > 0, f"{fam}, {what}: on each of {n} rank(s) "
+                                f"collectives ran after device work queued later than they were: {late}")
+                    m = curve(out)
+                    d = curves_close(ref[fam], m)
+                    worst = max(worst, d)
+                    R.check(d <= MPI_RTOL and "mpi + nccl" in r.stdout and m["processes"] == n and
+                            (n == 1 or m.get("grad_buckets", 0) > 2 and 0 < m.get("grad_buckets_overlapped", 0)),
+                            f"{fam}, {what}, collectives run {when}: {n} rank(s) over the emulated NCCL train as one "
+                            f"process within {MPI_RTOL:g} relative (largest difference {d:.3g}; "
+                            f"{m.get('grad_buckets_overlapped')} of {m.get('grad_buckets')} buckets started during "
+                            f"the backward pass; the metrics of one process do not count them), the banner names "
+                            f"the transport")
+                print(f"  {fam}, {what}, collectives run {when}: 1, 2 and 3 ranks against one process: largest "
+                      f"relative difference {worst:.2e}")
 
 
 def cuda_against_cpu(tmp, emulated=False):
@@ -3240,16 +3310,17 @@ CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=5
 """
 
 
-def mpirun(np_, binary, out, step="mpi"):
-    """binary train under mpirun -np np_ (oversubscribed: this machine may have fewer cores)."""
+def mpirun(np_, binary, out, step="mpi", env_vars=()):
+    """binary train under mpirun -np np_ (oversubscribed: this machine may have fewer cores), env_vars of the
+    environment passed to every rank."""
     return (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
-            ["-np", str(np_), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1",
-             binary, "train", "--out", out, "--step", step])
+            ["-np", str(np_), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"] +
+            [x for v in env_vars for x in ("-x", v)] + [binary, "train", "--out", out, "--step", step])
 
 
-def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False):
-    """A build of base (every family) plus extra in its own tree; returns {family: binary} or None (with
-    dist_tests, "test_dist" too: tests/test_dist.c)."""
+def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False, make_args=()):
+    """A build of base (every family) plus extra in its own tree, make_args given to make; returns
+    {family: binary} or None (with dist_tests, "test_dist" too: tests/test_dist.c)."""
     d = os.path.join(tmp, f"mpi-{name}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "defconfig"), "w") as f:
@@ -3261,7 +3332,7 @@ def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False):
         r = run(KCONFIG + ["step", bdir, cfg])
     if r.returncode == 0:
         r = run(["make", f"-j{NPROC}", "-f", "scripts/Makefile.build", f"B={bdir}", f"SANITIZE={1 if sanitize else ''}"]
-                + (["DIST_TESTS=y"] if dist_tests else []))
+                + (["DIST_TESTS=y"] if dist_tests else []) + list(make_args))
     if not R.check(r.returncode == 0, f"MPI test build {name}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}"):
         return None
     progs = {f: os.path.join(bdir, f, f"train_{f}") for f in ("gpt2", "vit", "seq2seq")}
@@ -3274,7 +3345,8 @@ def dist_collectives(binary, nps, env, label):
     """tests/test_dist.c under mpirun -np n for each n: every collective of train/dist.h against known sums."""
     for n in nps:
         cmd = (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
-               ["-np", str(n), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1", binary])
+               ["-np", str(n), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"] +
+               [x for v in sorted(env) if v.startswith("KVLAB_CUDA_EMU") for x in ("-x", v)] + [binary])
         r = run(cmd, env=env)
         m = re.search(r"# test_dist: (\d+) passed, (\d+) failed", r.stdout)
         ok = r.returncode == 0 and m is not None and int(m.group(1)) > 0 and int(m.group(2)) == 0
@@ -4549,6 +4621,8 @@ def main():
                 guarded(test_cuda, build_root, tmp, args.sanitize, part)
         if want("emulated-gpu"):
             guarded(test_emulated_gpu, build_root, tmp, args.sanitize)
+        if want("emulated-nccl"):
+            guarded(test_emulated_nccl, tmp, args.sanitize)
         if want("device-scripts"):
             guarded(test_device_scripts, tmp)
         if want("sweep"):
