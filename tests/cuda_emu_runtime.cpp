@@ -48,16 +48,26 @@ size_t g_allocated;
 cublasMath_t g_math = CUBLAS_DEFAULT_MATH;
 
 /* A stream's deferred work (emu::stream_defer): run, in order, when the stream is next used, synchronised or waited
- * for through an event recorded after it. seq numbers what was ever deferred on the stream. */
+ * for through an event recorded after it. seq numbers what was ever deferred on the stream; id names the stream
+ * for the events recorded on it, never reused, so an event outlives its stream safely. */
 struct Stream {
     unsigned flags;
     std::deque<std::pair<uint64_t, std::function<void()>>> deferred;
     uint64_t seq;
+    uint64_t id;
 };
-Stream g_default_stream{0, {}, 0}; /* stream 0 */
+Stream g_default_stream{0, {}, 0, 1}; /* stream 0 */
 std::vector<Stream *> g_streams{&g_default_stream};
+uint64_t g_stream_ids = 1; /* the last id given */
 
 Stream *stream_of(cudaStream_t s) { return s ? (Stream *)s : &g_default_stream; }
+
+/* the live stream of this id, or null: destroyed (its work ran then) or never recorded on (id 0) */
+Stream *stream_by_id(uint64_t id) {
+    for (Stream *s : g_streams)
+        if (s->id == id) return s;
+    return nullptr;
+}
 
 /* runs s's deferred work numbered below upto */
 void run_deferred(Stream *s, uint64_t upto = UINT64_MAX) {
@@ -134,11 +144,11 @@ bool gemm_args_ok(int m, int n, int k, int lda, int ldb, int ldc, cublasOperatio
 
 } /* namespace */
 
-/* an event: its host time, and the stream and place in it where it was last recorded */
+/* an event: its host time, and the stream (by id, 0 for none) and place in it where it was last recorded */
 struct CUevent_st {
     double ms;
     bool recorded;
-    Stream *stream;
+    uint64_t stream;
     uint64_t seq;
 };
 
@@ -243,7 +253,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t strea
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
-    Stream *s = new Stream{flags, {}, 0};
+    Stream *s = new Stream{flags, {}, 0, ++g_stream_ids};
     g_streams.push_back(s);
     *stream = (cudaStream_t)s;
     return cudaSuccess;
@@ -271,7 +281,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
     if (flags) return fail(cudaErrorInvalidValue);
     (void)stream; /* a wait is no work: what was deferred on the waiting stream may stay so */
-    if (event->stream) run_deferred(event->stream, event->seq); /* the work the event follows ends first */
+    if (Stream *s = stream_by_id(event->stream)) run_deferred(s, event->seq); /* the work the event follows first */
     return cudaSuccess;
 }
 
@@ -282,7 +292,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
     if (flags & ~cudaEventDisableTiming) return fail(cudaErrorInvalidValue);
-    *event = new CUevent_st{0.0, false, nullptr, 0};
+    *event = new CUevent_st{0.0, false, 0, 0};
     return cudaSuccess;
 }
 
@@ -298,7 +308,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     auto now = std::chrono::steady_clock::now().time_since_epoch();
     event->ms = std::chrono::duration<double, std::milli>(now).count(); /* deferred work is not timed */
     event->recorded = true;
-    event->stream = s, event->seq = s->seq;
+    event->stream = s->id, event->seq = s->seq;
     return cudaSuccess;
 }
 

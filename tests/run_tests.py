@@ -3310,12 +3310,17 @@ CONFIG_SEQ2SEQ_CHECKPOINT_INTERVAL=5
 """
 
 
-def mpirun(np_, binary, out, step="mpi", env_vars=()):
-    """binary train under mpirun -np np_ (oversubscribed: this machine may have fewer cores), env_vars of the
-    environment passed to every rank."""
+def mpirun_cmd(np_, env_vars=()):
+    """mpirun -np np_ up to the program (oversubscribed: this machine may have fewer cores), the variables named in
+    env_vars passed from the environment to every rank."""
     return (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
             ["-np", str(np_), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"] +
-            [x for v in env_vars for x in ("-x", v)] + [binary, "train", "--out", out, "--step", step])
+            [x for v in env_vars for x in ("-x", v)])
+
+
+def mpirun(np_, binary, out, step="mpi", env_vars=()):
+    """binary train under mpirun -np np_ (mpirun_cmd)."""
+    return mpirun_cmd(np_, env_vars) + [binary, "train", "--out", out, "--step", step]
 
 
 def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False, make_args=()):
@@ -3344,10 +3349,7 @@ def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False, make_
 def dist_collectives(binary, nps, env, label):
     """tests/test_dist.c under mpirun -np n for each n: every collective of train/dist.h against known sums."""
     for n in nps:
-        cmd = (["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) +
-               ["-np", str(n), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"] +
-               [x for v in sorted(env) if v.startswith("KVLAB_CUDA_EMU") for x in ("-x", v)] + [binary])
-        r = run(cmd, env=env)
+        r = run(mpirun_cmd(n, [v for v in sorted(env) if v.startswith("KVLAB_CUDA_EMU")]) + [binary], env=env)
         m = re.search(r"# test_dist: (\d+) passed, (\d+) failed", r.stdout)
         ok = r.returncode == 0 and m is not None and int(m.group(1)) > 0 and int(m.group(2)) == 0
         R.check(ok, f"{label}: the collectives on {n} process(es) (tests/test_dist.c):\n{r.stdout[-2000:]}"

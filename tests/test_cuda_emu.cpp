@@ -748,8 +748,17 @@ static void check_deferred(void) {
     std::sort(ran.begin() + 3, ran.end()); /* the streams' order among themselves is unspecified */
     CHECK(ran == (std::vector<int>{1, 2, 3, 4, 5}), "cudaDeviceSynchronize runs every stream's deferred work");
     emu::stream_defer(b, [&] { ran.push_back(6); });
+    cudaEventRecord(ev, b);
     cudaStreamDestroy(b);
     CHECK(ran.size() == 6, "a destroyed stream finishes its deferred work");
+    /* the event outlives its stream; a new stream (likely at the old one's address) is not the one it names */
+    cudaStream_t c;
+    cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking);
+    emu::stream_defer(c, [&] { ran.push_back(60); });
+    CHECK(cudaStreamWaitEvent(a, ev, 0) == cudaSuccess && ran.size() == 6,
+          "a wait for an event recorded on a destroyed stream waits for nothing (%zu ran)", ran.size());
+    cudaStreamDestroy(c);
+    ran.pop_back();
     emu::stream_defer(a, [&] { ran.push_back(7); });
     cudaFree(p);
     CHECK(ran.size() == 7, "cudaFree waits for the whole device");
