@@ -396,8 +396,7 @@ static int cmd_info(void) {
     r.run.step = "-";
     setup(&r);
     banner(&r);
-    printf("config: %s\n", build_config_json());
-    printf("git commit: %s\n", build_git_commit());
+    build_info_print();
     teardown(&r);
     return 0;
 }

@@ -1581,6 +1581,18 @@ def lr_noam(step, d, warmup, factor):  # "Attention is all you need", step count
     return factor / math.sqrt(d) * min(step ** -0.5, step * max(warmup, 1) ** -1.5)
 
 
+def check_info(binary, m, label):
+    """`binary info` (any family): exit 0, one line each for the configuration and the commit, the same as the
+    metrics m of a run of that binary record."""
+    r = run([binary, "info"], env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    cfg = re.search(r"^config: (.*)$", r.stdout, re.M)
+    commit = re.search(r"^git commit: (\S+)$", r.stdout, re.M)
+    R.check(r.returncode == 0 and cfg is not None and json.loads(cfg.group(1)) == m["config"] and
+            commit is not None and commit.group(1) == m["git_commit"],
+            f"{label} info prints the configuration and the commit its run's metrics record ({m['git_commit']}):\n"
+            f"{r.stdout[-800:]}{r.stderr[-400:]}")
+
+
 def check_logged_lrs(m, want, label, expect_logged):
     """The learning_rates of metrics m against want(step) for the step of each logged iteration (relative 1e-9),
     with exactly the iterations expect_logged logged."""
@@ -1678,6 +1690,7 @@ def test_ablation_end_to_end(ws):
         R.check(all(k in m for k in ("parameters", "flops_per_token", "peak_memory_mib", "tokens_per_s", "config",
                                      "seed", "git_commit", "kv_cache_bytes_per_token", "variant")),
                 f"{step}: metrics carry the run's facts")
+        check_info(os.path.join(out, f"train_gpt2_step{step}"), m, f"train_gpt2_step{step}")
         R.check(m.get("decode_tokens_per_s", 0) > 0 and m.get("decode_tokens") == 15 and m.get("decode_context") == 16,
                 f"{step}: cached decoding speed over the context: {m.get('decode_tokens_per_s')}")
         R.check(len(s["timestamps"]) == 30, f"{step}: a timestamp per iteration")
@@ -2864,6 +2877,7 @@ def test_vit_end_to_end(tmp, sanitize):
         R.check(ma["metrics"][key] == mb["metrics"][key], f"ViT resume: {key} equal to the uninterrupted run")
     R.check(ma["test_accuracy"] == mb["test_accuracy"] and ma["confusion_matrix"] == mb["confusion_matrix"],
             "ViT resume: the same test result")
+    check_info(binary, ma, "train_vit")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
     r = run([binary, "eval", "--ckpt", os.path.join(a, "final_model_stepV0.safetensors")], env=env)
     R.check(r.returncode == 0 and f"test accuracy {ma['test_accuracy']:.4f}" in r.stdout,
@@ -3141,6 +3155,7 @@ def test_translation_end_to_end(tmp, sanitize):
     binary = ws.binary("base", "tinytrans", "seq2seq")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1")
     ckpt = os.path.join(out, "final_model_stepbase.safetensors")
+    check_info(binary, m, "train_seq2seq")
     r = run([binary, "translate", "--ckpt", ckpt, "--n", "3", "--beam", "1"], env=env)
     R.check(r.returncode == 0 and r.stdout.count("  hyp: ") == 3 and "BLEU" in r.stdout,
             f"train_seq2seq translate: {r.stdout[-300:]}{r.stderr[-300:]}")

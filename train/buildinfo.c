@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cjson/cJSON.h>
@@ -36,6 +37,11 @@ const char *build_config_json(void) {
 }
 
 const char *build_git_commit(void) { return KVLAB_GIT_COMMIT; }
+
+void build_info_print(void) {
+    printf("config: %s\n", build_config_json());
+    printf("git commit: %s\n", build_git_commit());
+}
 
 double config_number(const char *symbol, const char *text, double lo, double hi) {
     char *end;

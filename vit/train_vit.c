@@ -401,7 +401,7 @@ static int cmd_info(void) {
     r.run.step = "-";
     setup(&r);
     banner(&r);
-    printf("config: %s\n", build_config_json());
+    build_info_print();
     teardown(&r);
     return 0;
 }
