@@ -137,7 +137,10 @@ void residual_layernorm_forward(act_t *res, act_t *out, float *mean, float *rstd
 
 /* ---- linear: out (N,OC) = inp (N,C) W^T + b, one matrix product (sgemm) ----
  * b may be NULL (then db must be NULL). dinp may be NULL when the input
- * needs no gradient (e.g. the first layer's input is data). out is not inp. */
+ * needs no gradient (e.g. the first layer's input is data); dw and db may be
+ * NULL when the weights need none (an analysis that differentiates only
+ * other weights, nn/params.h attn_grads_only): their product is skipped.
+ * out is not inp. */
 void linear_forward(act_t *out, const act_t *inp, const float *w, const float *b,
                     int N, int C, int OC);
 void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
@@ -160,7 +163,7 @@ void relu_backward(act_t *dinp, const act_t *inp, const act_t *dout, size_t n);
  *   reads the GELU's output act = gelu(pre): dw += dout^T act, db += the
  *   column sums of dout, and dpre = gelu'(pre) * (dout W), which overwrites
  *   dpre (it is not added); the values of linear_backward into a zeroed
- *   buffer then gelu_backward into another.
+ *   buffer then gelu_backward into another. dw and db may be NULL, as there.
  * pre, out and inp are three buffers; dpre is none of pre, act and dout (nor are act and dout one). */
 void linear_gelu_forward(act_t *pre, act_t *out, const act_t *inp, const float *w, const float *b,
                          int N, int C, int OC);

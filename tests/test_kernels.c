@@ -972,9 +972,14 @@ static void test_linear(int with_bias) {
     check_grad("linear d(inp)", c.x, (size_t)N * C, buf_download(&dx), lin_loss, &c, 300);
     check_grad("linear d(w)", c.w, (size_t)OC * C, buf_download(&dw), lin_loss, &c, 300);
     if (b.n) check_grad("linear d(b)", c.b, OC, buf_download(&db), lin_loss, &c, 100);
+    /* without the weights' gradients (dw and db NULL): the same input gradient, bit for bit */
+    Buf dx2 = act_zeros((size_t)N * C);
+    linear_backward(dx2.a, NULL, NULL, R.a, x.a, w.d, N, C, OC);
+    CHECK(!memcmp(buf_download(&dx2), dx.h, (size_t)N * C * sizeof(float)),
+          "linear_backward without dw%s: the same d(inp)", with_bias ? " and db" : "");
     free(c.x), free(c.w), free(c.b), free(c.out);
     buf_free(&x), buf_free(&w), buf_free(&b), buf_free(&R), buf_free(&out), buf_free(&dx), buf_free(&dw),
-        buf_free(&db);
+        buf_free(&db), buf_free(&dx2);
 }
 
 /* The register layouts the bf16 attention kernels assume: on a GPU this is the check of the emulator's reading of
@@ -1086,6 +1091,12 @@ static void test_mlp_fused(int with_bias, int width) {
     snprintf(what, sizeof what, "gelu_linear_backward (width %d%s) d(w)", width, with_bias ? "" : ", no bias");
     check_grad(what, c.w, (size_t)Cin * width, buf_download(&dw2), mlp_loss, &c, 300);
     if (with_bias) check_grad("gelu_linear_backward d(b)", c.b, Cin, buf_download(&db2), mlp_loss, &c, 100);
+    /* without the weights' gradients (dw and db NULL): the same d(pre), bit for bit */
+    Buf dpre2 = act_rand(nm, 100.0);
+    gelu_linear_backward(dpre2.a, NULL, NULL, R.a, act.a, pre.a, w2.d, N, width, Cin);
+    CHECK(!memcmp(buf_download(&dpre2), dpre.h, nm * sizeof(float)),
+          "gelu_linear_backward (width %d%s) without dw and db: the same d(pre)", width, with_bias ? "" : ", no bias");
+    buf_free(&dpre2);
     /* which path ran: the epilogues where cuBLASLt takes them, the separate kernels otherwise */
     if (gpu) {
         const char *const fwd[] = {"gelu_forward_kernel", NULL}, *const bwd[] = {"gelu_grad_scale_kernel", NULL};

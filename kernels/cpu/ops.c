@@ -244,7 +244,7 @@ void linear_backward(float *dinp, float *dw, float *db, const float *dout, const
     args_linear("linear_backward", N, C, OC);
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (db) {
         /* column sums in blocks of 64 columns: contiguous reads, fixed order */
         const int chunk = 64;

@@ -601,7 +601,7 @@ void linear_backward(act_t *dinp, float *dw, float *db, const act_t *dout, const
     if (dinp)
         gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weights_as_act(w, (size_t)OC * C), C, dout, OC, 1.0f, dinp, 0, C);
     /* dW (OC, C) += dout^T inp: column-major dW' = inp' dout'^T, into the float32 gradient */
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, 1, C);
+    if (dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, 1, C);
     if (db) {
         int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
         float *part = cuda_scratch(&g_partial, &g_partial_cap, (size_t)chunks * OC);
