@@ -187,7 +187,8 @@ BlockShape gpt2_block_shape(const GPT2 *m, int B, int T, int training, uint64_t 
     BlockShape s = {.B = B, .T = T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = 4 * c->C, .causal = 1, .gelu = c->gelu,
                     .bias = c->bias, .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m,
                     .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->T,
-                    .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
+                    .dropout = training ? c->dropout : 0.0f, .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l,
+                    .attn_grads_only = m->w.attn_grads_only};
     return s;
 }
 
@@ -234,6 +235,7 @@ static void alloc_acts(GPT2 *m, int B, int T) {
 
 #define PARAM(off) (m->w.params + (off))
 #define GRAD(off) (m->w.grads + (off))
+#define GRAD_W(off) params_product_grad(&m->w, off) /* a product's weight or bias (nn/params.h) */
 #define HEAD_BIAS(c) (!(c)->tie && (c)->head_bias)
 #define SITE_EMB 0 /* dropout site of the embeddings; blocks use 1 + layer */
 
@@ -297,7 +299,7 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         crossentropy_backward(a->logits, a->logits, a->ce_lse, m->targets, (int)BT, c->V, -1, 0.0f,
                               loss_scale / (float)m->counted);
     dev_zero(a->dlnf, n * sizeof(act_t));
-    linear_backward(a->dlnf, GRAD(m->headw), HEAD_BIAS(c) ? GRAD(m->headb) : NULL, a->logits, a->lnf,
+    linear_backward(a->dlnf, GRAD_W(m->headw), HEAD_BIAS(c) ? GRAD_W(m->headb) : NULL, a->logits, a->lnf,
                     PARAM(m->headw), (int)BT, C, c->V);
     dev_zero(a->dres, n * sizeof(act_t));
     layernorm_backward(a->dres, GRAD(m->lnfw), c->bias ? GRAD(m->lnfb) : NULL, a->dlnf, last, PARAM(m->lnfw),

@@ -65,6 +65,7 @@ void runner_layer(Runner *r, int l, const char *prefix, int index, int causal) {
 
 void runner_setup(Runner *r, Params *w, const float *dev_pos, int npos, int C, const char *pos_kind) {
     r->w = w;
+    w->attn_grads_only = 1; /* the analyses' gradients are the projections' (runner_backward) */
     r->host_params = params_to_host(w, w->params);
     if (dev_pos) {
         size_t n = (size_t)npos * C;

@@ -48,7 +48,9 @@ struct Runner {
     int *targets;            /* host copy of the last batch's targets (rows); < 0: does not count */
     int rows;
     double (*forward)(Runner *r, int k, const BlockHook *hook);   /* mean loss over counted rows */
-    /* the model's backward from the d(objective)/d(logits) in dev_logits, into w->grads (zeroed first) */
+    /* the model's backward from the d(objective)/d(logits) in dev_logits, into w->grads (zeroed first): the
+     * self-attention projections' gradients, what the analyses read; the other products' weight gradients are
+     * skipped (w->attn_grads_only, nn/params.h), and stay zero */
     void (*backward)(Runner *r);
     /* token models (gpt2): forward on given tokens (B x T); NULL otherwise */
     double (*forward_tokens)(Runner *r, const int *x, const int *y, int B, int T, const BlockHook *hook);
@@ -76,7 +78,7 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
  * valid until the next call). */
 float *runner_logits(Runner *r);
 /* Backward from d(objective)/d(logits) given in host memory (rows x V):
- * parameter gradients in r->w->grads. */
+ * the self-attention projections' gradients in r->w->grads (Runner.backward). */
 void runner_backward(Runner *r, const float *dlogits);
 
 /* For the family runners, once the checkpoint is in w: the host copy of the

@@ -162,6 +162,9 @@ static const act_t *through_dropout(const BlockShape *s, BlockScratch *sc, const
 
 #define G(off) (grads + (off))
 #define GB(flag, off) ((flag) ? grads + (off) : NULL)
+/* the weight and bias gradients of a product other than the self-attention projections (attn_grads_only) */
+#define GW(off) (s->attn_grads_only ? NULL : G(off))
+#define GWB(flag, off) (s->attn_grads_only ? NULL : GB(flag, off))
 
 /* MLP sublayer backward: d(branch) in dout; adds d(input) into din. */
 static void mlp_backward(act_t *din, const act_t *dout, float *grads, const BlockActs *a, const act_t *in,
@@ -170,13 +173,13 @@ static void mlp_backward(act_t *din, const act_t *dout, float *grads, const Bloc
     size_t n = bt(s) * C, nm = bt(s) * s->mlp;
     const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_MLP_OUT);
     if (mlp_backward_fused(s)) { /* GELU's gradient in the product (one op) */
-        gelu_linear_backward(sc->dfch, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, a->fch, W(p->fcpw), N,
+        gelu_linear_backward(sc->dfch, GW(p->fcpw), GWB(s->bias, p->fcpb), dbranch, a->fch_act, a->fch, W(p->fcpw), N,
                              s->mlp, C);
-        linear_backward(din, G(p->fcw), GB(s->bias, p->fcb), sc->dfch, in, W(p->fcw), N, C, s->mlp);
+        linear_backward(din, GW(p->fcw), GWB(s->bias, p->fcb), sc->dfch, in, W(p->fcw), N, C, s->mlp);
         return;
     }
     dev_zero(sc->dfch_act, nm * sizeof(act_t));
-    linear_backward(sc->dfch_act, G(p->fcpw), GB(s->bias, p->fcpb), dbranch, a->fch_act, W(p->fcpw), N, s->mlp, C);
+    linear_backward(sc->dfch_act, GW(p->fcpw), GWB(s->bias, p->fcpb), dbranch, a->fch_act, W(p->fcpw), N, s->mlp, C);
     act_t *dact = sc->dfch_act, *dpre = sc->dfch;
     if (s->mlp_dropout && s->dropout > 0.0f) { /* back through the inner dropout into dfch, then swap */
         dev_zero(sc->dfch, nm * sizeof(act_t));
@@ -189,7 +192,7 @@ static void mlp_backward(act_t *din, const act_t *dout, float *grads, const Bloc
         gelu_backward(dpre, a->fch, dact, nm);
     else
         relu_backward(dpre, a->fch, dact, nm);
-    linear_backward(din, G(p->fcw), GB(s->bias, p->fcb), dpre, in, W(p->fcw), N, C, s->mlp);
+    linear_backward(din, GW(p->fcw), GWB(s->bias, p->fcb), dpre, in, W(p->fcw), N, C, s->mlp);
 }
 
 /* Attention sublayer backward: d(branch) in dout; adds d(input) into din. */
@@ -200,7 +203,7 @@ static void attention_backward_sublayer(act_t *din, const act_t *dout, float *gr
     size_t n = bt(s) * C;
     const act_t *dbranch = through_dropout(s, sc, dout, n, SITE_ATTN_OUT);
     dev_zero(sc->datty, n * sizeof(act_t));
-    linear_backward(sc->datty, G(p->projw), GB(s->bias, p->projb), dbranch, a->atty, W(p->projw), N, C, C);
+    linear_backward(sc->datty, GW(p->projw), GWB(s->bias, p->projb), dbranch, a->atty, W(p->projw), N, C, C);
     dev_zero(sc->dproj, bt(s) * (size_t)PW * sizeof(act_t));
     AttnArgs args = attn_args(s);
     AttnPos pos = attn_pos(params, p, s);
@@ -310,14 +313,14 @@ void decblock_backward(act_t *dres, act_t *dmem, float *grads, const DecBlockAct
     /* cross-attention: d(h2) -> d(h1), and into the encoder output */
     const act_t *dbranch = through_dropout(s, bs, dres, n, SITE_CROSS_OUT);
     dev_zero(bs->datty, n * sizeof(act_t));
-    linear_backward(bs->datty, G(p->xprojw), GB(s->bias, p->xprojb), dbranch, a->xatty, W(p->xprojw), N, C, C);
+    linear_backward(bs->datty, GW(p->xprojw), GWB(s->bias, p->xprojb), dbranch, a->xatty, W(p->xprojw), N, C, C);
     dev_zero(sc->dxq, n * sizeof(act_t));
     dev_zero(sc->dxkv, (size_t)s->B * S * 2 * C * sizeof(act_t));
     CrossAttnArgs xa = cross_args(s, S, src_pad);
     cross_attention_backward(sc->dxq, sc->dxkv, bs->datty, a->xq, a->xkv, a->xatty, a->xlse, &xa);
-    linear_backward(dmem, G(p->xkvw), GB(s->bias, p->xkvb), sc->dxkv, mem, W(p->xkvw), s->B * S, C, 2 * C);
+    linear_backward(dmem, GW(p->xkvw), GWB(s->bias, p->xkvb), sc->dxkv, mem, W(p->xkvw), s->B * S, C, 2 * C);
     dev_zero(bs->dln, n * sizeof(act_t));
-    linear_backward(bs->dln, G(p->xqw), GB(s->bias, p->xqb), sc->dxq, a->lnx, W(p->xqw), N, C, C);
+    linear_backward(bs->dln, GW(p->xqw), GWB(s->bias, p->xqb), sc->dxq, a->lnx, W(p->xqw), N, C, C);
     layernorm_backward(dres, G(p->lnxw), GB(s->bias, p->lnxb), bs->dln, b->res2, W(p->lnxw), a->lnx_mean,
                        a->lnx_rstd, N, C);
     /* self-attention: d(h1) -> d(x) */

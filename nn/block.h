@@ -60,6 +60,7 @@ struct BlockShape {
     float dropout;                 /* 0 outside training */
     uint64_t seed;                 /* dropout seed of this block for this step */
     const BlockHook *hook;         /* analysis hooks (NULL: none) */
+    int attn_grads_only;           /* backward: of the products' weight gradients, the projections' only (params.h) */
     int layer;                     /* self-attention layer index the hooks see */
 };
 

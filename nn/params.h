@@ -59,7 +59,19 @@ typedef struct {
      * that it can sum the finished gradients while the pass goes on; NULL otherwise */
     ParamsGradsFinal grads_final;
     void *grads_final_ctx;
+    /* set by an analysis that differentiates through the self-attention projections only (mechint's masks,
+     * mechint/runner.h): the families' backward passes then skip the weight gradients of every other matrix
+     * product (the output projection, the MLP, cross-attention, heads, patch and input layers), which stay as
+     * they were (zero after params_zero_grad), saving a quarter of the pass's work. Input gradients, and the
+     * LayerNorm, embedding and position gradients, are computed as always. 0 in training. */
+    int attn_grads_only;
 } Params;
+
+/* The gradient at `offset` of a matrix product's weight or bias other than the self-attention projections, for
+ * linear_backward: NULL (skip it) when attn_grads_only is set. */
+static inline float *params_product_grad(const Params *p, size_t offset) {
+    return p->attn_grads_only ? NULL : p->grads + offset;
+}
 
 /* Allocates the four buffers for the table built in p->table (zeroed). */
 void params_alloc(Params *p);

@@ -195,7 +195,7 @@ static BlockShape shape(const S2S *m, int B, int T, int causal, int post_ln, con
                     .post_ln = post_ln, .mlp_dropout = c->mlp_dropout, .bias = 1, .attn_bias = 1, .pos = c->pos,
                     .pos_m = c->pos_m, .pos_groups = c->pos_groups, .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->Tmax,
                     .key_pad = key_pad, .dropout = training ? c->dropout : 0.0f, .seed = seed, .hook = m->hook,
-                    .layer = layer};
+                    .layer = layer, .attn_grads_only = m->w.attn_grads_only};
     return s;
 }
 
@@ -271,6 +271,7 @@ static void layout(S2S *m, int B, int S, int T) {
 
 #define PARAM(off) (m->w.params + (off))
 #define GRAD(off) (m->w.grads + (off))
+#define GRAD_W(off) params_product_grad(&m->w, off) /* a product's weight or bias (nn/params.h) */
 enum { SITE_SRC = 0, SITE_TGT = 1, SITE_HEAD = 2, SITE_ENC = 16, SITE_DEC = 1024 };
 
 static void pad_mask(unsigned char *mask, const int *tok, size_t n, int pad) {
@@ -402,7 +403,7 @@ static void encode_backward(S2S *m, act_t *dres) {
         params_grads_final_from(&m->w, m->enc[l].first); /* the decoder, heads and later blocks are done */
     }
     if (c->onehot) {
-        linear_backward(NULL, GRAD(m->inw), GRAD(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
+        linear_backward(NULL, GRAD_W(m->inw), GRAD_W(m->inb), dres, a->onehot, PARAM(m->inw), (int)BS, c->Vs, c->C);
         return;
     }
     const act_t *demb = dres;
@@ -429,7 +430,7 @@ void s2s_backward(S2S *m, float loss_scale) {
         dev_zero(a->dres, BS * C * sizeof(act_t));
         if (c->head_mlp) {
             dev_zero(a->dtmp, BS * C * sizeof(act_t));
-            linear_backward(a->dtmp, GRAD(m->houtw), GRAD(m->houtb), a->logits, a->hact, PARAM(m->houtw), (int)BS,
+            linear_backward(a->dtmp, GRAD_W(m->houtw), GRAD_W(m->houtb), a->logits, a->hact, PARAM(m->houtw), (int)BS,
                             c->C, c->Vt);
             const act_t *dact = a->dtmp;
             if (m->fwd_training && c->dropout > 0.0f) {
@@ -443,9 +444,10 @@ void s2s_backward(S2S *m, float loss_scale) {
             dev_zero(a->dtmp, BS * C * sizeof(act_t));
             layernorm_backward(a->dtmp, GRAD(m->hlnw), GRAD(m->hlnb), a->dtmp3, a->hfc, PARAM(m->hlnw), a->hln_mean,
                                a->hln_rstd, (int)BS, c->C);
-            linear_backward(a->dres, GRAD(m->hfcw), GRAD(m->hfcb), a->dtmp, mem, PARAM(m->hfcw), (int)BS, c->C, c->C);
+            linear_backward(a->dres, GRAD_W(m->hfcw), GRAD_W(m->hfcb), a->dtmp, mem, PARAM(m->hfcw), (int)BS, c->C,
+                            c->C);
         } else {
-            linear_backward(a->dres, GRAD(m->houtw), GRAD(m->houtb), a->logits, mem, PARAM(m->houtw), (int)BS, c->C,
+            linear_backward(a->dres, GRAD_W(m->houtw), GRAD_W(m->houtb), a->logits, mem, PARAM(m->houtw), (int)BS, c->C,
                             c->Vt);
         }
         encode_backward(m, a->dres);
@@ -453,7 +455,8 @@ void s2s_backward(S2S *m, float loss_scale) {
     }
     /* decoder: logits -> generator -> final LayerNorm -> blocks; memory gradients gather in dmem */
     dev_zero(a->dtmp, BT * C * sizeof(act_t));
-    linear_backward(a->dtmp, GRAD(m->genw), GRAD(m->genb), a->logits, a->yout, PARAM(m->genw), (int)BT, c->C, c->Vt);
+    linear_backward(a->dtmp, GRAD_W(m->genw), GRAD_W(m->genb), a->logits, a->yout, PARAM(m->genw), (int)BT, c->C,
+                    c->Vt);
     const act_t *last = a->dec[c->L_dec - 1].b.out;
     dev_zero(a->dres, BT * C * sizeof(act_t));
     layernorm_backward(a->dres, GRAD(m->dec_lnfw), GRAD(m->dec_lnfb), a->dtmp, last, PARAM(m->dec_lnfw),

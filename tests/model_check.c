@@ -167,3 +167,62 @@ RefPositions ref_layer_positions(const double *P, const BlockParams *lp) {
                        CONFIG_POSITION_REL_MAX_DISTANCE};
     return pe;
 }
+
+/* the index of the tensor at offset `off` of w's table, or -1 */
+static int spec_at(const ParamTable *t, size_t off) {
+    for (int i = 0; i < t->n; i++)
+        if (t->specs[i].offset == off) return i;
+    return -1;
+}
+
+/* whether the n floats at a are all zero */
+static int all_zero(const float *a, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (a[k] != 0.0f) return 0;
+    return 1;
+}
+
+int attn_grads_only_errors(const char *name, Params *w, void (*pass)(void *ctx), void *ctx,
+                           const BlockParams *const *blocks, int nblocks) {
+    const ParamTable *t = &w->table;
+    pass(ctx);
+    float *full = params_to_host(w, w->grads);
+    w->attn_grads_only = 1;
+    pass(ctx);
+    w->attn_grads_only = 0;
+    float *only = params_to_host(w, w->grads);
+    int bad = 0, P = attn_num_proj(ATTN_VARIANT);
+    for (int l = 0; l < nblocks; l++) {
+        const BlockParams *b = blocks[l];
+        /* the projections: P weight blocks from attnw, and P bias blocks from attnb where the model has them */
+        int iw = spec_at(t, b->attnw), ib = spec_at(t, b->attnb);
+        int biased = ib >= 0 && strstr(t->specs[ib].name, "attn.") && str_ends_with(t->specs[ib].name, ".bias");
+        for (int k = 0; k < P * (biased ? 2 : 1); k++) {
+            int i = (k < P ? iw : ib) + k % P;
+            const ParamSpec *s = iw >= 0 && i < t->n ? &t->specs[i] : NULL;
+            if (!s || !strstr(s->name, "attn.")) {
+                printf("  %s: block %d: no projection tensor %d after %s\n", name, l, k % P, s ? s->name : "?"), bad++;
+                continue;
+            }
+            if (memcmp(full + s->offset, only + s->offset, s->numel * sizeof(float)))
+                printf("  %s: %s: its gradient differs without the other products' weight gradients\n", name,
+                       s->name), bad++;
+        }
+        /* the products the flag skips: zero with it, not without it (else the comparison shows nothing) */
+        const size_t skipped[3] = {b->projw, b->fcw, b->fcpw};
+        for (int k = 0; k < 3; k++) {
+            int i = spec_at(t, skipped[k]);
+            if (i < 0) {
+                printf("  %s: block %d: no tensor at offset %zu\n", name, l, skipped[k]), bad++;
+                continue;
+            }
+            const ParamSpec *s = &t->specs[i];
+            if (!all_zero(only + s->offset, s->numel) || all_zero(full + s->offset, s->numel))
+                printf("  %s: %s: gradient %s with attn_grads_only, %s without\n", name, s->name,
+                       all_zero(only + s->offset, s->numel) ? "zero" : "not zero",
+                       all_zero(full + s->offset, s->numel) ? "zero" : "not zero"), bad++;
+        }
+    }
+    free(full), free(only);
+    return bad;
+}

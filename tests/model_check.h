@@ -23,6 +23,15 @@ float *perturb_params(Params *w, float scale);
 int gradcheck(const char *name, const Params *w, double *P, double (*loss)(void *ctx), void *ctx, int samples,
               double *worst_rel);
 
+/* An analysis's backward pass (Params.attn_grads_only, nn/params.h) against training's: runs `pass` (a forward
+ * and backward pass of the model, gradients zeroed first) without and then with the flag. The self-attention
+ * projections' gradients (the attn_num_proj weight tensors from each block's attnw, and the bias tensors from
+ * attnb where the model has them) must be bit-identical; the output projection's and the MLP's weight gradients
+ * zero with the flag and not without it. blocks: the model's nblocks self-attention blocks. Prints what is off;
+ * returns how many. */
+int attn_grads_only_errors(const char *name, Params *w, void (*pass)(void *ctx), void *ctx,
+                           const BlockParams *const *blocks, int nblocks);
+
 /* The layout of a model's parameter table (nn/params.h), printing what is wrong; returns how many things are:
  * tensors in order without overlap; each starting at a multiple of PARAM_ALIGN floats, except the later blocks
  * of a fused attention weight or bias ("...attn.k.weight" right after "...attn.q.weight"), which follow their

@@ -191,6 +191,20 @@ static void scale_params(GPT2 *m, float f) {
     free(p);
 }
 
+/* One forward and backward pass on given tokens (attn_grads_only_errors) */
+typedef struct {
+    GPT2 *m;
+    const int *in, *tg;
+    int B, T;
+} Pass;
+
+static void pass(void *v) {
+    Pass *p = v;
+    gpt2_forward(p->m, p->in, p->tg, p->B, p->T, 1, 0);
+    params_zero_grad(&p->m->w);
+    gpt2_backward(p->m, 1.0f);
+}
+
 static void model_case(const char *name, GPT2Config c, int B, int T) {
     GPT2 m;
     gpt2_init(&m, &c, 7);
@@ -224,6 +238,13 @@ static void model_case(const char *name, GPT2Config c, int B, int T) {
     CHECK(loss2 == loss && memcmp(g1, g2, m.w.table.total * sizeof(float)) == 0,
           "%s: repeated forward/backward is bit-identical", name);
     free(g1), free(g2), free(hp);
+    /* an analysis's pass (mechint's masks): the attention projections' gradients alone, the same bits */
+    Pass ps = {&m, in, tg, B, T};
+    const BlockParams **bl = xmalloc((size_t)c.L * sizeof *bl);
+    for (int l = 0; l < c.L; l++) bl[l] = &m.layer[l];
+    CHECK(attn_grads_only_errors(name, &m.w, pass, &ps, bl, c.L) == 0, "%s: with attn_grads_only the projections' "
+          "gradients are the same bits, the output projection's and the MLP's skipped", name);
+    free(bl);
     free(r.P);
     free(in);
     free(tg);

@@ -451,6 +451,20 @@ static double ref_loss(void *vctx) {
     return loss;
 }
 
+/* One forward and backward pass on given sequences (attn_grads_only_errors) */
+typedef struct {
+    S2S *m;
+    const int *src, *tin, *tout;
+    int S, T, B;
+} Pass;
+
+static void pass(void *v) {
+    Pass *p = v;
+    s2s_forward(p->m, p->src, p->S, p->tin, p->tout, p->T, p->B, 1, 99);
+    params_zero_grad(&p->m->w);
+    s2s_backward(p->m, 1.0f);
+}
+
 static void model_case(const char *name, S2SConfig c, const int *src, int S, const int *tin, const int *tout, int T,
                        int B) {
     S2S m;
@@ -469,6 +483,15 @@ static void model_case(const char *name, S2SConfig c, const int *src, int S, con
           bad, m.w.table.n, worst_rel);
     CHECK(param_layout_errors(name, &m.w) == 0, "%s: %zu parameters in %zu floats: tensors aligned, fused blocks "
           "adjacent, the gaps zero after a backward pass", name, m.w.table.count, m.w.table.total);
+    /* an analysis's pass (mechint's masks): the self-attention projections' gradients alone, the same bits */
+    Pass ps = {&m, src, tin, tout, S, T, B};
+    int nb = c.L_enc + (c.decoder ? c.L_dec : 0);
+    const BlockParams **bl = xmalloc((size_t)nb * sizeof *bl);
+    for (int l = 0; l < nb; l++) bl[l] = l < c.L_enc ? &m.enc[l] : &m.dec[l - c.L_enc].b;
+    CHECK(attn_grads_only_errors(name, &m.w, pass, &ps, bl, nb) == 0, "%s: with attn_grads_only the "
+          "self-attention projections' gradients are the same bits, the output projection's and the MLP's skipped",
+          name);
+    free(bl);
     free(r.P), free(hp);
     s2s_free(&m);
 }

@@ -140,6 +140,20 @@ static double ref_loss(void *vctx) {
     return loss;
 }
 
+/* One forward and backward pass on given patches (attn_grads_only_errors) */
+typedef struct {
+    ViT *m;
+    const float *patches;
+    int *labels, B;
+} Pass;
+
+static void pass(void *v) {
+    Pass *p = v;
+    vit_forward(p->m, p->patches, p->labels, p->B, 1, 0);
+    params_zero_grad(&p->m->w);
+    vit_backward(p->m, 1.0f);
+}
+
 static void model_case(const char *name, ViTConfig c) {
     ViT m;
     vit_init(&m, &c, 5);
@@ -163,6 +177,13 @@ static void model_case(const char *name, ViTConfig c) {
           bad, m.w.table.n, worst_rel);
     CHECK(param_layout_errors(name, &m.w) == 0, "%s: %zu parameters in %zu floats: tensors aligned, fused blocks "
           "adjacent, the gaps zero after a backward pass", name, m.w.table.count, m.w.table.total);
+    /* an analysis's pass (mechint's masks): the attention projections' gradients alone, the same bits */
+    Pass ps = {&m, patches, labels, B};
+    const BlockParams **bl = xmalloc((size_t)c.L * sizeof *bl);
+    for (int l = 0; l < c.L; l++) bl[l] = &m.layer[l];
+    CHECK(attn_grads_only_errors(name, &m.w, pass, &ps, bl, c.L) == 0, "%s: with attn_grads_only the projections' "
+          "gradients are the same bits, the output projection's and the MLP's skipped", name);
+    free(bl);
     free(r.P), free(r.patches), free(patches), free(hp);
     vit_free(&m);
 }

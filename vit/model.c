@@ -210,7 +210,8 @@ static BlockShape block_shape(const ViT *m, int B, int training, uint64_t seed, 
     BlockShape s = {.B = B, .T = c->T, .C = c->C, .H = c->H, .kv_heads = c->kv_heads, .mlp = c->mlp, .causal = 0, .gelu = 1, .bias = 1,
                     .attn_bias = c->attn_bias, .pos = c->pos, .pos_m = c->pos_m, .pos_groups = c->pos_groups,
                     .pos_feat = m->pos_feat, .rope = m->rope, .pos_T = c->T, .dropout = training ? c->dropout : 0.0f,
-                    .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l};
+                    .seed = dropout_seed(seed, 0, 1 + (uint64_t)l), .hook = m->hook, .layer = l,
+                    .attn_grads_only = m->w.attn_grads_only};
     return s;
 }
 
@@ -261,6 +262,7 @@ static void layout_acts(ViT *m, int B) {
 
 #define PARAM(off) (m->w.params + (off))
 #define GRAD(off) (m->w.grads + (off))
+#define GRAD_W(off) params_product_grad(&m->w, off) /* a product's weight or bias (nn/params.h) */
 #define SITE_EMB 0
 
 /* the output of the encoder the pooling reads */
@@ -346,12 +348,12 @@ void vit_backward(ViT *m, float loss_scale) {
                               loss_scale / (float)m->counted);
     dev_zero(a->dpooled, (size_t)B * C * sizeof(act_t));
     if (c->head_mlp) {
-        gelu_linear_backward(a->dhfc, GRAD(m->headw), GRAD(m->headb), a->logits, a->hact, a->hfc, PARAM(m->headw), B,
-                             c->mlp, c->classes);
-        linear_backward(a->dpooled, GRAD(m->headfcw), GRAD(m->headfcb), a->dhfc, a->pooled, PARAM(m->headfcw), B, C,
+        gelu_linear_backward(a->dhfc, GRAD_W(m->headw), GRAD_W(m->headb), a->logits, a->hact, a->hfc, PARAM(m->headw),
+                             B, c->mlp, c->classes);
+        linear_backward(a->dpooled, GRAD_W(m->headfcw), GRAD_W(m->headfcb), a->dhfc, a->pooled, PARAM(m->headfcw), B, C,
                         c->mlp);
     } else {
-        linear_backward(a->dpooled, GRAD(m->headw), GRAD(m->headb), a->logits, a->pooled, PARAM(m->headw), B, C,
+        linear_backward(a->dpooled, GRAD_W(m->headw), GRAD_W(m->headb), a->logits, a->pooled, PARAM(m->headw), B, C,
                         c->classes);
     }
     /* pooling -> encoder output (through the final LayerNorm when there is one) */
@@ -380,6 +382,7 @@ void vit_backward(ViT *m, float loss_scale) {
     tokens_embed_backward(a->dpemb, c->cls ? GRAD(m->clstok) : NULL,
                           ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? GRAD(m->posemb) : NULL, demb, B, c->T, C);
     /* the patches are data: no input gradient */
-    linear_backward(NULL, GRAD(m->patchw), GRAD(m->patchb), a->dpemb, a->patches, PARAM(m->patchw), B * c->N, pd, C);
+    linear_backward(NULL, GRAD_W(m->patchw), GRAD_W(m->patchb), a->dpemb, a->patches, PARAM(m->patchw), B * c->N, pd,
+                    C);
 }
 
