@@ -25,7 +25,7 @@ SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
 # Goals that work without a .config.
 no-config-goals := help menuconfig oldconfig olddefconfig savedefconfig defconfig-% clean mrproper \
-                   deps test bench bench-decode check-config check-act paper paper-report
+                   deps test bench bench-decode cuda-resources check-config check-act paper paper-report
 need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOALS)),all)
 
 # ---------------------------------------------------------------- configuration
@@ -157,7 +157,7 @@ check-act: deps
 
 # ---------------------------------------------------------------- tests, benchmarks
 
-.PHONY: test bench bench-decode
+.PHONY: test bench bench-decode cuda-resources
 
 test: deps
 	@$(PYTHON) tests/run_tests.py $(if $(filter 1,$(SANITIZE)),--sanitize)
@@ -174,6 +174,11 @@ bench: deps
 bench-decode: deps
 	@$(PYTHON) scripts/bench.py --only decode $(if $(TARGET),--target "$(TARGET)") \
 		$(if $(PRECISION),--precision "$(PRECISION)") $(BENCH_ARGS)
+
+# What every CUDA kernel holds (registers, the warps an SM keeps by them, stack frame and spills), read off ptxas
+# at build time, no GPU needed: scripts/cuda_resources.py (PRECISION=fp32|tf32|bf16|bf16-matmul, ARCH=80|86|89|90|100).
+cuda-resources: deps
+	@$(PYTHON) scripts/cuda_resources.py $(if $(PRECISION),--precision "$(PRECISION)") $(if $(ARCH),--arch "$(ARCH)")
 
 # ---------------------------------------------------------------- analysis
 
@@ -232,6 +237,8 @@ help:
 	@echo "                   BENCH_ARGS=\"--peer torch\": beside PyTorch running the same model)"
 	@echo "  bench-decode     cached-generation tok/s and KV-cache bytes/token of every variant and K/V head"
 	@echo "                   count: output/bench/decode.json (BENCH_ARGS=...: more scripts/bench.py options)"
+	@echo "  cuda-resources   registers, occupancy by registers, stack and spills of every CUDA kernel, from the"
+	@echo "                   compiler, no GPU needed (PRECISION=..., ARCH=90): output/bench/resources-*.json"
 	@echo "  mechint          analyse the KV circuits of every checkpoint of this run (MODELS=DIR: another folder)"
 	@echo "  wandb-sync       upload spooled W&B runs of this run (MODELS=DIR: another folder)"
 	@echo "  paper            run the paper's experiments (quick forms; PAPER=full, ONLY=table3,fig6) and write"
