@@ -962,6 +962,66 @@ def cuda_config_tests(build_root, builds, env, emulated=False):
         runner.shutdown()
 
 
+# ptxas's report of two kernels, as nvcc --resource-usage writes it, and what scripts/cuda_resources.py reads off it
+PTXAS_SAMPLE = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z10dkv_kernelILi1EfLb0EEv6AttnIOIT0_EPKS1_imPKfS6_8RoleGradIS1_ES8_PfS9_' for 'sm_90'
+ptxas info    : Function properties for _Z10dkv_kernelILi1EfLb0EEv6AttnIOIT0_EPKS1_imPKfS6_8RoleGradIS1_ES8_PfS9_
+    96 bytes stack frame, 36 bytes spill stores, 52 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 96 bytes cumulative stack size
+ptxas info    : Compile time = 149.553 ms
+ptxas info    : Compiling entry function '_Z18mma_forward_kernelILi4E13__nv_bfloat16Ev6AttnIOIT0_EPS1_imPf' for 'sm_90'
+ptxas info    : Function properties for _Z18mma_forward_kernelILi4E13__nv_bfloat16Ev6AttnIOIT0_EPS1_imPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 132 registers, used 1 barriers, 1024 bytes smem
+ptxas info    : Compile time = 97.688 ms
+"""
+# what GPT-2 124M's training step runs at head dim 64 (NT 4) in each tensor-core precision: the WMMA kernels in
+# TF32, the kernels with the scores in registers in bf16 (docs/cuda.md)
+HD64_KERNELS = {"CUDA_TF32": ("tc_forward_kernel<4,", "tc_dq_kernel<4,", "tc_dkv_kernel<4,"),
+                "CUDA_BF16_MATMUL": ("mma_forward_kernel<4,", "mma_dq_kernel<4,", "mma_dkv_kernel<4,"),
+                "CUDA_BF16": ("mma_forward_kernel<4,", "mma_dq_kernel<4,", "mma_dkv_kernel<4,")}
+
+
+def kernel_resources(sym, bdir):
+    """make cuda-resources (scripts/cuda_resources.py) on a precision's build: ptxas's report of every kernel is
+    beside the objects and read whole; the attention kernels of GPT-2 124M's step at head dim 64 and every kernel
+    of the other ops keep everything in registers (no stack frame: no spill, no array in local memory)."""
+    import cuda_resources as res  # scripts/cuda_resources.py
+    if sym == CUDA_TC_PRECISIONS[0][1]:  # the arithmetic and the parser, on known answers, once
+        # the occupancy calculator's rule on sm_90: 64K registers, 256 a warp at a time, warps in fours, 64 at most
+        got = {(r, a): res.warps_by_registers(r, a) for r, a in ((132, "90"), (128, "90"), (164, "90"), (244, "90"),
+                                                                   (255, "90"), (72, "90"), (32, "90"), (32, "86"))}
+        want = {(132, "90"): 12, (128, "90"): 16, (164, "90"): 12, (244, "90"): 8, (255, "90"): 8, (72, "90"): 28,
+                (32, "90"): 64, (32, "86"): 48}
+        R.check(got == want, f"cuda_resources: warps an SM keeps by registers: {got}")
+        ks = [{k: v for k, v in r.items() if k != "mangled"} for r in res.parse_ptxas(PTXAS_SAMPLE)]
+        R.check(ks == [{"kernel": "dkv_kernel<1, float, false>", "registers": 64, "stack": 96, "spill_stores": 36,
+                        "spill_loads": 52, "shared": 0},
+                       {"kernel": "mma_forward_kernel<4, bf16>", "registers": 132, "stack": 0, "spill_stores": 0,
+                        "spill_loads": 0, "shared": 1024}], f"cuda_resources: ptxas's report read: {ks}")
+    try:
+        files = res.read_build(bdir)
+    except OSError as e:
+        R.check(False, f"{sym}: ptxas's report beside each CUDA object (scripts/Makefile.build): {e}")
+        return
+    entries = {src: len(re.findall(r"Compiling entry function",
+                                   open(os.path.join(bdir, "kernels", "cuda", src[:-3] + ".o.ptxas")).read()))
+               for src in files}
+    R.check(all(len(files[src]) == n for src, n in entries.items()) and len(files.get("attention.cu", [])) > 20,
+            f"{sym}: every kernel of ptxas's report read: {[(s, len(files[s]), n) for s, n in entries.items()]}")
+    att = {k["kernel"]: k for k in files.get("attention.cu", [])}
+    hot = {prefix: [k for name, k in att.items() if name.startswith(prefix)] for prefix in HD64_KERNELS[sym]}
+    R.check(all(hot.values()) and all(not k["stack"] for ks in hot.values() for k in ks),
+            f"{sym}: GPT-2 124M's attention kernels at head dim 64 keep everything in registers (no stack frame): "
+            f"{[(k['kernel'], k['registers'], k['stack']) for ks in hot.values() for k in ks]}")
+    ops = [k for src in ("ops.cu", "backend.cu") for k in files.get(src, [])]
+    R.check(ops and not [k for k in ops if k["stack"]], f"{sym}: the other ops' kernels have no stack frame: "
+            f"{[(k['kernel'], k['stack']) for k in ops if k['stack']]}")
+    print(f"  {sym}, sm_90, head dim 64, registers (warps an SM keeps by them): " +
+          ", ".join(f"{k['kernel']} {k['registers']} ({res.warps_by_registers(k['registers'], '90')})"
+                    for ks in hot.values() for k in ks))
+
+
 def cuda_kconfig(build_root, gpu):
     """Each GPU architecture choice reaches nvcc as its -gencode; native asks nvidia-smi and, without a GPU,
     stops the build with one line. Each precision choice compiles (the backend's matmuls, attention and name)."""
@@ -984,6 +1044,7 @@ def cuda_kconfig(build_root, gpu):
                 lt = set(re.findall(r"\bcublasLt\w+", run(["nm", "-u", ops]).stdout))
                 R.check("cublasLtMatmul" in lt, f"{sym}: CONFIG_CUDA_LT_EPILOGUE (default y) reaches the code: "
                         f"the backend calls cublasLtMatmul: {sorted(lt)}")
+                kernel_resources(sym, bdir)
     # CONFIG_CUDA_LT_EPILOGUE off: no cuBLASLt call in the backend, and libcublasLt not linked
     bdir = os.path.join(build_root, "tests-cuda", "lt-off")
     frag = write_fragment(bdir + ".frag",
