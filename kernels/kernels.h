@@ -246,7 +246,12 @@ double clip_grad_norm(float *grad, size_t n, double max_norm);
  * returns the totals: one row per op (part NULL) and one per (op, part), in
  * order of first use; *rows lives until the next kprof_start. Without a
  * profile running it returns 0 rows (and *rows NULL). Off, an op costs two
- * calls that test a flag. Host code only, one host thread. */
+ * calls that test a flag. Host code only, one host thread.
+ * Each time the host waits for a GPU inside an op (a download; an upload
+ * whose host buffer is reused at once; the value an op returns), the
+ * backend ends a part named KPROF_HOST_WAIT: a profile counts a step's
+ * round trips by those parts' calls (profile_json's "host_waits"). */
+#define KPROF_HOST_WAIT "host wait"
 typedef struct {
     const char *op, *part; /* interface function; kernel or cuBLAS call inside it (GPU), NULL for the op itself */
     long calls;

@@ -511,6 +511,9 @@ def profile_table(runs, path, top=14):
     for title, value in (("all ops", lambda p: p["ops_ms"]), ("profiled step", lambda p: p["step_ms"])):
         print(f"{title:44s}" + "".join(f" {value(prof[v]):9.2f} {share(value(prof[v]), prof[v]):5.1f}%"
                                         for v in names))
+    if any(p.get("host_waits") for p in prof.values()):  # a GPU's round trips: each ends a part "host wait"
+        print(f"{'host waits for the device (calls)':44s}" + "".join(f" {prof[v].get('host_waits', 0):16g}"
+                                                                      for v in names))
     if len(ops) > top:
         print(f"({len(ops) - top} more ops in {os.path.relpath(path, REPO) if path.startswith(REPO) else path})")
     parts = sorted({(r["op"], r["part"]) for p in prof.values() for r in p["rows"] if "part" in r},

@@ -53,11 +53,15 @@ static int by_ms(const void *a, const void *b) {
 
 cJSON *profile_json(const KprofRow *rows, int n, int steps, double step_ms) {
     cJSON *o = cJSON_CreateObject();
-    double ops_ms = 0.0;
-    for (int i = 0; i < n; i++) ops_ms += rows[i].part ? 0.0 : rows[i].ms / steps;
+    double ops_ms = 0.0, waits = 0.0;
+    for (int i = 0; i < n; i++) {
+        ops_ms += rows[i].part ? 0.0 : rows[i].ms / steps;
+        if (rows[i].part && !strcmp(rows[i].part, KPROF_HOST_WAIT)) waits += (double)rows[i].calls / steps;
+    }
     cJSON_AddNumberToObject(o, "steps", steps);
     cJSON_AddNumberToObject(o, "step_ms", step_ms);
     cJSON_AddNumberToObject(o, "ops_ms", ops_ms);
+    cJSON_AddNumberToObject(o, "host_waits", waits);
     cJSON *arr = cJSON_AddArrayToObject(o, "rows");
     for (int i = 0; i < n; i++) {
         cJSON *x = cJSON_CreateObject();
@@ -109,7 +113,19 @@ static void report(TrainRun *r) {
     double ops_ms = cJSON_GetObjectItem(o, "ops_ms")->valuedouble;
     printf("  %-44s %10s %10.3f %6.1f%%\n", "all ops (the rest: host work between them)", "", ops_ms,
            step_ms > 0 ? 100.0 * ops_ms / step_ms : 0.0);
-    if (parts) printf("  kernels and cuBLAS products inside the ops:\n");
+    double waits = cJSON_GetObjectItem(o, "host_waits")->valuedouble;
+    if (parts) {
+        /* the ops in which the host waited for the device (a GPU's round trips), then the kernels */
+        printf("  host waits for the device: %.4g a step", waits);
+        const char *sep = " (";
+        for (int i = ops; i < n; i++)
+            if (!strcmp(rows[i].part, KPROF_HOST_WAIT)) {
+                printf("%s%s %.4g", sep, rows[i].op, (double)rows[i].calls / steps);
+                sep = ", ";
+            }
+        printf("%s\n", waits ? ")" : "");
+        printf("  kernels and cuBLAS products inside the ops:\n");
+    }
     for (int i = ops, k = 0; i < n && k < PROFILE_TOP; i++, k++) { /* the parts follow the ops (by_ms) */
         char name[160];
         snprintf(name, sizeof name, "%s / %s", rows[i].op, rows[i].part);
