@@ -278,18 +278,22 @@ static void pad_mask(unsigned char *mask, const int *tok, size_t n, int pad) {
     for (size_t i = 0; i < n; i++) mask[i] = pad >= 0 && tok[i] == pad;
 }
 
-/* Encoder: src (B, S) -> a->mem (after the final LayerNorm of pre-LN models). */
-static const act_t *encode(S2S *m, int B, int S, int training) {
+/* Encoder: src (B, S), in host memory and already uploaded to m->src, -> a->mem (after the final LayerNorm of
+ * pre-LN models). The one-hot input is built from the host's copy: reading m->src back would be a round trip. */
+static const act_t *encode(S2S *m, const int *src, int B, int S, int training) {
     const S2SConfig *c = &m->cfg;
     S2SActs *a = &m->acts;
     size_t BS = (size_t)B * S, n = BS * c->C;
     if (c->onehot) {
-        int *src = xmalloc(BS * sizeof(int));
-        dev_download(src, m->src, BS * sizeof(int));
         float *oh = xcalloc(BS * c->Vs, sizeof(float));
-        for (size_t i = 0; i < BS; i++) oh[i * c->Vs + src[i]] = 1.0f;
+        for (size_t i = 0; i < BS; i++) {
+            if (src[i] < 0 || src[i] >= c->Vs)
+                FATAL("s2s_forward: source token %d at index %zu outside [0, %d) (hint: the batch's ids come from "
+                      "the task generator, seq2seq/tasks.c, whose vocabulary must be the model's)", src[i], i, c->Vs);
+            oh[i * c->Vs + src[i]] = 1.0f;
+        }
         act_upload(a->onehot, oh, BS * c->Vs);
-        free(oh), free(src);
+        free(oh);
         linear_forward(a->dtmp, a->onehot, PARAM(m->inw), PARAM(m->inb), (int)BS, c->Vs, c->C);
         tokens_embed_forward(a->x0, a->dtmp, NULL, m->pe, B, S, c->C);
     } else {
@@ -325,7 +329,7 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
     dev_upload(m->src, src, BS * sizeof(int));
     pad_mask(mask, src, BS, c->pad);
     dev_upload(m->src_pad, mask, BS);
-    const act_t *mem = encode(m, B, S, training);
+    const act_t *mem = encode(m, src, B, S, training);
     const act_t *final;
     size_t Nout;
     if (!c->decoder) {
@@ -543,7 +547,7 @@ void s2s_decode(S2S *m, const int *src, int S, int B, int beam, double alpha, in
     dev_upload(m->src, src, BS * sizeof(int));
     pad_mask(mask, src, BS, c->pad);
     dev_upload(m->src_pad, mask, BS);
-    const act_t *mem = encode(m, B, S, 0);
+    const act_t *mem = encode(m, src, B, S, 0);
     DecodeState d = {.N = N};
     kv_cache_init(&d.cache, c->L_dec, N, max_len, kv_dim(c), c->variant);
     decode_scratch_init(&d.scratch, N, C, c->H, c->mlp, attn_proj_width(c->variant, C, kv_dim(c)));
