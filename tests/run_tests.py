@@ -1312,6 +1312,8 @@ def cuda_against_cpu(tmp, emulated=False):
             continue
         summ = open(os.path.join(wg.run_dir(run_name), "ablation_summary.md")).read()
         R.check("GPU MiB" in summ, f"{label}: the GPU run's ablation summary has a GPU memory column: {summ[:600]}")
+        if family in HOST_WAITS:
+            host_waits(wg, run_name, family, os.path.join(tmp, f"waits-{label}"))
         for step in ("V0", "V1") if family == "gpt2" else ("V0", "KV"):
             mc = metrics(os.path.join(wc.run_dir(run_name), f"training_metrics_step{step}.json"))
             mg = metrics(os.path.join(wg.run_dir(run_name), f"training_metrics_step{step}.json"))
@@ -1395,6 +1397,35 @@ def cuda_against_cpu(tmp, emulated=False):
                     f"{s_gpu.stderr[-300:]}")
     if not emulated:
         precision_long_run(tmp, CUDA_NATIVE)
+
+
+# The round trips of a training step on the GPU (issue 16: no host round trip per op): inside an op of a profile,
+# each time the host waits for the device the backend ends a part KPROF_HOST_WAIT ("host wait"). The waits a step
+# of each tiny model makes, every one for a value the host needs or a host buffer it reuses at once: the batch's
+# uploads (gpt2: inputs and targets; seq2seq: source, its padding mask, the one-hot source and the targets), the
+# ids' range check of embedding_forward and crossentropy_forward, the per-token losses (dev_download), the
+# accuracy's count (argmax_correct) and the gradient norm for clipping. No layer's op waits; a new round trip
+# anywhere in a step fails this table. (sets, calls per step of each op's "host wait")
+HOST_WAITS = {
+    "gpt2": (["GPT2_MAX_ITERS=8"], {"dev_upload": 2, "embedding_forward": 1, "crossentropy_forward": 1,
+                                    "dev_download": 1, "clip_grad_norm": 1}),
+    "seq2seq": (["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1"],
+                {"dev_upload": 4, "crossentropy_forward": 1, "argmax_correct": 1, "dev_download": 1,
+                 "clip_grad_norm": 1}),
+}
+
+
+def host_waits(ws, run_name, family, out):
+    """Three profiled steps of ws's V0 on the GPU: its host waits a step are HOST_WAITS[family], in the metrics'
+    profile (rows and "host_waits") and in the printed table."""
+    sets, want = HOST_WAITS[family]
+    prof = profile_by_hand(ws.binary("V0", run_name, family), out, "V0", sets, 3, {},
+                           printed=f"host waits for the device: {sum(want.values())} a step (")
+    got = {x["op"]: x["calls"] for x in prof.get("rows", []) if x.get("part") == "host wait"}
+    R.check(got == want and prof.get("host_waits") == sum(want.values()),
+            f"{family}: a training step on the GPU waits for it only where the host needs a value: {want} "
+            f"(got {got}, host_waits {prof.get('host_waits')})")
+    print(f"  {family}: {prof.get('host_waits')} host waits a training step ({', '.join(f'{k} {v:g}' for k, v in got.items())})")
 
 
 # bf16 against fp32 over 500 steps (issue 17): the same config, seed and data on the GPU with float32 and with
@@ -2111,16 +2142,16 @@ def test_step_names_by_hand(ws, tmp):
                 f"--step {step!r} is refused in one line, nothing written: {r.stderr.strip()}")
 
 
-def profile_by_hand(binary, out, step, sets, steps, want_calls):
-    """The trainer run by hand with KVLAB_PROFILE_STEPS=steps: its table after the profiled steps (3 .. steps + 2)
-    and "profile" in its metrics with the calls per step of want_calls ({op: calls}, None: at least one).
-    Returns the profile."""
+def profile_by_hand(binary, out, step, sets, steps, want_calls, printed=""):
+    """The trainer run by hand with KVLAB_PROFILE_STEPS=steps: its table after the profiled steps (3 .. steps + 2),
+    with the line printed in it, and "profile" in its metrics with the calls per step of want_calls ({op: calls},
+    None: at least one). Returns the profile."""
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", KVLAB_PROFILE_STEPS=str(steps))
     r = run([binary, "train", "--out", out, "--step", step] + [a for x in sets for a in ("--set", x)], env=env)
     which = f"steps 3-{steps + 2}" if steps > 1 else "step 3"
-    R.check(r.returncode == 0 and f"profile of {which} (" in r.stdout and "all ops" in r.stdout,
-            f"{os.path.basename(binary)} with KVLAB_PROFILE_STEPS={steps}: the table of {which}: "
-            f"{r.stdout[-1500:]}{r.stderr[-800:]}")
+    R.check(r.returncode == 0 and f"profile of {which} (" in r.stdout and "all ops" in r.stdout and
+            printed in r.stdout, f"{os.path.basename(binary)} with KVLAB_PROFILE_STEPS={steps}: the table of "
+            f"{which}{', with ' + repr(printed) if printed else ''}: {r.stdout[-1500:]}{r.stderr[-800:]}")
     path = os.path.join(out, f"training_metrics_step{step}.json")
     prof = metrics(path).get("profile", {}) if os.path.isfile(path) else {}
     calls = {x["op"]: x["calls"] for x in prof.get("rows", []) if "part" not in x}
