@@ -1690,6 +1690,11 @@ static void test_profile(void) {
                   prof_row(rows, n, "gelu_forward", "gelu_forward_kernel"),
               "profile on a GPU: the cuBLAS products (%s) and the GELU kernel are parts of their ops",
               lt ? "cublaslt_bias" : "cublas_gemm");
+        /* the host waits for the GPU where an op returns a value (the norm), not in the products or the GELU */
+        const KprofRow *wait = prof_row(rows, n, "clip_grad_norm", KPROF_HOST_WAIT);
+        CHECK(wait && wait->calls == 1 && !prof_row(rows, n, "linear_forward", KPROF_HOST_WAIT) &&
+                  !prof_row(rows, n, "gelu_forward", KPROF_HOST_WAIT),
+              "profile on a GPU: one host wait, clip_grad_norm's (%ld calls)", wait ? wait->calls : -1L);
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }
