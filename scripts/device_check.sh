@@ -22,6 +22,10 @@
 #   nccl       tests/run_tests.py -k cuda-nccl: the NCCL transport under mpirun, every family against one process
 #   configs    tests/run_tests.py -k cuda-configs: the architecture and precision choices, a tiny benchmark of
 #              every variant with its profile and PyTorch beside it, cached decoding
+#   sanitizer  compute-sanitizer's racecheck, synccheck and memcheck on test_kernels in three builds: QKV in fp32
+#              (the scalar kernels), K in bf16 mixed precision (the mma.sync kernels, the symmetric backward) and
+#              KV tying + GQA + Pos in TF32 (the WMMA kernels): shared-memory races, barriers not every thread
+#              reaches and accesses outside a buffer, on the GPU itself (the emulation cannot see those)
 #   gpt2-124m  GPT-2 124M V0 (QKV) on tiny Shakespeare BPE, B 8, T 1024, 40 steps, TF32, no dropout, twice;
 #              writes its checkpoint in llm.c's format to .device/work/gpt2_124M.bin after the first round, and
 #              runs --peer CMD (say llm.c's train_gpt2fp32cu on that file) after each round, so the two alternate
@@ -72,14 +76,14 @@ min_seconds() {
     case "$1" in
         image) echo 5 ;; programs) echo 150 ;; bench | bench-bf16) echo 120 ;; training) echo 150 ;;
         nccl) echo 90 ;; configs) echo 120 ;; vocab-ab) echo 60 ;;
-        gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 365 ;;
+        gpt2-124m | gpt2-124m-bf16) echo 90 ;; ablation-bf16) echo 365 ;; sanitizer) echo 120 ;;
         *) echo "" ;;
     esac
 }
 for s in "${steps[@]}"; do
     [ -n "$(min_seconds "$s")" ] ||
-        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, vocab-ab, training, nccl, configs, gpt2-124m," \
-            "gpt2-124m-bf16, ablation-bf16)" >&2; exit 2; }
+        { echo "error: unknown step '$s' (hint: image, programs, bench, bench-bf16, vocab-ab, training, nccl, configs, sanitizer," \
+            "gpt2-124m, gpt2-124m-bf16, ablation-bf16)" >&2; exit 2; }
 done
 if [ "$PLAN" = 1 ]; then
     echo "device_check: budget ${BUDGET} s"
@@ -187,6 +191,48 @@ print('round $round: vocabulary', d['shape']['V'], '|', d['ms_per_step'], 'ms/st
       'causal attention', d['causal_attention_ms'], 'ms, WMMA kernels', d['causal_attention_ms_wmma'], 'ms')" || return
         done
     done
+}
+# compute-sanitizer on test_kernels of three builds for the GPU that is there, racecheck first (what the emulation
+# is least able to see), each tool over every build before the next tool; a hazard exits 86, a failed check of
+# the program itself (under the sanitizer's slowdown) its own status
+step_sanitizer() {
+    local cs w=.device/work/sanitizer name frags bin tool rc=0 t0 st
+    cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    [ -x "$cs" ] || { echo "device_check: no compute-sanitizer on this image (PATH, /usr/local/cuda/bin)"; return 1; }
+    mkdir -p "$w"
+    printf 'CONFIG_TARGET_CUDA=y\nCONFIG_CUDA_NATIVE=y\n' > "$w/native.frag"
+    printf 'CONFIG_CUDA_BF16=y\n' > "$w/bf16act.frag"
+    printf 'CONFIG_CUDA_TF32=y\n' > "$w/tf32.frag"
+    printf '\n' > "$w/fp32.frag"
+    # name:step fragments:precision fragment (after the target's, on which the precision choice depends)
+    local builds=("qkv-fp32:defconfigs/steps/QKV:fp32"
+                  "k-bf16act:defconfigs/steps/K:bf16act"
+                  "kv_tying_gqa_pos-tf32:defconfigs/steps/KV_TYING tests/configs/pos_m7 tests/configs/kv_heads_gqa:tf32")
+    local made=() prec
+    for b in "${builds[@]}"; do
+        IFS=: read -r name frags prec <<< "$b"
+        # shellcheck disable=SC2086,SC2015  # the fragments are words; either command failing skips the build
+        /usr/bin/python3 scripts/kconfig.py step "$w/$name" tests/configs/base $frags tests/configs/cuda \
+            "$w/native.frag" "$w/$prec.frag" &&
+        make -s -j"$(nproc)" -f scripts/Makefile.build B="$w/$name" VARIANT_TESTS=y "$w/$name/tests/test_kernels" ||
+            { echo "device_check: the build of $name failed"; rc=1; continue; }
+        made+=("$name")
+    done
+    for tool in racecheck synccheck memcheck; do
+        for name in "${made[@]}"; do
+            bin="$w/$name/tests/test_kernels" t0=$SECONDS
+            "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 "$bin" > "$w/$name.$tool.log" 2>&1
+            st=$?
+            case $st in
+                0) echo "sanitizer $tool $name: ok ($((SECONDS - t0)) s) $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$w/$name.$tool.log" | tail -1)" ;;
+                86) echo "sanitizer $tool $name: HAZARDS ($((SECONDS - t0)) s):"; grep -m 20 -E '^========= (Error|Warning|Race|Barrier|Invalid)|^=========     at ' "$w/$name.$tool.log"; rc=1 ;;
+                *) echo "sanitizer $tool $name: test_kernels itself failed under it (exit $st, $((SECONDS - t0)) s):"; { grep -m 10 '^FAIL' "$w/$name.$tool.log"; tail -n 2 "$w/$name.$tool.log"; }; rc=1 ;;
+            esac
+            cp "$w/$name.$tool.log" "$OUTDIR/sanitizer-$name-$tool.log" 2>/dev/null
+        done
+    done
+    echo "sanitizer: ${#made[@]} of ${#builds[@]} builds, $((${#made[@]} * 3)) runs, $([ "$rc" = 0 ] && echo "all clean" || echo "FAILURES above")"
+    return "$rc"
 }
 # wait_prepare: returns once --prepare has finished (at once without one); fails when it failed or is still
 # running after PREPARE_WAIT seconds of waiting (a hung build must not take the call's remaining steps with it)

@@ -844,9 +844,9 @@ def test_device_scripts(tmp):
     scripts/device_check.sh (the GPU checks in one device call): what can be checked without a GPU."""
     section("GPU machine scripts: device_pack.sh's package list, device_check.sh's steps and budget")
     check = os.path.join(REPO, "scripts", "device_check.sh")
-    r = run([check, "--plan", "training", "bench"])
-    R.check(r.returncode == 0 and re.search(r"training .*\n.*bench ", r.stdout) is not None,
-            f"device_check.sh --plan lists the steps in the order given: {r.stdout!r}")
+    r = run([check, "--plan", "training", "bench", "sanitizer"])
+    R.check(r.returncode == 0 and re.search(r"training .*\n.*bench .*\n.*sanitizer .*at least 120 s", r.stdout)
+            is not None, f"device_check.sh --plan lists the steps in the order given: {r.stdout!r}")
     for args, what in ((["bogus"], "unknown step 'bogus'"), (["--budget", "ten"], "--budget ten")):
         r = run([check] + args)
         R.check(r.returncode == 2 and r.stderr.count("\n") == 1 and what in r.stderr and "hint:" in r.stderr,
