@@ -44,6 +44,7 @@ constexpr size_t MEM_TOTAL = (size_t)80 << 30;
 cudaError_t g_last = cudaSuccess;
 std::map<const void *, int> g_smem_attr; /* cudaFuncAttributeMaxDynamicSharedMemorySize per kernel */
 std::map<void *, size_t> g_allocs;
+std::map<void *, size_t> g_pinned; /* cudaHostAlloc's */
 size_t g_allocated;
 cublasMath_t g_math = CUBLAS_DEFAULT_MATH;
 
@@ -232,8 +233,41 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 
+/* whether [p, p + bytes) lies inside one cudaHostAlloc allocation */
+static bool pinned_range(const void *p, size_t bytes) {
+    auto it = g_pinned.upper_bound((void *)p);
+    if (it == g_pinned.begin()) return false;
+    --it;
+    size_t off = (size_t)((const char *)p - (const char *)it->first);
+    return off <= it->second && bytes <= it->second - off;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    if (flags != cudaHostAllocDefault || !bytes) return fail(cudaErrorInvalidValue);
+    *p = malloc(bytes);
+    if (!*p) return fail(cudaErrorMemoryAllocation);
+    memset(*p, 0xff, bytes);
+    g_pinned[*p] = bytes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    auto it = g_pinned.find(p);
+    if (it == g_pinned.end()) return fail(cudaErrorInvalidValue);
+    device_sync(); /* as cudaFree: the copies that use it finish first */
+    g_pinned.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
     new_work(stream);
+    /* a copy to or from pinned host memory is the GPU's to run later: it reads its source when it runs */
+    if (bytes && (pinned_range(src, bytes) || pinned_range(dst, bytes))) {
+        emu::stream_defer(stream, [=] { memcpy(dst, src, bytes); });
+        return cudaSuccess;
+    }
     return cudaMemcpy(dst, src, bytes, kind);
 }
 
@@ -311,6 +345,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     event->stream = s->id, event->seq = s->seq;
     return cudaSuccess;
 }
+
+/* the work recorded before the event: done once asked about, as a stream's is */
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (!event->recorded) return cudaSuccess; /* as CUDA: an event never recorded is complete */
+    if (Stream *s = stream_by_id(event->stream)) run_deferred(s, event->seq);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidValue);

@@ -773,6 +773,43 @@ static void check_deferred(void) {
     cudaGetLastError();
 }
 
+/* Page-locked host memory (cudaHostAlloc): a copy between it and the device is deferred as a GPU runs it, after
+ * the host has gone on, reading its source when it runs; an event recorded after it, a synchronisation or the
+ * stream's next work completes it. A copy with pageable memory on the host side is done on return. */
+static void check_pinned(void) {
+    cudaStream_t s;
+    cudaEvent_t ev;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    int *pin = nullptr, *dev = nullptr, pageable[2] = {7, 8};
+    CHECK(cudaHostAlloc((void **)&pin, 2 * sizeof(int), cudaHostAllocDefault) == cudaSuccess &&
+              cudaMalloc((void **)&dev, 2 * sizeof(int)) == cudaSuccess,
+          "cudaHostAlloc and cudaMalloc");
+    CHECK(cudaEventQuery(ev) == cudaSuccess, "an event never recorded is complete");
+    pin[0] = 1, pin[1] = 2;
+    cudaMemcpyAsync(dev, pin, 2 * sizeof(int), cudaMemcpyHostToDevice, s);
+    pin[0] = 3; /* before the copy runs: the copy reads it */
+    cudaEventRecord(ev, s);
+    CHECK(dev[0] != 3, "a copy from pinned memory has not run when cudaMemcpyAsync returns");
+    CHECK(cudaEventQuery(ev) == cudaSuccess && dev[0] == 3 && dev[1] == 2,
+          "it runs, with the source as it is then, once an event after it is queried (%d %d)", dev[0], dev[1]);
+    dev[0] = 5;
+    cudaMemcpyAsync(pin, dev, sizeof(int), cudaMemcpyDeviceToHost, s);
+    CHECK(pin[0] == 3, "a copy into pinned memory has not run on return either");
+    cudaStreamSynchronize(s);
+    CHECK(pin[0] == 5, "the stream's synchronisation runs it");
+    cudaMemcpyAsync(dev, pageable, 2 * sizeof(int), cudaMemcpyHostToDevice, s);
+    pageable[0] = 9;
+    CHECK(dev[0] == 7 && dev[1] == 8, "a copy from pageable memory is done on return");
+    CHECK(cudaFreeHost(pin) == cudaSuccess && cudaFreeHost(pin) == cudaErrorInvalidValue &&
+              cudaFreeHost(pageable) == cudaErrorInvalidValue,
+          "cudaFreeHost frees cudaHostAlloc's memory only, once");
+    cudaFree(dev);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(s);
+    cudaGetLastError();
+}
+
 /* v to keep mantissa bits, to nearest: ties to even (bf16), or away from zero (TF32, as the hardware's
  * cvt.rna.tf32.f32 and tests/cuda_emu.h's __float_to_tf32) */
 static float bits_round(float v, int keep, bool ties_even) {
@@ -1079,6 +1116,7 @@ int main(void) {
     check_layernorm<4>(9, 416, false);
     check_launches();
     check_deferred();
+    check_pinned();
     check_order();
     check_gemm();
     check_lt();
