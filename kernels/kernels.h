@@ -73,6 +73,9 @@ size_t dev_mem_capacity(void);
 /* Starts dev_mem_peak over from the bytes live now (a benchmark measures one phase's peak). */
 void dev_mem_peak_reset(void);
 void dev_zero(void *p, size_t bytes);
+/* host_src may be reused as soon as dev_upload returns; on a GPU a small upload
+ * (a batch) is staged and queued without waiting for the device, a large one
+ * waits (docs/cuda.md). dev_download returns with the bytes in host_dst. */
 void dev_upload(void *dst, const void *host_src, size_t bytes);
 void dev_download(void *host_dst, const void *src, size_t bytes);
 /* device to device; the two ranges must not overlap */
@@ -103,7 +106,10 @@ void rows_gather(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, con
 /* ---- embedding: out[b,t,:] = scale * wte[tokens[b,t],:] + wpe[t,:] ------
  * scale is 1 for GPT-2, sqrt(C) for the translation model; wpe may be a
  * fixed table (sinusoidal), then dwpe is NULL, or NULL (positions enter in
- * attention: RoPE, ALiBi, relative bias). */
+ * attention: RoPE, ALiBi, relative bias). A token outside [0, V) stops the
+ * program with one line naming it and its position: on a GPU at the next
+ * call that waits for the device (a download, a returned value), or at
+ * embedding_backward, whichever comes first. */
 void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale);
 void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
@@ -247,8 +253,8 @@ double clip_grad_norm(float *grad, size_t n, double max_norm);
  * order of first use; *rows lives until the next kprof_start. Without a
  * profile running it returns 0 rows (and *rows NULL). Off, an op costs two
  * calls that test a flag. Host code only, one host thread.
- * Each time the host waits for a GPU inside an op (a download; an upload
- * whose host buffer is reused at once; the value an op returns), the
+ * Each time the host waits for a GPU inside an op (a download; a large
+ * upload whose host buffer is reused at once; the value an op returns), the
  * backend ends a part named KPROF_HOST_WAIT: a profile counts a step's
  * round trips by those parts' calls (profile_json's "host_waits"). */
 #define KPROF_HOST_WAIT "host wait"

@@ -1601,7 +1601,17 @@ static void bad_attention(void) {
     attention_forward(adummy, dummy + 32, adummy, NULL, &a);
 }
 static void bad_dropout(void) { dropout_forward(adummy, adummy, 4, 1.5f, 1); }
-static void bad_embedding(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f); }
+/* On a GPU the ids' check is queued and answered at the next host wait (here the download), or before an op that
+ * indexes memory by them (embedding_backward, with no wait between); on the CPU at once. */
+static void bad_embedding(void) {
+    embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f);
+    float got;
+    dev_download(&got, dummy, sizeof got);
+}
+static void bad_embedding_backward(void) {
+    embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f);
+    embedding_backward(dummy, NULL, adummy, bad_ids, 1, 2, 2, 1.0f);
+}
 static void bad_embedding_vocab(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 1, 2, 0, 1.0f); }
 static void bad_crossentropy(void) { crossentropy_forward(dummy, dummy, adummy, bad_ids + 2, 1, 4, -1, 0.0f); }
 /* the ignored id (0) skipped: the first bad target is 7, at row 1 */
@@ -1721,6 +1731,7 @@ static void test_argument_errors(void) {
     expect_error("attention_forward", "attention");
     expect_error("dropout_forward", "dropout");
     expect_error("embedding_forward: token 7 at position 1 is outside the vocabulary (size 5)", "embedding");
+    expect_error("embedding_forward: token 7 at position 1 is outside the vocabulary (size 5)", "embedding_backward");
     expect_error("crossentropy_forward: target 9 at row 0 is outside [0, 4)", "crossentropy");
     expect_error("crossentropy_forward: target 7 at row 1 is outside [0, 4)", "crossentropy_skip");
     expect_error("embedding_forward: vocabulary size V must be > 0, got 0", "embedding_vocab");
@@ -1914,7 +1925,8 @@ static int run_bad_call(const char *name) {
         const char *name;
         void (*fn)(void);
     } calls[] = {{"linear", bad_linear}, {"layernorm", bad_layernorm}, {"attention", bad_attention},
-                 {"dropout", bad_dropout}, {"embedding", bad_embedding}, {"crossentropy", bad_crossentropy},
+                 {"dropout", bad_dropout}, {"embedding", bad_embedding}, {"embedding_backward", bad_embedding_backward},
+                 {"crossentropy", bad_crossentropy},
                  {"cross_attention", bad_cross_attention}, {"pool", bad_pool},
                  {"kv_heads_divide", bad_kv_heads_divide}, {"kv_heads_symmetric", bad_kv_heads_symmetric},
                  {"kv_heads_decode", bad_kv_heads_decode}, {"linear_gelu", bad_linear_gelu},

@@ -1,7 +1,7 @@
 /* CUDA backend: device memory, transfers, the stream and the cuBLAS handle.
  * Everything runs in order on one stream; host calls return before the GPU is
  * done except those that hand back a host value (a norm, a count) or copy to
- * the host, which wait for it. */
+ * the host, which wait for it (the counted host waits, kernels.h). */
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -96,14 +96,15 @@ void cuda_sync_before_copy(void) {
     if (kv_sync_check) cuda_sync();
 }
 
-static void stream_wait(void) {
+/* Waits until the stream's work queued before event ev (NULL: all of it) is done. */
+static void wait_for(cudaEvent_t ev) {
     if (!kv_sync_check) {
-        CUDA_CHECK(cudaStreamSynchronize(kv_stream));
+        CUDA_CHECK(ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(kv_stream));
         return;
     }
     /* poll, asking the check between polls; after the first ~20 ms, every 100 us (a long wait burns no core) */
     for (long polls = 0;; polls++) {
-        cudaError_t err = cudaStreamQuery(kv_stream);
+        cudaError_t err = ev ? cudaEventQuery(ev) : cudaStreamQuery(kv_stream);
         if (err == cudaSuccess) return;
         if (err != cudaErrorNotReady) CUDA_CHECK(err);
         kv_sync_check();
@@ -112,8 +113,9 @@ static void stream_wait(void) {
 }
 
 void cuda_sync(void) {
-    stream_wait();
+    wait_for(NULL);
     kprof_part(KPROF_HOST_WAIT); /* inside an op of a profile: one part a wait (kernels.h) */
+    cuda_checks_settle();        /* the stream is idle: the answers of the queued checks are in (ops.cu) */
 }
 
 void cuda_ready(void) {
@@ -213,11 +215,52 @@ void dev_zero(void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, kv_stream));
 }
 
+/* Uploads of up to UPLOAD_STAGE_MAX bytes (a batch: its ids, images, masks) go through a ring of page-locked
+ * buffers, so that the host queues them and runs on: its bytes are copied into the next slot, the slot's copy to
+ * the device queued on the stream and an event after it. The host waits only where it comes round to a slot whose
+ * copy has not run yet, the GPU a whole ring of uploads behind. A copy from pageable memory, the fallback for
+ * larger uploads (parameters, a checkpoint's tensors), may wait for the stream inside the driver, and waits after
+ * it as well, so that the host may reuse its buffer at once. */
+#define UPLOAD_SLOTS 8
+#define UPLOAD_STAGE_MIN ((size_t)1 << 20)
+#define UPLOAD_STAGE_MAX ((size_t)16 << 20)
+static struct UploadSlot {
+    void *buf;
+    size_t cap;
+    cudaEvent_t copied; /* recorded after the slot's last copy */
+} g_up[UPLOAD_SLOTS];
+static int g_up_next;
+
+static void upload_staged(void *dst, const void *src, size_t bytes) {
+    struct UploadSlot *u = &g_up[g_up_next];
+    g_up_next = (g_up_next + 1) % UPLOAD_SLOTS;
+    if (!u->copied) CUDA_CHECK(cudaEventCreateWithFlags(&u->copied, cudaEventDisableTiming));
+    cudaError_t q = cudaEventQuery(u->copied); /* complete if never recorded */
+    if (q == cudaErrorNotReady) {
+        wait_for(u->copied);
+        kprof_part(KPROF_HOST_WAIT);
+    } else {
+        CUDA_CHECK(q);
+    }
+    if (u->cap < bytes) { /* grown once, to the largest upload of its size class */
+        if (u->buf) CUDA_CHECK(cudaFreeHost(u->buf));
+        u->cap = bytes > UPLOAD_STAGE_MIN ? bytes : UPLOAD_STAGE_MIN;
+        CUDA_CHECK(cudaHostAlloc(&u->buf, u->cap, cudaHostAllocDefault));
+    }
+    memcpy(u->buf, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, u->buf, bytes, cudaMemcpyHostToDevice, kv_stream));
+    CUDA_CHECK(cudaEventRecord(u->copied, kv_stream));
+}
+
 void dev_upload(void *dst, const void *src, size_t bytes) {
     KPROF_OP();
     if (!bytes) return;
     cuda_float_written(dst, bytes);
     cuda_ready();
+    if (bytes <= UPLOAD_STAGE_MAX) {
+        upload_staged(dst, src, bytes);
+        return;
+    }
     cuda_sync_before_copy();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, kv_stream));
     cuda_sync(); /* the host buffer may be reused at once */
@@ -335,7 +378,7 @@ int kprof_mark(void) {
 }
 
 void kprof_marks_wait(void) {
-    if (g_nmarks) stream_wait(); /* the profile's own wait, not one of the ops' */
+    if (g_nmarks) wait_for(NULL); /* the profile's own wait, not one of the ops' */
 }
 
 double kprof_mark_ms(int from, int to) {

@@ -50,11 +50,18 @@ extern int kv_device;
 void cuda_ready(void);
 /* Whether it has started (the GPU is chosen for good then). */
 int cuda_started(void);
-/* Waits until the stream has done everything queued on it; every host wait of the backend goes through here.
- * With kv_sync_check set (the NCCL transport, while a communicator is up) the wait polls the stream and calls
- * it between polls, so that a collective that fails without ending (a peer's network gone) stops the process
- * instead of blocking it for good. */
+/* Waits until the stream has done everything queued on it; every host wait of the backend goes through here
+ * but one, for a slot of the upload ring (backend.cu, dev_upload). With kv_sync_check set (the NCCL transport,
+ * while a communicator is up) the wait polls the stream and calls it between polls, so that a collective that
+ * fails without ending (a peer's network gone) stops the process instead of blocking it for good. Then the
+ * queued checks of ids are settled (cuda_checks_settle). */
 void cuda_sync(void);
+/* The checks of ids the ops queue without waiting (ops.cu, check_ids): their answers come back on the stream
+ * into page-locked memory and are read at the next cuda_sync, which stops with args_bad_id's message (the CPU
+ * backend's) at the first bad id. An op that indexes memory by ids a queued check has not yet answered for
+ * calls cuda_checks_wait first. */
+void cuda_checks_settle(void);
+void cuda_checks_wait(void);
 extern void (*kv_sync_check)(void);
 /* Set with kv_sync_check: makes the stream wait for the collectives queued on the transport's side stream
  * (dev_comm_async_wait), so that a poll of the stream covers them too. */

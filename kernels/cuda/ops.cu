@@ -54,51 +54,84 @@ static unsigned row_threads(int V, int W) {
 
 /* ------------------------------------------------------------------ device-side checks of ids */
 
-/* Sets flag[0] to the smallest index whose id is outside [0, V) (ids equal to skip pass when has_skip),
- * flag[1] to the number of ids that count (not skipped). */
-__global__ void check_ids_kernel(int *flag, const int *ids, int n, int V, int has_skip, int skip) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    int counts = 0;
-    if (i < n) {
+/* One block walks the n ids: ans[0] the smallest index whose id is outside [0, V) (ids equal to skip pass when
+ * has_skip), INT_MAX if none; ans[1] the number of ids that count (not skipped); ans[2] the first bad id. One
+ * block keeps it free of atomics and of a buffer to reset; a batch's ids are a few thousand reads. */
+#define CHECK_THREADS 1024
+__global__ void __launch_bounds__(CHECK_THREADS)
+    check_ids_kernel(int *ans, const int *ids, int n, int V, int has_skip, int skip) {
+    __shared__ int first[CHECK_THREADS / 32], count[CHECK_THREADS / 32];
+    int bad = INT_MAX, counts = 0;
+    for (int i = (int)threadIdx.x; i < n; i += CHECK_THREADS) {
         int t = ids[i];
-        if (!(has_skip && t == skip)) {
-            counts = 1;
-            if (t < 0 || t >= V) atomicMin(&flag[0], i);
-        }
+        if (has_skip && t == skip) continue;
+        counts++;
+        if ((t < 0 || t >= V) && i < bad) bad = i;
     }
-    counts = __syncthreads_count(counts); /* one atomic per block */
-    if (threadIdx.x == 0 && counts) atomicAdd(&flag[1], counts);
+    for (int o = 16; o > 0; o >>= 1) {
+        bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, o));
+        counts += __shfl_xor_sync(0xffffffffu, counts, o);
+    }
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) first[w] = bad, count[w] = counts;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < CHECK_THREADS / 32; k++) bad = min(bad, first[k]), counts += count[k];
+        ans[0] = bad;
+        ans[1] = counts;
+        ans[2] = bad == INT_MAX ? 0 : ids[bad];
+    }
 }
 
-static int *g_ids_flag;
+/* The checks queued and not yet answered (cuda.cuh, cuda_checks_settle): each has its slot of three ints on the
+ * device and in page-locked host memory, which the stream copies its answer into. */
+#define CHECKS_MAX 8
+static struct IdsCheck {
+    const char *op;
+    IdsKind kind;
+    int V;
+} g_checks[CHECKS_MAX];
+static int g_nchecks, *g_check_dev, *g_check_host;
 
-/* Checks ids on the device (the host waits for the answer: once per batch). Returns how many count; stops with
- * args_bad_id's message (the CPU backend's) if one is outside [0, V). */
-static int check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
-    if (!g_ids_flag) g_ids_flag = (int *)dev_alloc(2 * sizeof(int));
-    const int init[2] = {INT_MAX, 0};
-    cuda_sync_before_copy();
-    CUDA_CHECK(cudaMemcpyAsync(g_ids_flag, init, sizeof init, cudaMemcpyHostToDevice, kv_stream));
-    check_ids_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(g_ids_flag, ids, n, V, has_skip, skip);
-    CUDA_LAUNCHED(check_ids);
-    int got[2];
-    dev_download(got, g_ids_flag, sizeof got);
-    if (got[0] != INT_MAX) {
-        int bad;
-        dev_download(&bad, ids + got[0], sizeof bad);
-        args_bad_id(op, kind, bad, got[0], V);
+void cuda_checks_settle(void) {
+    int n = g_nchecks;
+    g_nchecks = 0; /* before a stop, whose exit may wait for the stream again */
+    for (int k = 0; k < n; k++) {
+        const int *a = g_check_host + 3 * k;
+        if (a[0] != INT_MAX) args_bad_id(g_checks[k].op, g_checks[k].kind, a[2], a[0], g_checks[k].V);
     }
-    return got[1];
+}
+
+void cuda_checks_wait(void) {
+    if (g_nchecks) cuda_sync();
+}
+
+/* Queues a check of n ids on the device; returns its slot. The answer is read at the next host wait, which
+ * stops with args_bad_id's message (the CPU backend's) if one is outside [0, V). */
+static int check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
+    if (!g_check_dev) {
+        g_check_dev = (int *)dev_alloc(3 * CHECKS_MAX * sizeof(int));
+        CUDA_CHECK(cudaHostAlloc((void **)&g_check_host, 3 * CHECKS_MAX * sizeof(int), cudaHostAllocDefault));
+    }
+    if (g_nchecks == CHECKS_MAX) cuda_sync(); /* answers the queued ones: every slot free */
+    int k = g_nchecks++;
+    g_checks[k] = (struct IdsCheck){op, kind, V};
+    check_ids_kernel<<<1, CHECK_THREADS, 0, kv_stream>>>(g_check_dev + 3 * k, ids, n, V, has_skip, skip);
+    CUDA_LAUNCHED(check_ids);
+    CUDA_CHECK(cudaMemcpyAsync(g_check_host + 3 * k, g_check_dev + 3 * k, 3 * sizeof(int), cudaMemcpyDeviceToHost,
+                               kv_stream));
+    return k;
 }
 
 /* ------------------------------------------------------------------ embedding */
 
+/* a token outside [0, V) reads nothing (its row is the position's alone): the queued check stops the program */
 __global__ void embedding_forward_kernel(act_t *out, const int *tokens, const float *wte, const float *wpe, int BT,
-                                         int T, int C, float scale) {
+                                         int T, int C, int V, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)BT * C) return;
-    int i = (int)(idx / C), c = (int)(idx % C);
-    float v = scale * wte[(size_t)tokens[i] * C + c];
+    int i = (int)(idx / C), c = (int)(idx % C), t = tokens[i];
+    float v = t >= 0 && t < V ? scale * wte[(size_t)t * C + c] : 0.0f;
     if (wpe) v += wpe[(size_t)(i % T) * C + c];
     out[idx] = act_st(v);
 }
@@ -110,7 +143,7 @@ void embedding_forward(act_t *out, const int *tokens, const float *wte, const fl
     check_ids("embedding_forward", IDS_TOKENS, tokens, B * T, V, 0, 0);
     size_t n = (size_t)B * T * C;
     embedding_forward_kernel<<<cuda_blocks(n, THREADS), THREADS, 0, kv_stream>>>(out, tokens, wte, wpe, B * T, T, C,
-                                                                                 scale);
+                                                                                 V, scale);
     CUDA_LAUNCHED(embedding_forward);
 }
 
@@ -128,6 +161,7 @@ void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *
                         int B, int T, int C, float scale) {
     KPROF_OP();
     args_btc("embedding_backward", B, T, C, 1);
+    cuda_checks_wait(); /* the rows of dwte are the tokens': their check answered first */
     embedding_backward_wte_kernel<act_t><<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
                                                                                         B * T, C, scale, EMB_BUCKETS);
     CUDA_LAUNCHED(embedding_backward_wte);
@@ -775,8 +809,9 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act
     if (threadIdx.x == 0) {
         float l = mx + logf(s);
         lse[i] = l;
-        int t = targets[i];
-        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * act_ld(x[t]) - smoothing * sx / V;
+        int t = targets[i]; /* outside [0, V): read nothing, the queued check stops the program */
+        float xt = t >= 0 && t < V ? act_ld(x[t]) : NAN;
+        losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * xt - smoothing * sx / V;
     }
 }
 
@@ -784,7 +819,7 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
-    int counted = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
+    int k = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
     if (act_vec_width(V, logits) > 1)
         crossentropy_forward_kernel<ACT_VEC><<<N, row_threads(V, ACT_VEC), 0, kv_stream>>>(
             losses, lse, logits, targets, V, ignore_index, smoothing);
@@ -792,7 +827,8 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
         crossentropy_forward_kernel<1><<<N, row_threads(V, 1), 0, kv_stream>>>(losses, lse, logits, targets, V,
                                                                                ignore_index, smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
-    return counted;
+    cuda_sync(); /* the count the caller scales by: one wait, after the losses, which the caller reads next */
+    return g_check_host[3 * k + 1];
 }
 
 template <int W>
