@@ -48,6 +48,15 @@ std::map<void *, size_t> g_pinned; /* cudaHostAlloc's */
 size_t g_allocated;
 cublasMath_t g_math = CUBLAS_DEFAULT_MATH;
 
+/* whether [p, p + bytes) lies inside one allocation of allocs (address to size) */
+bool inside(const std::map<void *, size_t> &allocs, const void *p, size_t bytes) {
+    auto it = allocs.upper_bound((void *)p); /* the first allocation after p: the one before may hold it */
+    if (it == allocs.begin()) return false;
+    --it;
+    size_t off = (size_t)((const char *)p - (const char *)it->first);
+    return off <= it->second && bytes <= it->second - off;
+}
+
 /* A stream's deferred work (emu::stream_defer): run, in order, when the stream is next used, synchronised or waited
  * for through an event recorded after it. seq numbers what was ever deferred on the stream; id names the stream
  * for the events recorded on it, never reused, so an event outlives its stream safely. */
@@ -233,15 +242,6 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 
-/* whether [p, p + bytes) lies inside one cudaHostAlloc allocation */
-static bool pinned_range(const void *p, size_t bytes) {
-    auto it = g_pinned.upper_bound((void *)p);
-    if (it == g_pinned.begin()) return false;
-    --it;
-    size_t off = (size_t)((const char *)p - (const char *)it->first);
-    return off <= it->second && bytes <= it->second - off;
-}
-
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
     if (flags != cudaHostAllocDefault || !bytes) return fail(cudaErrorInvalidValue);
     *p = malloc(bytes);
@@ -264,7 +264,7 @@ cudaError_t cudaFreeHost(void *p) {
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
     new_work(stream);
     /* a copy to or from pinned host memory is the GPU's to run later: it reads its source when it runs */
-    if (bytes && (pinned_range(src, bytes) || pinned_range(dst, bytes))) {
+    if (bytes && (inside(g_pinned, src, bytes) || inside(g_pinned, dst, bytes))) {
         emu::stream_defer(stream, [=] { memcpy(dst, src, bytes); });
         return cudaSuccess;
     }
@@ -403,13 +403,7 @@ void kernel_launch(const std::function<void()> &fn, const void *kernel, dim3 gri
 
 uint64_t device_work(void) { return g_device_work; }
 
-bool device_range(const void *p, size_t bytes) {
-    auto it = g_allocs.upper_bound((void *)p); /* the first allocation after p: the one before may hold it */
-    if (it == g_allocs.begin()) return false;
-    --it;
-    size_t off = (size_t)((const char *)p - (const char *)it->first);
-    return off <= it->second && bytes <= it->second - off;
-}
+bool device_range(const void *p, size_t bytes) { return inside(g_allocs, p, bytes); }
 
 void stream_defer(cudaStream_t stream, std::function<void()> fn) {
     Stream *s = stream_of(stream);
