@@ -93,6 +93,23 @@ class Stop:
     child_signal = None
 
 
+# The steps (runs) that failed, in order: (step id, its output folder, where to look), for make's closing line
+FAILED = []
+
+
+def failed_line(root, limit=6):
+    """Names each failed step (with its folder under root, for a sweep's runs) and where its error is: the
+    trainer's log when the trainer ran, else the line printed above (data preparation or mpirun failed before
+    any log was written)."""
+    def name(sid, out):
+        sub = os.path.relpath(out, root)
+        return sid if sub == "." else f"{sub}/{sid}"
+    parts = [f"{name(sid, out)} ({where})" for sid, out, where in FAILED[:limit]]
+    if len(FAILED) > limit:
+        parts.append(f"and {len(FAILED) - limit} more above")
+    return "; ".join(parts)
+
+
 def on_stop_signal(sig, _frame):
     Stop.signal = Stop.signal or sig
     child = Stop.child
@@ -330,6 +347,7 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force, extra=()):
         say(f"step {sid}: continuing from {os.path.relpath(files['state'], REPO)}")
     if not fetch_data(cfg, family, build_dir):
         say(f"step {sid}: FAILED: data preparation failed (see the error above)")
+        FAILED.append((sid, out, "data preparation, its error is above; no trainer log"))
         return "failed"
     if Stop.signal:
         return "not started"
@@ -352,6 +370,7 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force, extra=()):
     cmd, note = distributed_command(cfg, [files["binary"], "train", "--out", out, "--step", sid] + list(extra))
     if cmd is None:
         say(f"step {sid}: FAILED: {note}")
+        FAILED.append((sid, out, "not started: " + note.split(" (hint")[0]))
         return "failed"
     distributed = cmd[0] != files["binary"]
     say(f"step {sid}: {variant_label(cfg)} -> {os.path.relpath(out, REPO)}/ (log: train_step{sid}.log)" +
@@ -392,6 +411,7 @@ def run_step(step, sid, family, build_dir, cfg, cfg_text, out, force, extra=()):
         say(f"step {sid}: FAILED with exit status {rc}{': ' + why if why else ''}; see "
             f"{os.path.relpath(files['log'], REPO)} (the other steps' results are kept"
             f"{'; make continues from its last checkpoint' if distributed and os.path.exists(files['state']) else ''})")
+        FAILED.append((sid, out, f"exit status {rc}; log {os.path.relpath(files['log'], REPO)}"))
         return "failed"
     return "done"
 
@@ -675,16 +695,28 @@ def save_figure(plt, fig, path):
     plt.close(fig)
 
 
+def legend(ax, **kw):
+    """The axes' legend, when something on them has a label (matplotlib warns about an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def plot(out, rows):
+    """ablation_curves.png: training and validation loss of every step that has a curve, against training
+    units and wall time. None when no step has one (all failed before they logged)."""
+    runs = [(i, sid, cfg, load_json(os.path.join(out, f"training_metrics_step{sid}.json")))
+            for i, (sid, _status, cfg) in enumerate(rows)]
+    runs = [r for r in runs if r[3] and (r[3].get("metrics", {}).get("train_losses") or
+                                         r[3].get("metrics", {}).get("val_losses"))]
+    if not runs:
+        say("Plots: none, no step has a loss curve")
+        return
     plt = pyplot()
     if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     unit = "tokens"
-    for i, (sid, _status, cfg) in enumerate(rows):
-        m = load_json(os.path.join(out, f"training_metrics_step{sid}.json"))
-        if not m:
-            continue
+    for i, sid, cfg, m in runs:
         s = m.get("metrics", {})
         unit = m.get("unit", "tokens")
         color = f"C{i % 10}"
@@ -702,7 +734,7 @@ def plot(out, rows):
     for ax in axes:
         ax.set_ylabel("loss (nats)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        legend(ax, fontsize=8)
     fig.suptitle(f"{os.path.basename(os.path.normpath(out))}: training (thin) and validation (dots) loss")
     fig.tight_layout()
     path = os.path.join(out, "ablation_curves.png")
@@ -803,8 +835,7 @@ def main():
     plot_pareto(out, steps)
     say(f"Run time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out, REPO)}/")
     if failed:
-        say(f"error: {failed} of {len(rows)} step(s) failed (hint: their logs are train_step<STEP>.log in "
-            f"{os.path.relpath(out, REPO)}/)")
+        say(f"error: {failed} of {len(rows)} step(s) failed: {failed_line(out)}")
         return 1
     return 0
 

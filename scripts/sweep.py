@@ -502,7 +502,7 @@ def plot(out_root, results, order):
     ax.set_xlabel("evaluation (n-th of each run)" if indexed else f"training {unit}")
     ax.set_ylabel("validation loss (nats)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    run_steps.legend(ax, fontsize=8)
     ax.set_title(f"{os.path.basename(os.path.normpath(out_root))}: mean over the grid, band ± pooled std over seeds",
                  fontsize=10)
     fig.tight_layout()
@@ -603,8 +603,7 @@ def execute(args, runs, grid, seeds, mine, k, n, steps, out_root):
                                              ([s] if len(r["sid"]) == 1 else [f"{s}-{f}" for f in r["sid"]])])
     say(f"Sweep time {time.time() - t0:.0f} s; outputs in {os.path.relpath(out_root, REPO)}/")
     if failed:
-        say(f"error: {failed} run(s) failed (hint: their logs are train_step<STEP>.log in the run folders under "
-            f"{os.path.relpath(out_root, REPO)}/runs/)")
+        say(f"error: {failed} run(s) failed: {run_steps.failed_line(out_root)}")
         return 1
     return 0
 

@@ -2097,18 +2097,47 @@ def test_failing_step(tmp, sanitize):
     shutil.copy(os.path.join(REPO, "defconfigs", "steps", "V0"), os.path.join(steps, "V0"))
     with open(os.path.join(steps, "DIVERGE"), "w") as f:  # matrices times -99 per step: NaN loss
         f.write('CONFIG_GPT2_LR="10"\nCONFIG_GPT2_WEIGHT_DECAY="10"\nCONFIG_GPT2_GRAD_CLIP="0"\n')
-    ws = Workspace(tmp, "failing", TINY.replace('"V0,V1"', '"DIVERGE,V0"') +
+    # data that cannot be had: an empty mirror, an empty data folder, no network (a proxy that refuses)
+    empty = os.path.join(tmp, "failing-mirror")
+    os.makedirs(empty, exist_ok=True)
+    with open(os.path.join(steps, "NODATA"), "w") as f:
+        f.write(f'CONFIG_GPT2_DATA_SHAKESPEARE_CHAR=y\nCONFIG_DATA_DIR="{tmp}/failing-data"\n'
+                f'CONFIG_DATA_MIRROR="{empty}"\n')
+    ws = Workspace(tmp, "failing", TINY.replace('"V0,V1"', '"DIVERGE,NODATA,V0"') +
                    f'CONFIG_ABLATION_STEPS_DIR="{steps}"\n', sanitize)
-    r = ws.make()
+    r = ws.make(env={k: "http://127.0.0.1:9" for k in ("https_proxy", "http_proxy", "HTTPS_PROXY", "HTTP_PROXY")})
     out = ws.run_dir()
     R.check(r.returncode != 0, "make fails when a step fails")
     R.check("step DIVERGE: FAILED" in r.stdout and "training loss is" in r.stdout,
             f"the failure is reported with the step's error:\n{r.stdout[-2000:]}")
+    R.check("step NODATA: FAILED: data preparation failed" in r.stdout and
+            not os.path.exists(os.path.join(out, "train_stepNODATA.log")),
+            f"data that cannot be fetched fails its step before the trainer, which writes no log:\n{r.stdout[-2000:]}")
+    rel = os.path.relpath(os.path.join(out, "train_stepDIVERGE.log"), REPO)
+    end = [x for x in r.stdout.splitlines() if x.startswith("error: ")]
+    R.check(end == [f"error: 2 of 3 step(s) failed: DIVERGE (exit status 1; log {rel}); NODATA (data preparation, "
+                    "its error is above; no trainer log)"],
+            f"the closing line names each failed step and where its error is, a log only where one was written: {end}")
     m = metrics(os.path.join(out, "training_metrics_stepV0.json"))
     R.check(m["status"] == "complete", f"the next step still ran and completed: {m['status']} {m.get('error')}\n"
                                        f"{r.stdout[-2000:]}{r.stderr[-1000:]}")
     summ = json.load(open(os.path.join(out, "ablation_summary.json")))
-    R.check([s["status"] for s in summ["steps"]] == ["failed", "complete"], "the summary marks the failed step")
+    R.check([s["status"] for s in summ["steps"]] == ["failed", "failed", "complete"],
+            "the summary marks the failed steps")
+    R.check("No artists" not in r.stdout + r.stderr, f"no warning from matplotlib: {r.stderr[-1000:]}")
+    # every step failed before it logged anything: no empty plot, no matplotlib warning
+    import contextlib
+    import io
+    import run_steps
+    import warnings
+    none = os.path.join(tmp, "failing-none")
+    os.makedirs(none, exist_ok=True)
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(io.StringIO()) as said:
+        warnings.simplefilter("always")
+        run_steps.plot(none, [("V0", "failed", {}), ("V1", "failed", {})])
+    R.check(not os.path.exists(os.path.join(none, "ablation_curves.png")) and not caught and
+            "Plots: none, no step has a loss curve" in said.getvalue(),
+            f"no curves: no plot and no warning, one line saying so: {said.getvalue()!r} {[str(w.message) for w in caught]}")
 
 
 def run_binary(binary, out, step, env=None, args=()):
