@@ -2138,6 +2138,13 @@ def test_failing_step(tmp, sanitize):
     R.check(not os.path.exists(os.path.join(none, "ablation_curves.png")) and not caught and
             "Plots: none, no step has a loss curve" in said.getvalue(),
             f"no curves: no plot and no warning, one line saying so: {said.getvalue()!r} {[str(w.message) for w in caught]}")
+    # a sweep's runs share step names: each is named with its folder under the sweep's; the list is capped
+    root = os.path.join(tmp, "sweep-out")
+    run_steps.FAILED[:] = [("V0", os.path.join(root, "runs", f"p{i}", "seed1"), "data preparation") for i in range(8)]
+    got = run_steps.failed_line(root)
+    run_steps.FAILED.clear()
+    R.check(got == "; ".join(f"runs/p{i}/seed1/V0 (data preparation)" for i in range(6)) + "; and 2 more above",
+            f"a sweep's failed runs are named by folder, six at most: {got}")
 
 
 def run_binary(binary, out, step, env=None, args=()):
