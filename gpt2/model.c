@@ -239,8 +239,8 @@ static void alloc_acts(GPT2 *m, int B, int T) {
 #define HEAD_BIAS(c) (!(c)->tie && (c)->head_bias)
 #define SITE_EMB 0 /* dropout site of the embeddings; blocks use 1 + layer */
 
-double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
-                    uint64_t dropout_seed_base) {
+void gpt2_forward_pass(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
+                       uint64_t dropout_seed_base) {
     const GPT2Config *c = &m->cfg;
     if (T < 1 || T > c->T) FATAL("gpt2_forward: sequence length %d outside [1, %d]", T, c->T);
     if (B < 1) FATAL("gpt2_forward: batch size %d", B);
@@ -267,17 +267,24 @@ double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T
                       C);
     linear_forward(a->logits, a->lnf, PARAM(m->headw), HEAD_BIAS(c) ? PARAM(m->headb) : NULL, (int)BT, C, c->V);
     m->counted = 0;
-    m->loss = NAN;
-    if (!targets) return m->loss;
+    if (!targets) return;
     dev_upload(m->targets, targets, BT * sizeof(int));
-    m->counted = crossentropy_forward(a->losses, a->ce_lse, a->logits, m->targets, (int)BT, c->V, -1, 0.0f);
-    float *losses = xmalloc(BT * sizeof(float));
-    dev_download(losses, a->losses, BT * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += losses[i];
-    free(losses);
-    m->loss = m->counted ? sum / m->counted : 0.0;
-    return m->loss;
+    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->targets, (int)BT, c->V, -1, 0.0f);
+    m->counted = targets_counted(targets, BT, -1);
+}
+
+void gpt2_loss_into(GPT2 *m, double *acc, double scale) {
+    sum_into(acc, m->acts.losses, (size_t)m->fwd_B * m->fwd_T, scale);
+}
+
+double gpt2_loss(GPT2 *m) {
+    return m->counted ? sum_of(m->acts.losses, (size_t)m->fwd_B * m->fwd_T) / m->counted : 0.0;
+}
+
+double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
+                    uint64_t dropout_seed_base) {
+    gpt2_forward_pass(m, inputs, targets, B, T, training, dropout_seed_base);
+    return targets ? gpt2_loss(m) : NAN;
 }
 
 int gpt2_correct(GPT2 *m) {

@@ -64,7 +64,6 @@ typedef struct {
     /* last forward pass */
     int fwd_B, fwd_T, fwd_training, counted;
     uint64_t dropout_seed_base;
-    double loss;
     /* analysis (mechint): hooks on every block, and a backward that starts
      * from d(loss)/d(logits) the caller wrote into acts.logits */
     const BlockHook *hook;
@@ -91,9 +90,18 @@ size_t gpt2_matmul_params(const GPT2Config *c);
 /* Training FLOPs per token (forward + backward), the formula in docs. */
 double gpt2_flops_per_token(const GPT2Config *c, int T);
 
-/* Forward pass over B sequences of T tokens; returns the mean loss over the
- * targets that count (targets of -1 are ignored; NULL targets: no loss).
- * training = 1 applies dropout with seeds derived from dropout_seed. */
+/* Forward pass over B sequences of T tokens; with targets, each target's
+ * loss stays on the device (targets of -1 are ignored; m->counted is how
+ * many count; NULL targets: no loss). training = 1 applies dropout with
+ * seeds derived from dropout_seed. A training step adds the losses to its
+ * record with gpt2_loss_into, and nothing waits for a GPU. */
+void gpt2_forward_pass(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
+                       uint64_t dropout_seed);
+/* *acc (a double in device memory) += scale * the sum of the last pass's losses. */
+void gpt2_loss_into(GPT2 *m, double *acc, double scale);
+/* The mean loss over the counted targets of the last pass (reads it back). */
+double gpt2_loss(GPT2 *m);
+/* gpt2_forward_pass, then its gpt2_loss (NAN without targets). */
 double gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T, int training,
                     uint64_t dropout_seed);
 /* Number of targets that counted in the last forward pass and, of those,

@@ -226,31 +226,33 @@ static int train(Run *r) {
         run_step_begin(t);
         double lr = lr_warmup_cosine(t->iter, h->warmup, h->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
-        double loss = 0.0;
         DistRange rows = run_batch_rows(t, h->B); /* this rank's rows of every micro-batch */
         for (int k = 0; k < h->accum; k++) {
             if (dataset_train_rows(&r->data, &t->data_rng, h->B, (int)rows.lo, (int)rows.n, x, y, &e) != 0)
                 run_die(&e);
             uint64_t dseed = dropout_seed(h->seed, (uint64_t)t->iter * h->accum + k, 0);
-            double l = rows.n ? gpt2_forward(m, x, y, (int)rows.n, h->T, 1, dseed) : 0.0;
+            if (rows.n) gpt2_forward_pass(m, x, y, (int)rows.n, h->T, 1, dseed);
             double counted = rows.n ? m->counted : 0;
-            RunLoss g = run_global_loss(t, l, counted, 0);
-            loss += g.loss / h->accum;
+            RunShare share = run_loss_share(t, counted, 1.0 / h->accum);
+            if (counted > 0) gpt2_loss_into(m, &run_record(t)->loss, share.loss_factor);
             run_before_backward(t, k == h->accum - 1);
-            if (counted > 0) gpt2_backward(m, run_backward_scale(t, 1.0f / h->accum, counted, &g));
+            if (counted > 0) gpt2_backward(m, share.backward_scale);
         }
-        if (run_check_loss(t, loss, "lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP")) {
+        run_optim_step(t, &h->optim, lr, t->iter + 1);
+        /* the records come back where the host needs them: the steps that log, evaluate or save, and the last */
+        int it = t->iter + 1, logs = it % h->log_interval == 0 || it == 1 || it == h->max_iters;
+        if ((logs || it % h->eval_interval == 0 || it % h->ckpt_interval == 0) && run_read_records(t)) {
             free(x), free(y);
             return 1;
         }
-        double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
         double dt = run_step_done(t, t0, (double)h->B * h->T * h->accum);
         interval_t += dt;
         interval_tokens += (double)h->B * h->T * h->accum;
         interval_n++;
         /* the loss of this very step, so that a resumed run logs the same curve */
-        if (t->iter % h->log_interval == 0 || t->iter == 1 || t->iter == h->max_iters) {
-            log_step(r, loss, lr, norm, 1e3 * interval_t / interval_n, interval_tokens / interval_t);
+        if (logs) {
+            const StepRecord *rec = &t->recs[t->nrecs - 1];
+            log_step(r, rec->loss, lr, rec->norm, 1e3 * interval_t / interval_n, interval_tokens / interval_t);
             interval_t = interval_tokens = 0.0;
             interval_n = 0;
         }
@@ -263,6 +265,7 @@ static int train(Run *r) {
     }
     free(x);
     free(y);
+    if (run_read_records(t)) return 1; /* a time budget ends the loop on any step */
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
     if (t->rank == 0) measure_decode(r);
@@ -294,6 +297,7 @@ static void setup(Run *r) {
     gpt2_init(&r->model, &cfg, r->h.seed);
     TrainRun *t = &r->run;
     t->dataset = r->data.name;
+    t->loss_hint = "lower CONFIG_GPT2_LR or set CONFIG_GPT2_GRAD_CLIP";
     t->variant = attn_variant_id(ATTN_VARIANT, ATTN_POS);
     t->unit = "tokens";
     t->model_json = gpt2_config_json(&cfg);

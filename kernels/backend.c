@@ -40,7 +40,7 @@ void args_adamw(int t) {
 }
 
 void args_clip(double max_norm) {
-    if (!(max_norm > 0.0)) FATAL("clip_grad_norm: max_norm must be > 0, got %g", max_norm);
+    if (!(max_norm >= 0.0)) FATAL("clip_grad_norm_into: max_norm must be >= 0 (0: no clipping), got %g", max_norm);
 }
 
 void args_embedding(int B, int T, int C, int V) {
@@ -80,6 +80,52 @@ void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
     AdamwSpan s = {.offset = 0, .state_offset = 0, .n = n, .weight_decay = weight_decay};
     adamw_update_spans(param, grad, m, v, &s, 1, lr, beta1, beta2, eps, t);
+}
+
+/* ------------------------------------------------------------------ values returned to the host
+ *
+ * Each backend computes these into device memory (the *_into ops, which a training step uses so that it never
+ * waits for a GPU); the forms that return the value are the same op and a download, here once for every backend. */
+
+static double *scratch_double(void) {
+    static double *d;
+    if (!d) d = dev_alloc(sizeof(double));
+    return d;
+}
+
+static double download_double(const double *d) {
+    double v;
+    dev_download(&v, d, sizeof v);
+    return v;
+}
+
+int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index) {
+    KPROF_OP();
+    double *d = scratch_double();
+    dev_zero(d, sizeof(double));
+    argmax_correct_into(d, logits, targets, N, V, ignore_index);
+    return (int)download_double(d);
+}
+
+double sum_of(const float *x, size_t n) {
+    KPROF_OP();
+    double *d = scratch_double();
+    dev_zero(d, sizeof(double));
+    sum_into(d, x, n, 1.0);
+    return download_double(d);
+}
+
+double clip_grad_norm(float *grad, size_t n, double max_norm) {
+    KPROF_OP();
+    if (!(max_norm > 0.0)) FATAL("clip_grad_norm: max_norm must be > 0, got %g", max_norm);
+    clip_grad_norm_into(grad, n, max_norm, scratch_double());
+    return download_double(scratch_double());
+}
+
+double grad_norm(const float *grad, size_t n) {
+    KPROF_OP();
+    clip_grad_norm_into((float *)grad, n, 0.0, scratch_double()); /* max_norm 0: the norm only, grad not written */
+    return download_double(scratch_double());
 }
 
 uint32_t dropout_threshold(float p, const char *op) {

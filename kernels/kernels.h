@@ -201,18 +201,30 @@ int dropout_batch_first(void);
  * (1-eps) on the gold class plus eps/V on every class):
  *   loss = lse - (1-eps) x[gold] - eps mean(x)
  * Rows whose target equals ignore_index (use -1 for none) get loss 0 and no
- * gradient. lse (N floats) is saved for the backward pass. Returns the
- * number of rows that count (targets != ignore_index). */
-int crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
-                         int N, int V, int ignore_index, float smoothing);
+ * gradient. lse (N floats) is saved for the backward pass. The losses stay
+ * on the device; how many rows count (targets != ignore_index) the caller
+ * knows from its own targets (targets_counted, lib/common.h), so the op
+ * returns nothing and a GPU is not waited for. */
+void crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
+                          int N, int V, int ignore_index, float smoothing);
 /* dlogits = (softmax(x) - target distribution) * scale for counted rows,
  * scale is typically 1/(counted rows) (times 1/grad-accum steps). dlogits
  * may alias logits (computed in place: the logits are not needed again). */
 void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse,
                            const int *targets, int N, int V, int ignore_index,
                            float smoothing, float scale);
-/* Counts rows whose argmax equals the target (ignoring ignore_index rows). */
+/* Adds to *acc (one double in device memory) the number of rows whose
+ * argmax equals the target (ignoring ignore_index rows); the first index of
+ * the maximum wins a tie. Nothing comes back to the host. */
+void argmax_correct_into(double *acc, const act_t *logits, const int *targets, int N, int V, int ignore_index);
+/* The same count returned (waits for a GPU: evaluation, tests). */
 int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index);
+/* *acc += scale * (x[0] + ... + x[n-1]), summed in double in a fixed order
+ * (a run repeats bit for bit), acc one double in device memory: a training
+ * step's loss stays on the device until its trainer reads it. */
+void sum_into(double *acc, const float *x, size_t n, double scale);
+/* The same sum returned (waits for a GPU). */
+double sum_of(const float *x, size_t n);
 
 /* ---- optimiser --------------------------------------------------------------
  * AdamW (decoupled weight decay, bias correction) on n values; t is the
@@ -231,12 +243,16 @@ typedef struct {
 } AdamwSpan;
 void adamw_update_spans(float *param, const float *grad, float *m, float *v, const AdamwSpan *spans, int nspans,
                         float lr, float beta1, float beta2, float eps, int t);
-/* Global L2 norm of n gradient values (accumulated in double). */
-double grad_norm(const float *grad, size_t n);
 void scale_inplace(float *x, size_t n, float s);
-/* Clips to max_norm like torch.nn.utils.clip_grad_norm_: scales by
- * max_norm / (norm + 1e-6) when norm > max_norm. Returns the norm before. */
+/* *norm (one double in device memory) := the global L2 norm of n gradient
+ * values (accumulated in double); with max_norm > 0, clips like
+ * torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when
+ * norm > max_norm, the decision taken on the device (no host wait). */
+void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm);
+/* The same with the norm returned (waits for a GPU): clip_grad_norm clips
+ * (max_norm > 0), grad_norm only measures. */
 double clip_grad_norm(float *grad, size_t n, double max_norm);
+double grad_norm(const float *grad, size_t n);
 
 /* ---- profile: where a step's time goes (make bench BENCH_ARGS=--profile) --
  * Between kprof_start and kprof_stop the backend times every call of this

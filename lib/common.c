@@ -227,3 +227,9 @@ double option_number(const char *cmd, const char *opt, const char *s, double lo,
               integer ? "a whole number" : "a finite number", lo, hi, hint);
     return v;
 }
+
+int targets_counted(const int *targets, size_t n, int ignore_index) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += targets[i] != ignore_index;
+    return c;
+}

@@ -72,6 +72,9 @@ int str_ends_with(const char *s, const char *suffix);
 double option_number(const char *cmd, const char *opt, const char *s, double lo, double hi, int integer,
                      const char *hint);
 
+/* How many of n targets are not ignore_index: the rows a softmax cross-entropy counts, known on the host from
+ * the targets it uploads (kernels.h, crossentropy_forward). */
+int targets_counted(const int *targets, size_t n, int ignore_index);
 double wall_seconds(void);   /* monotonic clock */
 double unix_seconds(void);   /* wall-clock time since the epoch */
 double peak_rss_mib(void);   /* peak resident set size of this process */

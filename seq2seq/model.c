@@ -314,8 +314,8 @@ static const act_t *encode(S2S *m, const int *src, int B, int S, int training) {
     return a->mem;
 }
 
-double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B, int training,
-                   uint64_t dropout_seed_base) {
+void s2s_forward_pass(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B,
+                      int training, uint64_t dropout_seed_base) {
     const S2SConfig *c = &m->cfg;
     if (B < 1 || S < 1 || S > c->Tmax || (c->decoder && (T < 1 || T > c->Tmax)))
         FATAL("s2s_forward: bad batch B=%d S=%d T=%d (longest %d)", B, S, T, c->Tmax);
@@ -368,20 +368,27 @@ double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *
         dev_upload(m->tgt_out, tgt_out, BT * sizeof(int));
     }
     free(mask);
-    m->counted = crossentropy_forward(a->losses, a->ce_lse, a->logits, m->tgt_out, (int)Nout, c->Vt, c->pad,
-                                      c->label_smoothing);
-    float *losses = xmalloc(Nout * sizeof(float));
-    dev_download(losses, a->losses, Nout * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < Nout; i++) sum += losses[i];
-    free(losses);
-    m->loss = m->counted ? sum / m->counted : 0.0;
-    return m->loss;
+    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->tgt_out, (int)Nout, c->Vt, c->pad, c->label_smoothing);
+    m->counted = targets_counted(tgt_out, Nout, c->pad);
 }
 
-int s2s_correct(S2S *m) {
-    int N = m->cfg.decoder ? m->fwd_B * m->fwd_T : m->fwd_B * m->fwd_S;
-    return argmax_correct(m->acts.logits, m->tgt_out, N, m->cfg.Vt, m->cfg.pad);
+/* the rows of the last pass's logits and targets: (B, T) with a decoder, (B, S) without */
+static int out_rows(const S2S *m) { return m->cfg.decoder ? m->fwd_B * m->fwd_T : m->fwd_B * m->fwd_S; }
+
+void s2s_loss_into(S2S *m, double *acc, double scale) { sum_into(acc, m->acts.losses, (size_t)out_rows(m), scale); }
+
+double s2s_loss(S2S *m) { return m->counted ? sum_of(m->acts.losses, (size_t)out_rows(m)) / m->counted : 0.0; }
+
+double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B, int training,
+                   uint64_t dropout_seed_base) {
+    s2s_forward_pass(m, src, S, tgt_in, tgt_out, T, B, training, dropout_seed_base);
+    return s2s_loss(m);
+}
+
+int s2s_correct(S2S *m) { return argmax_correct(m->acts.logits, m->tgt_out, out_rows(m), m->cfg.Vt, m->cfg.pad); }
+
+void s2s_correct_into(S2S *m, double *acc) {
+    argmax_correct_into(acc, m->acts.logits, m->tgt_out, out_rows(m), m->cfg.Vt, m->cfg.pad);
 }
 
 /* ------------------------------------------------------------------ backward */

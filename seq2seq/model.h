@@ -78,7 +78,6 @@ typedef struct {
     unsigned char *src_pad, *tgt_pad;
     int fwd_B, fwd_S, fwd_T, fwd_training, counted;
     uint64_t dropout_seed_base;
-    double loss;
     /* analysis (mechint): hooks on every self-attention block (encoder
      * layers 0..L_enc-1, then decoder layers), and a backward that starts
      * from d(loss)/d(logits) the caller wrote into acts.logits */
@@ -93,11 +92,22 @@ size_t s2s_matmul_params(const S2SConfig *c);
 
 /* Encoder only: src (B, S) tokens, targets (B, S) labels (pad ignored).
  * Encoder-decoder: src (B, S), tgt_in (B, T) decoder inputs (<bos> y...),
- * tgt_out (B, T) the next tokens. Returns the mean loss over counted targets. */
+ * tgt_out (B, T) the next tokens. Each target's loss stays on the device
+ * (m->counted of them count); s2s_loss_into adds them to a training step's
+ * record without waiting for a GPU. */
+void s2s_forward_pass(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B,
+                      int training, uint64_t dropout_seed);
+/* *acc (a double in device memory) += scale * the sum of the last pass's losses. */
+void s2s_loss_into(S2S *m, double *acc, double scale);
+/* The mean loss over the counted targets of the last pass (reads it back). */
+double s2s_loss(S2S *m);
+/* s2s_forward_pass, then its s2s_loss. */
 double s2s_forward(S2S *m, const int *src, int S, const int *tgt_in, const int *tgt_out, int T, int B, int training,
                    uint64_t dropout_seed);
-/* Targets of the last forward the model ranked first (argmax), of m->counted. */
+/* Targets of the last forward the model ranked first (argmax), of m->counted (reads the count back). */
 int s2s_correct(S2S *m);
+/* *acc (a double in device memory) += s2s_correct's count, on the device. */
+void s2s_correct_into(S2S *m, double *acc);
 void s2s_backward(S2S *m, float loss_scale);
 
 /* ---- decoding (encoder-decoder) -------------------------------------------

@@ -317,6 +317,14 @@ static void end_of_epoch(Run *r, int job) {
     r->epoch_loss = r->epoch_correct = r->epoch_count = 0.0;
 }
 
+/* A training step read back from the device (run_read_records): into the epoch's running sums. */
+static void fold_step(void *ctx, const StepRecord *rec) {
+    Run *r = ctx;
+    r->epoch_loss += rec->loss * rec->counted;
+    r->epoch_correct += rec->correct;
+    r->epoch_count += rec->counted;
+}
+
 /* Records a finished synthetic job: its final model's test accuracy. */
 static void end_of_job(Run *r, int job) {
     TrainRun *t = &r->run;
@@ -387,6 +395,7 @@ static int train(Run *r) {
             stopped_by = "max_time";
             t->skipped_iters += (job + 1) * r->iters_per_job - t->iter;
             t->iter = (job + 1) * r->iters_per_job;
+            if (run_read_records(t)) return 1; /* the job's steps so far, into its epoch's sums */
             if (!TRANSLATION) {
                 end_of_epoch(r, job);
                 end_of_job(r, job);
@@ -431,23 +440,30 @@ static int train(Run *r) {
         }
         double lr = learning_rate(h, local, r->iters_per_job, r->cfg.C);
         params_zero_grad(&m->w);
-        double l = rows.n ? s2s_forward(m, r->src, S, r->tgt_in, r->tgt_out, T, (int)rows.n, 1,
-                                        dropout_seed(h->seed, (uint64_t)t->iter, 0)) : 0.0;
+        if (rows.n)
+            s2s_forward_pass(m, r->src, S, r->tgt_in, r->tgt_out, T, (int)rows.n, 1,
+                             dropout_seed(h->seed, (uint64_t)t->iter, 0));
         double local_counted = rows.n ? m->counted : 0;
-        RunLoss g = run_global_loss(t, l, local_counted, rows.n ? s2s_correct(m) : 0);
-        double loss = g.loss, correct = g.correct, counted = g.counted;
-        if (run_check_loss(t, loss, "lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP")) return 1;
+        RunShare share = run_loss_share(t, local_counted, 1.0);
+        double counted = share.counted;
+        if (local_counted > 0) {
+            s2s_loss_into(m, &run_record(t)->loss, share.loss_factor);
+            s2s_correct_into(m, &run_record(t)->correct);
+        }
         run_before_backward(t, 1);
-        if (local_counted > 0) s2s_backward(m, run_backward_scale(t, 1.0f, local_counted, &g));
-        double norm = run_optim_step(t, &h->optim, lr, local + 1); /* each job starts its optimiser afresh */
+        if (local_counted > 0) s2s_backward(m, share.backward_scale);
+        run_optim_step(t, &h->optim, lr, local + 1); /* each job starts its optimiser afresh */
+        /* the records come back where the host needs them: the steps that log, end an epoch or save */
+        int it = t->iter + 1, logs = it % h->log_interval == 0 || local == 0;
+        int epoch_end = (local + 1) % r->steps_per_epoch == 0, job_end = local + 1 == r->iters_per_job;
+        if ((logs || epoch_end || it % h->ckpt_interval == 0 || it == total) && run_read_records(t)) return 1;
         double dt = run_step_done(t, t0, counted);
-        r->epoch_loss += loss * counted;
-        r->epoch_correct += correct;
-        r->epoch_count += counted;
         interval_t += dt;
         interval_tok += counted;
         interval_n++;
-        if (t->iter % h->log_interval == 0 || local == 0) {
+        if (logs) {
+            const StepRecord *rec = &t->recs[t->nrecs - 1]; /* this step's, read above */
+            double loss = rec->loss, correct = rec->correct, norm = rec->norm;
             double ms = 1e3 * interval_t / interval_n, tps = interval_tok / interval_t;
             metrics_append(t->metrics, "iterations", t->iter);
             metrics_append(t->metrics, "train_losses", loss);
@@ -469,12 +485,12 @@ static int train(Run *r) {
             interval_t = interval_tok = 0.0;
             interval_n = 0;
         }
-        int epoch_end = (local + 1) % r->steps_per_epoch == 0, job_end = local + 1 == r->iters_per_job;
         if (epoch_end) end_of_epoch(r, job);
         if (job_end && !TRANSLATION) end_of_job(r, job);
         int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < total);
         if (stop) return stop;
     }
+    if (run_read_records(t)) return 1;
     run_save_model(t, t->final_path, t->last_val);
     if (TRANSLATION) {
         int beam = CONFIG_SEQ2SEQ_BEAM;
@@ -542,6 +558,7 @@ static void setup(Run *r) {
     t->dataset = TRANSLATION ? (IS_ENABLED(CONFIG_SEQ2SEQ_DE_EN) ? "multi30k-de-en" : "multi30k-en-de") : "synthetic";
     t->variant = attn_variant_id(ATTN_VARIANT, ATTN_POS);
     t->unit = "tokens";
+    t->loss_hint = "lower CONFIG_SEQ2SEQ_LR or set CONFIG_SEQ2SEQ_GRAD_CLIP";
     t->model_json = s2s_config_json(&c);
     t->vocab_json = xstrdup(TRANSLATION ? "{\"type\":\"words\",\"note\":\"rebuilt from the training set\"}"
                                         : "{\"type\":\"digits\",\"size\":10}");
@@ -569,6 +586,8 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "epoch_correct", &r.epoch_correct);
     run_track(t, "epoch_count", &r.epoch_count);
     run_track(t, "skipped_iterations", &t->skipped_iters);
+    t->on_record = fold_step;
+    t->on_record_ctx = &r;
     int resumed = run_try_resume(t);
     banner(&r);
     run_open_metrics(t, resumed, TRAIN_SERIES, (int)(sizeof TRAIN_SERIES / sizeof *TRAIN_SERIES), VAL_SERIES,

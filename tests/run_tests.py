@@ -1399,18 +1399,19 @@ def cuda_against_cpu(tmp, emulated=False):
         precision_long_run(tmp, CUDA_NATIVE)
 
 
-# The round trips of a training step on the GPU (issue 16: no host round trip per op): inside an op of a profile,
-# each time the host waits for the device the backend ends a part KPROF_HOST_WAIT ("host wait"). The waits a step
-# of each tiny model makes, every one for a value the host needs: the count of the rows that count
-# (crossentropy_forward, whose wait answers the ids' range checks queued before it, embedding_forward's among
-# them), the per-token losses (dev_download), the accuracy's count (argmax_correct) and the gradient norm for
-# clipping. The batch's uploads (gpt2: inputs and targets; seq2seq: source, its padding mask, the one-hot source
-# and the targets) go through the page-locked ring and wait for nothing. No layer's op waits; a new round trip
-# anywhere in a step fails this table. (sets, calls per step of each op's "host wait")
+# The round trips of a training step on the GPU (issue 16: no host round trip per op; the loss and metrics come
+# back once per log interval): inside an op of a profile, each time the host waits for the device the backend ends a
+# part KPROF_HOST_WAIT ("host wait"). A step keeps its loss, correct count and gradient norm in its record on the
+# device (train/trainer.h, StepRecord); the counts of the rows that count are the host's own (targets_counted), the
+# clipping decision is taken on the device. The host waits once, in run_read_records' download, on the steps that
+# log (here every third: one of the three profiled steps, iterations 3-5), and answers the ids' range checks queued
+# since then. The batch's uploads (gpt2: inputs and targets; seq2seq: source, its padding mask, the one-hot source and
+# the targets) go through the page-locked ring and wait for nothing. No layer's op waits; a new round trip anywhere
+# in a step fails this table. (sets, calls per step of each op's "host wait")
 HOST_WAITS = {
-    "gpt2": (["GPT2_MAX_ITERS=8"], {"crossentropy_forward": 1, "dev_download": 1, "clip_grad_norm": 1}),
-    "seq2seq": (["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1"],
-                {"crossentropy_forward": 1, "argmax_correct": 1, "dev_download": 1, "clip_grad_norm": 1}),
+    "gpt2": (["GPT2_MAX_ITERS=8", "GPT2_LOG_INTERVAL=3"], {"dev_download": 1 / 3}),
+    "seq2seq": (["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1", "SEQ2SEQ_LOG_INTERVAL=3"],
+                {"dev_download": 1 / 3}),
 }
 
 
@@ -1419,9 +1420,11 @@ def host_waits(ws, run_name, family, out):
     profile (rows and "host_waits") and in the printed table."""
     sets, want = HOST_WAITS[family]
     prof = profile_by_hand(ws.binary("V0", run_name, family), out, "V0", sets, 3, {},
-                           printed=f"host waits for the device: {sum(want.values())} a step (")
+                           printed=f"host waits for the device: {sum(want.values()):.4g} a step (")
     got = {x["op"]: x["calls"] for x in prof.get("rows", []) if x.get("part") == "host wait"}
-    R.check(got == want and prof.get("host_waits") == sum(want.values()),
+    close = lambda a, b: abs(a - b) < 1e-9  # noqa: E731 - thirds
+    R.check(got.keys() == want.keys() and all(close(got[k], want[k]) for k in want) and
+            close(prof.get("host_waits", -1), sum(want.values())),
             f"{family}: a training step on the GPU waits for it only where the host needs a value: {want} "
             f"(got {got}, host_waits {prof.get('host_waits')})")
     print(f"  {family}: {prof.get('host_waits')} host waits a training step ({', '.join(f'{k} {v:g}' for k, v in got.items())})")
@@ -2878,17 +2881,33 @@ def test_guard_end_to_end(tmp, sanitize):
             f"under the guard: test_seq2seq in the guarded unit build):\n{(r.stdout + r.stderr)[-2000:]}")
 
 
-def test_nonfinite_iteration(tmp):
+def test_nonfinite_iteration(tmp, sanitize):
     section("the non-finite loss message names the iteration that produced it")
     out = os.path.join(tmp, "diverge", "output", "tiny")  # test_bad_runs' diverging run, a progress line per step
     log = open(os.path.join(out, "train_stepV0.log")).read().split("\n==== ")[-1] if os.path.isdir(out) else ""
     done = [int(x) for x in re.findall(r"^step +(\d+)/", log, re.M)]
     bad = re.search(r"training loss is \S+ at iteration (\d+)", log)
     m = metrics(os.path.join(out, "training_metrics_stepV0.json")) if log else {}
-    R.check(done and bad and int(bad.group(1)) == done[-1] + 1 and
-            m.get("error", "").endswith(f"at iteration {done[-1] + 1}"),
-            f"the loss of iteration {done[-1] + 1 if done else '?'} (the one after the last step logged) is named: "
-            f"{bad.group(0) if bad else log[-500:]} / {m.get('error')}")
+    if not R.check(done and bad and int(bad.group(1)) == done[-1] + 1 and
+                   m.get("error", "").endswith(f"at iteration {done[-1] + 1}"),
+                   f"the loss of iteration {done[-1] + 1 if done else '?'} (the one after the last step logged) is "
+                   f"named: {bad.group(0) if bad else log[-500:]} / {m.get('error')}"):
+        return
+    # logging every 4th step, the losses come back from the device (train/trainer.h, step records) only then: the NaN
+    # is found at the next read, still named by the iteration that produced it, and the steps after it are not logged
+    first = int(bad.group(1))
+    binary = os.path.join(tmp, "diverge", "build-san" if sanitize else "build", "tiny", "V0", "gpt2", "train_gpt2")
+    by_hand = os.path.join(tmp, "diverge-every-4")
+    r = run([binary, "train", "--out", by_hand, "--step", "V0", "--set", "GPT2_LOG_INTERVAL=4"],
+            env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
+    logged = [int(x) for x in re.findall(r"^step +(\d+)/", r.stdout, re.M)]
+    named = re.findall(r"training loss is \S+ at iteration (\d+)", r.stdout + r.stderr)
+    want_logged = [i for i in range(1, first) if i == 1 or i % 4 == 0]
+    R.check(r.returncode == 1 and named and int(named[0]) == first and logged == want_logged and
+            metrics(os.path.join(by_hand, "training_metrics_stepV0.json")).get("error", "").endswith(
+                f"at iteration {first}"),
+            f"logging every 4th step: iteration {first} is named all the same ({named}), the steps logged are "
+            f"{want_logged} ({logged}), exit status 1 ({r.returncode}):\n{r.stdout[-800:]}{r.stderr[-800:]}")
 
 
 def read_only(path):
@@ -4730,7 +4749,7 @@ def main():
             guarded(test_gpt2_char_options, tmp, args.sanitize)
             guarded(test_failing_step, tmp, args.sanitize)
             guarded(test_bad_runs, tmp, args.sanitize)
-            guarded(test_nonfinite_iteration, tmp)
+            guarded(test_nonfinite_iteration, tmp, args.sanitize)
             guarded(test_read_only_output, tmp, args.sanitize)
         if want("pareto"):
             guarded(test_pareto, tmp, args.sanitize)

@@ -1355,11 +1355,22 @@ static void test_crossentropy(double smoothing, int V, int ramp) {
         buf_upload(&logits);
     }
     Buf dl = act_zeros((size_t)N * V);
-    int counted = crossentropy_forward(losses.d, lse.d, logits.a, targets_d, N, V, ignore, (float)smoothing);
-    CHECK(counted == 6, "crossentropy counts %d rows, expected 6", counted);
+    crossentropy_forward(losses.d, lse.d, logits.a, targets_d, N, V, ignore, (float)smoothing);
+    int counted = targets_counted(targets, N, ignore);
+    CHECK(counted == 6, "targets_counted counts %d rows, expected 6", counted);
     buf_download(&losses);
     double mean = 0.0;
     for (int i = 0; i < N; i++) mean += losses.h[i];
+    /* the losses summed on the device, as a training step's record holds them: *acc += scale * sum, twice */
+    double *acc = dev_alloc(sizeof(double)), got_acc;
+    sum_into(acc, losses.d, N, 0.5 / counted);
+    sum_into(acc, losses.d, N, 0.5 / counted);
+    dev_download(&got_acc, acc, sizeof got_acc);
+    dev_free(acc);
+    CHECK(fabs(got_acc - mean / counted) <= 1e-12 * fabs(mean / counted) && sum_of(losses.d, N) == sum_of(losses.d, N) &&
+              fabs(sum_of(losses.d, N) - mean) <= 1e-12 * fabs(mean),
+          "sum_into adds scale * the sum to what it holds (%.12f, want %.12f), sum_of returns the sum, the same each "
+          "time", got_acc, mean / counted);
     mean /= counted;
     CeCtx c = {N, V, ignore, smoothing, to_double(logits.h, (size_t)N * V), targets};
     double want = ce_loss(&c);
@@ -1422,6 +1433,13 @@ static void test_argmax(int V) {
     int got = argmax_correct(logits.a, targets_d, N, V, -1);
     CHECK(want == want_designed && got == want, "argmax_correct, V %d: %d rows right, expected %d (by design %d)", V,
           got, want, want_designed);
+    double *acc = dev_alloc(sizeof(double)), into; /* zero-filled; the device form adds to what it holds */
+    argmax_correct_into(acc, logits.a, targets_d, N, V, -1);
+    argmax_correct_into(acc, logits.a, targets_d, N, V, -1);
+    dev_download(&into, acc, sizeof into);
+    dev_free(acc);
+    CHECK(into == 2.0 * want, "argmax_correct_into, V %d: two calls add %g to the device's count (want %d)", V, into,
+          2 * want);
     dev_free(targets_d);
     buf_free(&logits);
 }
@@ -1506,7 +1524,22 @@ static void test_adamw_and_clip(void) {
     clip_grad_norm(small.d, 2, 1.0);
     buf_download(&small);
     CHECK(small.h[0] == 0.3f && small.h[1] == 0.4f, "no clipping below the maximum");
-    buf_free(&grads), buf_free(&small);
+    /* the device form: the norm into device memory, the decision to clip taken there; max_norm 0 only measures */
+    double *nd = dev_alloc(sizeof(double)), nv;
+    Buf big = buf_from((float[]){6.0f, 8.0f}, 2); /* norm 10 */
+    clip_grad_norm_into(big.d, 2, 0.0, nd);
+    dev_download(&nv, nd, sizeof nv);
+    buf_download(&big);
+    CHECK(nv == 10.0 && big.h[0] == 6.0f && big.h[1] == 8.0f, "clip_grad_norm_into, max 0: norm %g, gradients kept", nv);
+    clip_grad_norm_into(big.d, 2, 2.0, nd);
+    dev_download(&nv, nd, sizeof nv);
+    buf_download(&big);
+    CHECK(nv == 10.0 && big.h[0] == (float)(6.0 * (float)(2.0 / (10.0 + 1e-6))) &&
+              big.h[1] == (float)(8.0 * (float)(2.0 / (10.0 + 1e-6))),
+          "clip_grad_norm_into, max 2: norm %g before, gradients scaled by 2/(10+1e-6) (%.7f %.7f)", nv,
+          (double)big.h[0], (double)big.h[1]);
+    dev_free(nd);
+    buf_free(&grads), buf_free(&small), buf_free(&big);
 
     /* many tensors in one call: 130 spans (a GPU takes them in two launches), some empty, gaps between them
      * that stay untouched, moments at other offsets (a ZeRO-1 slice), two weight decays: every value within
@@ -1631,6 +1664,7 @@ static void bad_smoothing(void) { crossentropy_backward(adummy, adummy, dummy, b
 static void bad_argmax(void) { argmax_correct(adummy, bad_ids, 1, 0, -1); }
 static void bad_adamw(void) { adamw_update(dummy, dummy + 8, dummy + 16, dummy + 24, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0); }
 static void bad_clip(void) { clip_grad_norm(dummy, 4, 0.0); }
+static void bad_clip_into(void) { clip_grad_norm_into(dummy, 4, -1.0, (double *)(dummy + 8)); }
 static void bad_cross_attention(void) {
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
     cross_attention_forward(adummy, dummy + 32, adummy, adummy, &a);
@@ -1671,7 +1705,7 @@ static void test_profile(void) {
           "(%ld, %ld)", lin ? lin->calls : -1L, gel ? gel->calls : -1L);
     CHECK(rln && rln->calls == 1 && clip && clip->calls == 1, "profile: the outer ops of the nested calls counted once");
     CHECK(!prof_row(rows, n, "layernorm_forward", NULL) && !prof_row(rows, n, "residual_forward", NULL) &&
-          !prof_row(rows, n, "grad_norm", NULL) && !prof_row(rows, n, "scale_inplace", NULL),
+          !prof_row(rows, n, "clip_grad_norm_into", NULL) && !prof_row(rows, n, "scale_inplace", NULL),
           "profile: ops called by another op are part of it, not rows of their own");
     double ops_ms = 0.0;
     int parts_ok = 1, parts = 0;
@@ -1746,6 +1780,7 @@ static void test_argument_errors(void) {
     expect_error("argmax_correct: bad shape N=1 V=0", "argmax");
     expect_error("adamw_update: step t must be >= 1", "adamw");
     expect_error("clip_grad_norm: max_norm must be > 0", "clip");
+    expect_error("clip_grad_norm_into: max_norm must be >= 0 (0: no clipping), got -1", "clip_into");
 }
 
 /* ------------------------------------------------------------------ grouped K/V heads */
@@ -1932,7 +1967,7 @@ static int run_bad_call(const char *name) {
                  {"kv_heads_decode", bad_kv_heads_decode}, {"linear_gelu", bad_linear_gelu},
                  {"gelu_linear", bad_gelu_linear}, {"linear_backward", bad_linear_backward},
                  {"tokens_embed", bad_tokens_embed}, {"smoothing", bad_smoothing}, {"argmax", bad_argmax},
-                 {"adamw", bad_adamw}, {"clip", bad_clip}, {"embedding_vocab", bad_embedding_vocab},
+                 {"adamw", bad_adamw}, {"clip", bad_clip}, {"clip_into", bad_clip_into}, {"embedding_vocab", bad_embedding_vocab},
                  {"crossentropy_skip", bad_crossentropy_skip}, {"gelu_linear_dout", bad_gelu_linear_dout}};
     dummy = dev_alloc(64 * sizeof(float));
     adummy = dev_alloc(64 * sizeof(float));

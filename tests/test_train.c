@@ -136,6 +136,15 @@ static void test_rng(void) {
     CHECK(below, "rng_below stays below its bound");
 }
 
+/* optim_step, and the norm it leaves in device memory */
+static double norm_of_step(const Optim *o, Params *w, double lr, int step) {
+    double *d = dev_alloc(sizeof(double)), norm;
+    optim_step(o, w, lr, step, d);
+    dev_download(&norm, d, sizeof norm);
+    dev_free(d);
+    return norm;
+}
+
 /* Two optimiser steps against a float64 AdamW written out here: clipping to the global norm, bias correction,
  * betas, epsilon, and decoupled weight decay on the decay tensor only. */
 static void test_optim_step(void) {
@@ -163,7 +172,7 @@ static void test_optim_step(void) {
         want = sqrt(want);
         if (step == 1) norm0 = want;
         params_from_host(&w, w.grads, gs);
-        double norm = optim_step(&o, &w, lr[step - 1], step);
+        double norm = norm_of_step(&o, &w, lr[step - 1], step);
         CHECK_CLOSE(norm, want, 0, 1e-6, "optim_step returns the norm before clipping (step %d)", step);
         double scale = want > o.clip ? o.clip / want : 1.0;
         for (int i = 0; i < N; i++) {
@@ -187,7 +196,7 @@ static void test_optim_step(void) {
     free(got), free(gg);
     const Optim noclip = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .clip = 0.0};
     params_from_host(&w, w.grads, g[0]);
-    double norm = optim_step(&noclip, &w, 0.0, 3);
+    double norm = norm_of_step(&noclip, &w, 0.0, 3);
     gg = params_to_host(&w, w.grads);
     CHECK(fabs(norm - norm0) <= 1e-6 * norm0 && gg[0] == g[0][0], "clip 0: the norm is measured, the gradients kept");
     free(gg);
@@ -224,6 +233,8 @@ static void open_run(TrainRun *r, Params *w, const char *dir, const char *step) 
     run_write_metrics(r);
 }
 
+static void fold_loss(void *ctx, const StepRecord *rec) { *(double *)ctx += rec->loss; }
+
 static void test_loop_tail(void) {
     char dir[] = "/tmp/kvlab_test_train_XXXXXX";
     if (!mkdtemp(dir)) FATAL("mkdtemp failed");
@@ -234,12 +245,40 @@ static void test_loop_tail(void) {
     const char *error;
     open_run(&r, &w, dir, "A");
     r.iter = 3;
-    CHECK(run_check_loss(&r, 2.5, "hint") == 0 && !strcmp(status_of(r.metrics_path, NULL), "running"),
+    CHECK(run_check_loss(&r, 2.5, 4) == 0 && !strcmp(status_of(r.metrics_path, NULL), "running"),
           "a finite loss goes on");
-    CHECK(run_check_loss(&r, NAN, "lower the learning rate") == 1, "a NaN loss stops the step");
+    CHECK(run_read_records(&r) == 0 && r.nrecs == 0, "nothing to read before a step");
+    /* three steps' records on the device, read back together: each step's loss, correct count and norm, the host's
+     * count and iteration beside them, the folding callback for each good one; the second loss is NaN */
+    double fold_sum = 0.0;
+    r.on_record = fold_loss;
+    r.on_record_ctx = &fold_sum;
+    const double loss[3] = {2.5, 1.5, NAN};
+    for (int k = 0; k < 3; k++) {
+        run_step_begin(&r);
+        double rec[3] = {loss[k], 10.0 + k, 0.5 * k};
+        dev_upload(&run_record(&r)->loss, rec, sizeof rec); /* loss, correct, norm: a step's ops write them there */
+        RunShare s = run_loss_share(&r, 8, 0.5);
+        CHECK(s.counted == 8 && s.loss_factor == 0.5 / 8 && s.backward_scale == 0.5f,
+              "one process: the count is its own, loss factor scale/count, backward scale the scale");
+        run_loss_share(&r, 4, 0.5); /* a second micro-batch adds to the step's count */
+        if (k < 2) {
+            CHECK(run_read_records(&r) == 0 && r.nrecs == 1 && r.recs[0].loss == loss[k] && r.recs[0].correct == 10 + k &&
+                      r.recs[0].norm == 0.5 * k && r.recs[0].counted == 12 && r.recs[0].iter == 4,
+                  "step %d read back: loss %g, correct %g, norm %g, counted %g, iteration %d", k, r.recs[0].loss,
+                  r.recs[0].correct, r.recs[0].norm, r.recs[0].counted, r.recs[0].iter);
+            CHECK(run_read_records(&r) == 0 && r.nrecs == 0, "a record is read once");
+        }
+    }
+    CHECK(fold_sum == 4.0, "the callback saw each good record once (sum of losses %g)", fold_sum);
+    r.iter = 5;
+    run_step_begin(&r); /* iteration 6: after the bad one, thrown away with it */
+    CHECK(run_read_records(&r) == 1, "a NaN loss among the unread records stops the step");
     CHECK(!strcmp(status_of(r.metrics_path, &error), "failed") && !strcmp(error, "training loss is nan at iteration 4"),
           "the metrics say failed and name the iteration that produced the loss: %s", error);
     CHECK(!file_exists(r.state_path), "a failed step writes no state over the last good one");
+    CHECK(fold_sum == 4.0, "the bad record and those after it are not folded");
+    dev_free(r.rec_dev), free(r.recs); /* run_free would free the literal model_json */
     metrics_free(r.metrics);
 
     open_run(&r, &w, dir, "B");

@@ -2,7 +2,8 @@
  * process runs and the N-1 after it are timed op by op with the backend's profile (kernels.h, kprof_start),
  * paused between steps so that evaluation, logging and checkpoints are not counted. After the last of them, rank 0
  * prints where their time went and the metrics file keeps it under "profile". Every family calls run_step_begin
- * before a step's forward pass; run_step_done and run_finish call the rest. */
+ * (train/trainer.c, which calls run_profile_step_begin) before a step's forward pass; run_step_done and run_finish
+ * call the rest. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,7 @@ void run_profile_init(TrainRun *r) {
     r->profile_steps = (int)n;
 }
 
-void run_step_begin(TrainRun *r) {
+void run_profile_step_begin(TrainRun *r) {
     if (!r->profile_steps || r->profile_done >= r->profile_steps) return;
     if (r->profiling)
         kprof_resume();

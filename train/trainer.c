@@ -86,6 +86,10 @@ void run_init(TrainRun *r, const char *family, const char *out, const char *step
 }
 
 void run_free(TrainRun *r) {
+    if (r->rec_dev) dev_free(r->rec_dev);
+    free(r->recs);
+    r->rec_dev = r->recs = NULL;
+    r->rec_cap = r->rec_pending = r->nrecs = 0;
     metrics_free(r->metrics);
     free(r->model_json), free(r->vocab_json);
     grad_sync_free(&r->sync);
@@ -432,21 +436,85 @@ int run_stop(TrainRun *r) {
 
 /* ------------------------------------------------------------------ the training-loop tail */
 
-double optim_step(const Optim *o, Params *w, double lr, int step) {
-    double norm = o->clip > 0 ? clip_grad_norm(w->grads, w->table.total, o->clip) : grad_norm(w->grads, w->table.total);
+void optim_step(const Optim *o, Params *w, double lr, int step, double *norm) {
+    clip_grad_norm_into(w->grads, w->table.total, o->clip, norm); /* clip 0: the norm only */
     params_adamw(w, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay, step);
-    return norm;
+}
+
+/* ------------------------------------------------------------------ step records */
+
+void run_step_begin(TrainRun *r) {
+    run_profile_step_begin(r);
+    if (r->rec_pending == r->rec_cap) { /* more steps than ever between two reads: a larger buffer, on the device */
+        int cap = r->rec_cap ? 2 * r->rec_cap : 64;
+        StepRecord *d = dev_alloc((size_t)cap * sizeof *d); /* zero-filled */
+        if (r->rec_dev) {
+            dev_copy(d, r->rec_dev, (size_t)r->rec_pending * sizeof *d);
+            dev_free(r->rec_dev);
+        }
+        r->rec_dev = d;
+        r->recs = xrealloc(r->recs, (size_t)cap * sizeof *r->recs);
+        r->rec_cap = cap;
+    }
+    StepRecord *h = &r->recs[r->rec_pending++]; /* the host's fields until the read */
+    h->counted = 0.0;
+    h->iter = r->iter + 1;
+}
+
+StepRecord *run_record(TrainRun *r) {
+    if (!r->rec_pending) FATAL("run_record: no step begun (call run_step_begin first)");
+    return r->rec_dev + r->rec_pending - 1;
+}
+
+RunShare run_loss_share(TrainRun *r, double local_counted, double scale) {
+    double counted = local_counted;
+    if (r->procs > 1) dist_sum(&counted, 1); /* host values: no wait for a device */
+    if (r->rec_pending) r->recs[r->rec_pending - 1].counted += counted;
+    RunShare s = {.counted = counted, .loss_factor = counted > 0 ? scale / counted : 0.0, .backward_scale = (float)scale};
+    if (r->procs > 1) s.backward_scale = (float)(counted > 0 ? scale * local_counted / counted : 0.0);
+    return s;
+}
+
+int run_read_records(TrainRun *r) {
+    int n = r->rec_pending;
+    r->nrecs = n;
+    if (!n) return 0;
+    StepRecord *d = xmalloc((size_t)n * sizeof *d);
+    dev_download(d, r->rec_dev, (size_t)n * sizeof *d); /* the one wait for the device since the last read */
+    dev_zero(r->rec_dev, (size_t)n * sizeof *d);
+    r->rec_pending = 0;
+    if (r->procs > 1) { /* each rank's part of the loss and its correct count; the norm is every rank's alike */
+        double *v = xmalloc(2 * (size_t)n * sizeof *v);
+        for (int i = 0; i < n; i++) v[2 * i] = d[i].loss, v[2 * i + 1] = d[i].correct;
+        dist_sum(v, 2 * n);
+        for (int i = 0; i < n; i++) d[i].loss = v[2 * i], d[i].correct = v[2 * i + 1];
+        free(v);
+    }
+    for (int i = 0; i < n; i++) {
+        r->recs[i].loss = d[i].loss;
+        r->recs[i].correct = d[i].correct;
+        r->recs[i].norm = d[i].norm;
+    }
+    free(d);
+    for (int i = 0; i < n; i++) { /* the first bad one, every rank alike: the steps after it go with it */
+        if (run_check_loss(r, r->recs[i].loss, r->recs[i].iter)) return 1;
+        if (r->on_record) r->on_record(r->on_record_ctx, &r->recs[i]);
+    }
+    return 0;
 }
 
 void run_before_backward(TrainRun *r, int last) {
     if (last) grad_sync_arm(&r->sync);
 }
 
-double run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
+void run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
     Params *w = r->w;
     size_t total = w->table.total;
     grad_sync_finish(&r->sync); /* the sum over the ranks (ZeRO-1: of this rank's slice), or what is left of it */
-    if (!r->zero1) return optim_step(o, w, lr, step);
+    if (!r->zero1) {
+        optim_step(o, w, lr, step, &run_record(r)->norm);
+        return;
+    }
     /* ZeRO-1: the summed gradients of this rank's slice; the global norm from every slice's squares; clipping
      * as clip_grad_norm; AdamW on the slice; then every rank's updated slice to all */
     DistRange z = r->zslice;
@@ -458,7 +526,7 @@ double run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
     params_adamw_slice(w, w->m, w->v, z.lo, z.n, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                        (float)o->weight_decay, step);
     dist_allgather_dev(w->params, total);
-    return norm;
+    dev_upload(&run_record(r)->norm, &norm, sizeof norm); /* found on the host here: the slices' sum */
 }
 
 void run_reset_optimizer(TrainRun *r) {
@@ -476,13 +544,6 @@ DistRange run_batch_rows(TrainRun *r, int n) {
     return rows;
 }
 
-RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct) {
-    if (r->procs == 1) return (RunLoss){.loss = loss, .counted = counted, .correct = correct};
-    double v[3] = {counted > 0 ? loss * counted : 0.0, counted, correct};
-    dist_sum(v, 3);
-    return (RunLoss){.loss = v[1] > 0 ? v[0] / v[1] : NAN, .counted = v[1], .correct = v[2]};
-}
-
 void run_banner_dist(const TrainRun *r) {
     /* a job of one process says nothing, unless it runs NCCL's collectives all the same (on the CUDA target) */
     if (r->procs <= 1 && !IS_ENABLED(CONFIG_DIST_NCCL)) return;
@@ -496,22 +557,17 @@ void run_banner_dist(const TrainRun *r) {
     fflush(stdout);
 }
 
-float run_backward_scale(const TrainRun *r, double scale, double local_counted, const RunLoss *g) {
-    if (r->procs == 1) return (float)scale;
-    return (float)(scale * local_counted / g->counted);
-}
-
-int run_check_loss(TrainRun *r, double loss, const char *hint) {
+int run_check_loss(TrainRun *r, double loss, int iter) {
     if (isfinite(loss)) return 0; /* the global loss: every rank decides alike */
     /* gradient sums that the backward pass may have started end on every rank before the stop (every rank armed
      * alike; one that skipped its pass starts them now, so the collectives match) */
     if (r->w->grads_final) grad_sync_finish(&r->sync);
     char msg[256];
-    snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, r->iter + 1);
+    snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, iter);
     run_fail(r, "failed", msg);
     fflush(stdout);
     if (r->rank != 0) return 1;
-    fprintf(stderr, "error: %s (hint: %s; %s)\n", msg, hint,
+    fprintf(stderr, "error: %s (hint: %s; %s)\n", msg, r->loss_hint ? r->loss_hint : "lower the learning rate",
             file_exists(r->state_path) ? "the last good state is in the state_step file and is kept"
                                        : "no checkpoint was written yet");
     return 1;
@@ -529,13 +585,15 @@ double run_step_done(TrainRun *r, double t0, double examples) {
 }
 
 int run_checkpoint_or_stop(TrainRun *r, int checkpoint_due) {
+    double sig = run_stop_signal(); /* a stop request of any rank stops all of them at this step */
+    dist_max(&sig, 1);
+    /* a state is written only after the steps before it are known good (nothing to read where the family read) */
+    if ((checkpoint_due || sig > 0) && run_read_records(r)) return 1;
     if (checkpoint_due) {
         run_save_state(r);
         printf("checkpoint step %d -> %s\n", r->iter, r->state_path);
         fflush(stdout);
     }
-    double sig = run_stop_signal(); /* a stop request of any rank stops all of them at this step */
-    dist_max(&sig, 1);
     if (sig > 0 && !g_stop_signal) g_stop_signal = (int)sig;
     return sig > 0 ? run_stop(r) : 0;
 }

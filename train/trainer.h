@@ -24,6 +24,15 @@
 #include "metrics.h"
 #include "rng.h"
 
+/* What a training step computes for the host, kept on the device until the host needs it (run_record). */
+typedef struct {
+    double loss;    /* the step's mean loss over every rank's counted examples (accumulations averaged) */
+    double correct; /* correct predictions over every rank (families that count them) */
+    double norm;    /* the global gradient norm before clipping */
+    double counted; /* the host's: examples that counted, over every rank (run_loss_share) */
+    int iter;       /* the host's: the iteration (1-based) */
+} StepRecord;
+
 typedef struct {
     /* set by the family before use */
     const char *family, *step, *out, *dataset, *variant;
@@ -61,6 +70,16 @@ typedef struct {
      * steps this process has run, the first profiled iteration, whether the profile is on, the steps' seconds */
     int profile_steps, profile_done, steps_here, profile_first, profiling;
     double profile_seconds;
+    /* step records: the family's hint for a non-finite loss (e.g. "lower CONFIG_GPT2_LR or set
+     * CONFIG_GPT2_GRAD_CLIP"); the records on the device, rec_pending of rec_cap unread; recs: the host's copies of
+     * the nrecs records the last run_read_records returned */
+    const char *loss_hint;
+    StepRecord *rec_dev, *recs;
+    int rec_cap, rec_pending, nrecs;
+    /* called by run_read_records for each good record, oldest first (running sums of an epoch), wherever the
+     * read happens (a stop saves the state after it); NULL: none */
+    void (*on_record)(void *ctx, const StepRecord *rec);
+    void *on_record_ctx;
 } TrainRun;
 
 /* Frees what the run holds (the metrics document, model_json, vocab_json, the gradient-sum plan); the family
@@ -127,8 +146,9 @@ int run_stop(TrainRun *r);
  *
  *     DistRange rows = run_batch_rows(t, B);          this rank's rows of the B of the global batch
  *     local forward on rows.n rows (if any) ...
- *     RunLoss g = run_global_loss(t, local_mean_loss, local_counted, local_correct);
- *     backward (if rows.n) with run_backward_scale(t, scale, local_counted, &g)   the global mean's gradient
+ *     RunShare s = run_loss_share(t, local_counted, scale);
+ *     the family's *_loss_into(model, &run_record(t)->loss, s.loss_factor)   (if local_counted)
+ *     backward (if local_counted) with s.backward_scale                      the global mean's gradient
  *
  * Evaluation splits its batches over the ranks (batch k on rank k % procs) and sums its counts with
  * dist_sum. */
@@ -141,30 +161,43 @@ void run_banner_dist(const TrainRun *r);
 DistRange run_batch_rows(TrainRun *r, int n);
 
 typedef struct {
-    double loss;    /* mean over every rank's counted examples */
-    double counted; /* examples (targets) that count, over all ranks */
-    double correct;
-} RunLoss;
-/* The global loss of a forward pass from each rank's mean loss over its counted examples (0 counted: the
- * rank had no rows) and its correct predictions. */
-RunLoss run_global_loss(TrainRun *r, double loss, double counted, double correct);
-/* The loss scale for this rank's backward pass (which divides by its own count) that gives the gradient of
- * the global mean: scale * local_counted / g->counted (scale itself in a job of one). */
-float run_backward_scale(const TrainRun *r, double scale, double local_counted, const RunLoss *g);
+    double counted;       /* examples (targets) of the micro-batch that count, over all ranks */
+    double loss_factor;   /* scale / counted: this rank's sum of losses times it is its part of the mean */
+    float backward_scale; /* this rank's backward loss scale (it divides by its own count): scale * local / counted */
+} RunShare;
+/* This rank's share of a micro-batch's global mean loss, from host values alone (a sum over the ranks of the
+ * counts): scale is 1, or 1/accum for gradient accumulation. Adds counted to the step's record. */
+RunShare run_loss_share(TrainRun *r, double local_counted, double scale);
 
 /* ------------------------------------------------------------------ the training-loop tail
  *
- * What every family does after computing a step's loss, in this order:
+ * A step never waits for a GPU: its loss, correct predictions and gradient norm go into its record on the
+ * device (StepRecord), and the host reads the records back, all at once, where it needs them: the steps that
+ * log, evaluate, save a checkpoint or end an epoch, and a stop. What every family does, in this order:
  *
- *     run_step_begin(t); forward ...
- *     if (run_check_loss(t, loss, "lower the family's learning rate or set its gradient clipping")) return 1;
- *     run_before_backward(t, micro_batch == accum - 1); backward ...   (for each micro-batch)
- *     double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
+ *     run_step_begin(t); forward ... *_loss_into(&run_record(t)->loss)   (run_loss_share above)
+ *     run_before_backward(t, micro_batch == accum - 1); backward ...     (for each micro-batch)
+ *     run_optim_step(t, &h->optim, lr, t->iter + 1);
+ *     if (read_due && run_read_records(t)) return 1;   t->recs[t->nrecs - 1] is this step's record
  *     double dt = run_step_done(t, t0, examples);
  *     log, evaluate ...
  *     int stop = run_checkpoint_or_stop(t, checkpoint_due);
  *     if (stop) return stop;
- */
+ *
+ * and after the loop, run_read_records again before the final evaluation (a time budget ends the loop on any
+ * step). Reading before run_step_done puts the wait for the device in the step's time: the steps between two
+ * reads are timed together, as the GPU ran them. A non-finite loss is found at the next read: the steps after it
+ * are thrown away with it, and the last good state (the last checkpoint, always read before it is written)
+ * stays. */
+
+/* This step's record in device memory (zeroed), for the ops that write into it: the family's *_loss_into and
+ * *_correct_into, run_optim_step's norm. */
+StepRecord *run_record(TrainRun *r);
+/* Reads back every record written since the last read (one wait for the device) into t->recs[0 .. t->nrecs),
+ * oldest first, the loss and correct counts summed over the ranks. A non-finite loss: run_check_loss for it
+ * (the run fails with the family's loss_hint, naming the step) and 1; 0 otherwise (also when nothing is
+ * unread, nrecs then 0). Every rank calls it at the same steps. */
+int run_read_records(TrainRun *r);
 
 /* AdamW and gradient clipping; a family fills it from its Kconfig symbols with OPTIM_FROM_KCONFIG. */
 typedef struct {
@@ -180,17 +213,18 @@ typedef struct {
              .clip = config_number(#CLIP, CLIP, 0.0, 1e9)})
 
 /* Clips the gradients of w to o->clip (when on), then one AdamW update at learning rate lr as update number
- * step (1-based, for the bias correction). Returns the global gradient norm before clipping. */
-double optim_step(const Optim *o, Params *w, double lr, int step);
+ * step (1-based, for the bias correction). The global gradient norm before clipping goes into *norm (a double
+ * in device memory). */
+void optim_step(const Optim *o, Params *w, double lr, int step, double *norm);
 /* Before each backward pass, saying whether it is the last of the optimizer step (the last micro-batch of
  * gradient accumulation; call it even when the pass is skipped): the last one's finished gradients start their
  * sum over the ranks while it goes on (train/grad_sync.h; nothing in a job of one or without buckets). */
 void run_before_backward(TrainRun *r, int last);
 /* optim_step for the run's parameters after the gradients are summed over the ranks (all-reduce; with
- * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters). The loss must be
- * normalised by the global count (run_global_loss). */
-double run_optim_step(TrainRun *r, const Optim *o, double lr, int step);
-/* At the start of every optimizer step, before its forward pass. With KVLAB_PROFILE_STEPS=N in the environment
+ * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters), the norm into the step's
+ * record. The loss must be normalised by the global count (run_loss_share). */
+void run_optim_step(TrainRun *r, const Optim *o, double lr, int step);
+/* At the start of every optimizer step, before its forward pass: a record for the step. With KVLAB_PROFILE_STEPS=N in the environment
  * the third step this process runs and the N-1 after it are timed op by op (kernels.h, kprof_start), paused
  * between steps (evaluation, logging and checkpoints are not counted); after the last of them rank 0 prints
  * where their time went and the metrics keep it under "profile" (train/profile.c). */
@@ -198,6 +232,7 @@ void run_step_begin(TrainRun *r);
 /* train/profile.c's part of run_init (reads KVLAB_PROFILE_STEPS; a bad value stops the run with one line),
  * run_step_done and run_finish. */
 void run_profile_init(TrainRun *r);
+void run_profile_step_begin(TrainRun *r);
 void run_profile_step_done(TrainRun *r, double seconds);
 void run_profile_finish(TrainRun *r);
 /* A profile's rows (kernels.h, kprof_stop) over steps steps of step_ms each, per step: {"steps", "step_ms",
@@ -207,9 +242,9 @@ cJSON *profile_json(const KprofRow *rows, int n, int steps, double step_ms);
 /* Zeroes the AdamW moments (a family that starts its optimiser afresh, e.g. per seq2seq job). */
 void run_reset_optimizer(TrainRun *r);
 
-/* A non-finite training loss at iteration r->iter + 1: marks the metrics failed, prints one error line with
- * the hint and where the last good state is, and returns 1. Returns 0 for a finite loss. */
-int run_check_loss(TrainRun *r, double loss, const char *hint);
+/* A non-finite training loss at iteration iter: marks the metrics failed, prints one error line with the
+ * family's loss_hint and where the last good state is, and returns 1. Returns 0 for a finite loss. */
+int run_check_loss(TrainRun *r, double loss, int iter);
 /* Counts a finished optimiser step that began at wall time t0 (when run_step_begin was called) and saw the given
  * examples (global); returns its seconds, the slowest rank's, so that every rank keeps the same clock for time
  * budgets. */

@@ -270,7 +270,7 @@ static const act_t *encoder_out(const ViT *m) {
     return m->cfg.final_ln ? m->acts.lnf : m->acts.block[m->cfg.L - 1].out;
 }
 
-double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed_base) {
+void vit_forward_pass(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed_base) {
     const ViTConfig *c = &m->cfg;
     if (B < 1) FATAL("vit_forward: batch size %d", B);
     layout_acts(m, B);
@@ -302,17 +302,23 @@ double vit_forward(ViT *m, const float *patches, const int *labels, int B, int t
         linear_forward(a->logits, a->pooled, PARAM(m->headw), PARAM(m->headb), B, C, c->classes);
     }
     m->counted = 0;
-    m->loss = NAN;
-    if (!labels) return m->loss;
+    if (!labels) return;
     dev_upload(m->targets, labels, (size_t)B * sizeof(int));
-    m->counted = crossentropy_forward(a->losses, a->ce_lse, a->logits, m->targets, B, c->classes, -1, 0.0f);
-    float *losses = xmalloc((size_t)B * sizeof(float));
-    dev_download(losses, a->losses, (size_t)B * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < B; i++) sum += losses[i];
-    free(losses);
-    m->loss = m->counted ? sum / m->counted : 0.0;
-    return m->loss;
+    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->targets, B, c->classes, -1, 0.0f);
+    m->counted = targets_counted(labels, (size_t)B, -1);
+}
+
+void vit_loss_into(ViT *m, double *acc, double scale) { sum_into(acc, m->acts.losses, (size_t)m->fwd_B, scale); }
+
+double vit_loss(ViT *m) { return m->counted ? sum_of(m->acts.losses, (size_t)m->fwd_B) / m->counted : 0.0; }
+
+double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed_base) {
+    vit_forward_pass(m, patches, labels, B, training, dropout_seed_base);
+    return labels ? vit_loss(m) : NAN;
+}
+
+void vit_correct_into(ViT *m, double *acc) {
+    if (m->counted) argmax_correct_into(acc, m->acts.logits, m->targets, m->fwd_B, m->cfg.classes, -1);
 }
 
 int vit_correct(ViT *m, int *pred) {

@@ -60,7 +60,6 @@ typedef struct {
     int *targets;
     int fwd_B, fwd_training, counted;
     uint64_t dropout_seed_base;
-    double loss;
     /* analysis (mechint): hooks on every block, and a backward that starts
      * from d(loss)/d(logits) the caller wrote into acts.logits */
     const BlockHook *hook;
@@ -79,11 +78,20 @@ size_t vit_matmul_params(const ViTConfig *c);
  * token plus 12 L T C for the attention products. */
 double vit_flops_per_image(const ViTConfig *c);
 
-/* Forward over B images whose patches (B, N, P*P*c) are given; returns the
- * mean loss over labels (NULL labels: logits only). */
+/* Forward over B images whose patches (B, N, P*P*c) are given (NULL labels:
+ * logits only); each image's loss stays on the device, vit_loss_into adds
+ * them to a training step's record without waiting for a GPU. */
+void vit_forward_pass(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed);
+/* *acc (a double in device memory) += scale * the sum of the last pass's losses. */
+void vit_loss_into(ViT *m, double *acc, double scale);
+/* The mean loss over the labels of the last pass (reads it back). */
+double vit_loss(ViT *m);
+/* vit_forward_pass, then its vit_loss (NAN without labels). */
 double vit_forward(ViT *m, const float *patches, const int *labels, int B, int training, uint64_t dropout_seed);
-/* Correct predictions of the last forward; predictions into pred (B) if non-NULL. */
+/* Correct predictions of the last forward; predictions into pred (B) if non-NULL (reads the logits back). */
 int vit_correct(ViT *m, int *pred);
+/* *acc (a double in device memory) += the correct predictions of the last forward with labels. */
+void vit_correct_into(ViT *m, double *acc);
 void vit_backward(ViT *m, float loss_scale);
 
 #endif

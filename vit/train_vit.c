@@ -134,6 +134,14 @@ static void eval_and_record(Run *r) {
     r->epoch_loss = r->epoch_correct = r->epoch_seen = 0.0;
 }
 
+/* A training step read back from the device (run_read_records): into the epoch's running sums. */
+static void fold_step(void *ctx, const StepRecord *rec) {
+    Run *r = ctx;
+    r->epoch_loss += rec->loss * r->h.B;
+    r->epoch_correct += rec->correct;
+    r->epoch_seen += r->h.B;
+}
+
 /* Test accuracy, loss and confusion matrix of the parameters now in the model. */
 static double test_and_record(Run *r, const char *prefix, int with_confusion) {
     int n = r->data.test.n, K = r->model.cfg.classes;
@@ -218,24 +226,29 @@ static int train(Run *r) {
                   r->data.augment, dropout_seed(h->seed, (uint64_t)epoch, 77), r->patches, r->labels);
         double lr = lr_warmup_cosine(t->iter, h->warmup, r->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
-        double l = rows.n ? vit_forward(m, r->patches, r->labels, (int)rows.n, 1,
-                                        dropout_seed(h->seed, (uint64_t)t->iter, 0)) : 0.0;
+        if (rows.n) vit_forward_pass(m, r->patches, r->labels, (int)rows.n, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
         double counted = rows.n ? m->counted : 0;
-        RunLoss g = run_global_loss(t, l, counted, rows.n ? vit_correct(m, NULL) : 0);
-        double loss = g.loss;
-        int correct = (int)g.correct;
-        if (run_check_loss(t, loss, "lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP")) return 1;
+        RunShare share = run_loss_share(t, counted, 1.0);
+        if (counted > 0) {
+            vit_loss_into(m, &run_record(t)->loss, share.loss_factor);
+            vit_correct_into(m, &run_record(t)->correct);
+        }
         run_before_backward(t, 1);
-        if (counted > 0) vit_backward(m, run_backward_scale(t, 1.0f, counted, &g));
-        double norm = run_optim_step(t, &h->optim, lr, t->iter + 1);
+        if (counted > 0) vit_backward(m, share.backward_scale);
+        run_optim_step(t, &h->optim, lr, t->iter + 1);
+        /* the records come back where the host needs them: the steps that log, end an epoch or save, and the last */
+        int it = t->iter + 1, logs = it % h->log_interval == 0 || it == 1;
+        if ((logs || it % r->steps_per_epoch == 0 || it % h->ckpt_interval == 0 || it == r->max_iters) &&
+            run_read_records(t))
+            return 1;
         double dt = run_step_done(t, t0, h->B);
-        r->epoch_loss += loss * h->B;
-        r->epoch_correct += correct;
-        r->epoch_seen += h->B;
         interval_t += dt;
         interval_images += h->B;
         interval_n++;
-        if (t->iter % h->log_interval == 0 || t->iter == 1) {
+        if (logs) {
+            const StepRecord *rec = &t->recs[t->nrecs - 1]; /* this step's, read above */
+            double loss = rec->loss, norm = rec->norm;
+            int correct = (int)rec->correct;
             double ms = 1e3 * interval_t / interval_n, ips = interval_images / interval_t;
             metrics_append(t->metrics, "iterations", t->iter);
             metrics_append(t->metrics, "train_losses", loss);
@@ -263,6 +276,7 @@ static int train(Run *r) {
         int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < r->max_iters);
         if (stop) return stop;
     }
+    if (run_read_records(t)) return 1; /* a time budget ends the loop on any step */
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
     /* test: the final model (with its confusion matrix), then the best-validation one */
@@ -310,6 +324,7 @@ static void setup(Run *r) {
     t->dataset = r->data.name;
     t->variant = attn_variant_id(ATTN_VARIANT, ATTN_POS);
     t->unit = "images";
+    t->loss_hint = "lower CONFIG_VIT_LR or set CONFIG_VIT_GRAD_CLIP";
     t->model_json = vit_config_json(&cfg);
     t->vocab_json = vit_labels_json(&r->data);
     t->w = &r->model.w;
@@ -336,6 +351,8 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "epoch_loss", &r.epoch_loss);
     run_track(t, "epoch_correct", &r.epoch_correct);
     run_track(t, "epoch_seen", &r.epoch_seen);
+    t->on_record = fold_step;
+    t->on_record_ctx = &r;
     int resumed = run_try_resume(t);
     banner(&r);
     run_open_metrics(t, resumed, TRAIN_SERIES, 8, VAL_SERIES, 7);

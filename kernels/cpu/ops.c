@@ -365,11 +365,11 @@ void dropout_backward(float *dinp, const float *dout, size_t n, float p, uint64_
 
 /* ------------------------------------------------------------------ cross-entropy */
 
-int crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
-                         int N, int V, int ignore_index, float smoothing) {
+void crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets,
+                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
-    int counted = args_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
+    args_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
@@ -386,7 +386,6 @@ int crossentropy_forward(float *losses, float *lse, const float *logits, const i
         int t = targets[i];
         losses[i] = t == ignore_index ? 0.0f : l - (1.0f - smoothing) * x[t] - smoothing * sx / V;
     }
-    return counted;
 }
 
 void crossentropy_backward(float *dlogits, const float *logits, const float *lse,
@@ -417,7 +416,7 @@ void crossentropy_backward(float *dlogits, const float *logits, const float *lse
     }
 }
 
-int argmax_correct(const float *logits, const int *targets, int N, int V, int ignore_index) {
+void argmax_correct_into(double *acc, const float *logits, const int *targets, int N, int V, int ignore_index) {
     KPROF_OP();
     args_classes("argmax_correct", N, V, 0.0f);
     int correct = 0;
@@ -430,7 +429,14 @@ int argmax_correct(const float *logits, const int *targets, int N, int V, int ig
             if (x[j] > x[best]) best = j;
         correct += best == targets[i];
     }
-    return correct;
+    *acc += correct;
+}
+
+void sum_into(double *acc, const float *x, size_t n, double scale) {
+    KPROF_OP();
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    *acc += scale * s;
 }
 
 /* ------------------------------------------------------------------ optimiser */
@@ -450,8 +456,7 @@ void adamw_update_spans(float *param, const float *grad, float *m, float *v, con
     }
 }
 
-double grad_norm(const float *grad, size_t n) {
-    KPROF_OP();
+static double sum_of_squares(const float *grad, size_t n) {
     int nt = omp_get_max_threads();
     double part[1024] = {0};
     if (nt > 1024) nt = 1024;
@@ -465,7 +470,7 @@ double grad_norm(const float *grad, size_t n) {
     }
     double s = 0.0;
     for (int t = 0; t < nt; t++) s += part[t];
-    return sqrt(s);
+    return s;
 }
 
 void scale_inplace(float *x, size_t n, float s) {
@@ -474,10 +479,9 @@ void scale_inplace(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
-double clip_grad_norm(float *grad, size_t n, double max_norm) {
+void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm) {
     KPROF_OP();
     args_clip(max_norm);
-    double norm = grad_norm(grad, n);
-    if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
-    return norm;
+    *norm = sqrt(sum_of_squares(grad, n));
+    if (max_norm > 0 && *norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (*norm + 1e-6)));
 }

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(CHECK_THREADS)
 
 /* The checks queued and not yet answered (cuda.cuh, cuda_checks_settle): each has its slot of three ints on the
  * device and in page-locked host memory, which the stream copies its answer into. */
-#define CHECKS_MAX 8
+#define CHECKS_MAX 256 /* a training step queues 2 to 4; the log interval's read answers them long before the queue fills */
 static struct IdsCheck {
     const char *op;
     IdsKind kind;
@@ -815,11 +815,11 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const act
     }
 }
 
-int crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
-                         int N, int V, int ignore_index, float smoothing) {
+void crossentropy_forward(float *losses, float *lse, const act_t *logits, const int *targets,
+                          int N, int V, int ignore_index, float smoothing) {
     KPROF_OP();
     args_classes("crossentropy_forward", N, V, smoothing);
-    int k = check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
+    check_ids("crossentropy_forward", IDS_TARGETS, targets, N, V, 1, ignore_index);
     if (act_vec_width(V, logits) > 1)
         crossentropy_forward_kernel<ACT_VEC><<<N, row_threads(V, ACT_VEC), 0, kv_stream>>>(
             losses, lse, logits, targets, V, ignore_index, smoothing);
@@ -827,8 +827,6 @@ int crossentropy_forward(float *losses, float *lse, const act_t *logits, const i
         crossentropy_forward_kernel<1><<<N, row_threads(V, 1), 0, kv_stream>>>(losses, lse, logits, targets, V,
                                                                                ignore_index, smoothing);
     CUDA_LAUNCHED(crossentropy_forward);
-    cuda_sync(); /* the count the caller scales by: one wait, after the losses, which the caller reads next */
-    return g_check_host[3 * k + 1];
 }
 
 template <int W>
@@ -875,7 +873,7 @@ void crossentropy_backward(act_t *dlogits, const act_t *logits, const float *lse
 }
 
 /* one block per row: the first index of the maximum, as the CPU loop finds it */
-__global__ void argmax_kernel(int *correct, const act_t *logits, const int *targets, int V, int ignore_index) {
+__global__ void argmax_kernel(double *correct, const act_t *logits, const int *targets, int V, int ignore_index) {
     int i = blockIdx.x;
     int t = targets[i];
     if (t == ignore_index) return;
@@ -904,20 +902,29 @@ __global__ void argmax_kernel(int *correct, const act_t *logits, const int *targ
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0 && si[0] == t) atomicAdd(correct, 1);
+    if (threadIdx.x == 0 && si[0] == t) atomicAdd(correct, 1.0); /* whole numbers: exact in any order */
 }
 
-int argmax_correct(const act_t *logits, const int *targets, int N, int V, int ignore_index) {
+void argmax_correct_into(double *acc, const act_t *logits, const int *targets, int N, int V, int ignore_index) {
     KPROF_OP();
     args_classes("argmax_correct", N, V, 0.0f);
-    static int *count;
-    if (!count) count = (int *)dev_alloc(sizeof(int));
-    dev_zero(count, sizeof(int));
-    argmax_kernel<<<N, row_threads(V, 1), 0, kv_stream>>>(count, logits, targets, V, ignore_index);
+    argmax_kernel<<<N, row_threads(V, 1), 0, kv_stream>>>(acc, logits, targets, V, ignore_index);
     CUDA_LAUNCHED(argmax);
-    int c;
-    dev_download(&c, count, sizeof c);
-    return c;
+}
+
+/* one block, in a fixed order: a step's losses (B T values) are few */
+__global__ void sum_into_kernel(double *acc, const float *x, size_t n, double scale) {
+    double s = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += THREADS) s += x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) *acc += scale * s;
+}
+
+void sum_into(double *acc, const float *x, size_t n, double scale) {
+    KPROF_OP();
+    if (!n) return;
+    sum_into_kernel<<<1, THREADS, 0, kv_stream>>>(acc, x, n, scale);
+    CUDA_LAUNCHED(sum_into);
 }
 
 /* ------------------------------------------------------------------ optimiser */
@@ -950,25 +957,21 @@ __global__ void sumsq_partial_kernel(double *partial, const float *x, size_t n) 
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials_kernel(double *out, const double *partial, unsigned nblocks) {
+/* the partials in order, then the norm's square root */
+__global__ void norm_of_partials_kernel(double *norm, const double *partial, unsigned nblocks) {
     double s = 0.0;
     for (unsigned i = threadIdx.x; i < nblocks; i += THREADS) s += partial[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) *out = s;
+    if (threadIdx.x == 0) *norm = sqrt(s);
 }
 
-double grad_norm(const float *grad, size_t n) {
-    KPROF_OP();
-    static double *partial;
-    if (!partial) partial = (double *)dev_alloc((NORM_BLOCKS + 1) * sizeof(double));
-    unsigned blocks = (unsigned)std::min<size_t>(NORM_BLOCKS, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
-    sumsq_partial_kernel<<<blocks, THREADS, 0, kv_stream>>>(partial, grad, n);
-    CUDA_LAUNCHED(sumsq_partial);
-    sum_partials_kernel<<<1, THREADS, 0, kv_stream>>>(partial + NORM_BLOCKS, partial, blocks);
-    CUDA_LAUNCHED(sum_partials);
-    double s;
-    dev_download(&s, partial + NORM_BLOCKS, sizeof s);
-    return sqrt(s);
+/* the clipping decision read from the device: the host never sees the norm */
+__global__ void clip_kernel(float *x, size_t n, const double *norm, double max_norm) {
+    double nv = *norm;
+    if (!(nv > max_norm)) return;
+    float s = (float)(max_norm / (nv + 1e-6));
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
 }
 
 __global__ void scale_kernel(float *x, float s, size_t n) {
@@ -982,10 +985,20 @@ void scale_inplace(float *x, size_t n, float s) {
     ELEMENTWISE(scale_kernel, n, x, s);
 }
 
-double clip_grad_norm(float *grad, size_t n, double max_norm) {
+void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm) {
     KPROF_OP();
     args_clip(max_norm);
-    double norm = grad_norm(grad, n);
-    if (norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (norm + 1e-6)));
-    return norm;
+    static double *partial;
+    if (!partial) partial = (double *)dev_alloc(NORM_BLOCKS * sizeof(double));
+    unsigned blocks = (unsigned)std::min<size_t>(NORM_BLOCKS, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
+    sumsq_partial_kernel<<<blocks, THREADS, 0, kv_stream>>>(partial, grad, n);
+    CUDA_LAUNCHED(sumsq_partial);
+    norm_of_partials_kernel<<<1, THREADS, 0, kv_stream>>>(norm, partial, blocks);
+    CUDA_LAUNCHED(norm_of_partials);
+    if (max_norm > 0) {
+        cuda_float_written(grad, n * sizeof(float));
+        unsigned cb = (unsigned)std::min<size_t>(4096, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
+        clip_kernel<<<cb, THREADS, 0, kv_stream>>>(grad, n, norm, max_norm);
+        CUDA_LAUNCHED(clip);
+    }
 }
