@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
         double t0 = wall_seconds();
         params_zero_grad(&m.w);
         grad_sync_arm(&sync);
-        gpt2_forward(&m, x, y, (int)rows.n, T, 1, (uint64_t)(s + 2));
+        gpt2_forward_pass(&m, x, y, (int)rows.n, T, 1, (uint64_t)(s + 2));
         gpt2_backward(&m, (float)((double)rows.n / B)); /* the global mean over B rows */
         double t1 = wall_seconds(), one = 1.0;
         dist_sum(&one, 1);

@@ -122,7 +122,7 @@ static double attention_ms(int B, int T, int H, int C, int reps, int causal) {
 
 /* One training step: forward, backward, AdamW (step s; s < 0 for the warm-up). */
 static void train_step(GPT2 *m, const int *in, const int *tg, int B, int T, int s) {
-    gpt2_forward(m, in, tg, B, T, 1, (uint64_t)s);
+    gpt2_forward_pass(m, in, tg, B, T, 1, (uint64_t)s); /* the loss stays on the device, as in training */
     params_zero_grad(&m->w);
     gpt2_backward(m, 1.0f);
     params_adamw(&m->w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);

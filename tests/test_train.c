@@ -263,7 +263,8 @@ static void test_loop_tail(void) {
               "one process: the count is its own, loss factor scale/count, backward scale the scale");
         run_loss_share(&r, 4, 0.5); /* a second micro-batch adds to the step's count */
         if (k < 2) {
-            CHECK(run_read_records(&r) == 0 && r.nrecs == 1 && r.recs[0].loss == loss[k] && r.recs[0].correct == 10 + k &&
+            int read = run_read_records(&r);
+            CHECK(read == 0 && r.nrecs == 1 && r.recs[0].loss == loss[k] && r.recs[0].correct == 10 + k &&
                       r.recs[0].norm == 0.5 * k && r.recs[0].counted == 12 && r.recs[0].iter == 4,
                   "step %d read back: loss %g, correct %g, norm %g, counted %g, iteration %d", k, r.recs[0].loss,
                   r.recs[0].correct, r.recs[0].norm, r.recs[0].counted, r.recs[0].iter);

@@ -470,7 +470,8 @@ RunShare run_loss_share(TrainRun *r, double local_counted, double scale) {
     double counted = local_counted;
     if (r->procs > 1) dist_sum(&counted, 1); /* host values: no wait for a device */
     if (r->rec_pending) r->recs[r->rec_pending - 1].counted += counted;
-    RunShare s = {.counted = counted, .loss_factor = counted > 0 ? scale / counted : 0.0, .backward_scale = (float)scale};
+    RunShare s = {.counted = counted, .loss_factor = counted > 0 ? scale / counted : 0.0,
+                  .backward_scale = (float)scale};
     if (r->procs > 1) s.backward_scale = (float)(counted > 0 ? scale * local_counted / counted : 0.0);
     return s;
 }

@@ -224,10 +224,10 @@ void run_before_backward(TrainRun *r, int last);
  * ZeRO-1 reduce-scatter, AdamW on this rank's slice, all-gather of the parameters), the norm into the step's
  * record. The loss must be normalised by the global count (run_loss_share). */
 void run_optim_step(TrainRun *r, const Optim *o, double lr, int step);
-/* At the start of every optimizer step, before its forward pass: a record for the step. With KVLAB_PROFILE_STEPS=N in the environment
- * the third step this process runs and the N-1 after it are timed op by op (kernels.h, kprof_start), paused
- * between steps (evaluation, logging and checkpoints are not counted); after the last of them rank 0 prints
- * where their time went and the metrics keep it under "profile" (train/profile.c). */
+/* At the start of every optimizer step, before its forward pass: a record for the step (run_record). With
+ * KVLAB_PROFILE_STEPS=N in the environment the third step this process runs and the N-1 after it are timed op by
+ * op (kernels.h, kprof_start), paused between steps (evaluation, logging and checkpoints are not counted); after
+ * the last of them rank 0 prints where their time went and the metrics keep it under "profile" (train/profile.c). */
 void run_step_begin(TrainRun *r);
 /* train/profile.c's part of run_init (reads KVLAB_PROFILE_STEPS; a bad value stops the run with one line),
  * run_step_done and run_finish. */

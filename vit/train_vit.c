@@ -226,7 +226,8 @@ static int train(Run *r) {
                   r->data.augment, dropout_seed(h->seed, (uint64_t)epoch, 77), r->patches, r->labels);
         double lr = lr_warmup_cosine(t->iter, h->warmup, r->max_iters, h->lr, h->min_lr);
         params_zero_grad(&m->w);
-        if (rows.n) vit_forward_pass(m, r->patches, r->labels, (int)rows.n, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
+        if (rows.n)
+            vit_forward_pass(m, r->patches, r->labels, (int)rows.n, 1, dropout_seed(h->seed, (uint64_t)t->iter, 0));
         double counted = rows.n ? m->counted : 0;
         RunShare share = run_loss_share(t, counted, 1.0);
         if (counted > 0) {

@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(CHECK_THREADS)
 
 /* The checks queued and not yet answered (cuda.cuh, cuda_checks_settle): each has its slot of three ints on the
  * device and in page-locked host memory, which the stream copies its answer into. */
-#define CHECKS_MAX 256 /* a training step queues 2 to 4; the log interval's read answers them long before the queue fills */
+/* a training step queues 2 to 4 checks; the log interval's read answers them long before the queue fills */
+#define CHECKS_MAX 256
 static struct IdsCheck {
     const char *op;
     IdsKind kind;
