@@ -324,6 +324,6 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         demb = a->dlnf;
     }
     embedding_backward(GRAD(m->wte), ATTN_POSITION == ATTN_POSITION_ABSOLUTE ? GRAD(m->wpe) : NULL, demb, m->inputs,
-                       B, T, C, 1.0f);
+                       B, T, C, c->V, 1.0f);
 }
 

@@ -108,12 +108,13 @@ void rows_gather(act_t *dst, size_t dst_ld, const act_t *src, size_t src_ld, con
  * fixed table (sinusoidal), then dwpe is NULL, or NULL (positions enter in
  * attention: RoPE, ALiBi, relative bias). A token outside [0, V) stops the
  * program with one line naming it and its position: on a GPU at the next
- * call that waits for the device (a download, a returned value), or at
- * embedding_backward, whichever comes first. */
+ * call that waits for the device (a download, a returned value); until then
+ * neither op reads or writes a row for it (the backward pass adds nothing to
+ * dwte for it), so nothing waits for the answer. */
 void embedding_forward(act_t *out, const int *tokens, const float *wte, const float *wpe,
                        int B, int T, int C, int V, float scale);
 void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
-                        int B, int T, int C, float scale);
+                        int B, int T, int C, int V, float scale);
 
 /* ---- token assembly for encoders (ViT): out (B, T, C) --------------------
  * With cls: out[b,0] = cls + pos[0], out[b,1+i] = x[b,i] + pos[1+i] (x has

@@ -423,7 +423,8 @@ static void encode_backward(S2S *m, act_t *dres) {
         dropout_backward(a->dtmp, dres, n, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_SRC));
         demb = a->dtmp;
     }
-    embedding_backward(GRAD(m->src_emb), NULL, demb, m->src, B, S, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+    embedding_backward(GRAD(m->src_emb), NULL, demb, m->src, B, S, c->C, c->Vs,
+                       c->scale_emb ? sqrtf((float)c->C) : 1.0f);
 }
 
 void s2s_backward(S2S *m, float loss_scale) {
@@ -488,7 +489,8 @@ void s2s_backward(S2S *m, float loss_scale) {
         dropout_backward(a->dtmp, a->dres, BT * C, c->dropout, dropout_seed(m->dropout_seed_base, 0, SITE_TGT));
         demb = a->dtmp;
     }
-    embedding_backward(GRAD(m->tgt_emb), NULL, demb, m->tgt_in, B, T, c->C, c->scale_emb ? sqrtf((float)c->C) : 1.0f);
+    embedding_backward(GRAD(m->tgt_emb), NULL, demb, m->tgt_in, B, T, c->C, c->Vt,
+                       c->scale_emb ? sqrtf((float)c->C) : 1.0f);
     dev_copy(a->dres, a->dmem, BS * C * sizeof(act_t));
     encode_backward(m, a->dres);
 }

@@ -1234,7 +1234,7 @@ static void check_embedding(int B, int T, int C, int V, const int *tokens, const
     Buf wte = buf_rand((size_t)V * C, 1.0), wpe = buf_rand((size_t)T * C, 1.0), out = act_zeros((size_t)B * T * C);
     Buf dout = act_rand((size_t)B * T * C, 1.0), dwte = buf_zeros((size_t)V * C), dwpe = buf_zeros((size_t)T * C);
     embedding_forward(out.a, tokens_d, wte.d, wpe.d, B, T, C, V, 1.5f); /* scaled, as the translation model */
-    embedding_backward(dwte.d, dwpe.d, dout.a, tokens_d, B, T, C, 1.5f);
+    embedding_backward(dwte.d, dwpe.d, dout.a, tokens_d, B, T, C, V, 1.5f);
     buf_download(&out), buf_download(&dwte), buf_download(&dwpe);
     int ok = 1;
     for (int i = 0; i < B * T; i++)
@@ -1635,8 +1635,8 @@ static void bad_attention(void) {
     attention_forward(adummy, dummy + 32, adummy, NULL, &a);
 }
 static void bad_dropout(void) { dropout_forward(adummy, adummy, 4, 1.5f, 1); }
-/* On a GPU the ids' check is queued and answered at the next host wait (here the download), or before an op that
- * indexes memory by them (embedding_backward, with no wait between); on the CPU at once. */
+/* On a GPU the ids' check is queued and answered at the next host wait (here the download), the ops between them
+ * (embedding_backward) touching no row for a bad id; on the CPU at once. */
 static void bad_embedding(void) {
     embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f);
     float got;
@@ -1644,7 +1644,9 @@ static void bad_embedding(void) {
 }
 static void bad_embedding_backward(void) {
     embedding_forward(adummy, bad_ids, dummy, dummy, 1, 2, 2, 5, 1.0f);
-    embedding_backward(dummy, NULL, adummy, bad_ids, 1, 2, 2, 1.0f);
+    embedding_backward(dummy, NULL, adummy, bad_ids, 1, 2, 2, 5, 1.0f);
+    float got;
+    dev_download(&got, dummy, sizeof got);
 }
 static void bad_embedding_vocab(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 1, 2, 0, 1.0f); }
 /* the targets' check is answered at the next host wait too: a training step's read of its records */

@@ -37,9 +37,10 @@ void embedding_forward(float *out, const int *tokens, const float *wte, const fl
 }
 
 void embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                        int B, int T, int C, float scale) {
+                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
     args_btc("embedding_backward", B, T, C, 1);
+    args_ids("embedding_backward", IDS_TOKENS, tokens, B * T, V, 0, 0); /* the forward pass stopped at one already */
     /* Tokens repeat, so rows of dwte get several updates: split the work by
      * channel ranges instead of rows, which needs no atomics and keeps the
      * summation order fixed. */

@@ -58,10 +58,9 @@ int cuda_started(void);
 void cuda_sync(void);
 /* The checks of ids the ops queue without waiting (ops.cu, check_ids): their answers come back on the stream
  * into page-locked memory and are read at the next cuda_sync, which stops with args_bad_id's message (the CPU
- * backend's) at the first bad id. An op that indexes memory by ids a queued check has not yet answered for
- * calls cuda_checks_wait first. */
+ * backend's) at the first bad id. Until then no op reads or writes memory by such an id (the kernels skip ids
+ * outside [0, V)), so none waits for the answer. */
 void cuda_checks_settle(void);
-void cuda_checks_wait(void);
 extern void (*kv_sync_check)(void);
 /* Set with kv_sync_check: makes the stream wait for the collectives queued on the transport's side stream
  * (dev_comm_async_wait), so that a poll of the stream covers them too. */

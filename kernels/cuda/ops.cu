@@ -103,10 +103,6 @@ void cuda_checks_settle(void) {
     }
 }
 
-void cuda_checks_wait(void) {
-    if (g_nchecks) cuda_sync();
-}
-
 /* Queues a check of n ids on the device; returns its slot. The answer is read at the next host wait, which
  * stops with args_bad_id's message (the CPU backend's) if one is outside [0, V). */
 static int check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
@@ -159,12 +155,12 @@ __global__ void embedding_backward_wpe_kernel(float *dwpe, const act_t *dout, in
 }
 
 void embedding_backward(float *dwte, float *dwpe, const act_t *dout, const int *tokens,
-                        int B, int T, int C, float scale) {
+                        int B, int T, int C, int V, float scale) {
     KPROF_OP();
     args_btc("embedding_backward", B, T, C, 1);
-    cuda_checks_wait(); /* the rows of dwte are the tokens': their check answered first */
-    embedding_backward_wte_kernel<act_t><<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(dwte, dout, tokens,
-                                                                                        B * T, C, scale, EMB_BUCKETS);
+    /* a token outside [0, V) adds to no row: the forward's queued check stops the program at the next wait */
+    embedding_backward_wte_kernel<act_t><<<EMB_BUCKETS, EMB_THREADS, emb_smem_bytes(), kv_stream>>>(
+        dwte, dout, tokens, B * T, C, V, scale, EMB_BUCKETS);
     CUDA_LAUNCHED(embedding_backward_wte);
     if (dwpe) {
         embedding_backward_wpe_kernel<<<cuda_blocks((size_t)T * C, THREADS), THREADS, 0, kv_stream>>>(dwpe, dout, B,

@@ -72,7 +72,7 @@ __global__ void layernorm_forward_kernel(A *out, float *mean, float *rstd, A *re
 /* Shared memory of embedding_backward_wte_kernel: a chunk's own positions and tokens, the per-warp counts. */
 static inline size_t emb_smem_bytes(void) { return (2 * EMB_THREADS + EMB_THREADS / 32) * sizeof(int); }
 
-/* dwte[t] += scale * dout[i] for every position i with token t. Tokens repeat, so rows of dwte get several
+/* dwte[t] += scale * dout[i] for every position i with token t in [0, V) (others add nothing). Tokens repeat, so rows of dwte get several
  * updates; floating-point atomics would make the sum's order (and its last bits) change from run to run. Here
  * each block owns the rows of the tokens in its bucket, so no two blocks touch one row, and walks the positions
  * in chunks of EMB_THREADS: a warp vote lists the chunk's positions whose token is the block's, in increasing
@@ -82,7 +82,7 @@ static inline size_t emb_smem_bytes(void) { return (2 * EMB_THREADS + EMB_THREAD
 template <typename A>
 __global__ void __launch_bounds__(EMB_THREADS)
     embedding_backward_wte_kernel(float *__restrict__ dwte, const A *__restrict__ dout,
-                                  const int *__restrict__ tokens, int BT, int C, float scale, int buckets) {
+                                  const int *__restrict__ tokens, int BT, int C, int V, float scale, int buckets) {
     extern __shared__ float sm[];
     int *own = (int *)sm;                      /* the chunk's positions in this block's bucket, in order */
     int *own_tok = own + EMB_THREADS;          /* and their tokens */
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(EMB_THREADS)
     for (int start = 0; start < BT; start += EMB_THREADS) {
         int i = start + (int)threadIdx.x;
         int t = i < BT ? tokens[i] : -1;
-        bool mine = t >= 0 && t % buckets == (int)blockIdx.x;
+        bool mine = t >= 0 && t < V && t % buckets == (int)blockIdx.x;
         unsigned vote = __ballot_sync(0xffffffffu, mine);
         if (lane == 0) warp_count[w] = __popc(vote);
         __syncthreads();
