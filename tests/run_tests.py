@@ -1427,7 +1427,8 @@ def host_waits(ws, run_name, family, out):
             close(prof.get("host_waits", -1), sum(want.values())),
             f"{family}: a training step on the GPU waits for it only where the host needs a value: {want} "
             f"(got {got}, host_waits {prof.get('host_waits')})")
-    print(f"  {family}: {prof.get('host_waits')} host waits a training step ({', '.join(f'{k} {v:g}' for k, v in got.items())})")
+    print(f"  {family}: {prof.get('host_waits', -1):.4g} host waits a training step "
+          f"({', '.join(f'{k} {v:.4g}' for k, v in got.items())})")
 
 
 # bf16 against fp32 over 500 steps (issue 17): the same config, seed and data on the GPU with float32 and with
