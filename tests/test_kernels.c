@@ -1654,6 +1654,14 @@ static void bad_crossentropy(void) {
     crossentropy_forward(dummy, dummy, adummy, bad_ids + 2, 1, 4, -1, 0.0f);
     (void)sum_of(dummy, 1);
 }
+/* many checks between two waits, more than any queue of them would hold: the first bad call's target is named */
+static void bad_crossentropy_late(void) {
+    for (int k = 0; k < 300; k++) crossentropy_forward(dummy, dummy, adummy, bad_ids, 1, 4, -1, 0.0f);
+    crossentropy_forward(dummy, dummy, adummy, bad_ids + 1, 1, 4, -1, 0.0f);
+    crossentropy_forward(dummy, dummy, adummy, bad_ids + 2, 1, 4, -1, 0.0f);
+    for (int k = 0; k < 20; k++) crossentropy_forward(dummy, dummy, adummy, bad_ids, 1, 4, -1, 0.0f);
+    (void)sum_of(dummy, 1);
+}
 /* the ignored id (0) skipped: the first bad target is 7, at row 1 */
 static void bad_crossentropy_skip(void) {
     crossentropy_forward(dummy, dummy, adummy, bad_ids, 3, 4, 0, 0.0f);
@@ -1749,6 +1757,20 @@ static void test_profile(void) {
         CHECK(wait && wait->calls == 1 && !prof_row(rows, n, "linear_forward", KPROF_HOST_WAIT) &&
                   !prof_row(rows, n, "gelu_forward", KPROF_HOST_WAIT),
               "profile on a GPU: one host wait, clip_grad_norm's (%ld calls)", wait ? wait->calls : -1L);
+        /* the ids' checks queue their answers without waiting, however many calls come between two waits */
+        int *ids = dev_copy_of((int[]){1, 0, 3, 2}, 4 * sizeof(int));
+        Buf ce = buf_zeros(8); /* 4 losses, 4 lse */
+        kprof_start();
+        for (int k = 0; k < 400; k++) {
+            embedding_forward(y.a, ids, g.d, NULL, 1, 4, 4, 4, 1.0f); /* 4 tokens of a 4 x 4 table */
+            crossentropy_forward(ce.d, ce.d + 4, y.a, ids, 4, 4, -1, 0.0f);
+        }
+        n = kprof_stop(&rows);
+        CHECK(!prof_row(rows, n, "embedding_forward", KPROF_HOST_WAIT) &&
+                  !prof_row(rows, n, "crossentropy_forward", KPROF_HOST_WAIT),
+              "profile on a GPU: 800 checked calls between two waits wait for nothing");
+        dev_free(ids);
+        buf_free(&ce);
     } else {
         CHECK(parts == 0, "profile on the CPU: ops have no parts (%d)", parts);
     }
@@ -1778,6 +1800,7 @@ static void test_argument_errors(void) {
     expect_error("embedding_forward: token 7 at position 1 is outside the vocabulary (size 5)", "embedding_backward");
     expect_error("crossentropy_forward: target 9 at row 0 is outside [0, 4)", "crossentropy");
     expect_error("crossentropy_forward: target 7 at row 1 is outside [0, 4)", "crossentropy_skip");
+    expect_error("crossentropy_forward: target 7 at row 0 is outside [0, 4)", "crossentropy_late");
     expect_error("embedding_forward: vocabulary size V must be > 0, got 0", "embedding_vocab");
     expect_error("cross_attention_forward", "cross_attention");
     expect_error("pool_tokens_forward", "pool");
@@ -1978,7 +2001,7 @@ static int run_bad_call(const char *name) {
                  {"gelu_linear", bad_gelu_linear}, {"linear_backward", bad_linear_backward},
                  {"tokens_embed", bad_tokens_embed}, {"smoothing", bad_smoothing}, {"argmax", bad_argmax},
                  {"adamw", bad_adamw}, {"clip", bad_clip}, {"clip_into", bad_clip_into}, {"embedding_vocab", bad_embedding_vocab},
-                 {"crossentropy_skip", bad_crossentropy_skip}, {"gelu_linear_dout", bad_gelu_linear_dout}};
+                 {"crossentropy_skip", bad_crossentropy_skip}, {"crossentropy_late", bad_crossentropy_late}, {"gelu_linear_dout", bad_gelu_linear_dout}};
     dummy = dev_alloc(64 * sizeof(float));
     adummy = dev_alloc(64 * sizeof(float));
     bad_ids = dev_copy_of((int[]){0, 7, 9}, 3 * sizeof(int));

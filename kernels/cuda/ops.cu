@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <cstring>
 
 #include <cublasLt.h>
 
@@ -55,69 +56,77 @@ static unsigned row_threads(int V, int W) {
 /* ------------------------------------------------------------------ device-side checks of ids */
 
 /* One block walks the n ids: ans[0] the smallest index whose id is outside [0, V) (ids equal to skip pass when
- * has_skip), INT_MAX if none; ans[1] the number of ids that count (not skipped); ans[2] the first bad id. One
- * block keeps it free of atomics and of a buffer to reset; a batch's ids are a few thousand reads. */
+ * has_skip), INT_MAX if none; ans[1] the id found there. The
+ * slot is its op's since the last host wait: a fresh slot takes this call's answer, a used one keeps the first bad
+ * answer of the calls before (the stream runs them in order, so no atomics). One block keeps it free of a buffer
+ * to reset; a batch's ids are a few thousand reads. */
 #define CHECK_THREADS 1024
 __global__ void __launch_bounds__(CHECK_THREADS)
-    check_ids_kernel(int *ans, const int *ids, int n, int V, int has_skip, int skip) {
-    __shared__ int first[CHECK_THREADS / 32], count[CHECK_THREADS / 32];
-    int bad = INT_MAX, counts = 0;
-    for (int i = (int)threadIdx.x; i < n; i += CHECK_THREADS) {
+    check_ids_kernel(int *ans, const int *ids, int n, int V, int has_skip, int skip, int fresh) {
+    __shared__ int first[CHECK_THREADS / 32];
+    int bad = INT_MAX;
+    for (int i = (int)threadIdx.x; i < n && bad == INT_MAX; i += CHECK_THREADS) {
         int t = ids[i];
-        if (has_skip && t == skip) continue;
-        counts++;
-        if ((t < 0 || t >= V) && i < bad) bad = i;
+        if (!(has_skip && t == skip) && (t < 0 || t >= V)) bad = i;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, o));
-        counts += __shfl_xor_sync(0xffffffffu, counts, o);
-    }
+    for (int o = 16; o > 0; o >>= 1) bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, o));
     int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) first[w] = bad, count[w] = counts;
+    if (lane == 0) first[w] = bad;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < CHECK_THREADS / 32; k++) bad = min(bad, first[k]), counts += count[k];
-        ans[0] = bad;
-        ans[1] = counts;
-        ans[2] = bad == INT_MAX ? 0 : ids[bad];
+        for (int k = 1; k < CHECK_THREADS / 32; k++) bad = min(bad, first[k]);
+        if (fresh || (ans[0] == INT_MAX && bad != INT_MAX)) {
+            ans[0] = bad;
+            ans[1] = bad == INT_MAX ? 0 : ids[bad];
+        }
     }
 }
 
-/* The checks queued and not yet answered (cuda.cuh, cuda_checks_settle): each has its slot of three ints on the
- * device and in page-locked host memory, which the stream copies its answer into. */
-/* a training step queues 2 to 4 checks; the log interval's read answers them long before the queue fills */
-#define CHECKS_MAX 256
+/* The checks not yet answered (cuda.cuh, cuda_checks_settle): one slot of two ints for each (op, kind, V) checked
+ * since the last host wait, on the device and in page-locked host memory, which the stream copies its answer into
+ * after each check. However many steps pass between two waits, a training run uses two or three slots; more than
+ * CHECKS_MAX different ones between two waits would cost a wait. */
+#define CHECKS_MAX 16
 static struct IdsCheck {
     const char *op;
     IdsKind kind;
-    int V;
+    int V, used;
 } g_checks[CHECKS_MAX];
 static int g_nchecks, *g_check_dev, *g_check_host;
 
 void cuda_checks_settle(void) {
-    int n = g_nchecks;
-    g_nchecks = 0; /* before a stop, whose exit may wait for the stream again */
+    int n = g_nchecks, used[CHECKS_MAX];
+    for (int k = 0; k < n; k++) used[k] = g_checks[k].used, g_checks[k].used = 0; /* before a stop, whose exit may
+                                                                                      * wait for the stream again */
     for (int k = 0; k < n; k++) {
-        const int *a = g_check_host + 3 * k;
-        if (a[0] != INT_MAX) args_bad_id(g_checks[k].op, g_checks[k].kind, a[2], a[0], g_checks[k].V);
+        const int *a = g_check_host + 2 * k;
+        if (used[k] && a[0] != INT_MAX) args_bad_id(g_checks[k].op, g_checks[k].kind, a[1], a[0], g_checks[k].V);
     }
 }
 
-/* Queues a check of n ids on the device; returns its slot. The answer is read at the next host wait, which
- * stops with args_bad_id's message (the CPU backend's) if one is outside [0, V). */
-static int check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
+/* Queues a check of n ids on the device into its op's slot. The answer is read at the next host wait, which stops
+ * with args_bad_id's message (the CPU backend's) if one is outside [0, V): the first bad id of the op's first call
+ * with one since the wait before. */
+static void check_ids(const char *op, IdsKind kind, const int *ids, int n, int V, int has_skip, int skip) {
     if (!g_check_dev) {
-        g_check_dev = (int *)dev_alloc(3 * CHECKS_MAX * sizeof(int));
-        CUDA_CHECK(cudaHostAlloc((void **)&g_check_host, 3 * CHECKS_MAX * sizeof(int), cudaHostAllocDefault));
+        g_check_dev = (int *)dev_alloc(2 * CHECKS_MAX * sizeof(int));
+        CUDA_CHECK(cudaHostAlloc((void **)&g_check_host, 2 * CHECKS_MAX * sizeof(int), cudaHostAllocDefault));
     }
-    if (g_nchecks == CHECKS_MAX) cuda_sync(); /* answers the queued ones: every slot free */
-    int k = g_nchecks++;
-    g_checks[k] = (struct IdsCheck){op, kind, V};
-    check_ids_kernel<<<1, CHECK_THREADS, 0, kv_stream>>>(g_check_dev + 3 * k, ids, n, V, has_skip, skip);
+    int k = 0;
+    while (k < g_nchecks && !(!strcmp(g_checks[k].op, op) && g_checks[k].kind == kind && g_checks[k].V == V)) k++;
+    if (k == g_nchecks) {
+        if (g_nchecks == CHECKS_MAX) {
+            cuda_sync(); /* answers every slot: none is used after it */
+            g_nchecks = k = 0;
+        }
+        g_checks[g_nchecks++] = (struct IdsCheck){op, kind, V, 0};
+    }
+    int fresh = !g_checks[k].used;
+    g_checks[k].used = 1;
+    check_ids_kernel<<<1, CHECK_THREADS, 0, kv_stream>>>(g_check_dev + 2 * k, ids, n, V, has_skip, skip, fresh);
     CUDA_LAUNCHED(check_ids);
-    CUDA_CHECK(cudaMemcpyAsync(g_check_host + 3 * k, g_check_dev + 3 * k, 3 * sizeof(int), cudaMemcpyDeviceToHost,
+    CUDA_CHECK(cudaMemcpyAsync(g_check_host + 2 * k, g_check_dev + 2 * k, 2 * sizeof(int), cudaMemcpyDeviceToHost,
                                kv_stream));
-    return k;
 }
 
 /* ------------------------------------------------------------------ embedding */
