@@ -265,7 +265,7 @@ static int train(Run *r) {
     }
     free(x);
     free(y);
-    if (run_read_records(t)) return 1; /* a time budget ends the loop on any step */
+    if (run_read_last(t)) return 1; /* a time budget ends the loop on any step */
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
     if (t->rank == 0) measure_decode(r);

@@ -395,7 +395,7 @@ static int train(Run *r) {
             stopped_by = "max_time";
             t->skipped_iters += (job + 1) * r->iters_per_job - t->iter;
             t->iter = (job + 1) * r->iters_per_job;
-            if (run_read_records(t)) return 1; /* the job's steps so far, into its epoch's sums */
+            if (run_read_last(t)) return 1; /* the job's steps so far, into its epoch's sums */
             if (!TRANSLATION) {
                 end_of_epoch(r, job);
                 end_of_job(r, job);
@@ -490,7 +490,7 @@ static int train(Run *r) {
         int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < total);
         if (stop) return stop;
     }
-    if (run_read_records(t)) return 1;
+    if (run_read_last(t)) return 1;
     run_save_model(t, t->final_path, t->last_val);
     if (TRANSLATION) {
         int beam = CONFIG_SEQ2SEQ_BEAM;

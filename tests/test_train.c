@@ -287,6 +287,15 @@ static void test_loop_tail(void) {
     double dt = run_step_done(&r, t0, 48);
     CHECK(r.iter == 1 && dt >= 0 && r.train_seconds == dt && r.elapsed == dt && r.examples == 48,
           "a finished step counts one iteration, its time and its examples");
+    /* the loop's unread tail: read with its wait counted as training time, no iteration added */
+    run_step_begin(&r);
+    double tail_rec[3] = {3.25, 0.0, 0.0};
+    dev_upload(&run_record(&r)->loss, tail_rec, sizeof tail_rec);
+    double before = r.train_seconds;
+    CHECK(run_read_last(&r) == 0 && r.nrecs == 1 && r.recs[0].loss == 3.25 && r.iter == 1,
+          "run_read_last reads the unread record (%d read) and adds no iteration", r.nrecs);
+    CHECK(r.train_seconds > before && r.elapsed - dt == r.train_seconds - before,
+          "the read's wait is training time (%g s more) and wall time alike", r.train_seconds - before);
     CHECK(run_checkpoint_or_stop(&r, 0) == 0 && !file_exists(r.state_path), "no checkpoint when none is due");
     CHECK(run_checkpoint_or_stop(&r, 1) == 0 && file_exists(r.state_path), "a due checkpoint writes the state");
     run_step_done(&r, wall_seconds(), 48);

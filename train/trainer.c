@@ -504,6 +504,16 @@ int run_read_records(TrainRun *r) {
     return 0;
 }
 
+int run_read_last(TrainRun *r) {
+    double t0 = wall_seconds();
+    int bad = run_read_records(r);
+    double dt = wall_seconds() - t0;
+    dist_max(&dt, 1); /* every rank's clock alike, as run_step_done's */
+    r->train_seconds += dt;
+    r->elapsed += dt;
+    return bad;
+}
+
 void run_before_backward(TrainRun *r, int last) {
     if (last) grad_sync_arm(&r->sync);
 }
@@ -560,8 +570,8 @@ void run_banner_dist(const TrainRun *r) {
 
 int run_check_loss(TrainRun *r, double loss, int iter) {
     if (isfinite(loss)) return 0; /* the global loss: every rank decides alike */
-    /* gradient sums that the backward pass may have started end on every rank before the stop (every rank armed
-     * alike; one that skipped its pass starts them now, so the collectives match) */
+    /* the families read records after run_optim_step, when no gradient sum is pending; one read between
+     * run_before_backward and the optimiser step ends the sums on every rank first, so the collectives match */
     if (r->w->grads_final) grad_sync_finish(&r->sync);
     char msg[256];
     snprintf(msg, sizeof msg, "training loss is %g at iteration %d", loss, iter);

@@ -82,8 +82,8 @@ typedef struct {
     void *on_record_ctx;
 } TrainRun;
 
-/* Frees what the run holds (the metrics document, model_json, vocab_json, the gradient-sum plan); the family
- * frees its model and data. */
+/* Frees what the run holds (the step records on the device and host, the metrics document, model_json,
+ * vocab_json, the gradient-sum plan); the family frees its model and data. */
 void run_free(TrainRun *r);
 
 /* Saves *value in the state file under name and restores it on resume. */
@@ -198,6 +198,9 @@ StepRecord *run_record(TrainRun *r);
  * (the run fails with the family's loss_hint, naming the step) and 1; 0 otherwise (also when nothing is
  * unread, nrecs then 0). Every rank calls it at the same steps. */
 int run_read_records(TrainRun *r);
+/* run_read_records for the steps a loop left unread (a time budget ends it on any step), its wait for the
+ * device counted as training time, as it is when a step reads: a run's tok/s covers all the work it queued. */
+int run_read_last(TrainRun *r);
 
 /* AdamW and gradient clipping; a family fills it from its Kconfig symbols with OPTIM_FROM_KCONFIG. */
 typedef struct {

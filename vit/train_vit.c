@@ -277,7 +277,7 @@ static int train(Run *r) {
         int stop = run_checkpoint_or_stop(t, (epoch_end || t->iter % h->ckpt_interval == 0) && t->iter < r->max_iters);
         if (stop) return stop;
     }
-    if (run_read_records(t)) return 1; /* a time budget ends the loop on any step */
+    if (run_read_last(t)) return 1; /* a time budget ends the loop on any step */
     if (t->last_eval_iter != t->iter || t->best_iter < 0) eval_and_record(r);
     run_save_model(t, t->final_path, t->last_val);
     /* test: the final model (with its confusion matrix), then the best-validation one */
