@@ -285,5 +285,11 @@ int kprof_stop(const KprofRow **rows);
 /* Between them the profile counts nothing and keeps its totals (a trainer's evaluation between steps). */
 void kprof_pause(void);
 void kprof_resume(void);
+/* After kprof_stop: the time the last profile was on (kprof_start or
+ * kprof_resume to kprof_pause or kprof_stop), on the ops' clock: on a GPU
+ * the device's time for the work queued meanwhile, gaps where it waited for
+ * the host included, so the ops' ms never exceed it however far the host
+ * ran ahead; on the CPU the wall time. */
+double kprof_on_ms(void);
 
 #endif

@@ -7,7 +7,10 @@
  * and end marks. Spans are resolved into totals when the device is idle: at
  * kprof_stop, or between ops once many marks are pending (a GPU's events are
  * then waited for in the middle of the profile, which the profile does not
- * see: the wait falls between two ops). */
+ * see: the wait falls between two ops). The time the profile is on (from
+ * kprof_start or kprof_resume to kprof_pause or kprof_stop) is a span too, of
+ * no op, on the same clock: on a GPU the device's time for the work queued
+ * then, idle gaps where it waited for the host included. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +30,8 @@ static Span *g_spans;
 static size_t g_nspans, g_cap_spans;
 static KprofRow *g_rows;
 static int g_nrows, g_cap_rows;
+static int g_on_from;  /* the mark where the profile was last switched on */
+static double g_on_ms; /* the spans it was on, resolved */
 
 enum { FLUSH_SPANS = 1 << 14 }; /* pending spans that make kprof_exit resolve them */
 
@@ -51,33 +56,45 @@ static KprofRow *row_of(const char *op, const char *part) {
     return &g_rows[g_nrows++];
 }
 
-/* Waits for the device and adds the pending spans to the totals; the marks start over. */
+/* Waits for the device and adds the pending spans to the totals (a span of no op: to the time on); the marks
+ * start over. The profile's time on, if it is on, ends before the wait and starts again after it. */
 static void resolve(void) {
+    if (g_on) add_span(NULL, NULL, g_on_from, kprof_mark());
     kprof_marks_wait();
     for (size_t i = 0; i < g_nspans; i++) {
+        double ms = kprof_mark_ms(g_spans[i].from, g_spans[i].to);
+        if (!g_spans[i].op) {
+            g_on_ms += ms;
+            continue;
+        }
         KprofRow *r = row_of(g_spans[i].op, g_spans[i].part);
         r->calls++;
-        r->ms += kprof_mark_ms(g_spans[i].from, g_spans[i].to);
+        r->ms += ms;
     }
     g_nspans = 0;
     kprof_marks_reset();
+    if (g_on) g_on_from = kprof_mark();
 }
 
 void kprof_start(void) {
     if (g_depth) FATAL("kprof_start: called inside a backend op");
     g_nrows = 0;
     g_nspans = 0;
+    g_on_ms = 0.0;
     kprof_marks_reset();
     g_active = g_on = 1;
+    g_on_from = kprof_mark();
 }
 
 void kprof_pause(void) {
     if (g_depth || !g_active) FATAL("kprof_pause: %s", g_depth ? "called inside a backend op" : "no profile started");
+    if (g_on) add_span(NULL, NULL, g_on_from, kprof_mark());
     g_on = 0;
 }
 
 void kprof_resume(void) {
     if (g_depth || !g_active) FATAL("kprof_resume: %s", g_depth ? "called inside a backend op" : "no profile started");
+    if (!g_on) g_on_from = kprof_mark();
     g_on = 1;
 }
 
@@ -92,6 +109,8 @@ int kprof_stop(const KprofRow **rows) {
     *rows = g_rows;
     return g_nrows;
 }
+
+double kprof_on_ms(void) { return g_on_ms; }
 
 void kprof_enter(const char *op) {
     if (!g_on || g_depth++) return; /* only the outermost op is timed */

@@ -2199,6 +2199,10 @@ def profile_by_hand(binary, out, step, sets, steps, want_calls, printed=""):
             all(got[op] is not None and (want is None or abs(got[op] - want) < 1e-9) for op, want in want_calls.items()),
             f"{os.path.basename(binary)}: the metrics' profile of {steps} steps from iteration 3, calls per step "
             f"{want_calls}: {got}, steps {prof.get('steps')}, first {prof.get('first_iteration')}")
+    # the step's time and the ops' on one clock (kernels.h, kprof_on_ms): the ops lie within the step on any backend
+    R.check(0 < prof.get("ops_ms", 0) <= prof.get("step_ms", 0) * 1.001 + 1e-3,
+            f"{os.path.basename(binary)}: the ops' {prof.get('ops_ms')} ms lie within the profiled step's "
+            f"{prof.get('step_ms')} ms")
     return prof
 
 

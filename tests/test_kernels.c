@@ -18,11 +18,13 @@
  * activations (CUDA_BF16) the inputs are rounded to bf16 before the
  * references read them, and the checks that hold exactly in float32 allow a
  * stored activation's rounding (ACT_U) on top. */
+#define _GNU_SOURCE /* nanosleep */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "adamw.h"
@@ -1740,6 +1742,9 @@ static void test_profile(void) {
     }
     CHECK(ops_ms <= wall_ms + 0.5, "profile: the ops' time (%.3f ms) lies within the host's (%.3f ms)", ops_ms,
           wall_ms);
+    double on_ms = kprof_on_ms();
+    CHECK(ops_ms <= on_ms + 1e-3 && on_ms <= wall_ms + 0.5, "profile: the time on (%.3f ms) holds the ops' (%.3f ms) "
+          "and lies within the host's (%.3f ms)", on_ms, ops_ms, wall_ms);
     CHECK(lin && gel && lin->ms > gel->ms, "profile: the %d^3 products' time (%.3f ms) is theirs, not the small "
           "GELU's beside them (%.3f ms)", N, lin ? lin->ms : -1.0, gel ? gel->ms : -1.0);
     CHECK(parts_ok, "profile: every part lies within its op's time");
@@ -1778,12 +1783,16 @@ static void test_profile(void) {
     gelu_forward(y.a, x.a, 64);
     kprof_pause();
     gelu_forward(y.a, x.a, 64);
+    nanosleep(&(struct timespec){0, 50000000}, NULL); /* 50 ms paused: the host's, and the device's idle time */
     kprof_resume();
     gelu_forward(y.a, x.a, 64);
     n = kprof_stop(&rows);
     one = prof_row(rows, n, "gelu_forward", NULL);
     CHECK(one && one->calls == 2, "profile: the call between pause and resume not counted (%ld calls)",
           one ? one->calls : -1L);
+    CHECK(kprof_on_ms() >= one->ms - 1e-3 && kprof_on_ms() < 25.0,
+          "profile: the time on (%.3f ms) holds its two calls (%.3f ms), not the 50 ms paused", kprof_on_ms(),
+          one ? one->ms : -1.0);
     gelu_forward(y.a, x.a, 64); /* after the profile: not counted, nothing to report */
     const KprofRow *none;
     CHECK(kprof_stop(&none) == 0 && !none, "profile: a stop after the stop reports nothing");

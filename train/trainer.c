@@ -591,7 +591,7 @@ double run_step_done(TrainRun *r, double t0, double examples) {
     r->train_seconds += dt;
     r->elapsed += dt;
     r->examples += examples;
-    run_profile_step_done(r, dt);
+    run_profile_step_done(r);
     return dt;
 }
 

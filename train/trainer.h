@@ -67,9 +67,8 @@ typedef struct {
     DistRange zslice;
     GradSync sync; /* the gradient sum over the ranks, in buckets when DIST_BUCKET_KIB says so */
     /* the op profile of KVLAB_PROFILE_STEPS steps (train/profile.c): steps to profile (0: off), profiled so far,
-     * steps this process has run, the first profiled iteration, whether the profile is on, the steps' seconds */
+     * steps this process has run, the first profiled iteration, whether the profile is on */
     int profile_steps, profile_done, steps_here, profile_first, profiling;
-    double profile_seconds;
     /* step records: the family's hint for a non-finite loss (e.g. "lower CONFIG_GPT2_LR or set
      * CONFIG_GPT2_GRAD_CLIP"); the records on the device, rec_pending of rec_cap unread; recs: the host's copies of
      * the nrecs records the last run_read_records returned */
@@ -236,7 +235,7 @@ void run_step_begin(TrainRun *r);
  * run_step_done and run_finish. */
 void run_profile_init(TrainRun *r);
 void run_profile_step_begin(TrainRun *r);
-void run_profile_step_done(TrainRun *r, double seconds);
+void run_profile_step_done(TrainRun *r);
 void run_profile_finish(TrainRun *r);
 /* A profile's rows (kernels.h, kprof_stop) over steps steps of step_ms each, per step: {"steps", "step_ms",
  * "ops_ms" (the ops' time in a step), "rows": [{"op", "part" (a GPU's kernels only), "calls", "ms"}]}, as a
