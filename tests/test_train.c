@@ -304,6 +304,7 @@ static void test_loop_tail(void) {
     CHECK(run_checkpoint_or_stop(&r, 0) == 128 + SIGTERM, "SIGTERM stops the step with status 128 + SIGTERM");
     CHECK(!strcmp(status_of(r.metrics_path, &error), "stopped") && strstr(error, "SIGTERM at iteration 2"),
           "the metrics say stopped, by what and where: %s", error);
+    dev_free(r.rec_dev), free(r.recs);
     metrics_free(r.metrics);
     TrainRun again;
     new_run(&again, &w, dir, "B");
