@@ -92,11 +92,15 @@ int cuda_started(void) { return g_ready; }
 void (*kv_sync_check)(void);
 void (*kv_side_join)(void);
 
+/* Waits until the stream's work queued before event ev (NULL: all of it) is done. */
+static void wait_for(cudaEvent_t ev);
+
+/* The copy's own cuda_sync after it ends the host-wait part: one round trip, one part (as without NCCL), the time
+ * of both waits in it. */
 void cuda_sync_before_copy(void) {
-    if (kv_sync_check) cuda_sync();
+    if (kv_sync_check) wait_for(NULL);
 }
 
-/* Waits until the stream's work queued before event ev (NULL: all of it) is done. */
 static void wait_for(cudaEvent_t ev) {
     if (!kv_sync_check) {
         CUDA_CHECK(ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(kv_stream));
