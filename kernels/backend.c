@@ -39,8 +39,8 @@ void args_adamw(int t) {
     if (t < 1) FATAL("adamw_update: step t must be >= 1, got %d", t);
 }
 
-void args_clip(double max_norm) {
-    if (!(max_norm >= 0.0)) FATAL("clip_grad_norm_into: max_norm must be >= 0 (0: no clipping), got %g", max_norm);
+void args_clip(const char *op, double max_norm) {
+    if (!(max_norm >= 0.0)) FATAL("%s: max_norm must be >= 0 (0: no clipping), got %g", op, max_norm);
 }
 
 void args_embedding(int B, int T, int C, int V) {

@@ -27,7 +27,7 @@ void args_linear(const char *op, int N, int C, int OC); /* (N, C) in, (N, OC) ou
 void args_distinct(const char *op, const char *names, const void *a, const void *b, const void *c);
 void args_classes(const char *op, int N, int V, float smoothing); /* N rows of V classes, smoothing in [0, 1) */
 void args_adamw(int t);
-void args_clip(double max_norm);
+void args_clip(const char *op, double max_norm);
 void args_embedding(int B, int T, int C, int V); /* (B, T) token ids into (B, T, C), V > 0 */
 /* gelu_linear_backward: the shape, dpre apart from pre, and dpre, act and dout three buffers */
 void args_gelu_linear(const void *dpre, const void *act, const void *dout, const void *pre, int N, int C, int OC);

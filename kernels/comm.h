@@ -46,6 +46,8 @@ void dev_comm_reduce_scatter(float *buf, const size_t *lo, const size_t *cnt);
 void dev_comm_allgather(float *buf, const size_t *lo, const size_t *cnt);
 /* rank 0's n floats to every rank */
 void dev_comm_bcast(float *buf, size_t n);
+/* v (n doubles of dev_alloc) = its sum over the ranks, on every rank (statistics made on the device) */
+void dev_comm_sum_doubles(double *v, size_t n);
 
 /* The overlapped forms (the gradient sum in parts during the backward pass): queued on a second stream of
  * their own, after everything queued on the backend's stream so far, so the caller's kernels go on while NCCL

@@ -250,6 +250,15 @@ void scale_inplace(float *x, size_t n, float s);
  * torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when
  * norm > max_norm, the decision taken on the device (no host wait). */
 void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm);
+/* clip_grad_norm_into in two halves, for gradients split over the ranks of a
+ * job (ZeRO-1: the global norm is the root of the sum over the ranks of each
+ * slice's squares, summed on the device between the halves):
+ * grad_sumsq_into writes the sum of the squares of n values (in double) into
+ * *sumsq; clip_grad_sumsq_into writes *norm := sqrt(*sumsq) and clips n
+ * values against it as clip_grad_norm_into does. Both doubles are in device
+ * memory, and may be the same one; nothing waits for a GPU. */
+void grad_sumsq_into(const float *grad, size_t n, double *sumsq);
+void clip_grad_sumsq_into(float *grad, size_t n, double max_norm, const double *sumsq, double *norm);
 /* The same with the norm returned (waits for a GPU): clip_grad_norm clips
  * (max_norm > 0), grad_norm only measures. */
 double clip_grad_norm(float *grad, size_t n, double max_norm);

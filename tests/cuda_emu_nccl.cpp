@@ -89,8 +89,9 @@ ncclResult_t enqueue(cudaStream_t stream, std::function<void()> fn) {
 ncclResult_t check(ncclComm_t comm, ncclDataType_t type, size_t count, int root, const char *call) {
     if (!comm) return refuse(ncclInvalidArgument, "%s: comm is NULL", call);
     if (comm->aborted) return refuse(ncclInvalidUsage, "%s: the communicator was aborted", call);
-    if (type != ncclFloat32)
-        return refuse(ncclInvalidArgument, "%s: the emulated NCCL sums float32 only (type %d)", call, (int)type);
+    if (type != ncclFloat32 && type != ncclFloat64)
+        return refuse(ncclInvalidArgument, "%s: the emulated NCCL sums float32 and float64 only (type %d)", call,
+                      (int)type);
     if (count > (size_t)INT_MAX)
         return refuse(ncclInvalidArgument, "%s: %zu values, more than one MPI call carries here", call, count);
     if (root < 0 || root >= comm->size)
@@ -98,9 +99,14 @@ ncclResult_t check(ncclComm_t comm, ncclDataType_t type, size_t count, int root,
     return ncclSuccess;
 }
 
-ncclResult_t on_device(const void *p, size_t count, const char *what, const char *call) {
-    if (count && !emu::device_range(p, count * sizeof(float)))
-        return refuse(ncclInvalidArgument, "%s: %s %p (%zu floats) is not device memory", call, what, p, count);
+/* the bytes of one value, and its MPI type (a type check passed) */
+size_t bytes_of(ncclDataType_t type) { return type == ncclFloat64 ? sizeof(double) : sizeof(float); }
+MPI_Datatype mpi_of(ncclDataType_t type) { return type == ncclFloat64 ? MPI_DOUBLE : MPI_FLOAT; }
+
+ncclResult_t on_device(const void *p, size_t count, ncclDataType_t type, const char *what, const char *call) {
+    if (count && !emu::device_range(p, count * bytes_of(type)))
+        return refuse(ncclInvalidArgument, "%s: %s %p (%zu values of %zu bytes) is not device memory", call, what, p,
+                      count, bytes_of(type));
     return ncclSuccess;
 }
 
@@ -207,12 +213,12 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
                            ncclComm_t comm, cudaStream_t stream) {
     ncclResult_t r = check(comm, type, count, 0, "ncclAllReduce");
     if (r == ncclSuccess && op != ncclSum) r = refuse(ncclInvalidArgument, "ncclAllReduce: sums only");
-    if (r == ncclSuccess) r = on_device(sendbuff, count, "sendbuff", "ncclAllReduce");
-    if (r == ncclSuccess) r = on_device(recvbuff, count, "recvbuff", "ncclAllReduce");
+    if (r == ncclSuccess) r = on_device(sendbuff, count, type, "sendbuff", "ncclAllReduce");
+    if (r == ncclSuccess) r = on_device(recvbuff, count, type, "recvbuff", "ncclAllReduce");
     if (r != ncclSuccess) return r;
     return enqueue(stream, [=] {
         if (comm->aborted || !count) return;
-        mpi_ok(PMPI_Allreduce(sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, recvbuff, (int)count, MPI_FLOAT,
+        mpi_ok(PMPI_Allreduce(sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, recvbuff, (int)count, mpi_of(type),
                              MPI_SUM, comm->mpi), "MPI_Allreduce");
     });
 }
@@ -221,27 +227,27 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
                         int root, ncclComm_t comm, cudaStream_t stream) {
     ncclResult_t r = check(comm, type, count, root, "ncclReduce");
     if (r == ncclSuccess && op != ncclSum) r = refuse(ncclInvalidArgument, "ncclReduce: sums only");
-    if (r == ncclSuccess) r = on_device(sendbuff, count, "sendbuff", "ncclReduce");
-    if (r == ncclSuccess && comm->rank == root) r = on_device(recvbuff, count, "recvbuff", "ncclReduce");
+    if (r == ncclSuccess) r = on_device(sendbuff, count, type, "sendbuff", "ncclReduce");
+    if (r == ncclSuccess && comm->rank == root) r = on_device(recvbuff, count, type, "recvbuff", "ncclReduce");
     if (r != ncclSuccess) return r;
     return enqueue(stream, [=] {
         if (comm->aborted || !count) return;
         bool me = comm->rank == root;
         mpi_ok(PMPI_Reduce(me && sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff, me ? recvbuff : NULL, (int)count,
-                          MPI_FLOAT, MPI_SUM, root, comm->mpi), "MPI_Reduce");
+                          mpi_of(type), MPI_SUM, root, comm->mpi), "MPI_Reduce");
     });
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     ncclResult_t r = check(comm, type, count, root, "ncclBroadcast");
-    if (r == ncclSuccess && comm->rank == root) r = on_device(sendbuff, count, "sendbuff", "ncclBroadcast");
-    if (r == ncclSuccess) r = on_device(recvbuff, count, "recvbuff", "ncclBroadcast");
+    if (r == ncclSuccess && comm->rank == root) r = on_device(sendbuff, count, type, "sendbuff", "ncclBroadcast");
+    if (r == ncclSuccess) r = on_device(recvbuff, count, type, "recvbuff", "ncclBroadcast");
     if (r != ncclSuccess) return r;
     return enqueue(stream, [=] {
         if (comm->aborted || !count) return;
         if (comm->rank == root && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * sizeof(float));
-        mpi_ok(PMPI_Bcast(recvbuff, (int)count, MPI_FLOAT, root, comm->mpi), "MPI_Bcast");
+        mpi_ok(PMPI_Bcast(recvbuff, (int)count, mpi_of(type), root, comm->mpi), "MPI_Bcast");
     });
 }
 

@@ -8,10 +8,10 @@
  * - a communicator is an MPI communicator of the ranks that joined with one
  *   id (ncclCommInitRank is collective over MPI_COMM_WORLD, as kvlab calls
  *   it: every process of the job joins one communicator);
- * - ncclAllReduce, ncclReduce and ncclBroadcast of float32 sums, in place or
- *   not, on device memory only: a buffer that is not (wholly) inside one
- *   cudaMalloc allocation is refused with ncclInvalidArgument, as a host
- *   pointer would fail on a GPU;
+ * - ncclAllReduce, ncclReduce and ncclBroadcast of float32 or float64 sums,
+ *   in place or not, on device memory only: a buffer that is not (wholly)
+ *   inside one cudaMalloc allocation is refused with ncclInvalidArgument, as
+ *   a host pointer would fail on a GPU;
  * - a group (ncclGroupStart ... ncclGroupEnd) runs as one unit at its end;
  * - when the collectives run: at once (the default), or, with
  *   KVLAB_CUDA_EMU_NCCL=late in the environment, as late as the stream's
@@ -54,7 +54,7 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7
 } ncclResult_t;
-typedef enum { ncclFloat32 = 7, ncclFloat = 7 } ncclDataType_t;
+typedef enum { ncclFloat32 = 7, ncclFloat = 7, ncclFloat64 = 8, ncclDouble = 8 } ncclDataType_t;
 typedef enum { ncclSum = 0 } ncclRedOp_t;
 
 const char *ncclGetErrorString(ncclResult_t result);

@@ -1204,6 +1204,9 @@ def cuda_nccl(tmp, gpu):
                     f"{fam}: {n} rank(s) over NCCL train as one process on the GPU within {MPI_RTOL:g} relative "
                     f"(largest difference {d:.3g}), the banner names the transport")
             print(f"  {fam}: mpirun -np {n} over NCCL against one process: largest relative difference {d:.2e}")
+        if fam in HOST_WAITS:  # NCCL's collectives and ZeRO-1's norm queued: no more waits than one process's
+            host_waits(nccl[fam], fam, os.path.join(base, f"{fam}-nccl-waits"), step="mpi", ranks=min(2, gpus),
+                       env=env, what=f", ZeRO-1 over NCCL, {min(2, gpus)} rank(s)", sets=MPI_HOST_WAIT_SETS[fam])
     if gpus < 2:
         # two ranks on one GPU: NCCL cannot (one GPU per rank); rank 1 asks for GPU 1 and says why it stops
         t = time.time()
@@ -1284,6 +1287,11 @@ def test_emulated_nccl(tmp, sanitize):
                             f"the transport")
                 print(f"  {fam}, {what}, collectives run {when}: 1, 2 and 3 ranks against one process: largest "
                       f"relative difference {worst:.2e}")
+                # two ranks wait for the device no more than one process does: the gradient sums, ZeRO-1's norm and
+                # all-gather are queued on the device; the host collectives carry host values only
+                host_waits(build[fam], fam, os.path.join(base, f"{fam}-{what[:5]}-{when}-waits"), step="mpi",
+                           ranks=2, env=env, what=f", {what}, 2 ranks over the emulated NCCL, collectives run {when}",
+                           sets=MPI_HOST_WAIT_SETS[fam])
 
 
 def cuda_against_cpu(tmp, emulated=False):
@@ -1313,7 +1321,7 @@ def cuda_against_cpu(tmp, emulated=False):
         summ = open(os.path.join(wg.run_dir(run_name), "ablation_summary.md")).read()
         R.check("GPU MiB" in summ, f"{label}: the GPU run's ablation summary has a GPU memory column: {summ[:600]}")
         if family in HOST_WAITS:
-            host_waits(wg, run_name, family, os.path.join(tmp, f"waits-{label}"))
+            host_waits(wg.binary("V0", run_name, family), family, os.path.join(tmp, f"waits-{label}"))
         for step in ("V0", "V1") if family == "gpt2" else ("V0", "KV"):
             mc = metrics(os.path.join(wc.run_dir(run_name), f"training_metrics_step{step}.json"))
             mg = metrics(os.path.join(wg.run_dir(run_name), f"training_metrics_step{step}.json"))
@@ -1407,7 +1415,8 @@ def cuda_against_cpu(tmp, emulated=False):
 # log (here every third: one of the three profiled steps, iterations 3-5), and answers the ids' range checks queued
 # since then. The batch's uploads (gpt2: inputs and targets; seq2seq: source, its padding mask, the one-hot source and
 # the targets) go through the page-locked ring and wait for nothing. No layer's op waits; a new round trip anywhere
-# in a step fails this table. (sets, calls per step of each op's "host wait")
+# in a step fails this table, and so does one in a data-parallel step: two ranks over the emulated NCCL, ZeRO-1 too,
+# are held to it (test_emulated_nccl). (sets, calls per step of each op's "host wait")
 HOST_WAITS = {
     "gpt2": (["GPT2_MAX_ITERS=8", "GPT2_LOG_INTERVAL=3"], {"dev_download": 1 / 3}),
     "seq2seq": (["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1", "SEQ2SEQ_LOG_INTERVAL=3"],
@@ -1415,11 +1424,20 @@ HOST_WAITS = {
 }
 
 
-def host_waits(ws, run_name, family, out):
-    """Three profiled steps of ws's V0 on the GPU: its host waits a step are HOST_WAITS[family], in the metrics'
-    profile (rows and "host_waits") and in the printed table."""
-    sets, want = HOST_WAITS[family]
-    prof = profile_by_hand(ws.binary("V0", run_name, family), out, "V0", sets, 3, {},
+# HOST_WAITS' settings for MPI_TINY's builds: its seq2seq epoch is 5 steps, whose end reads the records, so the steps
+# log every 5 (one read in steps 3-5, as the table has)
+MPI_HOST_WAIT_SETS = {"gpt2": HOST_WAITS["gpt2"][0],
+                      "seq2seq": ["SEQ2SEQ_EPOCHS=1", "SEQ2SEQ_TASKS=copy", "SEQ2SEQ_SEEDS=1", "SEQ2SEQ_LOG_INTERVAL=5"]}
+
+
+def host_waits(binary, family, out, step="V0", ranks=0, env=None, what="", sets=None):
+    """Three profiled steps of a GPU trainer (ranks > 0: under mpirun, rank 0's profile): its host waits a step
+    are HOST_WAITS[family], in the metrics' profile (rows and "host_waits") and in the printed table. sets: the
+    run's settings instead of the table's (a build of other sizes, where other steps log)."""
+    table_sets, want = HOST_WAITS[family]
+    sets = table_sets if sets is None else sets
+    family = f"{family}{what}"
+    prof = profile_by_hand(binary, out, step, sets, 3, {}, ranks=ranks, env=env,
                            printed=f"host waits for the device: {sum(want.values()):.4g} a step (")
     got = {x["op"]: x["calls"] for x in prof.get("rows", []) if x.get("part") == "host wait"}
     close = lambda a, b: abs(a - b) < 1e-9  # noqa: E731 - thirds
@@ -2181,12 +2199,14 @@ def test_step_names_by_hand(ws, tmp):
                 f"--step {step!r} is refused in one line, nothing written: {r.stderr.strip()}")
 
 
-def profile_by_hand(binary, out, step, sets, steps, want_calls, printed=""):
+def profile_by_hand(binary, out, step, sets, steps, want_calls, printed="", ranks=0, env=None):
     """The trainer run by hand with KVLAB_PROFILE_STEPS=steps: its table after the profiled steps (3 .. steps + 2),
     with the line printed in it, and "profile" in its metrics with the calls per step of want_calls ({op: calls},
-    None: at least one). Returns the profile."""
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1", KVLAB_PROFILE_STEPS=str(steps))
-    r = run([binary, "train", "--out", out, "--step", step] + [a for x in sets for a in ("--set", x)], env=env)
+    None: at least one). ranks > 0: under mpirun -np ranks (rank 0's profile). Returns the profile."""
+    env = dict(env or os.environ, ASAN_OPTIONS="detect_leaks=1", KVLAB_PROFILE_STEPS=str(steps))
+    launch = mpirun_cmd(ranks, ("KVLAB_PROFILE_STEPS", "KVLAB_CUDA_EMU_NCCL")) if ranks else []
+    r = run(launch + [binary, "train", "--out", out, "--step", step] + [a for x in sets for a in ("--set", x)],
+            env=env, timeout=300)
     which = f"steps 3-{steps + 2}" if steps > 1 else "step 3"
     R.check(r.returncode == 0 and f"profile of {which} (" in r.stdout and "all ops" in r.stdout and
             printed in r.stdout, f"{os.path.basename(binary)} with KVLAB_PROFILE_STEPS={steps}: the table of "

@@ -10,6 +10,7 @@
  * include 0, fewer values than ranks and a length no rank count divides, so
  * ZeRO-1's uneven slices are covered. Every rank checks its own results and
  * the counts are summed, so one summary line covers the job. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "dist.h"
@@ -147,6 +148,27 @@ static void test_collectives(size_t n) {
     dev_free(slice), dev_free(d), dev_free(src);
 }
 
+/* dist_sum_dev: doubles of device memory summed in double: 1 + r 2^-40 is exact in double and not in float, and
+ * so is the sum over N ranks, N + 2^-40 N(N-1)/2. Filled by a queued copy and read through one, as above. */
+static void test_sum_dev(void) {
+    int rank = dist_rank(), size = dist_size();
+    double h[3] = {1.0 + ldexp(rank, -40), -rank, 0.5 * rank}, got[3];
+    double *src = dev_alloc(sizeof h), *d = dev_alloc(sizeof h), *out = dev_alloc(sizeof h);
+    dev_upload(src, h, sizeof h);
+    dev_copy(d, src, sizeof h);
+    dist_sum_dev(d, 3);
+    dev_copy(out, d, sizeof h);
+    dev_download(got, out, sizeof got);
+    double n = size, want[3] = {n + ldexp(n * (n - 1) / 2.0, -40), -n * (n - 1) / 2.0, n * (n - 1) / 4.0};
+    CHECK(got[0] == want[0] && got[1] == want[1] && got[2] == want[2],
+          "dist_sum_dev over %d ranks, in double on the device: %.17g %g %g (want %.17g %g %g)", size, got[0], got[1],
+          got[2], want[0], want[1], want[2]);
+    dist_sum_dev(d, 0); /* nothing to sum: nothing changes */
+    dev_download(got, d, sizeof got);
+    CHECK(got[0] == want[0], "dist_sum_dev of 0 values leaves the buffer: %.17g", got[0]);
+    dev_free(src), dev_free(d), dev_free(out);
+}
+
 /* The overlapped sum in parts (dist_sum_start_dev / dist_sum_wait_dev), started top down as train/grad_sync.c
  * does, with an empty part among them: the single calls' results, all-reduced or (scatter) reduce-scattered.
  * While the parts are under way the buffer below them is rewritten (as the backward pass goes on writing the
@@ -178,6 +200,7 @@ int main(void) {
     dist_init();
     backend_init(1);
     test_split();
+    test_sum_dev();
     /* 0 values, fewer than the ranks, odd, and one large enough for NCCL to take its bulk path */
     const size_t lengths[] = {0, 1, 2, 5, 1001, 1 << 20};
     for (size_t k = 0; k < sizeof lengths / sizeof *lengths; k++) {

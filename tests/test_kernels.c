@@ -1541,8 +1541,33 @@ static void test_adamw_and_clip(void) {
               big.h[1] == (float)(8.0 * (float)(2.0 / (10.0 + 1e-6))),
           "clip_grad_norm_into, max 2: norm %g before, gradients scaled by 2/(10+1e-6) (%.7f %.7f)", nv,
           (double)big.h[0], (double)big.h[1]);
+    /* the two halves (ZeRO-1): a slice's squares; the norm from a sum of squares given in device memory (here 100,
+     * as if summed over ranks: not the slice's own 25), written in place over it, and clipping against that */
+    Buf part = buf_from((float[]){3.0f, 4.0f}, 2);
+    grad_sumsq_into(part.d, 2, nd);
+    dev_download(&nv, nd, sizeof nv);
+    CHECK(nv == 25.0, "grad_sumsq_into: 3^2 + 4^2 = %g", nv);
+    grad_sumsq_into(part.d, 0, nd);
+    dev_download(&nv, nd, sizeof nv);
+    CHECK(nv == 0.0, "grad_sumsq_into of no values: %g", nv);
+    nv = 100.0;
+    dev_upload(nd, &nv, sizeof nv);
+    clip_grad_sumsq_into(part.d, 2, 0.0, nd, nd);
+    dev_download(&nv, nd, sizeof nv);
+    buf_download(&part);
+    CHECK(nv == 10.0 && part.h[0] == 3.0f && part.h[1] == 4.0f,
+          "clip_grad_sumsq_into, max 0: norm sqrt(100) = %g in place, gradients kept", nv);
+    nv = 100.0;
+    dev_upload(nd, &nv, sizeof nv);
+    clip_grad_sumsq_into(part.d, 2, 2.0, nd, nd);
+    dev_download(&nv, nd, sizeof nv);
+    buf_download(&part);
+    CHECK(nv == 10.0 && part.h[0] == (float)(3.0 * (float)(2.0 / (10.0 + 1e-6))) &&
+              part.h[1] == (float)(4.0 * (float)(2.0 / (10.0 + 1e-6))),
+          "clip_grad_sumsq_into, max 2: clipped by the given norm 10, not the slice's 5 (%.7f %.7f)",
+          (double)part.h[0], (double)part.h[1]);
     dev_free(nd);
-    buf_free(&grads), buf_free(&small), buf_free(&big);
+    buf_free(&grads), buf_free(&small), buf_free(&big), buf_free(&part);
 
     /* many tensors in one call: 130 spans (a GPU takes them in two launches), some empty, gaps between them
      * that stay untouched, moments at other offsets (a ZeRO-1 slice), two weight decays: every value within
@@ -1685,6 +1710,7 @@ static void bad_argmax(void) { argmax_correct(adummy, bad_ids, 1, 0, -1); }
 static void bad_adamw(void) { adamw_update(dummy, dummy + 8, dummy + 16, dummy + 24, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0); }
 static void bad_clip(void) { clip_grad_norm(dummy, 4, 0.0); }
 static void bad_clip_into(void) { clip_grad_norm_into(dummy, 4, -1.0, (double *)(dummy + 8)); }
+static void bad_clip_sumsq(void) { clip_grad_sumsq_into(dummy, 4, -1.0, (double *)(dummy + 8), (double *)(dummy + 8)); }
 static void bad_cross_attention(void) {
     CrossAttnArgs a = {.B = 1, .Tq = 2, .Tk = 0, .H = 1, .hd = 4};
     cross_attention_forward(adummy, dummy + 32, adummy, adummy, &a);
@@ -1823,6 +1849,7 @@ static void test_argument_errors(void) {
     expect_error("adamw_update: step t must be >= 1", "adamw");
     expect_error("clip_grad_norm: max_norm must be > 0", "clip");
     expect_error("clip_grad_norm_into: max_norm must be >= 0 (0: no clipping), got -1", "clip_into");
+    expect_error("clip_grad_sumsq_into: max_norm must be >= 0 (0: no clipping), got -1", "clip_sumsq");
 }
 
 /* ------------------------------------------------------------------ grouped K/V heads */
@@ -2009,7 +2036,8 @@ static int run_bad_call(const char *name) {
                  {"kv_heads_decode", bad_kv_heads_decode}, {"linear_gelu", bad_linear_gelu},
                  {"gelu_linear", bad_gelu_linear}, {"linear_backward", bad_linear_backward},
                  {"tokens_embed", bad_tokens_embed}, {"smoothing", bad_smoothing}, {"argmax", bad_argmax},
-                 {"adamw", bad_adamw}, {"clip", bad_clip}, {"clip_into", bad_clip_into}, {"embedding_vocab", bad_embedding_vocab},
+                 {"adamw", bad_adamw}, {"clip", bad_clip}, {"clip_into", bad_clip_into}, {"clip_sumsq", bad_clip_sumsq},
+                 {"embedding_vocab", bad_embedding_vocab},
                  {"crossentropy_skip", bad_crossentropy_skip}, {"crossentropy_late", bad_crossentropy_late}, {"gelu_linear_dout", bad_gelu_linear_dout}};
     dummy = dev_alloc(64 * sizeof(float));
     adummy = dev_alloc(64 * sizeof(float));

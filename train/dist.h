@@ -85,6 +85,9 @@ void dist_reduce_scatter_dev(float *buf, size_t n);
 void dist_allgather_dev(float *buf, size_t n);
 /* rank 0's n floats to every rank */
 void dist_bcast_dev(float *buf, size_t n);
+/* v (n doubles of device memory, dev_alloc) = its sum over the ranks, on every rank: device-made statistics summed
+ * without a host wait on NCCL (ZeRO-1's squared gradient norm); the MPI transport stages them through the host */
+void dist_sum_dev(double *v, int n);
 /* The overlapped gradient sum (train/grad_sync.h): dist_sum_start_dev queues the sum over the ranks of the part
  * buf[lo, lo + n) of a buffer of total floats and returns without waiting for it; dist_sum_wait_dev completes
  * every queued one. With scatter, only this rank's slice dist_split(total, rank, size) of the part gets the sum
@@ -119,6 +122,7 @@ static inline void dist_allreduce_dev(float *buf, size_t n) { (void)buf, (void)n
 static inline void dist_reduce_scatter_dev(float *buf, size_t n) { (void)buf, (void)n; }
 static inline void dist_allgather_dev(float *buf, size_t n) { (void)buf, (void)n; }
 static inline void dist_bcast_dev(float *buf, size_t n) { (void)buf, (void)n; }
+static inline void dist_sum_dev(double *v, int n) { (void)v, (void)n; }
 static inline void dist_sum_start_dev(float *buf, size_t total, size_t lo, size_t n, int scatter) {
     (void)buf, (void)total, (void)lo, (void)n, (void)scatter;
 }

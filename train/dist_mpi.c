@@ -196,6 +196,20 @@ void dist_allreduce_dev(float *buf, size_t n) {
     dev_upload(buf, h, n * sizeof(float));
 }
 
+void dist_sum_dev(double *v, int n) {
+    if (n < 0) FATAL("dist_sum_dev: %d values", n);
+    if (NCCL_ON) {
+        dev_comm_sum_doubles(v, (size_t)n);
+        return;
+    }
+    if (!active() || !n) return;
+    double *h = xmalloc((size_t)n * sizeof(double));
+    dev_download(h, v, (size_t)n * sizeof(double));
+    MPI_Allreduce(MPI_IN_PLACE, h, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    dev_upload(v, h, (size_t)n * sizeof(double));
+    free(h);
+}
+
 /* counts and displacements of the slices of n values */
 static void slices(size_t n, int *counts, int *displs) {
     for (int r = 0; r < g_size; r++) {

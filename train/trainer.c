@@ -526,18 +526,18 @@ void run_optim_step(TrainRun *r, const Optim *o, double lr, int step) {
         optim_step(o, w, lr, step, &run_record(r)->norm);
         return;
     }
-    /* ZeRO-1: the summed gradients of this rank's slice; the global norm from every slice's squares; clipping
-     * as clip_grad_norm; AdamW on the slice; then every rank's updated slice to all */
+    /* ZeRO-1: the summed gradients of this rank's slice; the global norm from every slice's squares, summed over
+     * the ranks on the device in the step record's norm (a square until clip_grad_sumsq_into roots it: no host
+     * wait); clipping as clip_grad_norm; AdamW on the slice; then every rank's updated slice to all */
     DistRange z = r->zslice;
     float *g = w->grads + z.lo;
-    double part = z.n ? grad_norm(g, z.n) : 0.0, sq = part * part;
-    dist_sum(&sq, 1);
-    double norm = sqrt(sq);
-    if (o->clip > 0 && norm > o->clip && z.n) scale_inplace(g, z.n, (float)(o->clip / (norm + 1e-6)));
+    double *norm = &run_record(r)->norm;
+    grad_sumsq_into(g, z.n, norm); /* an empty slice: 0 */
+    dist_sum_dev(norm, 1);
+    clip_grad_sumsq_into(g, z.n, o->clip, norm, norm);
     params_adamw_slice(w, w->m, w->v, z.lo, z.n, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                        (float)o->weight_decay, step);
     dist_allgather_dev(w->params, total);
-    dev_upload(&run_record(r)->norm, &norm, sizeof norm); /* found on the host here: the slices' sum */
 }
 
 void run_reset_optimizer(TrainRun *r) {

@@ -480,9 +480,21 @@ void scale_inplace(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+void grad_sumsq_into(const float *grad, size_t n, double *sumsq) {
+    KPROF_OP();
+    *sumsq = sum_of_squares(grad, n);
+}
+
+void clip_grad_sumsq_into(float *grad, size_t n, double max_norm, const double *sumsq, double *norm) {
+    KPROF_OP();
+    args_clip("clip_grad_sumsq_into", max_norm);
+    *norm = sqrt(*sumsq);
+    if (max_norm > 0 && *norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (*norm + 1e-6)));
+}
+
 void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm) {
     KPROF_OP();
-    args_clip(max_norm);
-    *norm = sqrt(sum_of_squares(grad, n));
-    if (max_norm > 0 && *norm > max_norm) scale_inplace(grad, n, (float)(max_norm / (*norm + 1e-6)));
+    args_clip("clip_grad_norm_into", max_norm);
+    double sq = sum_of_squares(grad, n);
+    clip_grad_sumsq_into(grad, n, max_norm, &sq, norm);
 }

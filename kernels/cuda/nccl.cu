@@ -161,6 +161,11 @@ void dev_comm_bcast(float *buf, size_t n) {
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, 0, g_comm, kv_stream));
 }
 
+void dev_comm_sum_doubles(double *v, size_t n) {
+    need_comm("dev_comm_sum_doubles");
+    if (n) NCCL_CHECK(ncclAllReduce(v, v, n, ncclDouble, ncclSum, g_comm, kv_stream));
+}
+
 /* the side stream waits for everything queued on the backend's stream so far */
 static void side_after_main(void) {
     CUDA_CHECK(cudaEventRecord(g_to_side, kv_stream));

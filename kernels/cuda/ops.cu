@@ -963,12 +963,17 @@ __global__ void sumsq_partial_kernel(double *partial, const float *x, size_t n) 
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-/* the partials in order, then the norm's square root */
-__global__ void norm_of_partials_kernel(double *norm, const double *partial, unsigned nblocks) {
+/* the partials in order: their sum, or (root) its square root */
+__global__ void sum_of_partials_kernel(double *out, const double *partial, unsigned nblocks, int root) {
     double s = 0.0;
     for (unsigned i = threadIdx.x; i < nblocks; i += THREADS) s += partial[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) *norm = sqrt(s);
+    if (threadIdx.x == 0) *out = root ? sqrt(s) : s;
+}
+
+/* a norm from a sum of squares summed elsewhere (over the ranks); in place where norm is sumsq */
+__global__ void root_kernel(double *norm, const double *sumsq) {
+    if (threadIdx.x == 0) *norm = sqrt(*sumsq);
 }
 
 /* the clipping decision read from the device: the host never sees the norm */
@@ -991,20 +996,43 @@ void scale_inplace(float *x, size_t n, float s) {
     ELEMENTWISE(scale_kernel, n, x, s);
 }
 
-void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm) {
-    KPROF_OP();
-    args_clip(max_norm);
+/* *out := the sum of the squares of grad's n values, or (root) its square root: partial sums per block, then the
+ * partials in one block, in a fixed order (the same result every run) */
+static void sumsq_launch(double *out, const float *grad, size_t n, int root) {
     static double *partial;
     if (!partial) partial = (double *)dev_alloc(NORM_BLOCKS * sizeof(double));
     unsigned blocks = (unsigned)std::min<size_t>(NORM_BLOCKS, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
     sumsq_partial_kernel<<<blocks, THREADS, 0, kv_stream>>>(partial, grad, n);
     CUDA_LAUNCHED(sumsq_partial);
-    norm_of_partials_kernel<<<1, THREADS, 0, kv_stream>>>(norm, partial, blocks);
-    CUDA_LAUNCHED(norm_of_partials);
-    if (max_norm > 0) {
-        cuda_float_written(grad, n * sizeof(float));
-        unsigned cb = (unsigned)std::min<size_t>(4096, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
-        clip_kernel<<<cb, THREADS, 0, kv_stream>>>(grad, n, norm, max_norm);
-        CUDA_LAUNCHED(clip);
-    }
+    sum_of_partials_kernel<<<1, THREADS, 0, kv_stream>>>(out, partial, blocks, root);
+    CUDA_LAUNCHED(sum_of_partials);
+}
+
+/* grad scaled by max_norm / (*norm + 1e-6) where *norm > max_norm; nothing with max_norm 0 */
+static void clip_launch(float *grad, size_t n, double max_norm, const double *norm) {
+    if (!(max_norm > 0)) return;
+    cuda_float_written(grad, n * sizeof(float));
+    unsigned cb = (unsigned)std::min<size_t>(4096, std::max<size_t>(1, (n + THREADS - 1) / THREADS));
+    clip_kernel<<<cb, THREADS, 0, kv_stream>>>(grad, n, norm, max_norm);
+    CUDA_LAUNCHED(clip);
+}
+
+void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm) {
+    KPROF_OP();
+    args_clip("clip_grad_norm_into", max_norm);
+    sumsq_launch(norm, grad, n, 1);
+    clip_launch(grad, n, max_norm, norm);
+}
+
+void grad_sumsq_into(const float *grad, size_t n, double *sumsq) {
+    KPROF_OP();
+    sumsq_launch(sumsq, grad, n, 0);
+}
+
+void clip_grad_sumsq_into(float *grad, size_t n, double max_norm, const double *sumsq, double *norm) {
+    KPROF_OP();
+    args_clip("clip_grad_sumsq_into", max_norm);
+    root_kernel<<<1, 32, 0, kv_stream>>>(norm, sumsq);
+    CUDA_LAUNCHED(root);
+    clip_launch(grad, n, max_norm, norm);
 }
