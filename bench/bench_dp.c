@@ -7,7 +7,11 @@
  * and backward of its rows, bucket starts included); the wait for the
  * slowest rank (a one-value all-reduce, i.e. imbalance plus one latency);
  * the gradient sum, or what is left of it after the backward pass (the
- * communication cost proper). Prints one JSON object from rank 0.
+ * communication cost proper). Each time ends with a wait for the device
+ * (bench.h), so on a GPU it is when the work ended, not when the host had
+ * queued it: the compute ends with the backend's stream idle (buckets sent
+ * to NCCL's stream may still run), the gradient sum with that stream idle
+ * after it has waited for NCCL's. Prints one JSON object from rank 0.
  *
  * usage: mpirun -np N bench_dp L H C T B V steps threads [bucket_kib]
  * (started alone it is a job of one) */
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "bench.h"
 #include "common.h"
 #include "dist.h"
 #include "gpt2/model.h"
@@ -67,12 +72,15 @@ int main(int argc, char **argv) {
         grad_sync_arm(&sync);
         gpt2_forward_pass(&m, x, y, (int)rows.n, T, 1, (uint64_t)(s + 2));
         gpt2_backward(&m, (float)((double)rows.n / B)); /* the global mean over B rows */
+        device_wait(m.w.grads);
         double t1 = wall_seconds(), one = 1.0;
         dist_sum(&one, 1);
         double t2 = wall_seconds();
         grad_sync_finish(&sync);
+        device_wait(m.w.grads);
         double t3 = wall_seconds();
         params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
+        device_wait(m.w.params);
         double t4 = wall_seconds();
         if (s < 0) continue;
         step[s] = 1e3 * (t4 - t0), comp[s] = 1e3 * (t1 - t0), wait[s] = 1e3 * (t2 - t1), comm[s] = 1e3 * (t3 - t2);

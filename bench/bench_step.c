@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "bench.h"
 #include "common.h"
 #include "gpt2/model.h"
 #include "kernels.h"
@@ -28,12 +29,6 @@
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* Waits until the device has done everything queued (a download waits for the queue; free on the CPU). */
-static void device_wait(const void *any) {
-    unsigned char x;
-    dev_download(&x, any, 1);
 }
 
 /* A device buffer of n floats (weights), and one of n activations, from values made on the host. */
