@@ -504,13 +504,19 @@ int run_read_records(TrainRun *r) {
     return 0;
 }
 
+/* dt seconds of training on this rank: the slowest rank's, added to the run's clocks (one clock for all: time
+ * budgets end every rank at the same step); returns that */
+static double add_train_time(TrainRun *r, double dt) {
+    dist_max(&dt, 1);
+    r->train_seconds += dt;
+    r->elapsed += dt;
+    return dt;
+}
+
 int run_read_last(TrainRun *r) {
     double t0 = wall_seconds();
     int bad = run_read_records(r);
-    double dt = wall_seconds() - t0;
-    dist_max(&dt, 1); /* every rank's clock alike, as run_step_done's */
-    r->train_seconds += dt;
-    r->elapsed += dt;
+    add_train_time(r, wall_seconds() - t0);
     return bad;
 }
 
@@ -585,11 +591,8 @@ int run_check_loss(TrainRun *r, double loss, int iter) {
 }
 
 double run_step_done(TrainRun *r, double t0, double examples) {
-    double dt = wall_seconds() - t0;
-    dist_max(&dt, 1); /* one clock for all: time budgets end every rank at the same step */
+    double dt = add_train_time(r, wall_seconds() - t0);
     r->iter++;
-    r->train_seconds += dt;
-    r->elapsed += dt;
     r->examples += examples;
     run_profile_step_done(r);
     return dt;
