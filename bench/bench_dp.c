@@ -72,12 +72,12 @@ int main(int argc, char **argv) {
         grad_sync_arm(&sync);
         gpt2_forward_pass(&m, x, y, (int)rows.n, T, 1, (uint64_t)(s + 2));
         gpt2_backward(&m, (float)((double)rows.n / B)); /* the global mean over B rows */
-        device_wait(m.w.grads);
+        device_wait(m.w.params); /* any buffer: not the gradients, which NCCL's stream may still be summing */
         double t1 = wall_seconds(), one = 1.0;
         dist_sum(&one, 1);
         double t2 = wall_seconds();
         grad_sync_finish(&sync);
-        device_wait(m.w.grads);
+        device_wait(m.w.params);
         double t3 = wall_seconds();
         params_adamw(&m.w, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 3);
         device_wait(m.w.params);

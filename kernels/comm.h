@@ -5,7 +5,7 @@
  * these, and they know nothing of MPI. Bootstrap: rank 0 makes an id, the
  * caller sends it to every rank, and every rank joins with it.
  *
- * Buffers are float buffers of dev_alloc. Every collective is queued on the
+ * Buffers are float buffers of dev_alloc (doubles for dev_comm_sum_doubles). Every collective is queued on the
  * backend's stream, in order with the kernels around it (no host wait), and
  * must be called by every rank in the same order with the same sizes. An
  * error stops this process with one line naming the call, NCCL's message and

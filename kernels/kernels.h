@@ -259,8 +259,8 @@ void clip_grad_norm_into(float *grad, size_t n, double max_norm, double *norm);
  * memory, and may be the same one; nothing waits for a GPU. */
 void grad_sumsq_into(const float *grad, size_t n, double *sumsq);
 void clip_grad_sumsq_into(float *grad, size_t n, double max_norm, const double *sumsq, double *norm);
-/* The same with the norm returned (waits for a GPU): clip_grad_norm clips
- * (max_norm > 0), grad_norm only measures. */
+/* clip_grad_norm_into with the norm returned (waits for a GPU):
+ * clip_grad_norm clips (max_norm > 0), grad_norm only measures. */
 double clip_grad_norm(float *grad, size_t n, double max_norm);
 double grad_norm(const float *grad, size_t n);
 

@@ -246,7 +246,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
     if (r != ncclSuccess) return r;
     return enqueue(stream, [=] {
         if (comm->aborted || !count) return;
-        if (comm->rank == root && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * sizeof(float));
+        if (comm->rank == root && sendbuff != recvbuff) memcpy(recvbuff, sendbuff, count * bytes_of(type));
         mpi_ok(PMPI_Bcast(recvbuff, (int)count, mpi_of(type), root, comm->mpi), "MPI_Bcast");
     });
 }

@@ -1205,8 +1205,9 @@ def cuda_nccl(tmp, gpu):
                     f"(largest difference {d:.3g}), the banner names the transport")
             print(f"  {fam}: mpirun -np {n} over NCCL against one process: largest relative difference {d:.2e}")
         if fam in HOST_WAITS:  # NCCL's collectives and ZeRO-1's norm queued: no more waits than one process's
-            host_waits(nccl[fam], fam, os.path.join(base, f"{fam}-nccl-waits"), step="mpi", ranks=min(2, gpus),
-                       env=env, what=f", ZeRO-1 over NCCL, {min(2, gpus)} rank(s)", sets=MPI_HOST_WAIT_SETS[fam])
+            n = min(2, gpus)  # ZeRO-1 shards over 2 ranks or more; one rank runs NCCL's path alone
+            host_waits(nccl[fam], fam, os.path.join(base, f"{fam}-nccl-waits"), step="mpi", ranks=n, env=env,
+                       what=f", over NCCL, {n} rank(s){', ZeRO-1' if n > 1 else ''}", sets=MPI_HOST_WAIT_SETS[fam])
     if gpus < 2:
         # two ranks on one GPU: NCCL cannot (one GPU per rank); rank 1 asks for GPU 1 and says why it stops
         t = time.time()
@@ -2203,8 +2204,9 @@ def profile_by_hand(binary, out, step, sets, steps, want_calls, printed="", rank
     """The trainer run by hand with KVLAB_PROFILE_STEPS=steps: its table after the profiled steps (3 .. steps + 2),
     with the line printed in it, and "profile" in its metrics with the calls per step of want_calls ({op: calls},
     None: at least one). ranks > 0: under mpirun -np ranks (rank 0's profile). Returns the profile."""
-    env = dict(env or os.environ, ASAN_OPTIONS="detect_leaks=1", KVLAB_PROFILE_STEPS=str(steps))
-    launch = mpirun_cmd(ranks, ("KVLAB_PROFILE_STEPS", "KVLAB_CUDA_EMU_NCCL")) if ranks else []
+    env = dict(env) if env else dict(os.environ, ASAN_OPTIONS="detect_leaks=1")  # a caller's env keeps its own
+    env["KVLAB_PROFILE_STEPS"] = str(steps)
+    launch = mpirun_cmd(ranks, [v for v in ("KVLAB_PROFILE_STEPS", "KVLAB_CUDA_EMU_NCCL") if v in env]) if ranks else []
     r = run(launch + [binary, "train", "--out", out, "--step", step] + [a for x in sets for a in ("--set", x)],
             env=env, timeout=300)
     which = f"steps 3-{steps + 2}" if steps > 1 else "step 3"
@@ -3554,8 +3556,10 @@ def curve(out, step="mpi"):
     return metrics(os.path.join(out, f"training_metrics_step{step}.json"))
 
 
-def curves_close(a, b, keys=("train_losses", "val_losses")):
-    """The largest relative difference of the loss series, or inf when their lengths or iterations differ."""
+def curves_close(a, b, keys=("train_losses", "val_losses", "grad_norms")):
+    """The largest relative difference of the loss series and the gradient norms (a rank that clipped by its own
+    part of the norm, not the sum over the ranks, differs there first), or inf when their lengths or iterations
+    differ."""
     worst = 0.0
     for k in keys + ("iterations",):
         xa, xb = a["metrics"].get(k, []), b["metrics"].get(k, [])
@@ -3644,8 +3648,8 @@ def test_mpi(tmp, sanitize):
             m = curve(out)
             d = curves_close(ref[fam], m)
             R.check(d <= MPI_RTOL and len(m["metrics"]["train_losses"]) == 20,
-                    f"{fam}, {what}: 20 training losses and the validation losses equal one process's within "
-                    f"{MPI_RTOL:g} relative (largest difference {d:.3g})")
+                    f"{fam}, {what}: 20 training losses, gradient norms and the validation losses equal one "
+                    f"process's within {MPI_RTOL:g} relative (largest difference {d:.3g})")
             R.check(m["processes"] == 2 and m["status"] == "complete" and
                     r.stdout.count("done: ") == 1 and r.stdout.count("step      1/") <= 1,
                     f"{fam}, {what}: the metrics say 2 processes, and only rank 0 reports "

@@ -50,8 +50,9 @@ extern int kv_device;
 void cuda_ready(void);
 /* Whether it has started (the GPU is chosen for good then). */
 int cuda_started(void);
-/* Waits until the stream has done everything queued on it; every host wait of the backend goes through here
- * but one, for a slot of the upload ring (backend.cu, dev_upload). With kv_sync_check set (the NCCL transport,
+/* Waits until the stream has done everything queued on it; every host wait of the backend ends here (the poll
+ * before a copy, cuda_sync_before_copy, is followed by the copy's own) but one, for a slot of the upload ring
+ * (backend.cu, dev_upload). With kv_sync_check set (the NCCL transport,
  * while a communicator is up) the wait polls the stream and calls it between polls, so that a collective that
  * fails without ending (a peer's network gone) stops the process instead of blocking it for good. Then the
  * queued checks of ids are settled (cuda_checks_settle). */
@@ -67,7 +68,8 @@ extern void (*kv_sync_check)(void);
 extern void (*kv_side_join)(void);
 /* Before a copy between pageable host memory and the device: such a copy may block in the driver until the
  * stream has done everything before it, a failed collective included, where no poll runs; with kv_sync_check
- * set, a polling cuda_sync first, so that the copy starts on an idle stream. */
+ * set, a polling wait first, so that the copy starts on an idle stream. It ends no host-wait part of its own and
+ * settles no checks: the copy's cuda_sync after it does both (one round trip, one part). */
 void cuda_sync_before_copy(void);
 
 /* Activations (act_t, kernels.h) loaded as float (act_ld, act.cuh) and stored rounded from float. */
