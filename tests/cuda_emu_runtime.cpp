@@ -79,13 +79,16 @@ Stream *stream_by_id(uint64_t id) {
     return nullptr;
 }
 
-/* runs s's deferred work numbered below upto */
-void run_deferred(Stream *s, uint64_t upto = UINT64_MAX) {
+/* runs s's deferred work numbered below upto; whether there was any */
+bool run_deferred(Stream *s, uint64_t upto = UINT64_MAX) {
+    bool ran = false;
     while (!s->deferred.empty() && s->deferred.front().first < upto) {
         auto fn = std::move(s->deferred.front().second);
         s->deferred.pop_front();
         fn();
+        ran = true;
     }
+    return ran;
 }
 
 uint64_t g_device_work; /* calls that queued work on a stream: emu::device_work */
@@ -307,10 +310,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
-    stream_use(stream); /* done as soon as asked: its deferred work runs now */
-    return cudaSuccess;
-}
+/* A query that finds deferred work before it answers "not ready" once, as a GPU still busy would, and runs the
+ * work, so that the next query finds it done. The answer is left as the last error too, as some runtimes leave it
+ * (HIP does): code that polls must clear it before its next cudaGetLastError. */
+static cudaError_t not_ready(bool pending) { return pending ? fail(cudaErrorNotReady) : cudaSuccess; }
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return not_ready(run_deferred(stream_of(stream))); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
     if (flags) return fail(cudaErrorInvalidValue);
@@ -346,14 +351,17 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return cudaSuccess;
 }
 
-/* the work recorded before the event: done once asked about, as a stream's is */
+/* the work recorded before the event: done once asked about, as a stream's is (not ready the first time) */
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event->recorded) return cudaSuccess; /* as CUDA: an event never recorded is complete */
-    if (Stream *s = stream_by_id(event->stream)) run_deferred(s, event->seq);
-    return cudaSuccess;
+    Stream *s = stream_by_id(event->stream);
+    return not_ready(s && run_deferred(s, event->seq));
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (Stream *s = event->recorded ? stream_by_id(event->stream) : nullptr) run_deferred(s, event->seq);
+    return cudaSuccess;
+}
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidValue);

@@ -10,7 +10,9 @@
  * recorded. The one exception is work queued with emu::stream_defer (the
  * emulated NCCL's collectives, tests/cuda_emu_nccl.h, when asked to run
  * them late): it waits until the stream is next used, synchronised or
- * queried, or an event recorded after it is waited for. A launch checks what a GPU would refuse, and the next
+ * queried, or an event recorded after it is waited for; a query that finds
+ * it answers cudaErrorNotReady (left as the last error too, as HIP leaves
+ * it) and runs it, so the next query answers cudaSuccess. A launch checks what a GPU would refuse, and the next
  * cudaGetLastError reports it as the GPU would: an empty grid or block, more
  * than 1024 threads, a grid's y or z over 65535, and dynamic shared memory
  * over 48 KiB that the kernel was not given with cudaFuncSetAttribute, or

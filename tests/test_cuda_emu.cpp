@@ -745,8 +745,12 @@ static void check_deferred(void) {
     emu::stream_defer(a, [&] { ran.push_back(3); });
     cudaStreamSynchronize(b);
     CHECK(ran.size() == 2, "synchronising another stream leaves it deferred");
-    cudaStreamQuery(a);
-    CHECK(ran.size() == 3, "a query of its stream runs it");
+    cudaGetLastError();
+    CHECK(cudaStreamQuery(a) == cudaErrorNotReady && ran.size() == 3, "a query of its stream runs it, answering "
+          "not ready");
+    CHECK(cudaGetLastError() == cudaErrorNotReady && cudaGetLastError() == cudaSuccess,
+          "which it leaves as the last error, as HIP does (%zu ran)", ran.size());
+    CHECK(cudaStreamQuery(a) == cudaSuccess, "the next query finds the stream idle");
     emu::stream_defer(a, [&] { ran.push_back(4); });
     emu::stream_defer(nullptr, [&] { ran.push_back(5); });
     cudaDeviceSynchronize();
@@ -796,8 +800,15 @@ static void check_pinned(void) {
     pin[0] = 3; /* before the copy runs: the copy reads it */
     cudaEventRecord(ev, s);
     CHECK(dev[0] != 3, "a copy from pinned memory has not run when cudaMemcpyAsync returns");
-    CHECK(cudaEventQuery(ev) == cudaSuccess && dev[0] == 3 && dev[1] == 2,
+    CHECK(cudaEventQuery(ev) == cudaErrorNotReady && dev[0] == 3 && dev[1] == 2,
           "it runs, with the source as it is then, once an event after it is queried (%d %d)", dev[0], dev[1]);
+    CHECK(cudaEventQuery(ev) == cudaSuccess, "the event is complete at the next query");
+    cudaGetLastError();
+    pin[1] = 4;
+    cudaMemcpyAsync(dev + 1, pin + 1, sizeof(int), cudaMemcpyHostToDevice, s);
+    cudaEventRecord(ev, s);
+    CHECK(cudaEventSynchronize(ev) == cudaSuccess && cudaGetLastError() == cudaSuccess && dev[1] == 4,
+          "cudaEventSynchronize runs the work before the event and answers cudaSuccess");
     dev[0] = 5;
     cudaMemcpyAsync(pin, dev, sizeof(int), cudaMemcpyDeviceToHost, s);
     CHECK(pin[0] == 3, "a copy into pinned memory has not run on return either");

@@ -95,6 +95,12 @@ void (*kv_side_join)(void);
 /* Waits until the stream's work queued before event ev (NULL: all of it) is done. */
 static void wait_for(cudaEvent_t ev);
 
+/* After a query answered cudaErrorNotReady: "not ready" is an answer, not a fault, but a runtime may keep it as
+ * the last error (HIP does; PyTorch and Paddle clear it after every such query), and CUDA_LAUNCHED's
+ * cudaGetLastError would then stop the next launch with "device not ready". Nothing else can be pending here:
+ * every launch is checked as it is queued. */
+static void not_ready_clear(void) { (void)cudaGetLastError(); }
+
 /* The copy's own cuda_sync after it ends the host-wait part: one round trip, one part (as without NCCL), the time
  * of both waits in it. */
 void cuda_sync_before_copy(void) {
@@ -111,6 +117,7 @@ static void wait_for(cudaEvent_t ev) {
         cudaError_t err = ev ? cudaEventQuery(ev) : cudaStreamQuery(kv_stream);
         if (err == cudaSuccess) return;
         if (err != cudaErrorNotReady) CUDA_CHECK(err);
+        not_ready_clear();
         kv_sync_check();
         if (polls > 10000) usleep(100);
     }
@@ -241,13 +248,18 @@ static void upload_staged(void *dst, const void *src, size_t bytes) {
     if (!u->copied) CUDA_CHECK(cudaEventCreateWithFlags(&u->copied, cudaEventDisableTiming));
     cudaError_t q = cudaEventQuery(u->copied); /* complete if never recorded */
     if (q == cudaErrorNotReady) {
+        not_ready_clear();
         wait_for(u->copied);
         kprof_part(KPROF_HOST_WAIT);
     } else {
         CUDA_CHECK(q);
     }
     if (u->cap < bytes) { /* grown once, to the largest upload of its size class */
-        if (u->buf) CUDA_CHECK(cudaFreeHost(u->buf));
+        if (u->buf) { /* cudaFreeHost waits for the whole device inside the driver: first the poll, as dev_free's */
+            if (kv_side_join) kv_side_join();
+            cuda_sync();
+            CUDA_CHECK(cudaFreeHost(u->buf));
+        }
         u->cap = bytes > UPLOAD_STAGE_MIN ? bytes : UPLOAD_STAGE_MIN;
         CUDA_CHECK(cudaHostAlloc(&u->buf, u->cap, cudaHostAllocDefault));
     }
