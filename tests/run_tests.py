@@ -1182,7 +1182,7 @@ def cuda_nccl(tmp, gpu):
     env = mpi_env()
     gpus = gpu_count()
     # one rank per GPU: with one rank every collective is a copy onto itself, so more GPUs test more
-    dist_collectives(nccl["test_dist"], (1, 2, 3)[:max(1, gpus)], env, "NCCL transport")
+    dist_collectives(nccl["test_dist"], (1, 2, 3)[:max(1, gpus)], env, "NCCL transport", "mpi + nccl")
     one = mpi_build(tmp, "cuda-none", target, False)
     if not one:
         return
@@ -1238,7 +1238,7 @@ def test_emulated_nccl(tmp, sanitize):
         if buckets:
             for when in ("now", "late"):
                 dist_collectives(buckets["test_dist"], (1, 2, 3), dict(mpi_env(), KVLAB_CUDA_EMU_NCCL=when),
-                                 f"emulated NCCL under the sanitizers, collectives run {when}")
+                                 f"emulated NCCL under the sanitizers, collectives run {when}", "mpi + nccl")
         print("  the training runs are left to the run without sanitizers (minutes each under them)")
         return
     one = mpi_build(tmp, "emu-none", CUDA_EMU_TARGET, sanitize, make_args=emu)
@@ -1261,7 +1261,8 @@ def test_emulated_nccl(tmp, sanitize):
             ref[fam] = curve(out1)
     for when in ("now", "late"):
         env = dict(mpi_env(), KVLAB_CUDA_EMU_NCCL=when)
-        dist_collectives(builds[0][1]["test_dist"], (1, 2, 3), env, f"emulated NCCL, collectives run {when}")
+        dist_collectives(builds[0][1]["test_dist"], (1, 2, 3), env, f"emulated NCCL, collectives run {when}",
+                         "mpi + nccl")
         for what, build in builds:
             for fam in ref:
                 worst = 0.0
@@ -1695,9 +1696,16 @@ def lr_noam(step, d, warmup, factor):  # "Attention is all you need", step count
     return factor / math.sqrt(d) * min(step ** -0.5, step * max(warmup, 1) ** -1.5)
 
 
+def checkout_commit():
+    """What the build stamps into its binaries (scripts/Makefile.build, version.h): `git describe --always --dirty`
+    of this checkout, or None outside a git checkout (a release tarball)."""
+    r = run(["git", "describe", "--always", "--dirty"])
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
 def check_info(binary, m, label):
     """`binary info` (any family): exit 0, one line each for the configuration and the commit, the same as the
-    metrics m of a run of that binary record."""
+    metrics m of a run of that binary record, and (in a git checkout) the commit the checkout is at."""
     r = run([binary, "info"], env=dict(os.environ, ASAN_OPTIONS="detect_leaks=1"))
     cfg = re.search(r"^config: (.*)$", r.stdout, re.M)
     commit = re.search(r"^git commit: (\S+)$", r.stdout, re.M)
@@ -1705,6 +1713,10 @@ def check_info(binary, m, label):
             commit is not None and commit.group(1) == m["git_commit"],
             f"{label} info prints the configuration and the commit its run's metrics record ({m['git_commit']}):\n"
             f"{r.stdout[-800:]}{r.stderr[-400:]}")
+    here = checkout_commit()
+    if here is not None:
+        R.check(m["git_commit"] == here, f"{label}: the metrics record the checkout's commit: {m['git_commit']} "
+                f"recorded, git describe says {here} (a stale version.h?)")
 
 
 def check_logged_lrs(m, want, label, expect_logged):
@@ -3534,17 +3546,21 @@ def mpi_build(tmp, name, extra, sanitize, base=MPI_TINY, dist_tests=False, make_
     return progs
 
 
-def dist_collectives(binary, nps, env, label):
-    """tests/test_dist.c under mpirun -np n for each n: every collective of train/dist.h against known sums."""
+def dist_collectives(binary, nps, env, label, transport):
+    """tests/test_dist.c under mpirun -np n for each n: every collective of train/dist.h against known sums, in one
+    job of n processes (its line says so: ranks that each ran alone, say on MPI_COMM_SELF, pass their own sums)
+    over the transport named ("mpi", or "mpi + nccl": not quietly plain MPI), one summary for the job."""
     for n in nps:
         r = run(mpirun_cmd(n, [v for v in sorted(env) if v.startswith("KVLAB_CUDA_EMU")]) + [binary], env=env)
-        m = re.search(r"# test_dist: (\d+) passed, (\d+) failed", r.stdout)
-        ok = r.returncode == 0 and m is not None and int(m.group(1)) > 0 and int(m.group(2)) == 0
-        R.check(ok, f"{label}: the collectives on {n} process(es) (tests/test_dist.c):\n{r.stdout[-2000:]}"
-                f"{r.stderr[-2000:]}")
-        if m:
-            info = next((ln for ln in r.stdout.splitlines() if ln.startswith("test_dist: ")), "")
-            print(f"  {label}, mpirun -np {n}: {m.group(1)} passed, {m.group(2)} failed ({info[11:]})")
+        sums = re.findall(r"# test_dist: (\d+) passed, (\d+) failed", r.stdout)
+        info = [ln for ln in r.stdout.splitlines() if ln.startswith("test_dist: ")]
+        want = f"test_dist: {n} process(es), transport {transport}, "
+        ok = (r.returncode == 0 and len(sums) == 1 and int(sums[0][0]) > 0 and int(sums[0][1]) == 0
+              and len(info) == 1 and info[0].startswith(want))
+        R.check(ok, f"{label}: the collectives on {n} process(es) (tests/test_dist.c), one job line "
+                f"'{want}...' and one summary:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        if sums and info:
+            print(f"  {label}, mpirun -np {n}: {sums[0][0]} passed, {sums[0][1]} failed ({info[0][11:]})")
 
 
 def mpi_env():
@@ -3625,7 +3641,7 @@ def test_mpi(tmp, sanitize):
     print(f"  builds: {time.time() - t0:.1f} s", flush=True)
     env = mpi_env()
     # the transport itself: every collective on 1, 2 and 3 processes (uneven slices of odd lengths)
-    dist_collectives(two["test_dist"], (1, 2, 3), env, "MPI transport")
+    dist_collectives(two["test_dist"], (1, 2, 3), env, "MPI transport", "mpi")
     base = os.path.join(tmp, "mpi-runs")
     ref = {}
     t0 = time.time()

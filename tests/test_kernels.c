@@ -1265,9 +1265,55 @@ static void check_embedding(int B, int T, int C, int V, const int *tokens, const
     buf_free(&wte), buf_free(&wpe), buf_free(&out), buf_free(&dout), buf_free(&dwte), buf_free(&dwpe);
 }
 
+static void expect_error(const char *want, const char *name);
+
+/* A token outside [0, V) adds to no row in embedding_backward. On the CPU the backward checks its ids itself and
+ * stops at once (its own message); on a GPU the forward's queued check stops the program at the next host wait
+ * (bad_embedding_backward), so the backward, run alone here, must have added the good tokens' rows only: the rows
+ * of the bad ids, those before and after the table, unchanged. */
+static void check_embedding_backward_bad_ids(void) {
+    if (strncmp(backend_name(), "cuda", 4)) {
+        expect_error("embedding_backward: token 7 at position 1 is outside the vocabulary (size 5)",
+                     "embedding_backward_alone");
+        return;
+    }
+    enum { B = 2, T = 3, C = 4, V = 5, GUARD = 2 };
+    const int tokens[B * T] = {0, 7, 3, -2, 3, V}; /* 7 and V past the table, -2 before it */
+    int *tokens_d = dev_copy_of(tokens, sizeof tokens);
+    Buf all = buf_rand((size_t)(V + 2 * GUARD) * C, 1.0), dout = act_rand((size_t)B * T * C, 1.0);
+    double want[(V + 2 * GUARD) * C];
+    for (size_t k = 0; k < all.n; k++) want[k] = all.h[k];
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; tokens[i] >= 0 && tokens[i] < V && c < C; c++)
+            want[(size_t)(GUARD + tokens[i]) * C + c] += 1.5 * dout.h[(size_t)i * C + c];
+    float *before = xmalloc(all.n * sizeof(float));
+    memcpy(before, all.h, all.n * sizeof(float));
+    embedding_backward(all.d + GUARD * C, NULL, dout.a, tokens_d, B, T, C, V, 1.5f);
+    buf_download(&all);
+    int added = 1, untouched = 1;
+    for (int row = 0; row < V + 2 * GUARD; row++) {
+        int tok = row - GUARD, used = 0;
+        for (int i = 0; i < B * T; i++) used |= tokens[i] == tok && tok >= 0 && tok < V;
+        for (int c = 0; c < C; c++) {
+            size_t k = (size_t)row * C + c;
+            if (used)
+                added &= fabs(all.h[k] - want[k]) <= 1e-6 * (1.0 + fabs(want[k]));
+            else
+                untouched &= all.h[k] == before[k];
+        }
+    }
+    CHECK(added, "embedding_backward with bad token ids adds the good tokens' gradients");
+    CHECK(untouched, "embedding_backward with bad token ids (7, %d, -2) leaves every other row, and those around "
+          "the table, as they were", V);
+    free(before);
+    dev_free(tokens_d);
+    buf_free(&all), buf_free(&dout);
+}
+
 static void test_embedding(void) {
     int tokens[15] = {1, 4, 4, 0, 10, 7, 1, 1, 3, 9, 2, 4, 5, 6, 8};
     check_embedding(3, 5, 130, 11, tokens, "small");
+    check_embedding_backward_bad_ids();
     /* more positions than the GPU kernel's chunk, more channels than its threads, a token a third of the time */
     int B = 4, T = 300, V = 50;
     int *many = xmalloc((size_t)B * T * sizeof(int));
@@ -1675,6 +1721,8 @@ static void bad_embedding_backward(void) {
     float got;
     dev_download(&got, dummy, sizeof got);
 }
+/* the CPU's backward checks the ids itself (check_embedding_backward_bad_ids) */
+static void bad_embedding_backward_alone(void) { embedding_backward(dummy, NULL, adummy, bad_ids, 1, 2, 2, 5, 1.0f); }
 static void bad_embedding_vocab(void) { embedding_forward(adummy, bad_ids, dummy, dummy, 1, 1, 2, 0, 1.0f); }
 /* the targets' check is answered at the next host wait too: a training step's read of its records */
 static void bad_crossentropy(void) {
@@ -2030,6 +2078,7 @@ static int run_bad_call(const char *name) {
         void (*fn)(void);
     } calls[] = {{"linear", bad_linear}, {"layernorm", bad_layernorm}, {"attention", bad_attention},
                  {"dropout", bad_dropout}, {"embedding", bad_embedding}, {"embedding_backward", bad_embedding_backward},
+                 {"embedding_backward_alone", bad_embedding_backward_alone},
                  {"crossentropy", bad_crossentropy},
                  {"cross_attention", bad_cross_attention}, {"pool", bad_pool},
                  {"kv_heads_divide", bad_kv_heads_divide}, {"kv_heads_symmetric", bad_kv_heads_symmetric},

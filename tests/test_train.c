@@ -248,13 +248,15 @@ static void test_loop_tail(void) {
     CHECK(run_check_loss(&r, 2.5, 4) == 0 && !strcmp(status_of(r.metrics_path, NULL), "running"),
           "a finite loss goes on");
     CHECK(run_read_records(&r) == 0 && r.nrecs == 0, "nothing to read before a step");
-    /* three steps' records on the device, read back together: each step's loss, correct count and norm, the host's
-     * count and iteration beside them, the folding callback for each good one; the second loss is NaN */
+    /* five steps' records on the device: the first two each read at once (each step's loss, correct count and
+     * norm, the host's count and iteration beside them, the folding callback for each good one), the last three
+     * read together: a good one, a NaN, and a good one after it (iterations 5, 6 and 7) */
     double fold_sum = 0.0;
     r.on_record = fold_loss;
     r.on_record_ctx = &fold_sum;
-    const double loss[3] = {2.5, 1.5, NAN};
-    for (int k = 0; k < 3; k++) {
+    const double loss[5] = {2.5, 1.5, 0.25, NAN, 8.0};
+    for (int k = 0; k < 5; k++) {
+        if (k >= 2) r.iter = k + 2; /* run_step_done's count: the record is iteration r.iter + 1 */
         run_step_begin(&r);
         double rec[3] = {loss[k], 10.0 + k, 0.5 * k};
         dev_upload(&run_record(&r)->loss, rec, sizeof rec); /* loss, correct, norm: a step's ops write them there */
@@ -271,14 +273,13 @@ static void test_loop_tail(void) {
             CHECK(run_read_records(&r) == 0 && r.nrecs == 0, "a record is read once");
         }
     }
-    CHECK(fold_sum == 4.0, "the callback saw each good record once (sum of losses %g)", fold_sum);
-    r.iter = 5;
-    run_step_begin(&r); /* iteration 6: after the bad one, thrown away with it */
-    CHECK(run_read_records(&r) == 1, "a NaN loss among the unread records stops the step");
-    CHECK(!strcmp(status_of(r.metrics_path, &error), "failed") && !strcmp(error, "training loss is nan at iteration 4"),
+    CHECK(fold_sum == 4.0, "the callback saw each good record read so far once (sum of losses %g)", fold_sum);
+    CHECK(run_read_records(&r) == 1 && r.nrecs == 3, "a NaN loss among the unread records stops the step");
+    CHECK(!strcmp(status_of(r.metrics_path, &error), "failed") && !strcmp(error, "training loss is nan at iteration 6"),
           "the metrics say failed and name the iteration that produced the loss: %s", error);
     CHECK(!file_exists(r.state_path), "a failed step writes no state over the last good one");
-    CHECK(fold_sum == 4.0, "the bad record and those after it are not folded");
+    CHECK(fold_sum == 4.25, "the good record before the bad one is folded, the bad one and the one after it are not "
+          "(sum of losses %g, want 4.25)", fold_sum);
     dev_free(r.rec_dev), free(r.recs); /* run_free would free the literal model_json */
     metrics_free(r.metrics);
 
