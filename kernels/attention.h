@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <generated/attn_head_dim.h>
 #include <generated/attn_variants.h>
 
 #include "kernels.h" /* act_t */
@@ -68,29 +69,10 @@ static const AttnVariantInfo attn_variants[ATTN_NUM_VARIANTS] = {ATTN_VARIANT_RO
 
 /* Head dim of the configured model families, so loops over it get a constant
  * trip count; other head dims take the same code with a runtime count.
- * Families built together with different head dims: 0 (runtime for all). */
-#if IS_ENABLED(CONFIG_GPT2)
-#define ATTN_HD_GPT2_ (CONFIG_GPT2_N_EMBD / CONFIG_GPT2_N_HEAD)
-#else
-#define ATTN_HD_GPT2_ 0
-#endif
-#if IS_ENABLED(CONFIG_VIT)
-#define ATTN_HD_VIT_ (CONFIG_VIT_DIM / CONFIG_VIT_HEADS)
-#else
-#define ATTN_HD_VIT_ 0
-#endif
-#if IS_ENABLED(CONFIG_SEQ2SEQ)
-#define ATTN_HD_S2S_ (CONFIG_SEQ2SEQ_DIM / CONFIG_SEQ2SEQ_HEADS)
-#else
-#define ATTN_HD_S2S_ 0
-#endif
-#define ATTN_HD_ANY_ (ATTN_HD_GPT2_ ? ATTN_HD_GPT2_ : ATTN_HD_VIT_ ? ATTN_HD_VIT_ : ATTN_HD_S2S_)
-#if (ATTN_HD_GPT2_ == 0 || ATTN_HD_GPT2_ == ATTN_HD_ANY_) && (ATTN_HD_VIT_ == 0 || ATTN_HD_VIT_ == ATTN_HD_ANY_) && \
-    (ATTN_HD_S2S_ == 0 || ATTN_HD_S2S_ == ATTN_HD_ANY_)
-#define ATTN_HEAD_DIM ATTN_HD_ANY_
-#else
-#define ATTN_HEAD_DIM 0
-#endif
+ * Families built together with different head dims: 0 (runtime for all).
+ * scripts/kconfig.py works it out from the families' symbols, which kernels/
+ * does not read. */
+#define ATTN_HEAD_DIM KVLAB_ATTN_HEAD_DIM
 
 /* Facts of a variant, read from its row (constants for ATTN_VARIANT). */
 static inline int attn_num_proj(int variant) { return attn_variants[variant].nproj; }

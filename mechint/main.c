@@ -292,7 +292,7 @@ static int attach(const char *run_dir, const char *step, const char *dir, const 
     char folder[512];
     const char *stem = strrchr(dir, '/');
     snprintf(folder, sizeof folder, "mechint/%s", stem && stem[1] ? stem + 1 : dir);
-    int rc = wandb_attach_results(run_dir, step, summary, (const char *const *)files, nf, folder);
+    int rc = tracking_attach_results(run_dir, step, summary, (const char *const *)files, nf, folder);
     if (rc == 0) printf("   attached to the W&B run of step %s (%d files)\n", step, nf);
     for (int i = 0; i < nf; i++) free(files[i]);
     free(summary);

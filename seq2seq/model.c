@@ -37,7 +37,7 @@ char *s2s_config_json(const S2SConfig *c) {
     cJSON_AddNumberToObject(o, "label_smoothing", json_float(c->label_smoothing));
     cJSON_AddStringToObject(o, "positions", block_position_kind("sinusoidal"));
     cJSON *a = attention_json(c->variant, c->pos, c->pos_m, c->pos_groups, c->H, c->kv_heads);
-    cJSON_AddStringToObject(a, "cross_attention", "qkv");
+    cJSON_AddStringToObject(a, "cross_attention", attn_variant_id(ATTN_QKV, 0)); /* standard attention always */
     cJSON_AddItemToObject(o, "attention", a);
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

@@ -202,8 +202,9 @@ def test_kconfig(tmp):
     for folder in list(check_layers.MAY_IMPORT) + ["scripts"]:
         os.makedirs(os.path.join(copy, folder), exist_ok=True)
         for name in os.listdir(os.path.join(REPO, folder)):
-            if name.endswith((".c", ".h", ".cu", ".cuh", ".py")):
+            if name.endswith((".c", ".h", ".cu", ".cuh", ".py")) or name == "Kconfig":
                 shutil.copy(os.path.join(REPO, folder, name), os.path.join(copy, folder, name))
+    shutil.copy(os.path.join(REPO, "Kconfig"), os.path.join(copy, "Kconfig"))
     with open(os.path.join(copy, "kernels", "attention.c"), "a") as f:
         f.write('#include "model.h"\n')
     r = run([PY, os.path.join(copy, "scripts", "check_layers.py")])
@@ -218,6 +219,16 @@ def test_kconfig(tmp):
     R.check(r.returncode == 1 and "gpt2/model.c" in r.stderr and "only kernels/cuda, train/ may use" in r.stderr
             and "kernels/attention.c" not in r.stderr,
             f"check_layers names a family that includes the device collectives' header: {r.stderr}")
+    # ... and a kernel that reads a family's Kconfig symbol in code (in a comment it is only a word)
+    with open(os.path.join(copy, "gpt2", "model.c"), "w") as f:
+        f.write(open(os.path.join(REPO, "gpt2", "model.c")).read())
+    with open(os.path.join(copy, "kernels", "attention.c"), "a") as f:
+        f.write("/* CONFIG_VIT_DIM, a word */\n#if CONFIG_GPT2_N_HEAD > 0\n#endif\n")
+    r = run([PY, os.path.join(copy, "scripts", "check_layers.py")])
+    R.check(r.returncode == 1 and "reads CONFIG_GPT2_N_HEAD of gpt2/" in r.stderr and "CONFIG_VIT_DIM" not in r.stderr
+            and r.stderr.count("error:") == 1,
+            f"check_layers names a kernel that reads a family's Kconfig symbol, not one that names it in a comment: "
+            f"{r.stderr}")
     test_check_act(tmp)
     defconfigs = sorted(p for p in glob.glob(os.path.join(REPO, "defconfigs", "*")) if os.path.isfile(p))
     R.check(len(defconfigs) >= 3, "defconfigs exist")
@@ -4184,6 +4195,7 @@ def test_wandb(tmp, build_root, sanitize):
 
 # ---------------------------------------------------------------- decode benchmark
 
+PEER_STEPS = [r["id"] for r in attention_tbl.variants()]  # every row's step fragment (defconfigs/steps/<id>)
 PEER_RUN = """CONFIG_GPT2=y
 CONFIG_GPT2_N_LAYER=2
 CONFIG_GPT2_N_HEAD=2
@@ -4199,14 +4211,14 @@ CONFIG_GPT2_LOG_INTERVAL=600
 CONFIG_GPT2_CHECKPOINT_INTERVAL=600
 CONFIG_GPT2_SAMPLE_LENGTH=0
 CONFIG_ABLATION=y
-CONFIG_ABLATION_STEPS="QKV,KV,K,KV_TYING"
+CONFIG_ABLATION_STEPS="%s"
 CONFIG_RUN_NAME="peer"
-"""
+""" % ",".join(PEER_STEPS)
 
 
 def test_torch_peer(tmp, sanitize):
     """scripts/bench_torch.py, the PyTorch peer of the GPU benchmarks, is kvlab's model: loaded from kvlab
-    checkpoints of the four variants, it predicts what kvlab's sampler predicts (greedy, next character after
+    checkpoints of every variant of the table, it predicts what kvlab's sampler predicts (greedy, next character after
     40 contexts of the validation text, and a 20-character continuation). Needs PyTorch, which kvlab's
     dependencies do not install: skipped (and said so) where it is missing."""
     section("PyTorch peer of the benchmarks: the same model as kvlab's, from its checkpoints")
@@ -4222,7 +4234,7 @@ def test_torch_peer(tmp, sanitize):
     tail = text[len(text) * 9 // 10:]
     contexts = [tail[i * 997 % (len(tail) - 40):][:24] for i in range(40)]
     peer = os.path.join(REPO, "scripts", "bench_torch.py")
-    for step in ("QKV", "KV", "K", "KV_TYING"):
+    for step in PEER_STEPS:
         ckpt = os.path.join(ws.run_dir("peer"), f"final_model_step{step}.safetensors")
         binary = os.path.join(ws.run_dir("peer"), f"train_gpt2_step{step}")
         prompts = [(c, 1) for c in contexts] + [("ROMEO:\nWhat", 20)]

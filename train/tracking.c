@@ -7,12 +7,15 @@
 #include <string.h>
 
 #include "buildinfo.h"
+#include "wandb.h"
 
 /* Built only when CONFIG_WANDB is on (train/Makefile): its symbols exist. */
 
 static const char *nonempty(const char *s) { return s && *s ? s : NULL; }
 
-void tracking_settings(WandbSettings *s) {
+/* The Kconfig defaults (mode, project, entity, tags, server). Environment
+ * variables still override them (docs/wandb.md). */
+static void tracking_settings(WandbSettings *s) {
     memset(s, 0, sizeof *s);
     s->mode = IS_ENABLED(CONFIG_WANDB_OFFLINE) ? "offline" : IS_ENABLED(CONFIG_WANDB_ONLINE) ? "online" : "disabled";
     s->project = nonempty(CONFIG_WANDB_PROJECT);
@@ -163,8 +166,8 @@ void tracking_finish(TrainRun *r, int exit_code) {
     r->wandb = NULL;
 }
 
-int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
-                         const char *const *files, int nfiles, const char *folder) {
+int tracking_attach_results(const char *run_dir, const char *step, const char *summary_json,
+                            const char *const *files, int nfiles, const char *folder) {
     WandbSettings s;
     tracking_settings(&s);
     char root[4200];

@@ -13,11 +13,7 @@
 #include "trainer.h"
 
 #if IS_ENABLED(CONFIG_WANDB)
-#include "wandb.h"
-
-/* The Kconfig defaults (mode, project, entity, tags, server). Environment
- * variables still override them (docs/wandb.md). */
-void tracking_settings(WandbSettings *s);
+/* (The W&B client, wandb/wandb.h, is tracking.c's: code above train/, mechint, sees these hooks only.) */
 
 /* Starts the W&B run of r (run_open_metrics). */
 void tracking_start(TrainRun *r);
@@ -34,15 +30,15 @@ void tracking_finish(TrainRun *r, int exit_code);
  * tracking is online, else make wandb-sync does it later. Returns 0 when
  * attached, 1 when that step has no W&B run (tracking was off), -1 after
  * printing one line saying why not. */
-int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
-                         const char *const *files, int nfiles, const char *folder);
+int tracking_attach_results(const char *run_dir, const char *step, const char *summary_json,
+                            const char *const *files, int nfiles, const char *folder);
 #else
 /* Tracking is off: neither these hooks nor the W&B client are linked. */
 static inline void tracking_start(TrainRun *r) { (void)r; }
 static inline void tracking_log(TrainRun *r) { (void)r; }
 static inline void tracking_finish(TrainRun *r, int exit_code) { (void)r, (void)exit_code; }
-static inline int wandb_attach_results(const char *run_dir, const char *step, const char *summary_json,
-                                       const char *const *files, int nfiles, const char *folder) {
+static inline int tracking_attach_results(const char *run_dir, const char *step, const char *summary_json,
+                                          const char *const *files, int nfiles, const char *folder) {
     (void)run_dir, (void)step, (void)summary_json, (void)files, (void)nfiles, (void)folder;
     return 1;
 }
