@@ -165,7 +165,7 @@ def run_row(exp, form, rid, label, run, sets, obj, dry, extra=()):
         names = [n for sym, f in FAMILIES.items() if cfg.get(sym) for n in f["data"](cfg)]
         return "skipped", (f"the data set {label} is not on this machine and could not be fetched (hint: "
                            f"scripts/get_data.sh {' '.join(names)} with the network, or a mirror holding its files: "
-                           f"KVLAB_DATA_MIRROR=DIR or CONFIG_DATA_MIRROR)"), None
+                           f"CONFIG_DATA_MIRROR, or KVLAB_DATA_MIRROR=DIR where that folder does not exist)"), None
     out = os.path.join(REPO, cfg.get("OUTPUT_DIR", "output"), run)
     if dry:
         return "planned", "", out
