@@ -388,7 +388,13 @@ static void test_checkpoint_round_trip(void) {
     /* a non-finite value is reported, and the model keeps its parameters */
     float *ap = params_to_host(&a.w, a.w.params), *before = params_to_host(&b.w, b.w.params);
     ap[3] = NAN;
-    checkpoint_save(path2, &a.w.table, ap, NULL, NULL, meta, 2, &e);
+    CHECK(checkpoint_finite(path2, &a.w.table, ap, NULL, NULL, &e) != 0 && strstr(e.msg, "not written: tensor '") &&
+              strstr(e.msg, "at index 3"),
+          "checkpoint_finite names the tensor and index of a NaN: %s", e.msg);
+    CHECK(checkpoint_finite(path2, &a.w.table, before, ap, NULL, &e) != 0 && strstr(e.msg, "'optim.m.") &&
+              checkpoint_finite(path2, &a.w.table, before, before, before, &e) == 0,
+          "... and of a moment's (as 'optim.m.<name>'); finite arrays pass: %s", e.msg);
+    checkpoint_save(path2, &a.w.table, ap, NULL, NULL, meta, 2, &e); /* checkpoint_save itself writes it */
     f = checkpoint_open(path2, "gpt2", &e);
     if (f) {
         CHECK(checkpoint_read_params(f, &b.w, 0, &e) != 0 && strstr(e.msg, "non-finite"),

@@ -36,6 +36,22 @@ static char *crc_json(const StTensorIn *in, int n) {
     return text;
 }
 
+int checkpoint_finite(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
+                      Err *e) {
+    const float *arrays[3] = {params, m, v};
+    static const char *const prefix[3] = {"", "optim.m.", "optim.v."};
+    for (int a = 0; a < 3; a++)
+        for (int i = 0; arrays[a] && i < t->n; i++) {
+            const ParamSpec *s = &t->specs[i];
+            for (size_t k = 0; k < s->numel; k++)
+                if (!isfinite(arrays[a][s->offset + k]))
+                    return err_set(e, "%s: not written: tensor '%s%s' holds a non-finite value at index %zu (hint: "
+                                      "the run diverged; the file there is kept: lower the learning rate or clip "
+                                      "the gradients)", path, prefix[a], s->name, k);
+        }
+    return 0;
+}
+
 int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
                     const StMeta *meta, int nmeta, Err *e) {
     int per = m && v ? 3 : 1;

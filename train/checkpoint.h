@@ -30,6 +30,12 @@
 int checkpoint_save(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
                     const StMeta *meta, int nmeta, Err *e);
 
+/* Whether params (and m, v when given) are all finite, as checkpoint_read requires: otherwise an error naming
+ * the tensor a writer would have put in path (which it then leaves as it is). A state written from a diverged
+ * run would replace the last good resume point with one that no reader takes. */
+int checkpoint_finite(const char *path, const ParamTable *t, const float *params, const float *m, const float *v,
+                      Err *e);
+
 /* Opens a checkpoint and checks it is a kvlab checkpoint of this family. */
 StFile *checkpoint_open(const char *path, const char *family, Err *e);
 /* Checks that the metadata key holds want; the error says what the file has. */

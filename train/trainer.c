@@ -169,14 +169,13 @@ void run_save_state(TrainRun *r) {
     meta_num(&m, "last_val_loss", "%.17g", r->last_val);
     for (int i = 0; i < r->nextra; i++) meta_num(&m, r->extra[i].name, "%.17g", *r->extra[i].value);
     Err e;
-    int rc;
-    if (r->zero1) {
-        float *hp = params_to_host(r->w, r->w->params);
-        rc = checkpoint_save(r->state_path, &r->w->table, hp, hm, hv, m.kv, m.n, &e);
-        free(hp), free(hm), free(hv);
-    } else {
-        rc = checkpoint_save_params(r->state_path, r->w, 1, m.kv, m.n, &e);
-    }
+    if (!r->zero1) hm = params_to_host(r->w, r->w->m), hv = params_to_host(r->w, r->w->v);
+    float *hp = params_to_host(r->w, r->w->params);
+    /* a loss can stay finite a few steps after the moments overflowed: such a state is not written, so the last
+     * good one stays the resume point (the reader would refuse it) */
+    int rc = checkpoint_finite(r->state_path, &r->w->table, hp, hm, hv, &e);
+    if (rc == 0) rc = checkpoint_save(r->state_path, &r->w->table, hp, hm, hv, m.kv, m.n, &e);
+    free(hp), free(hm), free(hv);
     if (rc != 0) run_die(&e);
 }
 
