@@ -22,6 +22,7 @@ Ends with "N passed, M failed" and exits non-zero when anything failed.
 usage: tests/run_tests.py [--sanitize] [-k SUBSTRING]
 """
 import argparse
+import functools
 import glob
 import hashlib
 import json
@@ -1707,6 +1708,7 @@ def lr_noam(step, d, warmup, factor):  # "Attention is all you need", step count
     return factor / math.sqrt(d) * min(step ** -0.5, step * max(warmup, 1) ** -1.5)
 
 
+@functools.lru_cache(maxsize=None)
 def checkout_commit():
     """What the build stamps into its binaries (scripts/Makefile.build, version.h): `git describe --always --dirty`
     of this checkout, or None outside a git checkout (a release tarball)."""
