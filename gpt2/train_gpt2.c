@@ -337,7 +337,7 @@ static int cmd_train(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     setup(&r);
     run_init(&r.run, "gpt2", out, step, r.h.seed);
-    int resumed = run_try_resume(&r.run);
+    int resumed = run_try_resume(&r.run, r.h.max_iters);
     banner(&r);
     metrics_header(&r, resumed);
     int rc = train(&r);

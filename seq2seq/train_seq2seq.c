@@ -588,7 +588,7 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "skipped_iterations", &t->skipped_iters);
     t->on_record = fold_step;
     t->on_record_ctx = &r;
-    int resumed = run_try_resume(t);
+    int resumed = run_try_resume(t, r.njobs * r.iters_per_job);
     banner(&r);
     run_open_metrics(t, resumed, TRAIN_SERIES, (int)(sizeof TRAIN_SERIES / sizeof *TRAIN_SERIES), VAL_SERIES,
                      (int)(sizeof VAL_SERIES / sizeof *VAL_SERIES));

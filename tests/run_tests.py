@@ -1805,6 +1805,44 @@ def safetensors_tensors(path):
             for k, v in header.items() if k != "__metadata__"}, header.get("__metadata__", {})
 
 
+def with_metadata(src, dst, **kw):
+    """Copies safetensors file src to dst with metadata entries kw put in (None: taken out), the tensors as
+    they were."""
+    with open(src, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = dict(header["__metadata__"], **kw)
+    header["__metadata__"] = {k: v for k, v in meta.items() if v is not None}
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+
+
+def damaged_state_cases(binary, folder, step, cases):
+    """Each case (metadata changes, the key the error must name) resumes a copy of folder, which holds step's
+    state and metrics: the run is refused in one line naming the key with a hint, and both files stay as they
+    were."""
+    state = f"state_step{step}.safetensors"
+    for n, (changes, key) in enumerate(cases):
+        what = f"state metadata {changes}"
+        case = os.path.join(os.path.dirname(folder), f"damaged-{n}")
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(folder, case)
+        with_metadata(os.path.join(folder, state), os.path.join(case, state), **changes)
+        before = {x: open(os.path.join(case, x), "rb").read() for x in os.listdir(case)}
+        r = run_binary(binary, case, step)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 1 and len(lines) == 1 and f"metadata '{key}'" in lines[0] and state in lines[0] and
+                "hint: the state file is damaged" in lines[0] and "resuming" not in r.stdout,
+                f"{what}: refused in one line naming '{key}': rc={r.returncode} {r.stderr.strip()[-600:]}")
+        after = {x: open(os.path.join(case, x), "rb").read() for x in os.listdir(case)}
+        R.check(after == before, f"{what}: the state and the metrics are left as they were: "
+                f"{sorted(x for x in after if after[x] != before.get(x))}")
+        shutil.rmtree(case)
+
+
 def test_ablation_end_to_end(ws):
     section("ablation end to end (make, two steps)")
     r = ws.make()
@@ -2297,6 +2335,18 @@ def test_resume(ws):
     R.check(mb["status"] == "running" and mb["metrics"]["iterations"][-1] >= 20,
             "the killed run's metrics were written as it went")
     R.check(os.path.exists(os.path.join(b, "state_stepV0.safetensors")), "the killed run left its state file")
+    # progress values the trainer cannot have written
+    _, meta = safetensors_tensors(os.path.join(b, "state_stepV0.safetensors"))
+    step, max_iters = int(meta["step"]), int(re.search(r"CONFIG_GPT2_MAX_ITERS=(\d+)", TINY).group(1))
+    damaged_state_cases(binary, b, "V0", [
+        ({"step": "-5"}, "step"), ({"step": "nan"}, "step"), ({"step": "1e30"}, "step"), ({"step": "12.5"}, "step"),
+        ({"step": str(max_iters + 1)}, "step"), ({"step": ""}, "step"), ({"step": None}, "step"),
+        ({"data_rng": "-1"}, "data_rng"), ({"data_rng": "12x"}, "data_rng"), ({"data_rng": None}, "data_rng"),
+        ({"train_seconds": "-1"}, "train_seconds"), ({"elapsed_seconds": "inf"}, "elapsed_seconds"),
+        ({"examples": "-48"}, "examples"), ({"best_val_loss": "nan"}, "best_val_loss"),
+        ({"best_val_loss": "-inf"}, "best_val_loss"), ({"best_val_iteration": str(step + 1)}, "best_val_iteration"),
+        ({"best_val_iteration": "-2"}, "best_val_iteration"), ({"last_eval_iteration": "0.5"}, "last_eval_iteration"),
+        ({"last_val_loss": "-0.5"}, "last_val_loss")])
     r = run_binary(binary, b, "V0")
     R.check(r.returncode == 0 and "resuming step V0 from iteration 20" in r.stdout, f"resumed run: {r.stderr}")
     rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)

@@ -309,7 +309,7 @@ static void test_loop_tail(void) {
     metrics_free(r.metrics);
     TrainRun again;
     new_run(&again, &w, dir, "B");
-    CHECK(run_try_resume(&again) == 1 && again.iter == 2 && again.examples == 96,
+    CHECK(run_try_resume(&again, 2) == 1 && again.iter == 2 && again.examples == 96,
           "the stop saved the state at the current iteration (resumed at %d)", again.iter);
     params_free(&w);
     char cmd[256];

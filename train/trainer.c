@@ -2,6 +2,7 @@
 #include "trainer.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -179,14 +180,32 @@ void run_save_state(TrainRun *r) {
     if (rc != 0) run_die(&e);
 }
 
+static const char *const damaged_hint = "the state file is damaged; move it away to restart the step";
+
 static double meta_number(StFile *f, const char *key) {
     const char *s = st_meta(f, key);
     char *end = NULL;
     double v = s ? strtod(s, &end) : 0.0;
-    if (!s || *end) {
+    if (!s || end == s || *end) {
         Err e;
-        err_set(&e, "%s: metadata '%s' is missing or not a number (hint: the state file is damaged; move it away "
-                    "to restart the step)", st_path(f), key);
+        err_set(&e, "%s: metadata '%s' is missing or not a number (hint: %s)", st_path(f), key, damaged_hint);
+        run_die(&e);
+    }
+    return v;
+}
+
+/* A metadata number held to what the trainer can have written: within [lo, hi], a whole number where whole is
+ * set; NaN (no evaluation yet) only where nan_ok, +inf only where inf_ok. A state written by this trainer always
+ * passes, so a value outside is damage, and resuming from it would go wrong later and further from the cause
+ * (a negative step truncates the metrics to their header). */
+static double meta_checked(StFile *f, const char *key, double lo, double hi, int whole, int nan_ok, int inf_ok) {
+    double v = meta_number(f, key);
+    int ok = isnan(v) ? nan_ok : isinf(v) ? inf_ok && v > 0 : v >= lo && v <= hi && (!whole || v == floor(v));
+    if (!ok) {
+        Err e;
+        err_set(&e, "%s: metadata '%s' is %s, not %s in [%.17g, %.17g]%s%s (hint: %s)", st_path(f), key,
+                st_meta(f, key), whole ? "a whole number" : "a number", lo, hi, nan_ok ? " or nan" : "",
+                inf_ok ? " or inf" : "", damaged_hint);
         run_die(&e);
     }
     return v;
@@ -236,7 +255,7 @@ static void check_state_config(StFile *f) {
     cJSON_free(want);
 }
 
-int run_try_resume(TrainRun *r) {
+int run_try_resume(TrainRun *r, int max_iters) {
     double have = r->rank == 0 && file_exists(r->state_path);
     dist_bcast(&have, sizeof have);
     if (!have) return 0;
@@ -254,17 +273,26 @@ int run_try_resume(TrainRun *r) {
         check_state_config(f);
         hp = xcalloc(3 * total, sizeof(float)), hm = hp + total, hv = hp + 2 * total; /* zero: alignment gaps */
         if (checkpoint_read(f, &r->w->table, hp, hm, hv, &e) != 0) run_die(&e);
-        p.iter = meta_number(f, "step");
+        /* the state's config is this binary's, so it was written at an iteration of this very run length */
+        p.iter = meta_checked(f, "step", 0, max_iters, 1, 0, 0);
         const char *rng = st_meta(f, "data_rng");
-        p.data_rng = rng ? strtoull(rng, NULL, 10) : 0;
-        p.train_seconds = meta_number(f, "train_seconds");
-        p.elapsed = meta_number(f, "elapsed_seconds");
-        p.examples = meta_number(f, "examples");
-        p.best_val = meta_number(f, "best_val_loss");
-        p.best_iter = meta_number(f, "best_val_iteration");
-        p.last_eval_iter = meta_number(f, "last_eval_iteration");
-        p.last_val = meta_number(f, "last_val_loss");
-        for (int i = 0; i < r->nextra; i++) p.extra[i] = meta_number(f, r->extra[i].name);
+        char *end = NULL;
+        p.data_rng = rng && *rng >= '0' && *rng <= '9' ? strtoull(rng, &end, 10) : 0;
+        if (!end || *end) {
+            err_set(&e, "%s: metadata 'data_rng' is missing or not a whole number (hint: %s)", st_path(f),
+                    damaged_hint);
+            run_die(&e);
+        }
+        p.train_seconds = meta_checked(f, "train_seconds", 0, DBL_MAX, 0, 0, 0);
+        p.elapsed = meta_checked(f, "elapsed_seconds", 0, DBL_MAX, 0, 0, 0);
+        p.examples = meta_checked(f, "examples", 0, DBL_MAX, 1, 0, 0);
+        /* before the first evaluation: best +inf at iteration -1, last nan at -1 */
+        p.best_val = meta_checked(f, "best_val_loss", 0, DBL_MAX, 0, 0, 1);
+        p.best_iter = meta_checked(f, "best_val_iteration", -1, p.iter, 1, 0, 0);
+        p.last_eval_iter = meta_checked(f, "last_eval_iteration", -1, p.iter, 1, 0, 0);
+        p.last_val = meta_checked(f, "last_val_loss", 0, DBL_MAX, 0, 1, 1);
+        /* the families' counters are sums of losses and counts */
+        for (int i = 0; i < r->nextra; i++) p.extra[i] = meta_checked(f, r->extra[i].name, 0, DBL_MAX, 0, 0, 0);
         st_close(f);
         dev_upload(r->w->params, hp, total * sizeof(float));
         if (!r->zero1) dev_upload(r->w->m, hm, total * sizeof(float)), dev_upload(r->w->v, hv, total * sizeof(float));

@@ -107,8 +107,11 @@ void run_save_state(TrainRun *r);
 /* Restores parameters, moments and progress from the state file when it
  * exists and was written by this very configuration (the Distributed menu
  * aside: a state resumes with any number of processes); returns 1 if it
- * did. Rank 0 reads the file and sends it to the other ranks. */
-int run_try_resume(TrainRun *r);
+ * did. Rank 0 reads the file and sends it to the other ranks. Each progress
+ * value must be one the trainer can have written (the step within
+ * [0, max_iters], counts and times not negative, ...): the run stops with
+ * one line naming the field otherwise. */
+int run_try_resume(TrainRun *r, int max_iters);
 /* Loads the parameters of a model checkpoint of this family (rank 0 reads, every rank gets them). */
 void run_load_params(TrainRun *r, const char *path);
 

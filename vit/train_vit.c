@@ -354,7 +354,7 @@ static int cmd_train(int argc, char **argv) {
     run_track(t, "epoch_seen", &r.epoch_seen);
     t->on_record = fold_step;
     t->on_record_ctx = &r;
-    int resumed = run_try_resume(t);
+    int resumed = run_try_resume(t, r.max_iters);
     banner(&r);
     run_open_metrics(t, resumed, TRAIN_SERIES, 8, VAL_SERIES, 7);
     const ViTConfig *c = &r.model.cfg;
