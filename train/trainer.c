@@ -203,9 +203,14 @@ static double meta_checked(StFile *f, const char *key, double lo, double hi, int
     int ok = isnan(v) ? nan_ok : isinf(v) ? inf_ok && v > 0 : v >= lo && v <= hi && (!whole || v == floor(v));
     if (!ok) {
         Err e;
-        err_set(&e, "%s: metadata '%s' is %s, not %s in [%.17g, %.17g]%s%s (hint: %s)", st_path(f), key,
-                st_meta(f, key), whole ? "a whole number" : "a number", lo, hi, nan_ok ? " or nan" : "",
-                inf_ok ? " or inf" : "", damaged_hint);
+        char range[96];
+        if (hi == DBL_MAX)
+            snprintf(range, sizeof range, ">= %.17g", lo);
+        else
+            snprintf(range, sizeof range, "in [%.17g, %.17g]", lo, hi);
+        err_set(&e, "%s: metadata '%s' is %s, not %s %s%s%s (hint: %s)", st_path(f), key, st_meta(f, key),
+                whole ? "a whole number" : "a number", range, nan_ok ? " or nan" : "", inf_ok ? " or inf" : "",
+                damaged_hint);
         run_die(&e);
     }
     return v;
