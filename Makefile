@@ -32,18 +32,18 @@ need-config := $(if $(MAKECMDGOALS),$(filter-out $(no-config-goals),$(MAKECMDGOA
 
 comma := ,
 
-# A configuration that scripts/kconfig.py refuses stops make here (a failed
-# remake of an -include'd file would be ignored, and make would go on with
-# the previous values); -include only while there is none yet.
+# A configuration that scripts/kconfig.py refuses stops make here: auto.conf
+# is include'd, not -include'd, whenever there is a .config to make it from
+# (a failed remake of an -include'd file would be ignored, and make would go
+# on with the previous values, or with none on the first make after a
+# defconfig, and print the error again for a step of its own).
 ifneq ($(need-config),)
-ifneq ($(wildcard $(O)/include/config/auto.conf),)
-include $(O)/include/config/auto.conf
-else ifeq ($(wildcard $(KCONFIG_CONFIG)),)
+ifeq ($(wildcard $(KCONFIG_CONFIG)),)
 # no configuration at all: what needs one stops at its rule's one line (deps comes first in every recipe
 # that reads the configuration), instead of going on without values
 deps $(need-config): $(KCONFIG_CONFIG)
 else
--include $(O)/include/config/auto.conf
+include $(O)/include/config/auto.conf
 endif
 endif
 

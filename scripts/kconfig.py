@@ -131,6 +131,9 @@ def parse_assignments(path):
     return out
 
 
+RANGE_WARNING = re.compile(r"user value (\S+) on the (?:int|hex) symbol (\w+) .*outside the active range \(\[(.*)\]\)")
+
+
 def load_strict(kconf, path, replace, check_values=True):
     """Loads path into kconf; any warning or an assignment that did not take is an error."""
     assignments = parse_assignments(path)
@@ -140,7 +143,18 @@ def load_strict(kconf, path, replace, check_values=True):
                               "(hint: `make menuconfig` shows every symbol; search with '/')")
     del kconf.warnings[:]
     kconf.load_config(path, replace=replace)
+    # kconfiglib finds an int or hex value outside its range only when it evaluates the symbol, and then warns and
+    # falls back on the default: a hand-edited .config (make reads it with check_values=False) would have run with
+    # the default. Evaluating the assigned symbols now makes that warning an error here.
+    line_of = {name: lineno for lineno, name, _ in assignments}
+    for name in line_of:
+        kconf.syms[name].str_value
     for w in kconf.warnings:
+        m = RANGE_WARNING.search(w)
+        if m and m.group(2) in line_of:
+            raise ConfigError(f"{path}:{line_of[m.group(2)]}: CONFIG_{m.group(2)}={m.group(1)} is outside its "
+                              f"range {m.group(3).replace(', ', '..')} (hint: `make menuconfig` shows the range in "
+                              "the symbol's help; scripts/config NAME=VALUE checks a value as it sets it)")
         raise ConfigError(f"{path}: {re.sub(r'^warning: ', '', w.strip())}")
     if check_values:
         check_took_effect(kconf, path, assignments)

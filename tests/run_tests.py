@@ -326,6 +326,33 @@ def test_kconfig(tmp):
         R.check(r.returncode != 0 and len(errors) == 1 and errors[0].startswith("error: no configuration") and
                 "make defconfig-NAME" in errors[0] and not os.path.exists(os.path.join(tmp, "empty", "build")),
                 f"make {' '.join(goal) or '(all)'} without .config says how to start, in one line: {r.stderr!r}")
+    # an int outside its range in a hand-edited .config: kconfiglib alone warns when it evaluates the symbol and
+    # uses the default (until 2026-12-07 make trained with batch 12 for a written -1). Refused in one line, on the
+    # first make after the defconfig (no auto.conf yet) and on a later one (auto.conf of the good values there).
+    hand = os.path.join(tmp, "hand-edited")
+    os.makedirs(hand, exist_ok=True)
+    r = run(KCONFIG + ["defconfig", os.path.join(REPO, "defconfigs", "gpt2-kv-tying-ablation"),
+                       os.path.join(hand, ".config")])
+    good = open(os.path.join(hand, ".config")).read()
+    for later in (False, True):
+        if later:
+            with open(os.path.join(hand, ".config"), "w") as f:
+                f.write(good)
+            r = run(KCONFIG + ["genconfig", os.path.join(hand, ".config"), hand])
+            R.check(r.returncode == 0 and os.path.isfile(os.path.join(hand, "include", "config", "auto.conf")),
+                    f"the good configuration generates auto.conf: {r.stderr}")
+        for name, value, allowed in (("GPT2_BATCH_SIZE", "-1", "1..4096"), ("GPT2_N_LAYER", "100000", "1..128")):
+            text, n = re.subn(rf"^CONFIG_{name}=.*$", f"CONFIG_{name}={value}", good, flags=re.M)
+            with open(os.path.join(hand, ".config"), "w") as f:
+                f.write(text)
+            lineno = text[:text.index(f"CONFIG_{name}=")].count("\n") + 1
+            r = run(["make", "-s", f"O={hand}", "build"])
+            errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+            R.check(n == 1 and r.returncode != 0 and len(errors) == 1 and
+                    f".config:{lineno}: CONFIG_{name}={value} is outside its range {allowed}" in errors[0] and
+                    "hint:" in errors[0] and not os.path.exists(os.path.join(hand, "build")),
+                    f"{'a later' if later else 'the first'} make refuses CONFIG_{name}={value} of a hand-edited "
+                    f".config in one line, building nothing: rc={r.returncode} {r.stderr.strip()}")
 
 
 def test_variant_table(tmp):
