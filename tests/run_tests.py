@@ -2356,6 +2356,17 @@ def test_resume(ws):
     a, b, c = (os.path.join(base, x) for x in "abc")
     r = run_binary(binary, a, "V0")
     R.check(r.returncode == 0, f"uninterrupted run: {r.stderr}")
+    # the trainer run by hand again into the finished folder: a fresh run would write over its best and final
+    # models as it went (until 2026-12-07, a run that then diverged left a worse best model)
+    before = {x: open(os.path.join(a, x), "rb").read() for x in os.listdir(a)}
+    r = run_binary(binary, a, "V0")
+    lines = r.stderr.strip().splitlines()
+    R.check(r.returncode == 1 and len(lines) == 1 and "step V0 already finished in" in lines[0] and
+            "final_model_stepV0.safetensors" in lines[0] and "make FORCE=1" in lines[0] and "iteration" not in r.stdout,
+            f"the trainer refuses to start over in a finished step's folder, in one line: rc={r.returncode} "
+            f"{r.stderr.strip()[-600:]}")
+    R.check({x: open(os.path.join(a, x), "rb").read() for x in os.listdir(a)} == before,
+            "the finished step's files are left as they were")
     rc, seen, _ = kill_after(binary, b, "V0", "checkpoint step 20", signal.SIGKILL)
     R.check(seen and rc == -signal.SIGKILL, f"run killed after its checkpoint at step 20 (rc {rc})")
     mb = metrics(os.path.join(b, "training_metrics_stepV0.json"))

@@ -262,6 +262,15 @@ static void check_state_config(StFile *f) {
 
 int run_try_resume(TrainRun *r, int max_iters) {
     double have = r->rank == 0 && file_exists(r->state_path);
+    /* no state but a final model: the step finished here, and a fresh run would write over its best and final
+     * models as it went (make skips such a step, or with FORCE=1 moves its files to previous/ first) */
+    if (r->rank == 0 && !have && file_exists(r->final_path)) {
+        Err e;
+        err_set(&e, "%s: step %s already finished in %s, and there is no state file to resume (hint: make skips a "
+                    "complete step; to train it again, move the step's files away, or run make FORCE=1, which moves "
+                    "them to previous/)", r->final_path, r->step, r->out);
+        run_die(&e);
+    }
     dist_bcast(&have, sizeof have);
     if (!have) return 0;
     size_t total = r->w->table.total;

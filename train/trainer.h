@@ -110,7 +110,9 @@ void run_save_state(TrainRun *r);
  * did. Rank 0 reads the file and sends it to the other ranks. Each progress
  * value must be one the trainer can have written (the step within
  * [0, max_iters], counts and times not negative, ...): the run stops with
- * one line naming the field otherwise. */
+ * one line naming the field otherwise. Without a state file, a final model
+ * in the folder (the step finished there) stops the run too: a fresh run
+ * would write over it. */
 int run_try_resume(TrainRun *r, int max_iters);
 /* Loads the parameters of a model checkpoint of this family (rank 0 reads, every rank gets them). */
 void run_load_params(TrainRun *r, const char *path);
