@@ -38,9 +38,10 @@ char *xstrdup_at(const char *s, const char *file, int line);
 #define xrealloc(p, n) xrealloc_at((p), (n), __FILE__, __LINE__)
 #define xstrdup(s) xstrdup_at((s), __FILE__, __LINE__)
 
-/* A recoverable error: one line naming the file or field, the problem and a hint. */
+/* A recoverable error: one line naming the file or field, the problem and a hint. Room for two paths of PATH_MAX
+ * (an output folder may be that long) and the rest: a shorter buffer cut the hint off such lines. */
 typedef struct {
-    char msg[1024];
+    char msg[12288];
 } Err;
 /* Formats into e (if non-NULL) and returns -1 so callers can `return err_set(...)`. */
 int err_set(Err *e, const char *fmt, ...) KV_PRINTF(2, 3);

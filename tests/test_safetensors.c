@@ -668,8 +668,29 @@ static void remove_tmpdir(void) {
     rmdir(tmpdir);
 }
 
+/* An error about a path as long as the system allows, and one naming two such paths (a file and its folder):
+ * the line keeps both in full and ends with its hint (until 2026-12-07 it was cut at 1024 bytes). */
+static void test_long_path_errors(void) {
+    char path[4096];
+    size_t n = (size_t)snprintf(path, sizeof path, "%s/", tmpdir);
+    for (; n < sizeof path - 16; n++) path[n] = n % 200 == 0 ? '/' : 'd';
+    snprintf(path + n, sizeof path - n, ".safetensors");
+    Err e;
+    StFile *f = st_open(path, &e);
+    size_t len = strlen(e.msg);
+    CHECK(!f && strncmp(e.msg, path, strlen(path)) == 0 && len > strlen(path) &&
+              strcmp(e.msg + len - strlen("(hint: check the path)"), "(hint: check the path)") == 0,
+          "a %zu-character path stays whole in its error, the hint after it (%zu characters)", strlen(path), len);
+    err_set(&e, "%s: mismatched, it belongs to %s (hint: move it away; %s)", path, path, "make FORCE=1 does it");
+    len = strlen(e.msg);
+    CHECK(len == 2 * strlen(path) + strlen(": mismatched, it belongs to  (hint: move it away; make FORCE=1 does it)") &&
+              e.msg[len - 1] == ')',
+          "two such paths in one error are kept whole, the hint after them (%zu characters)", len);
+}
+
 int main(void) {
     if (!mkdtemp(tmpdir)) FATAL("cannot create %s", tmpdir);
+    test_long_path_errors();
     test_round_trip();
     test_foreign_files();
     test_bad_files();
