@@ -1096,6 +1096,112 @@ static void test_sync_resumes_after_failure(void) {
     server_stop(&sv);
 }
 
+static void write_text(const char *path, const char *text) {
+    Err e;
+    if (write_file_atomic(path, text, strlen(text), &e) != 0) FATAL("%s", e.msg);
+}
+
+/* A sync whose cursor (sync_state.json) or spool was damaged after an interrupted sync: it stops naming the file
+ * and field, and sends nothing (until 2026-12-07 a damaged cursor counted as none, and the whole history went out
+ * again as new rows: the server held it twice). With the cursor restored the sync completes with each row once. */
+static void test_sync_damaged(void) {
+    Server sv;
+    if (!server_start(&sv, NULL)) return;
+    WandbSettings s = settings(&sv, "damage01");
+    s.mode = "offline";
+    s.request_bytes = 2048;
+    capture_begin();
+    WandbRun *r = wandb_init(&s);
+    standard_run(r, 0);
+    char spool[4200], cursor[4300], rows[4300];
+    snprintf(spool, sizeof spool, "%s", wandb_spool_dir(r));
+    wandb_finish(r, 0);
+    free(capture_end());
+    inject(&sv, "{\"match\":\"FileStream\",\"after\":2,\"action\":{\"status\":404}}");
+    Err e;
+    capture_begin();
+    int rc = wandb_sync_dir(spool, &s, &e);
+    free(capture_end());
+    snprintf(cursor, sizeof cursor, "%s/sync_state.json", spool);
+    snprintf(rows, sizeof rows, "%s/spool.jsonl", spool);
+    char *good = read_file(cursor, NULL, NULL), *good_rows = read_file(rows, NULL, NULL);
+    cJSON *st = server_state(&sv);
+    int stored = cJSON_GetArraySize(item(find_run(st, "damage01"), "rows")),
+        requests = cJSON_GetArraySize(item(st, "requests"));
+    cJSON_Delete(st);
+    CHECK(rc != 0 && good && good_rows && stored > 0 && stored < STEPS, "damaged: an interrupted sync left %d rows "
+          "and a cursor", stored);
+    if (!good || !good_rows) return;
+    char many[256];
+    snprintf(many, sizeof many, "{\"base_url\":\"%s\",\"url\":\"u\",\"history_sent\":%d,\"history_offset\":%d,"
+             "\"uploaded\":[]}", sv.url, STEPS + 1, STEPS + 1);
+    const char *cases[][2] = {
+        {"{\"base_url\": ", "not a JSON object"},
+        {"[]", "not a JSON object"},
+        {"{\"url\":\"u\",\"history_sent\":0,\"history_offset\":0,\"uploaded\":[]}", "no base_url"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":-1,\"history_offset\":0,\"uploaded\":[]}", "history_sent"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":2.5,\"history_offset\":3,\"uploaded\":[]}", "history_sent"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":\"9\",\"history_offset\":9,\"uploaded\":[]}", "history_sent"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":5,\"history_offset\":4,\"uploaded\":[]}", "below"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":{}}", "uploaded is not"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[7]}", "not a file name"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[],\"complete\":1}",
+         "complete"},
+        {many, "but the spool holds"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        write_text(cursor, cases[i][0]);
+        capture_begin();
+        rc = wandb_sync_dir(spool, &s, &e);
+        free(capture_end());
+        st = server_state(&sv);
+        int now = cJSON_GetArraySize(item(st, "requests"));
+        cJSON_Delete(st);
+        CHECK(rc != 0 && strstr(e.msg, cursor) && strstr(e.msg, "damaged sync cursor") && strstr(e.msg, cases[i][1]) &&
+                  strstr(e.msg, "hint:") && now == requests,
+              "damaged cursor %s: refused naming '%s', no request sent (%d more): %s", cases[i][0], cases[i][1],
+              now - requests, rc ? e.msg : "(synced)");
+    }
+    write_text(cursor, good);
+    /* history rows whose _step is not a whole number above the row before's (the spool's 3rd line is step 0's row,
+     * its 4th step 1's) */
+    const char *steps[][2] = {{"\"_step\":1,", "\"_step\":1e400,"}, {"\"_step\":1,", "\"_step\":0,"},
+                              {"\"_step\":1,", "\"_step\":1.5,"}, {"\"_step\":1,", "\"_stop\":1,"}};
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        char *text = xstrdup(good_rows), *at = strstr(text, steps[i][0]);
+        if (!at) break;
+        size_t a = strlen(steps[i][0]), b = strlen(steps[i][1]);
+        char *bad = xmalloc(strlen(text) + b + 1);
+        memcpy(bad, text, (size_t)(at - text));
+        strcpy(bad + (at - text), steps[i][1]);
+        strcat(bad, at + a);
+        write_text(rows, bad);
+        int line = 1;
+        for (const char *p = bad; p < bad + (at - text); p++) line += *p == '\n';
+        char where[4400];
+        snprintf(where, sizeof where, "%s:%d: history record's _step is", rows, line);
+        capture_begin();
+        rc = wandb_sync_dir(spool, &s, &e);
+        free(capture_end());
+        st = server_state(&sv);
+        int now = cJSON_GetArraySize(item(st, "requests"));
+        cJSON_Delete(st);
+        CHECK(rc != 0 && strstr(e.msg, where) && strstr(e.msg, "hint:") && now == requests,
+              "a history row with %s: refused naming its line, no request sent: %s", steps[i][1], rc ? e.msg : "(synced)");
+        free(bad), free(text);
+    }
+    write_text(rows, good_rows);
+    capture_begin();
+    rc = wandb_sync_dir(spool, &s, &e);
+    free(capture_end());
+    CHECK(rc == 0, "damaged: with the cursor and spool restored the sync completes: %s", rc ? e.msg : "ok");
+    st = server_state(&sv);
+    check_standard(st, "damage01", "fake-default-entity", 0, "sync after the damaged cursor was restored");
+    cJSON_Delete(st);
+    free(good), free(good_rows);
+    server_stop(&sv);
+}
+
 /* A sync killed with SIGKILL while a request is in flight, then rerun. */
 static void test_sync_killed(void) {
     Server sv;
@@ -1327,6 +1433,7 @@ int main(void) {
     TIMED(test_server_appears_later());
     TIMED(test_sync_resumes_after_failure());
     TIMED(test_sync_killed());
+    TIMED(test_sync_damaged());
     TIMED(test_attach_results());
     TIMED(test_disabled());
 

@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,25 +214,48 @@ void wb_state_save(Uplink *u) {
     cJSON_Delete(s);
 }
 
-/* Reads the cursor; 1 when it exists and belongs to the same server. */
-int wb_state_load(Uplink *u) {
+/* A whole number in [0, 2^53] (a count of rows or lines), or -1. */
+static long cursor_count(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    return x >= 0 && x <= 9007199254740992.0 && x == floor(x) ? (long)x : -1;
+}
+
+/* Reads the cursor: 1 when it exists and belongs to the same server; 0 when there is none, or another server's;
+ * -1 (e set) when the file is there but damaged. Resending from a guessed cursor would store rows twice. */
+int wb_state_load(Uplink *u, Err *e) {
+    errno = 0;
     char *text = read_file(u->state_path, NULL, NULL);
+    if (!text && errno == ENOENT) return 0;
     cJSON *s = cJSON_Parse(text ? text : "");
     free(text);
     const char *base = wb_str_item(s, "base_url"), *url = wb_str_item(s, "url");
-    const cJSON *sent = cJSON_GetObjectItem(s, "history_sent"), *off = cJSON_GetObjectItem(s, "history_offset"),
-                *up = cJSON_GetObjectItem(s, "uploaded");
-    int ok = base && url && !strcmp(base, u->base) && cJSON_IsNumber(sent) && cJSON_IsNumber(off) && cJSON_IsArray(up);
-    if (ok) {
-        u->hist_sent = (long)sent->valuedouble;
-        u->hist_offset = (long)off->valuedouble;
+    long sent = cursor_count(s, "history_sent"), off = cursor_count(s, "history_offset");
+    const cJSON *up = cJSON_GetObjectItem(s, "uploaded"), *done = cJSON_GetObjectItem(s, "complete"), *it;
+    const char *bad = !cJSON_IsObject(s) ? "not a JSON object" : !base || !url ? "no base_url or url string"
+                      : sent < 0 || off < 0 ? "history_sent or history_offset is not a whole number >= 0"
+                      : off < sent ? "history_offset is below history_sent"
+                      : !cJSON_IsArray(up) ? "uploaded is not a list"
+                      : done && !cJSON_IsBool(done) ? "complete is not true or false" : NULL;
+    if (!bad)
+        cJSON_ArrayForEach(it, up) if (!cJSON_IsString(it)) bad = "uploaded holds a value that is not a file name";
+    if (bad) {
+        cJSON_Delete(s);
+        return err_set(e, "%s: damaged sync cursor: %s (hint: it records what the server acknowledged; restore it "
+                          "from a copy; deleting it sends the whole history again, which the server then holds twice)",
+                       u->state_path, bad);
+    }
+    int ours = !strcmp(base, u->base);
+    if (ours) {
+        u->hist_sent = sent;
+        u->hist_offset = off;
         cJSON_Delete(u->uploaded);
         u->uploaded = cJSON_Duplicate(up, 1);
-        u->complete = cJSON_IsTrue(cJSON_GetObjectItem(s, "complete"));
+        u->complete = cJSON_IsTrue(done);
         set_str(&u->url, url);
     }
     cJSON_Delete(s);
-    return ok;
+    return ours;
 }
 
 /* A run completed on the server gets a new session (summary, files,

@@ -109,7 +109,7 @@ char *wb_filestream_body(long offset, char *const *lines, long n, const char *su
                          int complete, int exit_code, size_t *len);
 int wb_filestream(Uplink *u, const char *body, size_t len, int *stopped, Err *e);
 void wb_state_save(Uplink *u);
-int wb_state_load(Uplink *u);
+int wb_state_load(Uplink *u, Err *e);
 void wb_state_reopen(const char *dir);
 int wb_upload_files(Uplink *u, const char *spool_dir, const cJSON *paths, cJSON *done, Err *e);
 

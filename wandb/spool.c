@@ -92,8 +92,10 @@ void wb_summary_record(WbBuf *b, const WbKV *kv) {
 }
 
 /* Reads a flat object written by wb_kv_json/wb_summary_json back (NaN and Infinity
- * through strtod); nested objects (_wandb) are skipped. */
-static int kv_parse(WbKV *kv, const char *s) {
+ * through strtod); nested objects (_wandb) are skipped. *step (if step) gets the
+ * value of its "_step", NaN without one. */
+static int kv_parse(WbKV *kv, const char *s, double *step) {
+    if (step) *step = NAN;
     if (*s++ != '{') return -1;
     if (*s == '}') return 0;
     for (;;) {
@@ -112,6 +114,7 @@ static int kv_parse(WbKV *kv, const char *s) {
             double v = strtod(s, &end);
             if (end == s) return -1;
             wb_kv_set(kv, key, klen, v);
+            if (step && klen == 7 && !memcmp(key, "\"_step\"", 7)) *step = v;
             s = end;
         }
         if (*s == '}') return 0;
@@ -234,12 +237,16 @@ void wb_spool_free(Spool *sp) {
     wb_kv_free(&sp->summary);
 }
 
-/* Reads spool.jsonl; a last line without its newline (cut by a crash) is ignored. */
+#define SPOOL_DAMAGED "(hint: spool.jsonl was changed after kvlab wrote it; restore it from a copy)"
+
+/* Reads spool.jsonl; a last line without its newline (cut by a crash) is ignored. History rows must carry a
+ * _step, a whole number above the row before's, as kvlab writes them (the server files rows by it). */
 int wb_spool_read(const char *dir, Spool *sp, Err *e) {
     char *path = wb_join(dir, "spool.jsonl");
     size_t n, hp = strlen(WB_HIST_PREFIX), sp_len = strlen(SUMMARY_PREFIX);
     char *text = read_file(path, &n, e), *line = text, *nl;
     long lineno = 1, cap = 0;
+    double step, last_step = -1;
     int rc = text ? 0 : -1;
     sp->files = cJSON_CreateArray();
     for (; rc == 0 && (nl = memchr(line, '\n', (size_t)(text + n - line))); line = nl + 1, lineno++) {
@@ -250,7 +257,8 @@ int wb_spool_read(const char *dir, Spool *sp, Err *e) {
             const cJSON *version = cJSON_GetObjectItem(h, "version");
             if (!wb_str_item(h, "t") || strcmp(wb_str_item(h, "t"), "spool") || !cJSON_IsNumber(version) ||
                 version->valueint != 1)
-                rc = err_set(e, "%s: not a kvlab W&B spool (version 1)", path);
+                rc = err_set(e, "%s: not a kvlab W&B spool (version 1) (hint: make wandb-sync reads the folders "
+                             "<output>/<run>/wandb-c/<run_id> that a run with CONFIG_WANDB writes)", path);
             cJSON_Delete(h);
         } else if (len > hp && !strncmp(line, WB_HIST_PREFIX, hp) && line[len - 1] == '}') {
             if (sp->nrows == cap) {
@@ -258,18 +266,23 @@ int wb_spool_read(const char *dir, Spool *sp, Err *e) {
                 sp->rows = xrealloc(sp->rows, (size_t)cap * sizeof *sp->rows);
             }
             sp->rows[sp->nrows] = wb_xstrndup(line + hp, len - hp - 1);
-            if (kv_parse(&sp->summary, sp->rows[sp->nrows++]) != 0)
-                rc = err_set(e, "%s:%ld: damaged history record", path, lineno);
+            if (kv_parse(&sp->summary, sp->rows[sp->nrows++], &step) != 0)
+                rc = err_set(e, "%s:%ld: damaged history record " SPOOL_DAMAGED, path, lineno);
+            else if (!(step > last_step && step <= 9007199254740992.0 && step == floor(step)))
+                rc = err_set(e, "%s:%ld: history record's _step is %.17g, not a whole number above the row before's "
+                             "(%.0f) " SPOOL_DAMAGED, path, lineno, step, last_step);
+            last_step = step;
         } else if (len > sp_len && !strncmp(line, SUMMARY_PREFIX, sp_len)) {
             wb_kv_clear(&sp->summary);
-            if (kv_parse(&sp->summary, line + sp_len) != 0)
-                rc = err_set(e, "%s:%ld: damaged summary record", path, lineno);
+            if (kv_parse(&sp->summary, line + sp_len, NULL) != 0)
+                rc = err_set(e, "%s:%ld: damaged summary record " SPOOL_DAMAGED, path, lineno);
         } else {
             cJSON *rec = cJSON_Parse(line);
             const char *t = wb_str_item(rec, "t"), *file = wb_str_item(rec, "path");
             const cJSON *code = cJSON_GetObjectItem(rec, "code");
             if (!t) {
-                rc = err_set(e, "%s:%ld: damaged record", path, lineno);
+                rc = err_set(e, "%s:%ld: damaged record (not a JSON object with a \"t\" kind) " SPOOL_DAMAGED, path,
+                             lineno);
             } else if (!strcmp(t, "run") && !sp->run) {
                 sp->run = cJSON_Duplicate(rec, 1);
             } else if (!strcmp(t, "config")) {

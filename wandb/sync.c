@@ -81,7 +81,14 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         goto out;
     }
     u.state_path = wb_join(spool_dir, "sync_state.json");
-    int have_cursor = wb_state_load(&u);
+    int have_cursor = wb_state_load(&u, e);
+    if (have_cursor < 0) goto out;
+    if (u.hist_sent > sp.nrows) {
+        err_set(e, "%s: damaged sync cursor: history_sent is %ld, but the spool holds %ld rows (hint: restore "
+                   "spool.jsonl or the cursor from a copy; deleting the cursor sends the whole history again, which "
+                   "the server then holds twice)", u.state_path, u.hist_sent, sp.nrows);
+        goto out;
+    }
     if (u.complete) { /* nothing may follow "complete" */
         wb_say("%s was already synced to %s", spool_dir, u.url);
         rc = 0;
