@@ -35,6 +35,14 @@ def err(msg):
     print(f"error: {msg}", file=sys.stderr)
 
 
+def with_hint(msg, hint):
+    """msg with hint added: into msg's own "(hint: ...)" at its end, so that a line carries one (lib/common.h's
+    err_with_hint)."""
+    if msg.endswith(")") and "(hint: " in msg:
+        return f"{msg[:-1]}; {hint})"
+    return f"{msg} (hint: {hint})"
+
+
 def read_config(path):
     """.config values by name; a bool switched off (an "is not set" comment line) reads as "n"."""
     vals = {}
@@ -160,6 +168,22 @@ def latest_run(outdir):
     return best
 
 
+def passthrough_stderr(cmd):
+    """Runs cmd (its stdout is ours), copying its stderr to ours as it comes, bytes as they are (a progress line
+    rewritten with \\r stays one line); returns (exit status, the stderr text)."""
+    p = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE)
+    seen = []
+    while True:
+        chunk = os.read(p.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        seen.append(chunk)
+    p.stderr.close()
+    return p.wait(), b"".join(seen).decode("utf-8", "replace")
+
+
 def build(cfg, cur, sanitize):
     """Builds mechint for a checkpoint's configuration; returns the binary path."""
     cfg = {k: v for k, v in cfg.items() if not k.startswith("MECHINT_")}
@@ -178,8 +202,9 @@ def build(cfg, cur, sanitize):
     r = subprocess.run(KCONFIG + ["step", bdir, os.path.join(bdir, "base.config"), os.path.join(bdir, "mechint.fragment")],
                        cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"the checkpoint's configuration does not resolve with this Kconfig: {r.stderr.strip()} "
-                           "(hint: it was written by another kvlab version)")
+        why = re.sub(r"^error: ", "", r.stderr.strip())
+        raise RuntimeError(with_hint(f"the checkpoint's configuration does not resolve with this Kconfig: {why}",
+                                     "it was written by another kvlab version"))
     cmd = ["make", "-s", "-f", "scripts/Makefile.build", f"B={bdir}", "MECHINT=y", f"{bdir}/mechint/mechint"]
     if sanitize:
         cmd.append("SANITIZE=1")
@@ -216,7 +241,8 @@ def main():
         try:
             meta, cfg = st_metadata(path)
         except (ValueError, OSError) as e:
-            err(f"{path}: {e}")
+            err(with_hint(f"{path}: {e}", "mechint reads the checkpoints kvlab writes; move other .safetensors files "
+                          "out of the folder, or train again for a damaged one"))
             failed += 1
             continue
         out = os.path.join(run, "mechint", stem)
@@ -234,9 +260,13 @@ def main():
             failed += 1
             continue
         print(f"== {name}: {meta.get('family')} {meta.get('variant')} (step {meta.get('ablation_step', '-')})", flush=True)
-        r = subprocess.run([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)], cwd=REPO)
-        if r.returncode != 0:
-            err(f"{path}: analysis failed (exit {r.returncode}); see the messages above")
+        # its stderr (progress included) passes through as it comes; where the analyzer's own error line names the
+        # checkpoint, that line is the failure's one line, else (a crash, say) ours follows it
+        rc, said = passthrough_stderr([binary, "analyze", "--ckpt", path, "--out", out, "--sha256", sha256(path)])
+        if rc != 0:
+            if not any(x.startswith("error:") and path in x for x in said.splitlines()):
+                err(f"{path}: analysis failed (exit {rc}) (hint: its messages are above; make mechint "
+                    "SANITIZE=1 finds a crash's cause)")
             failed += 1
             continue
         try:
@@ -265,7 +295,8 @@ def main():
         subprocess.run(cmd, cwd=REPO, check=False)
         print(f"comparison: {os.path.join(run, 'mechint', 'comparison.md')}")
     if failed:
-        err(f"{failed} of {len(files)} checkpoint(s) could not be analysed (the others' reports are written)")
+        done = f"reports written for the other {len(reports)}" if reports else "no report was written"
+        err(f"{failed} of {len(files)} checkpoint(s) could not be analysed ({done}; each one's error is above)")
         return 1
     return 0
 
