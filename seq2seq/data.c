@@ -88,10 +88,13 @@ int trans_load(TransData *d, const char *data_dir, int de_en, int min_freq, int 
             rc = -1;
             break;
         }
-        if (ns[k] != nt[k] || ns[k] != expected[k])
-            rc = err_set(e, "%s: %d source and %d target lines, Multi30k has %d (hint: the files are damaged or "
-                            "mixed up; delete data/multi30k and run scripts/get_data.sh multi30k)", ps, ns[k], nt[k],
-                         expected[k]);
+        /* name the file whose count is wrong (the source's when both are) */
+        if (ns[k] != expected[k] || nt[k] != expected[k])
+            rc = err_set(e, "%s: %d lines, Multi30k's %s split has %d (its %s file %s has %d) (hint: the files are "
+                            "damaged or mixed up; delete data/multi30k and run scripts/get_data.sh multi30k)",
+                         ns[k] != expected[k] ? ps : pt, ns[k] != expected[k] ? ns[k] : nt[k], splits[k], expected[k],
+                         ns[k] != expected[k] ? d->tgt_lang : d->src_lang, ns[k] != expected[k] ? pt : ps,
+                         ns[k] != expected[k] ? nt[k] : ns[k]);
     }
     if (rc == 0) {
         /* vocabularies from the training set only */

@@ -24,6 +24,7 @@ usage: tests/run_tests.py [--sanitize] [-k SUBSTRING]
 import argparse
 import functools
 import glob
+import gzip
 import hashlib
 import json
 import math
@@ -3506,6 +3507,16 @@ def test_translation_end_to_end(tmp, sanitize):
     r = run([binary, "train", "--out", os.path.join(bad, "out"), "--step", "base"], cwd=bad, env=env)
     R.check(r.returncode == 1 and "val.en.gz" in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
             f"a truncated corpus file is a one-line error naming it: {r.stderr}")
+    # a whole gzip file short of lines: the target side's, named as such (until 2026-12-07 the source's was)
+    with gzip.open(os.path.join(REPO, "data", "multi30k", "val.en.gz"), "rt", encoding="utf-8") as f:
+        lines = f.readlines()
+    with gzip.open(victim, "wt", encoding="utf-8") as f:
+        f.writelines(lines[:1000])
+    r = run([binary, "train", "--out", os.path.join(bad, "out"), "--step", "base"], cwd=bad, env=env)
+    R.check(r.returncode == 1 and len(r.stderr.splitlines()) == 1 and
+            f"multi30k/val.en.gz: 1000 lines, Multi30k's val split has {len(lines)} (its de file" in r.stderr and
+            "hint" in r.stderr,
+            f"a target-language file short of lines is the one named: {r.stderr}")
 
 
 # ---------------------------------------------------------------- MPI data parallel (docs/distributed.md)
