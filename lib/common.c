@@ -77,6 +77,19 @@ int err_set(Err *e, const char *fmt, ...) {
     return -1;
 }
 
+int err_with_hint(Err *e, const Err *inner, const char *hint) {
+    if (!e) return -1;
+    Err in = *inner;
+    size_t n = strlen(in.msg);
+    const char *own = strstr(in.msg, "(hint: ");
+    while (own && strstr(own + 1, "(hint: ")) own = strstr(own + 1, "(hint: ");
+    if (own && n && in.msg[n - 1] == ')') {
+        in.msg[n - 1] = '\0';
+        return err_set(e, "%s; %s)", in.msg, hint);
+    }
+    return err_set(e, "%s (hint: %s)", in.msg, hint);
+}
+
 int atomic_open(AtomicFile *af, const char *path, Err *e) {
     size_t len = strlen(path);
     af->path = xstrdup(path);

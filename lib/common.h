@@ -45,6 +45,9 @@ typedef struct {
 } Err;
 /* Formats into e (if non-NULL) and returns -1 so callers can `return err_set(...)`. */
 int err_set(Err *e, const char *fmt, ...) KV_PRINTF(2, 3);
+/* e := inner's message with hint added: into inner's own "(hint: ...)" at its end as "(hint: ...; hint)", else as
+ * " (hint: hint)", so a line never carries two hints. e may be inner. Returns -1. */
+int err_with_hint(Err *e, const Err *inner, const char *hint);
 
 /* Writes data to path atomically: temp file in the same directory, fsync, rename. */
 int write_file_atomic(const char *path, const void *data, size_t n, Err *e);

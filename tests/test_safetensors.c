@@ -686,6 +686,16 @@ static void test_long_path_errors(void) {
     CHECK(len == 2 * strlen(path) + strlen(": mismatched, it belongs to  (hint: move it away; make FORCE=1 does it)") &&
               e.msg[len - 1] == ')',
           "two such paths in one error are kept whole, the hint after them (%zu characters)", len);
+    /* a hint added to an error with its own goes into it: one "(hint: " per line */
+    Err in, out;
+    err_set(&in, "x.gz: truncated (hint: incomplete download; fetch it again)");
+    err_with_hint(&out, &in, "scripts/get_data.sh mnist downloads it");
+    CHECK(!strcmp(out.msg, "x.gz: truncated (hint: incomplete download; fetch it again; scripts/get_data.sh mnist "
+                           "downloads it)"), "a second hint joins the first: %s", out.msg);
+    err_set(&in, "x.gz: cannot open: No such file or directory");
+    err_with_hint(&in, &in, "scripts/get_data.sh mnist downloads it");
+    CHECK(!strcmp(in.msg, "x.gz: cannot open: No such file or directory (hint: scripts/get_data.sh mnist downloads it)"),
+          "an error without a hint gets one, in place: %s", in.msg);
 }
 
 int main(void) {

@@ -25,7 +25,7 @@ static int load_idx_pair(ImageSet *s, const char *dir, const char *sub, const ch
     snprintf(img, sizeof img, "%s%s%s/%s-images-idx3-ubyte.gz", dir, sep, sub, prefix);
     snprintf(lab, sizeof lab, "%s%s%s/%s-labels-idx1-ubyte.gz", dir, sep, sub, prefix);
     Err le;
-    if (imageset_load_idx(s, img, lab, &le) != 0) return err_set(e, "%s (hint: %s)", le.msg, hint);
+    if (imageset_load_idx(s, img, lab, &le) != 0) return err_with_hint(e, &le, hint);
     return 0;
 }
 
@@ -37,18 +37,18 @@ static int load_cifar(ImageSet *train, ImageSet *test, const char *data_dir, int
     if (cifar100) {
         snprintf(paths[0], sizeof paths[0], "%s/cifar100/cifar-100-binary/train.bin", data_dir);
         p[0] = paths[0];
-        if (imageset_load_cifar(train, p, 1, 1, &le) != 0) return err_set(e, "%s (hint: %s)", le.msg, hint);
+        if (imageset_load_cifar(train, p, 1, 1, &le) != 0) return err_with_hint(e, &le, hint);
         snprintf(paths[0], sizeof paths[0], "%s/cifar100/cifar-100-binary/test.bin", data_dir);
     } else {
         for (int i = 0; i < 5; i++) {
             snprintf(paths[i], sizeof paths[i], "%s/cifar10/cifar-10-batches-bin/data_batch_%d.bin", data_dir, i + 1);
             p[i] = paths[i];
         }
-        if (imageset_load_cifar(train, p, 5, 0, &le) != 0) return err_set(e, "%s (hint: %s)", le.msg, hint);
+        if (imageset_load_cifar(train, p, 5, 0, &le) != 0) return err_with_hint(e, &le, hint);
         snprintf(paths[0], sizeof paths[0], "%s/cifar10/cifar-10-batches-bin/test_batch.bin", data_dir);
     }
     p[0] = paths[0];
-    if (imageset_load_cifar(test, p, 1, cifar100, &le) != 0) return err_set(e, "%s (hint: %s)", le.msg, hint);
+    if (imageset_load_cifar(test, p, 1, cifar100, &le) != 0) return err_with_hint(e, &le, hint);
     return 0;
 }
 
@@ -63,7 +63,9 @@ int vit_data_from_sets(VitData *d, const char *name, ImageSet train, ImageSet te
         return err_set(e, "%s: %d validation images leave no training images of %d (hint: lower "
                           "CONFIG_VIT_VAL_IMAGES)", name, val_images, train.n);
     if (test.h != train.h || test.w != train.w || test.c != train.c || test.classes != train.classes)
-        return err_set(e, "%s: test images (%dx%dx%d, %d classes) differ from the training images (%dx%dx%d, %d)",
+        return err_set(e, "%s: test images (%dx%dx%d, %d classes) differ from the training images (%dx%dx%d, %d) "
+                          "(hint: the files come from different data sets; delete the data set's folder under "
+                          "CONFIG_DATA_DIR and fetch it again with scripts/get_data.sh)",
                        name, test.h, test.w, test.c, test.classes, train.h, train.w, train.c, train.classes);
     /* one seeded permutation: the last val_images are validation, never trained on */
     int *perm = xmalloc((size_t)train.n * sizeof(int));
@@ -85,7 +87,9 @@ int vit_data_from_sets(VitData *d, const char *name, ImageSet train, ImageSet te
         imageset_channel_stats(&train, d->mean, d->std);
     }
     for (int ch = 0; ch < train.c; ch++)
-        if (!(d->std[ch] > 0.0)) return err_set(e, "%s: channel %d of the training images is constant", name, ch);
+        if (!(d->std[ch] > 0.0))
+            return err_set(e, "%s: channel %d of the training images is constant (hint: the files are damaged; fetch "
+                              "them again with scripts/get_data.sh)", name, ch);
     d->class_names = train.classes == 10 ? (strstr(name, "fashion") ? FMNIST_CLASSES
                                             : strstr(name, "cifar") ? CIFAR10_CLASSES
                                                                     : DIGITS)
