@@ -2391,6 +2391,25 @@ def test_resume(ws):
         ({"best_val_loss": "-inf"}, "best_val_loss"), ({"best_val_iteration": str(step + 1)}, "best_val_iteration"),
         ({"best_val_iteration": "-2"}, "best_val_iteration"), ({"last_eval_iteration": "0.5"}, "last_eval_iteration"),
         ({"last_val_loss": "-0.5"}, "last_val_loss")])
+    # a state of another configuration: the setting named is the one that shapes the tensors where one does (a
+    # state of a wider model from a run of other steps used to be refused by ABLATION_STEPS, the first key)
+    model, cfg = json.loads(meta["model"]), json.loads(meta["config"])
+    wider = dict(model, n_embd=2 * model["n_embd"])
+    for what, changes, want in (
+            ("a wider model of other steps", {"model": json.dumps(wider), "config": json.dumps(
+                dict(cfg, ABLATION_STEPS="V9", GPT2_N_EMBD=wider["n_embd"]))},
+             f"model.n_embd is {wider['n_embd']}, this binary has {model['n_embd']}"),
+            ("another learning rate", {"config": json.dumps(dict(cfg, GPT2_LR="9e-3"))}, "config.GPT2_LR is")):
+        case = os.path.join(base, "other-config")
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(b, case)
+        with_metadata(os.path.join(b, "state_stepV0.safetensors"), os.path.join(case, "state_stepV0.safetensors"),
+                      **changes)
+        r = run_binary(binary, case, "V0")
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 1 and len(lines) == 1 and "mismatched checkpoint" in lines[0] and want in lines[0] and
+                "hint:" in lines[0], f"the state of {what} is refused naming '{want}': {r.stderr.strip()[-500:]}")
+        shutil.rmtree(case)
     r = run_binary(binary, b, "V0")
     R.check(r.returncode == 0 and "resuming step V0 from iteration 20" in r.stdout, f"resumed run: {r.stderr}")
     rc, seen, rest = kill_after(binary, c, "V0", "checkpoint step 10", signal.SIGTERM)

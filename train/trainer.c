@@ -240,10 +240,12 @@ typedef struct {
     uint64_t data_rng;
 } Progress;
 
-static void check_state_config(StFile *f) {
+static void check_state_config(StFile *f, const char *model_json) {
     static const char *hint = "it was written with another configuration; make moves such outputs aside before "
                               "running, or move the file away to restart the step";
     Err e;
+    /* the model's shape first: of all the settings that differ, the one that makes the tensors differ is named */
+    if (checkpoint_expect_json(f, "model", model_json, hint, &e) != 0) run_die(&e);
     const char *cfg = st_meta(f, "config");
     char *got = cfg ? config_sans_dist(cfg) : NULL, *want = config_sans_dist(build_config_json());
     int same = got && want && strcmp(got, want) == 0;
@@ -284,7 +286,7 @@ int run_try_resume(TrainRun *r, int max_iters) {
         if (checkpoint_expect(f, "variant", r->variant, "it belongs to another ablation step; use that step's binary",
                               &e) != 0)
             run_die(&e);
-        check_state_config(f);
+        check_state_config(f, r->model_json);
         hp = xcalloc(3 * total, sizeof(float)), hm = hp + total, hv = hp + 2 * total; /* zero: alignment gaps */
         if (checkpoint_read(f, &r->w->table, hp, hm, hv, &e) != 0) run_die(&e);
         /* the state's config is this binary's, so it was written at an iteration of this very run length */
