@@ -141,7 +141,15 @@ def resolve(kconf, path_base, fragments, origin, work):
             kconfig.load_strict(kconf, f, replace=False)
         kconfig.check_values(kconf, origin)
     except kconfig.ConfigError as e:
-        raise SweepError(f"{origin}: {e}")
+        # the grid's values reach kconfig through scratch fragments in work, gone once the sweep stops: name the
+        # grid instead, and the origin once (check_values puts it in front itself)
+        msg = re.sub(re.escape(work) + r"/[^:\s]+(:\d+)?", "CONFIG_SWEEP", str(e))
+        if not msg.startswith(origin):
+            msg = f"{origin}: {msg}"
+        if "(hint: " not in msg:
+            msg += " (hint: each value in CONFIG_SWEEP must be one Kconfig takes for its symbol; `make menuconfig` " \
+                   "shows the symbol's type and range)"
+        raise SweepError(msg)
     tmp = os.path.join(work, f"resolved.tmp.{os.getpid()}")
     kconfig.write_config(kconf, tmp)
     with open(tmp, encoding="utf-8") as f:

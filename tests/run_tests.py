@@ -4855,12 +4855,18 @@ def test_sweep_end_to_end(tmp, sanitize):
         r = run([binary, "train", "--out", os.path.join(ws.dir, "bad"), "--step", "KV"] + args_)
         R.check(r.returncode != 0 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
                 f"--set {args_[1]}: one line ({want}): {r.stderr}")
-    for grid, want in (("SEQ2SEQ_NOPE=1,2", "unknown symbol " + "CONFIG_" + "SEQ2SEQ_NOPE"),
-                       ("SEQ2SEQ_DIM=16,abc", "SEQ2SEQ_DIM"), ("SEQ2SEQ_EPOCHS=0", "SEQ2SEQ_EPOCHS")):
+    # one line each, naming the grid and the point once, with a hint, and no scratch fragment (gone after the sweep)
+    for grid, want in (("SEQ2SEQ_NOPE=1,2", "CONFIG_SWEEP: unknown symbol " + "CONFIG_" + "SEQ2SEQ_NOPE"),
+                       ("SEQ2SEQ_DIM=16,abc", "point dimabc: CONFIG_SWEEP: the value 'abc' is invalid for SEQ2SEQ_DIM"),
+                       ("SEQ2SEQ_EPOCHS=0", "point epochs0: CONFIG_SWEEP: CONFIG_SEQ2SEQ_EPOCHS=0 is outside its range"),
+                       ("SEQ2SEQ_LR=1e-3,fast", "point lrfast: CONFIG_SEQ2SEQ_LR='fast' is not a number")):
         ws.set(f"SWEEP={grid}")
         r = ws.make()
-        R.check(r.returncode != 0 and want in r.stderr and "Traceback" not in r.stderr,
-                f"CONFIG_SWEEP={grid}: make fails naming it: {r.stderr[-600:]}")
+        errs = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+        R.check(r.returncode != 0 and len(errs) == 1 and want in errs[0] and
+                errs[0].count("point ") == want.count("point ") and errs[0].count("(hint: ") == 1 and f"{os.sep}sweep{os.sep}" not in errs[0] and
+                "Traceback" not in r.stderr,
+                f"CONFIG_SWEEP={grid}: make fails naming it in one line: {r.stderr[-600:]}")
     # a grid over run-time symbols only: one build per step, the plain step folders
     ws.set("SWEEP=SEQ2SEQ_EPOCHS=1,2", "SWEEP_SEEDS=1")
     r = ws.make("build")
