@@ -39,11 +39,15 @@ static double now_s(void) {
 static int parse_targets(const char *s, double *out, int cap) {
     int n = 0;
     const char *p = s;
-    while (*p && n < cap) {
+    while (*p) {
         char *end;
         double v = strtod(p, &end);
         if (end == p || !(v > 0.0 && v < 1.0))
-            FATAL("CONFIG_MECHINT_MASK_TARGETS=\"%s\": expected kept fractions in (0, 1) separated by commas", s);
+            FATAL("CONFIG_MECHINT_MASK_TARGETS=\"%s\": expected kept fractions in (0, 1) separated by commas (hint: "
+                  "e.g. \"0.5,0.25\")", s);
+        if (n == cap)
+            FATAL("CONFIG_MECHINT_MASK_TARGETS=\"%s\": more than %d fractions (hint: each one trains its own masks; "
+                  "keep at most %d)", s, cap, cap);
         out[n++] = v;
         p = *end == ',' ? end + 1 : end;
     }
@@ -256,9 +260,15 @@ static int attach(const char *run_dir, const char *step, const char *dir, const 
     Err e;
     char *text = read_file(path, NULL, &e);
     cJSON *rep = text ? cJSON_Parse(text) : NULL;
+    int was_read = text != NULL;
     free(text);
     if (!cJSON_IsObject(rep)) {
-        fprintf(stderr, "error: %s: %s\n", path, rep ? "not a mechint report" : e.msg);
+        /* read_file's message names the path itself */
+        if (!was_read)
+            fprintf(stderr, "error: %s (hint: make mechint writes the report before it attaches it)\n", e.msg);
+        else
+            fprintf(stderr, "error: %s: %s (hint: the report was damaged; run make mechint again to rewrite it)\n",
+                    path, rep ? "not a JSON object" : "not valid JSON");
         cJSON_Delete(rep);
         return 1;
     }
