@@ -13,6 +13,7 @@
  * Multi30k, validation loss and greedy BLEU every epoch, test BLEU with
  * beam search (and greedy) at the end, sample translations in the log. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,12 +107,25 @@ static int parse_jobs(Run *r) {
         int task = task_from_name(t);
         if (task < 0)
             FATAL("CONFIG_SEQ2SEQ_TASKS: unknown task '%s' (hint: reverse, sort, swap, sub and copy)", t);
+        for (int j = 0; j < r->njobs; j++)
+            if (r->jobs[j].task == task)
+                FATAL("CONFIG_SEQ2SEQ_TASKS: task '%s' is listed twice (hint: list each task once)", t);
         char *seeds = xstrdup(CONFIG_SEQ2SEQ_SEEDS), *save2 = NULL;
         for (char *s = strtok_r(seeds, ", ", &save2); s; s = strtok_r(NULL, ", ", &save2)) {
             char *end;
-            unsigned long long v = strtoull(s, &end, 10);
-            if (*end || end == s) FATAL("CONFIG_SEQ2SEQ_SEEDS: '%s' is not a seed (hint: write seeds like 1,2)", s);
-            if (r->njobs == 64) FATAL("CONFIG_SEQ2SEQ_TASKS x CONFIG_SEQ2SEQ_SEEDS: more than 64 jobs");
+            errno = 0;
+            /* strtoull takes "-1" as 2^64 - 1, and an overflow as ULLONG_MAX: two seeds would be one */
+            unsigned long long v = *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+            if (!(*s >= '0' && *s <= '9') || *end || errno == ERANGE)
+                FATAL("CONFIG_SEQ2SEQ_SEEDS: '%s' is not a seed, a whole number from 0 to 2^64 - 1 (hint: write seeds "
+                      "like 1,2)", s);
+            for (int j = 0; j < r->njobs; j++)
+                if (r->jobs[j].task == task && r->jobs[j].seed == v)
+                    FATAL("CONFIG_SEQ2SEQ_SEEDS: seed %llu is listed twice for task '%s' (hint: the mean and "
+                          "deviation over seeds would count one run twice; list each seed once)", v, t);
+            if (r->njobs == 64)
+                FATAL("CONFIG_SEQ2SEQ_TASKS x CONFIG_SEQ2SEQ_SEEDS: more than 64 jobs (hint: fewer tasks or seeds; "
+                      "a sweep runs more as separate runs)");
             r->jobs[r->njobs++] = (Job){task, v};
         }
         free(seeds);
@@ -634,8 +648,8 @@ static int cmd_translate(int argc, char **argv) {
     Err e;
     if (checkpoint_load_model(ckpt, "seq2seq", r.run.variant,
                               "use the binary of the step that wrote it (output/<run>/train_seq2seq_step<STEP>)",
-                              r.run.model_json, "the checkpoint has another model shape or vocabulary", &r.model.w,
-                              &e) != 0)
+                              r.run.model_json, "the checkpoint has another model shape or vocabulary", r.run.dataset,
+                              r.run.vocab_json, &r.model.w, &e) != 0)
         run_die(&e);
     if (n > r.td.test.n) n = r.td.test.n;
     double bleu = translate_bleu(&r, &r.td.test, &r.td.test_lines, n, beam, alpha, n);

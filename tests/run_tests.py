@@ -4851,7 +4851,14 @@ def test_sweep_end_to_end(tmp, sanitize):
                         (["--set", "SEQ2SEQ_TASKS=a;b"], "comma-separated list"),
                         (["--set", "SEED=0x10"], "whole number"), (["--set", "SEED=-1"], "whole number"),
                         (["--set", "SEQ2SEQ_LR= 1e-3"], "must be a number"),
-                        (["--set", "SEQ2SEQ_LR=0x1p3"], "must be a number"), (["--set", "SEQ2SEQ_LR=inf"], "must be a number")):
+                        (["--set", "SEQ2SEQ_LR=0x1p3"], "must be a number"), (["--set", "SEQ2SEQ_LR=inf"], "must be a number"),
+                        # seeds strtoull would take as 2^64 - 1 or saturate to it, or one seed twice: one run counted
+                        # twice in the mean over seeds
+                        (["--set", "SEQ2SEQ_SEEDS=-1,2"], "'-1' is not a seed"),
+                        (["--set", "SEQ2SEQ_SEEDS=99999999999999999999,99999999999999999998"],
+                         "'99999999999999999999' is not a seed"),
+                        (["--set", "SEQ2SEQ_SEEDS=3,4,3"], "seed 3 is listed twice"),
+                        (["--set", "SEQ2SEQ_TASKS=copy,sub,copy"], "task 'copy' is listed twice")):
         r = run([binary, "train", "--out", os.path.join(ws.dir, "bad"), "--step", "KV"] + args_)
         R.check(r.returncode != 0 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
                 f"--set {args_[1]}: one line ({want}): {r.stderr}")
