@@ -11,22 +11,38 @@
 # else ../shared/data when it exists; --mirror "" downloads) or downloaded from
 # its canonical public URL; its size (and md5 where copies are byte-identical)
 # is checked either way, and it is moved into place only when it matches.
+# Paths given in options or $KVLAB_DATA_MIRROR are the caller's (relative to where it runs); the defaults (data,
+# ../shared/data) the repository's.
 set -euo pipefail
+CALLER=$PWD
 cd "$(dirname "$0")/.."
+callers() { case "$1" in "" | /*) printf '%s' "$1" ;; *) printf '%s/%s' "$CALLER" "$1" ;; esac; }
 
 DATA=data
-MIRROR="${KVLAB_DATA_MIRROR:-}"
+MIRROR="$(callers "${KVLAB_DATA_MIRROR:-}")"
 [ -z "$MIRROR" ] && [ -d ../shared/data ] && MIRROR=../shared/data
 TOKENIZER=""
 names=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --mirror) MIRROR="$2"; shift 2 ;;
-        --data) DATA="$2"; shift 2 ;;
-        --tokenizer) TOKENIZER="$2"; shift 2 ;;
+        --mirror | --data | --tokenizer)
+            if [ $# -lt 2 ]; then
+                echo "error: $1 needs a value (hint: $1 DIR, or --mirror \"\" to download; scripts/get_data.sh --help)" >&2
+                exit 2
+            fi ;;&
+        --mirror) MIRROR="$(callers "$2")"; shift 2 ;;
+        --data) DATA="$(callers "$2")"; shift 2 ;;
+        --tokenizer) TOKENIZER="$(callers "$2")"; shift 2 ;;
         -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         -*) echo "error: unknown option $1 (hint: scripts/get_data.sh --help)" >&2; exit 2 ;;
         *) names+=("$1"); shift ;;
+    esac
+done
+KNOWN="tinyshakespeare gpt2-bpe tinyshakespeare-bpe mnist mnist-test multi30k cifar10 cifar100"
+for name in "${names[@]+"${names[@]}"}"; do # all names checked before anything is fetched
+    case " $KNOWN " in
+        *" $name "*) ;;
+        *) echo "error: unknown data set '$name' (hint: ${KNOWN// /, })" >&2; exit 2 ;;
     esac
 done
 if [ -n "$MIRROR" ] && [ ! -d "$MIRROR" ]; then
@@ -183,6 +199,5 @@ for name in "${names[@]}"; do
         mnist-test) for f in "${FILES_mnist_test[@]}"; do fetch "$f"; done ;;
         multi30k) for f in "${FILES_multi30k[@]}"; do fetch "$f"; done ;;
         cifar10|cifar100) cifar "$name" ;;
-        *) echo "error: unknown data set '$name' (hint: tinyshakespeare, gpt2-bpe, tinyshakespeare-bpe, mnist, mnist-test, multi30k, cifar10, cifar100)" >&2; exit 2 ;;
     esac
 done

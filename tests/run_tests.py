@@ -4117,6 +4117,24 @@ def test_data_mirror(tmp, sanitize):
              "tinyshakespeare"], env=base)
     R.check(r.returncode == 2 and missing in r.stderr and "hint" in r.stderr and len(r.stderr.splitlines()) == 1,
             f"get_data.sh --mirror with a folder that does not exist stops, naming it: {r.stderr}")
+    # relative paths are the caller's (until 2026-12-07 the script moved to the repository first, and --data
+    # ./mine from another folder filled <repo>/mine)
+    caller = os.path.join(tmp, "caller")
+    os.makedirs(caller, exist_ok=True)
+    rel_mirror = os.path.relpath(mirrors["config-mirror"], caller)
+    r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--data", "mine", "--mirror", rel_mirror,
+             "tinyshakespeare"], env=base, cwd=caller)
+    R.check(r.returncode == 0 and os.path.isfile(os.path.join(caller, "mine", "tinyshakespeare", "input.txt")) and
+            not os.path.exists(os.path.join(REPO, "mine")),
+            f"get_data.sh --data and --mirror relative to the folder it is run from: {r.stderr}")
+    # every name is checked before anything is fetched, and an option needs its value
+    for args, want in ((["tinyshakespeare", "nope"], "unknown data set 'nope'"), (["--mirror"], "--mirror needs a "
+                                                                                   "value")):
+        r = run([os.path.join(REPO, "scripts", "get_data.sh"), "--data", os.path.join(tmp, "fetched-nothing")] + args,
+                env=base)
+        R.check(r.returncode == 2 and len(r.stderr.splitlines()) == 1 and want in r.stderr and "hint" in r.stderr and
+                not os.path.exists(os.path.join(tmp, "fetched-nothing")),
+                f"get_data.sh {' '.join(args)}: one line, nothing fetched: {r.stderr}")
     return ws, os.path.join(tmp, f"mirror-data-{len(cases) - 1}"), mirrors["config-mirror"]
 
 
