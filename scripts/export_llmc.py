@@ -105,15 +105,16 @@ def main():
              "default biases and tied head)")
     V = data_vocab(m)
     vp = args.padded_vocab if args.padded_vocab is not None else (V + 127) // 128 * 128
-    if vp < V:
-        fail(f"--padded-vocab {vp} is smaller than the vocabulary ({V})")
+    if not V <= vp <= 16 * V:
+        fail(f"--padded-vocab {vp} is outside [{V}, {16 * V}] (hint: llm.c pads the vocabulary ({V}) up to a multiple "
+             f"of 128, {(V + 127) // 128 * 128} here, the default)")
     try:
         parts = llmc_tensors(tensors, m, vp)
     except ValueError as exc:
         fail(f"{args.ckpt}: {exc} (hint: the checkpoint of a QKV step of kvlab's GPT-2)")
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [MAGIC, VERSION, m["block_size"], V, m["n_layer"], m["n_head"], m["n_embd"], vp]
-    tmp = args.out + ".tmp"
+    tmp = f"{args.out}.tmp.{os.getpid()}"  # this export's own: two at once must not write into one
     try:
         with open(tmp, "wb") as f:
             header.tofile(f)
@@ -121,7 +122,10 @@ def main():
                 np.ascontiguousarray(t, dtype=np.float32).tofile(f)
         os.replace(tmp, args.out)
     except OSError as exc:
-        fail(f"{args.out}: cannot write: {exc.strerror}")
+        if os.path.exists(tmp):
+            os.remove(tmp)  # no half-written file is left behind
+        fail(f"{args.out}: cannot write: {exc.strerror} (hint: --out names a file in a folder you can write, with room "
+             "for the model)")
     n = sum(t.size for t in parts)
     print(f"wrote {args.out}: llm.c model version {VERSION}, {n:,} floats (V {V} padded to {vp}, L {m['n_layer']}, "
           f"H {m['n_head']}, C {m['n_embd']}, T {m['block_size']})")

@@ -20,11 +20,13 @@ still analysed, and the exit status says something failed.
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import struct
 import subprocess
 import sys
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
@@ -107,12 +109,35 @@ def st_tensors(path):
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     header.pop("__metadata__", None)
+    # each tensor against its CRC-32 in metadata tensor_crc32 and for finite values, as the C loader does
+    # (train/checkpoint.c): a flipped bit must not reach an export
+    try:
+        crcs = json.loads(meta["tensor_crc32"]) if "tensor_crc32" in meta else None
+    except ValueError:
+        crcs = None
+    if "tensor_crc32" in meta and not isinstance(crcs, dict):
+        raise ValueError("metadata 'tensor_crc32' is not a JSON object: the header was damaged or edited")
     tensors = {}
     for name, e in header.items():
         if e.get("dtype") != "F32":
             raise ValueError(f"tensor {name!r} is {e.get('dtype')}, kvlab writes F32")
+        shape = e.get("shape")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"tensor {name!r} has no valid shape: corrupt")
         b, end = e["data_offsets"]
-        tensors[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=np.float32).reshape(e["shape"])
+        data = raw[8 + n + b:8 + n + end]
+        if len(data) != 4 * math.prod(shape):
+            raise ValueError(f"tensor {name!r}: {len(data)} bytes for shape {shape}: corrupt")
+        if crcs is not None:
+            want, got = crcs.get(name), f"{zlib.crc32(data):08x}"
+            if want != got:
+                raise ValueError(f"tensor {name!r} does not match its checksum (CRC-32 {got}, the file says {want}): "
+                                 "its bytes changed after the checkpoint was written")
+        t = np.frombuffer(data, dtype=np.float32).reshape(shape)
+        if not np.isfinite(t).all():
+            raise ValueError(f"tensor {name!r} holds a non-finite value at index {int(np.argmin(np.isfinite(t)))}: "
+                             "the run that wrote it diverged")
+        tensors[name] = t
     return tensors, meta, cfg
 
 

@@ -2917,14 +2917,28 @@ def test_export_llmc(ws, tmp):
     r = run(exporter + ["--ckpt", ck, "--out", out, "--padded-vocab", str(V + 3)])
     R.check(r.returncode == 0 and np.frombuffer(open(out, "rb").read(32), dtype=np.int32)[7] == V + 3,
             f"--padded-vocab sets llm.c's padded vocabulary: {r.stderr}")
+    # a flipped byte in a tensor (the C loader refuses it by its CRC-32; until 2026-12-07 the export did not)
+    blob = bytearray(open(ck, "rb").read())
+    blob[-5] ^= 0xFF
+    flipped = os.path.join(tmp, "llmc-flipped.safetensors")
+    with open(flipped, "wb") as f:
+        f.write(blob)
     cases = [(["--ckpt", os.path.join(ws.run_dir(), "final_model_stepV1.safetensors")], "KV tying"),
-             (["--ckpt", ck, "--padded-vocab", str(V - 1)], "smaller than the vocabulary"),
-             (["--ckpt", os.path.join(ws.run_dir(), "train_stepV0.log")], "not safetensors")]
+             (["--ckpt", ck, "--padded-vocab", str(V - 1)], f"outside [{V}, {16 * V}]"),
+             (["--ckpt", ck, "--padded-vocab", str(10 ** 11)], f"outside [{V}, {16 * V}]"),
+             (["--ckpt", os.path.join(ws.run_dir(), "train_stepV0.log")], "not safetensors"),
+             (["--ckpt", flipped], "does not match its checksum")]
     for args, words in cases:
         r = run(exporter + args + ["--out", os.path.join(tmp, "llmc-refused.bin")])
         R.check(r.returncode != 0 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and words in r.stderr
-                and not os.path.exists(os.path.join(tmp, "llmc-refused.bin")),
+                and "hint" in r.stderr and not glob.glob(os.path.join(tmp, "llmc-refused.bin*")),
                 f"export_llmc.py {args[-1]}: one error line naming '{words}', nothing written: {r.stderr!r}")
+    # a write that fails (the output is a folder): one line, no temporary file left
+    os.makedirs(os.path.join(tmp, "llmc-folder.bin"), exist_ok=True)
+    r = run(exporter + ["--ckpt", ck, "--out", os.path.join(tmp, "llmc-folder.bin")])
+    R.check(r.returncode != 0 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr and "hint" in r.stderr and
+            not glob.glob(os.path.join(tmp, "llmc-folder.bin.tmp*")),
+            f"export_llmc.py to a folder: one line, no temporary file left: {r.stderr!r}")
 
 
 def test_checkpoint_checksums(ws, tmp):
