@@ -386,7 +386,7 @@ static int cmd_sample(int argc, char **argv) {
                               r.run.model_json,
                               "the checkpoint has another model shape or vocabulary; use the binary of the step "
                               "that wrote it",
-                              &r.model.w, &e) != 0)
+                              r.run.dataset, r.run.vocab_json, &r.model.w, &e) != 0)
         run_die(&e);
     generate(&r, prompt_text, &opt);
     fputc('\n', stdout);

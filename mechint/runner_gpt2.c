@@ -71,8 +71,9 @@ int runner_open_gpt2(Runner *r, const char *ckpt, int batch_size, int max_batche
     gpt2_init(&g->model, &cfg, seed);
     g->model_json = gpt2_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "gpt2", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.w,
-                              e) != 0) {
+                              g->model_json, "the checkpoint has another model shape or vocabulary",
+                              NULL, NULL, /* built from the checkpoint's own configuration: its data by construction */
+                              &g->model.w, e) != 0) {
         gpt2_free(&g->model), dataset_free(&g->data), free(g->model_json), free(g);
         return -1;
     }

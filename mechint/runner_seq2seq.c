@@ -166,8 +166,9 @@ int runner_open_seq2seq(Runner *r, const char *ckpt, int batch_size, int max_bat
     s2s_init(&g->model, &c, seed);
     g->model_json = s2s_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "seq2seq", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              g->model_json, "the checkpoint has another model shape or vocabulary", &g->model.w,
-                              e) != 0) {
+                              g->model_json, "the checkpoint has another model shape or vocabulary",
+                              NULL, NULL, /* built from the checkpoint's own configuration: its data by construction */
+                              &g->model.w, e) != 0) {
         sr_free(g);
         return -1;
     }

@@ -65,8 +65,9 @@ int runner_open_vit(Runner *r, const char *ckpt, int batch_size, int max_batches
     vit_init(&v->model, &cfg, seed);
     v->model_json = vit_config_json(&as_trained);
     if (checkpoint_load_model(ckpt, "vit", attn_variant_id(ATTN_VARIANT, ATTN_POS), MECHINT_VARIANT_HINT,
-                              v->model_json, "the checkpoint has another model shape or data set", &v->model.w,
-                              e) != 0) {
+                              v->model_json, "the checkpoint has another model shape or data set",
+                              NULL, NULL, /* built from the checkpoint's own configuration: its data by construction */
+                              &v->model.w, e) != 0) {
         vit_free(&v->model), vit_data_free(&v->data), free(v->model_json), free(v);
         return -1;
     }

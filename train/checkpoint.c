@@ -244,14 +244,23 @@ int checkpoint_read_params(StFile *f, Params *p, int moments, Err *e) {
 }
 
 int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
-                          const char *model_json, const char *model_hint, Params *p, Err *e) {
+                          const char *model_json, const char *model_hint, const char *dataset, const char *tokenizer,
+                          Params *p, Err *e) {
+    static const char *data_hint = "the checkpoint was trained on other data; use the binary of the step that "
+                                   "wrote it (output/<run>/train_<family>_step<STEP>)";
     StFile *f = checkpoint_open(path, family, e);
     if (!f) return -1;
     int rc = checkpoint_expect(f, "variant", variant, variant_hint, e) != 0 ||
                      checkpoint_expect_json(f, "model", model_json, model_hint, e) != 0 ||
-                     checkpoint_read_params(f, p, 0, e) != 0
+                     (dataset && checkpoint_expect(f, "dataset", dataset, data_hint, e) != 0)
                  ? -1
                  : 0;
+    const char *got = st_meta(f, "tokenizer");
+    if (rc == 0 && tokenizer && (!got || strcmp(got, tokenizer) != 0)) /* a vocabulary may be long: not printed */
+        rc = err_set(e, "%s: mismatched checkpoint: its tokenizer (metadata 'tokenizer', %zu bytes) is not this "
+                        "binary's (%zu bytes) (hint: %s)", st_path(f), got ? strlen(got) : 0, strlen(tokenizer),
+                     data_hint);
+    if (rc == 0 && checkpoint_read_params(f, p, 0, e) != 0) rc = -1;
     st_close(f);
     return rc;
 }

@@ -53,8 +53,12 @@ int checkpoint_read(StFile *f, const ParamTable *t, float *params, float *m, flo
 int checkpoint_save_params(const char *path, const Params *p, int moments, const StMeta *meta, int nmeta, Err *e);
 int checkpoint_read_params(StFile *f, Params *p, int moments, Err *e);
 /* A model's parameters from a checkpoint of this family, variant and model
- * description (open, the two checks with their hints, read, close). */
+ * description (open, the two checks with their hints, read, close). Where
+ * dataset and tokenizer are non-NULL the checkpoint's metadata must name the
+ * same ones too: MNIST and Fashion-MNIST models have one shape, and a model
+ * read with another vocabulary of its size decodes into nonsense. */
 int checkpoint_load_model(const char *path, const char *family, const char *variant, const char *variant_hint,
-                          const char *model_json, const char *model_hint, Params *p, Err *e);
+                          const char *model_json, const char *model_hint, const char *dataset, const char *tokenizer,
+                          Params *p, Err *e);
 
 #endif

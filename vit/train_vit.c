@@ -390,8 +390,8 @@ static int cmd_eval(int argc, char **argv) {
     Err e;
     if (checkpoint_load_model(ckpt, "vit", r.run.variant,
                               "use the binary of the step that wrote the checkpoint (output/<run>/train_vit_step<STEP>)",
-                              r.run.model_json, "the checkpoint has another model shape or data set", &r.model.w,
-                              &e) != 0)
+                              r.run.model_json, "the checkpoint has another model shape or data set", r.run.dataset,
+                              r.run.vocab_json, &r.model.w, &e) != 0)
         run_die(&e);
     int n = r.data.test.n, K = r.model.cfg.classes;
     int *all = xmalloc((size_t)n * sizeof(int));
