@@ -10,6 +10,11 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token shards are little-endian");
 
 int shard_write(const char *path, const int *ids, size_t n, Err *e) {
+    AtomicFile af;
+    return shard_stage(&af, path, ids, n, e) == 0 ? atomic_commit(&af, e) : -1;
+}
+
+int shard_stage(AtomicFile *out, const char *path, const int *ids, size_t n, Err *e) {
     if (n > INT32_MAX)
         return err_set(e, "%s: %zu tokens do not fit one shard (hint: split the data into shards below 2^31 tokens)", path, n);
     for (size_t i = 0; i < n; i++)
@@ -27,7 +32,8 @@ int shard_write(const char *path, const int *ids, size_t n, Err *e) {
         if (atomic_write(&af, buf, k * sizeof(uint16_t), e) != 0) goto fail;
         i += k;
     }
-    return atomic_commit(&af, e);
+    *out = af;
+    return 0;
 fail:
     atomic_abort(&af);
     return -1;

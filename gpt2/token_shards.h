@@ -18,6 +18,9 @@
 /* Writes ids[0..n) as a shard at path (temp file + fsync + rename). Every id
  * must be in [0, 65535] and n < 2^31, else nothing is written. */
 int shard_write(const char *path, const int *ids, size_t n, Err *e);
+/* The same written into *af's temporary file, not yet in place: atomic_commit (or atomic_abort) it, so that
+ * several shards are moved into place only once all of them are written. */
+int shard_stage(AtomicFile *af, const char *path, const int *ids, size_t n, Err *e);
 
 /* An open shard whose header and size have been checked; tokens are read on
  * demand, so a loader can take windows without holding the whole file. */

@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
             errno = 0;
             val_tokens = strtoll(v, &end, 10);
             if (errno || end == v || *end || val_tokens < 1) {
-                fprintf(stderr, "tokenize: error: --val-tokens '%s' is not a positive integer\n", v);
+                fprintf(stderr, "tokenize: error: --val-tokens '%s' is not a positive integer (hint: the tokens of "
+                                "the validation shard, e.g. 32768)\n", v);
                 return 2;
             }
         } else {
@@ -63,7 +64,8 @@ int main(int argc, char **argv) {
         }
     }
     if (!encoder || !vocab || !input || !prefix || !*prefix) {
-        fprintf(stderr, "tokenize: error: --encoder, --vocab, --input and --out-prefix are required\n");
+        fprintf(stderr, "tokenize: error: --encoder, --vocab, --input and --out-prefix are required (hint: the usage "
+                        "below; make runs it through scripts/get_data.sh tinyshakespeare-bpe)\n");
         usage(stderr);
         return 2;
     }
@@ -119,7 +121,18 @@ int main(int argc, char **argv) {
     snprintf(val_path, plen, "%s_val_000000.bin", prefix);
     snprintf(train_path, plen, "%s_train_000001.bin", prefix);
     size_t nval = (size_t)val_tokens;
-    rc = shard_write(val_path, ids, nval, &e) == 0 && shard_write(train_path, ids + nval, n - nval, &e) == 0 ? 0 : 1;
+    /* both written before either is moved into place: a failure (a full disk on the large training shard) leaves
+     * an earlier pair as it was, never a new validation shard beside an old training one */
+    AtomicFile val_f, train_f;
+    rc = 1;
+    if (shard_stage(&train_f, train_path, ids + nval, n - nval, &e) == 0) {
+        if (shard_stage(&val_f, val_path, ids, nval, &e) != 0)
+            atomic_abort(&train_f);
+        else if (atomic_commit(&train_f, &e) != 0)
+            atomic_abort(&val_f);
+        else
+            rc = atomic_commit(&val_f, &e) == 0 ? 0 : 1;
+    }
     if (rc == 0) {
         printf("wrote %s (%zu tokens)\n", val_path, nval);
         printf("wrote %s (%zu tokens)\n", train_path, n - nval);

@@ -4073,6 +4073,30 @@ def test_bpe_end_to_end(tmp, sanitize):
         R.check(head[:3] == (20240520, 1, ntok) and os.path.getsize(path) == 1024 + 2 * ntok,
                 f"{split} shard in llm.c's format (magic, version, {ntok} tokens): {shards[split]}")
     R.check(shards["val_000000"][1] == 50256, "the text starts with <|endoftext|> (token 50256)")
+    # tokenizing again where the training shard cannot be written (files over 200 kB fail, as on a full disk): the
+    # earlier pair stays as it was (until 2026-12-07 the new validation shard was already in place beside the old
+    # training one)
+    import resource
+    tokenizer = os.path.join(ws.dir, "build-san" if sanitize else "build", "bpe", "V0", "gpt2", "tokenize")
+    prefix = os.path.join(data, "tinyshakespeare", "tiny_shakespeare")
+    pair = {x: open(f"{prefix}_{x}.bin", "rb").read() for x in ("val_000000", "train_000001")}
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200000, 200000))
+
+    text_in = os.path.join(data, "tinyshakespeare", "input.txt")
+    r = subprocess.run([tokenizer, "--encoder", os.path.join(data, "gpt2-bpe", "encoder.json"), "--vocab",
+                        os.path.join(data, "gpt2-bpe", "vocab.bpe"), "--input", text_in, "--out-prefix", prefix,
+                        "--val-tokens", "16384"], capture_output=True, text=True, preexec_fn=small_files)
+    errs = [x for x in r.stderr.splitlines() if "error" in x]
+    R.check(r.returncode == 1 and len(errs) == 1 and "hint" in errs[0] and
+            {x: open(f"{prefix}_{x}.bin", "rb").read() for x in pair} == pair and
+            not glob.glob(f"{prefix}_*.tmp.*"),
+            f"a training shard that cannot be written leaves the earlier pair and no temporary file: {r.stderr}")
+    r = run([tokenizer, "--input", text_in])
+    R.check(r.returncode == 2 and "are required" in r.stderr and "hint" in r.stderr.splitlines()[0],
+            f"tokenize without its required options: the error and a hint: {r.stderr}")
     log = open(os.path.join(ws.run_dir("bpe"), "train_stepV0.log")).read()
     losses = [float(x) for x in re.findall(r"^step +\d+/1000000 \| loss ([0-9.]+)", log, re.M)]
     R.check("vocab 50257 (bpe-shards)" in log and losses and abs(losses[0] - math.log(50257)) < 0.2,
