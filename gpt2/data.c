@@ -176,7 +176,9 @@ static int load_bpe(Dataset *d, const char *data_dir, Err *e) {
         const char *path = i ? voc : enc;
         size_t n;
         char *bytes = read_file(path, &n, e);
-        int bad = !bytes || data_file_verified(path, bytes, n, "gpt2-bpe", e) != 0;
+        if (!bytes) return err_with_hint(e, e, "scripts/get_data.sh gpt2-bpe fetches the GPT-2 BPE files; make does "
+                                               "it before a step");
+        int bad = data_file_verified(path, bytes, n, "gpt2-bpe", e) != 0;
         free(bytes);
         if (bad) return -1;
     }
@@ -422,7 +424,7 @@ int dataset_encode(Dataset *d, const char *text, int **ids, size_t *n, Err *e) {
         (*ids)[(*n)++] = id;
     }
     free(buf);
-    if (*n == 0) return err_set(e, "prompt: no words");
+    if (*n == 0) return err_set(e, "prompt: no words (hint: a prompt of the data's words, e.g. \"one hundred\")");
     return 0;
 }
 

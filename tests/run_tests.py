@@ -4373,6 +4373,11 @@ def test_wandb(tmp, build_root, sanitize):
         r = ws.make("wandb-sync", env=wenv)
         R.check(r.returncode == 0 and len(fake.state()["requests"]) == n_requests,
                 f"a second make wandb-sync sends nothing: {r.stderr[-500:]}")
+        missing = os.path.join(ws.dir, "no-such-run")
+        r = ws.make("wandb-sync", f"MODELS={missing}", env=wenv)
+        said = [x for x in r.stderr.splitlines() if x.startswith("wandb:")]
+        R.check(r.returncode != 0 and len(said) == 1 and f"{missing}: No such file or directory (hint:" in said[0],
+                f"make wandb-sync of a folder that does not exist says so in one line: {r.stderr[-500:]}")
         print(f"  offline e2e and sync: {time.time() - t0:.1f} s", flush=True)
 
         # the server and the entity from .config (CONFIG_WANDB_BASE_URL, CONFIG_WANDB_ENTITY), no $WANDB_BASE_URL

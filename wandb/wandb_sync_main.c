@@ -6,9 +6,11 @@
  * (WANDB_API_KEY or ~/.netrc, WANDB_BASE_URL, ...), see docs/wandb.md. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -62,6 +64,13 @@ int main(int argc, char **argv) {
     int failed = 0;
     for (int i = first; i < argc; i++) {
         int found = 0;
+        struct stat st;
+        if (stat(argv[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "wandb: %s: %s (hint: DIR is a run's output folder, output/<run>, or a spool folder in "
+                            "it)\n", argv[i], stat(argv[i], &st) != 0 ? strerror(errno) : "not a folder");
+            failed++;
+            continue;
+        }
         failed += sync_tree(argv[i], &s, 0, &found);
         if (!found) {
             fprintf(stderr, "wandb: %s: no spooled runs found (hint: runs write them to <output>/<run>/wandb/<step>/ "
