@@ -149,6 +149,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_step [--profile] [L H C T B V steps]\n");
         return 2;
     }
+    if (L < 1 || H < 1 || C < H || C % H || T < 2 || B < 1 || V < 2 || steps < 1)
+        FATAL("bench_step: bad arguments L=%d H=%d C=%d T=%d B=%d V=%d steps=%d (hint: C a multiple of H, T >= 2, at "
+              "least one row and one step)", L, H, C, T, B, V, steps);
     backend_init(0);
     GPT2Config cfg = {.V = V, .T = T, .L = L, .H = H, .C = C, .bias = 1, .attn_bias = 1, .tie = 1, .gelu = 1,
                       .variant = ATTN_VARIANT, .pos = ATTN_POS, .pos_m = ATTN_POS_DIM,

@@ -603,8 +603,17 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "output", "bench"), help="output folder of bench.json (the variants), peer.json, dp.json and decode.json")
     ap.add_argument("--build", default=os.path.join(REPO, "build", "bench"), help="decode: build folder")
     args = ap.parse_args()
+    for name in ("rounds", "steps", "tokens", "reps"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name} {getattr(args, name)}: at least 1 (hint: each measurement needs one)",
+                  file=sys.stderr)
+            return 2
+    if args.threads < 0:
+        print(f"error: --threads {args.threads}: 0 (one per core) or more (hint: 1 is steadiest)", file=sys.stderr)
+        return 2
     if args.bucket_kib < 1:
-        print(f"error: --bucket-kib {args.bucket_kib}: a bucket holds at least 1 KiB", file=sys.stderr)
+        print(f"error: --bucket-kib {args.bucket_kib}: a bucket holds at least 1 KiB (hint: e.g. 1024)",
+              file=sys.stderr)
         return 2
     if args.only == "dp":
         return bench_dp(args)
@@ -777,6 +786,13 @@ def main():
 
 if __name__ == "__main__":
     t0 = time.time()
-    rc = main()
+    try:
+        rc = main()
+    except subprocess.CalledProcessError as exc:  # a build (kconfig.py step, make) that failed: its messages are above
+        cmd = exc.cmd if isinstance(exc.cmd, list) else [str(exc.cmd)]
+        print(f"error: {' '.join(os.path.basename(str(x)) for x in cmd[:3])} ... failed with exit status "
+              f"{exc.returncode} (hint: its messages are above; a CUDA target needs nvcc and a GPU build's "
+              "libraries, docs/cuda.md)", file=sys.stderr)
+        rc = 1
     print(f"bench took {time.time() - t0:.0f} s")
     sys.exit(rc)

@@ -4502,6 +4502,15 @@ def test_bench_profile(tmp):
     if not R.check(r.returncode == 0, f"profile: bench_step builds:\n{r.stdout[-1500:]}{r.stderr[-1500:]}"):
         return
     C, T, V = 24, 16, 65  # 65 x 24 floats for wte: the parameter buffer has alignment gaps (nn/params.h)
+    # counts it cannot measure with: one line each (until 2026-12-07 --steps 0 read past a one-byte buffer)
+    for args, what in (([str(L), "2", str(C), str(T), "2", str(V), "0"], "steps=0"),
+                       ([str(L), "2", "25", str(T), "2", str(V), "2"], "C=25")):
+        r = run([prog] + args)
+        R.check(r.returncode == 1 and len(r.stderr.splitlines()) == 1 and what in r.stderr and "hint" in r.stderr,
+                f"bench_step {' '.join(args)}: refused in one line naming {what}: {r.stderr}")
+    r = run([PY, os.path.join(REPO, "scripts", "bench.py"), "--rounds", "0"])
+    R.check(r.returncode == 2 and "--rounds 0" in r.stderr and "Traceback" not in r.stderr,
+            f"bench.py --rounds 0: one line, no traceback: {r.stderr[-300:]}")
     r = run([prog, "--profile", str(L), "2", str(C), str(T), "2", str(V), "2"])
     rec = json.loads(r.stdout) if r.returncode == 0 else {}
     prof = rec.get("profile", {})
