@@ -374,7 +374,7 @@ static int cmd_sample(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-cache"))
             opt.use_cache = 0;
         else
-            usage();
+            usage_refuse(argv[i]), usage();
     }
     if (!ckpt) usage();
     Run r;

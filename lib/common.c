@@ -90,6 +90,10 @@ int err_with_hint(Err *e, const Err *inner, const char *hint) {
     return err_set(e, "%s (hint: %s)", in.msg, hint);
 }
 
+void usage_refuse(const char *arg) {
+    fprintf(stderr, "error: '%s' is not an option here, or lacks its value (hint: the usage follows)\n", arg);
+}
+
 int atomic_open(AtomicFile *af, const char *path, Err *e) {
     size_t len = strlen(path);
     af->path = xstrdup(path);

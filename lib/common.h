@@ -49,6 +49,10 @@ int err_set(Err *e, const char *fmt, ...) KV_PRINTF(2, 3);
  * " (hint: hint)", so a line never carries two hints. e may be inner. Returns -1. */
 int err_with_hint(Err *e, const Err *inner, const char *hint);
 
+/* One line for a command-line argument a program refuses (an unknown option, or one without its value), before
+ * its usage text: the usage alone does not say which argument was wrong. */
+void usage_refuse(const char *arg);
+
 /* Writes data to path atomically: temp file in the same directory, fsync, rename. */
 int write_file_atomic(const char *path, const void *data, size_t n, Err *e);
 /* Streaming variant for large files (checkpoints): write into a temporary

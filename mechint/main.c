@@ -330,7 +330,7 @@ int main(int argc, char **argv) {
                             : !strcmp(argv[i], "--report")  ? &out
                             : !strcmp(argv[i], "--kind")    ? &kind
                                                             : NULL;
-        if (!slot || i + 1 >= argc) usage();
+        if (!slot || i + 1 >= argc) usage_refuse(argv[i]), usage();
         *slot = argv[++i];
     }
     if (!analyse) {

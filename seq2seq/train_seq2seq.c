@@ -638,7 +638,7 @@ static int cmd_translate(int argc, char **argv) {
         else if (!strcmp(argv[i], "--n") && i + 1 < argc)
             n = (int)TRANSLATE_NUMBER("--n", argv[++i], 1, 1e9, 1);
         else
-            usage();
+            usage_refuse(argv[i]), usage();
     }
     if (!ckpt) usage();
     if (!TRANSLATION) FATAL("translate: this binary is built for the synthetic tasks (hint: use a translation step)");

@@ -2350,6 +2350,13 @@ def test_sample_options(ws):
         lines = r.stderr.strip().splitlines()
         R.check(r.returncode != 0 and len(lines) == 1 and f"{opt} '{value}'" in lines[0] and "hint" in lines[0] and
                 not r.stdout, f"sample {opt} {value} is refused in one line: rc={r.returncode} {r.stderr.strip()}")
+    # an option it does not have, or one without its value: named before the usage
+    for args in (["--lenght", "5"], ["--top-k"]):
+        r = run([ws.binary("V0"), "sample", "--ckpt", ck] + args, env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 2 and lines and f"'{args[0]}' is not an option here, or lacks its value" in lines[0]
+                and "hint" in lines[0] and any(x.startswith("usage:") for x in lines) and not r.stdout,
+                f"sample {' '.join(args)}: the refused argument is named before the usage: {r.stderr.strip()[:300]}")
     r = run([ws.binary("V0"), "sample", "--ckpt", ck, "--length", "4", "--top-k", "3", "--temperature", "1e2",
              "--seed", "7"], env=env)
     R.check(r.returncode == 0 and len(r.stdout.split()) >= 4, f"valid options still sample: {r.stderr}")

@@ -381,7 +381,7 @@ static int cmd_eval(int argc, char **argv) {
         if (!strcmp(argv[i], "--ckpt") && i + 1 < argc)
             ckpt = argv[++i];
         else
-            usage();
+            usage_refuse(argv[i]), usage();
     }
     if (!ckpt) usage();
     Run r;
