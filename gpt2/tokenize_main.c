@@ -126,9 +126,10 @@ int main(int argc, char **argv) {
     AtomicFile val_f, train_f;
     rc = 1;
     if (shard_stage(&train_f, train_path, ids + nval, n - nval, &e) == 0) {
-        if (shard_stage(&val_f, val_path, ids, nval, &e) != 0)
+        /* both on disk (a full disk may show only at fsync) before the first rename */
+        if (shard_stage(&val_f, val_path, ids, nval, &e) != 0 || atomic_sync(&val_f, &e) != 0)
             atomic_abort(&train_f);
-        else if (atomic_commit(&train_f, &e) != 0)
+        else if (atomic_sync(&train_f, &e) != 0 || atomic_commit(&train_f, &e) != 0)
             atomic_abort(&val_f);
         else
             rc = atomic_commit(&val_f, &e) == 0 ? 0 : 1;

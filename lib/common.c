@@ -128,7 +128,8 @@ void atomic_abort(AtomicFile *af) {
     af->path = af->tmp = NULL;
 }
 
-int atomic_commit(AtomicFile *af, Err *e) {
+int atomic_sync(AtomicFile *af, Err *e) {
+    if (!af->f) return 0; /* synced before */
     int bad = fflush(af->f) != 0 || fsync(fileno(af->f)) != 0;
     bad |= fclose(af->f) != 0;
     af->f = NULL;
@@ -137,6 +138,11 @@ int atomic_commit(AtomicFile *af, Err *e) {
         atomic_abort(af);
         return -1;
     }
+    return 0;
+}
+
+int atomic_commit(AtomicFile *af, Err *e) {
+    if (atomic_sync(af, e) != 0) return -1;
     if (rename(af->tmp, af->path) != 0) {
         err_set(e, "%s: cannot rename temporary file into place: %s", af->path, strerror(errno));
         atomic_abort(af);

@@ -64,6 +64,9 @@ typedef struct {
 } AtomicFile;
 int atomic_open(AtomicFile *af, const char *path, Err *e);
 int atomic_write(AtomicFile *af, const void *data, size_t n, Err *e);
+/* Flushes, fsyncs and closes the temporary file, not yet renamed (atomic_commit then only renames): several files
+ * are all on disk before the first of them replaces what it replaces. Aborts it on failure. */
+int atomic_sync(AtomicFile *af, Err *e);
 int atomic_commit(AtomicFile *af, Err *e);
 void atomic_abort(AtomicFile *af);
 

@@ -1169,7 +1169,11 @@ static void test_sync_damaged(void) {
                               {"\"_step\":1,", "\"_step\":1.5,"}, {"\"_step\":1,", "\"_stop\":1,"}};
     for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
         char *text = xstrdup(good_rows), *at = strstr(text, steps[i][0]);
-        if (!at) break;
+        CHECK(at != NULL, "the spool holds step 1's row as %s", steps[i][0]);
+        if (!at) {
+            free(text);
+            break;
+        }
         size_t a = strlen(steps[i][0]), b = strlen(steps[i][1]);
         char *bad = xmalloc(strlen(text) + b + 1);
         memcpy(bad, text, (size_t)(at - text));
