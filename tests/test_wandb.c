@@ -1046,20 +1046,37 @@ static void test_server_appears_later(void) {
     server_stop(&sv);
 }
 
+/* The standard workload as an offline run of s (made offline here, with requests of 2 kB: about 25 rows each);
+ * its spool folder into spool. Returns what the run printed (the caller frees it). */
+static char *offline_standard_run(WandbSettings *s, char *spool, size_t cap) {
+    s->mode = "offline";
+    s->request_bytes = 2048;
+    capture_begin();
+    WandbRun *r = wandb_init(s);
+    standard_run(r, 0);
+    snprintf(spool, cap, "%s", wandb_spool_dir(r));
+    wandb_finish(r, 0);
+    return capture_end();
+}
+
+/* wandb_sync_dir with its output captured; *requests: the requests the server has seen by then. */
+static int sync_counting(const Server *sv, const char *spool, const WandbSettings *s, Err *e, int *requests) {
+    capture_begin();
+    int rc = wandb_sync_dir(spool, s, e);
+    free(capture_end());
+    cJSON *st = server_state(sv);
+    *requests = cJSON_GetArraySize(item(st, "requests"));
+    cJSON_Delete(st);
+    return rc;
+}
+
 /* An offline run (no traffic while offline) whose sync fails midway, then resumes. */
 static void test_sync_resumes_after_failure(void) {
     Server sv;
     if (!server_start(&sv, NULL)) return;
     WandbSettings s = settings(&sv, "resume01");
-    s.mode = "offline";
-    s.request_bytes = 2048; /* about 25 rows per request */
-    capture_begin();
-    WandbRun *r = wandb_init(&s);
-    standard_run(r, 0);
     char spool[4200];
-    snprintf(spool, sizeof spool, "%s", wandb_spool_dir(r));
-    wandb_finish(r, 0);
-    char *out = capture_end();
+    char *out = offline_standard_run(&s, spool, sizeof spool);
     CHECK(strstr(out, "make wandb-sync") != NULL, "offline: finish says how to upload:\n%s", out);
     free(out);
     cJSON *st = server_state(&sv);
@@ -1108,15 +1125,8 @@ static void test_sync_damaged(void) {
     Server sv;
     if (!server_start(&sv, NULL)) return;
     WandbSettings s = settings(&sv, "damage01");
-    s.mode = "offline";
-    s.request_bytes = 2048;
-    capture_begin();
-    WandbRun *r = wandb_init(&s);
-    standard_run(r, 0);
     char spool[4200], cursor[4300], rows[4300];
-    snprintf(spool, sizeof spool, "%s", wandb_spool_dir(r));
-    wandb_finish(r, 0);
-    free(capture_end());
+    free(offline_standard_run(&s, spool, sizeof spool));
     inject(&sv, "{\"match\":\"FileStream\",\"after\":2,\"action\":{\"status\":404}}");
     Err e;
     capture_begin();
@@ -1151,12 +1161,8 @@ static void test_sync_damaged(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_text(cursor, cases[i][0]);
-        capture_begin();
-        rc = wandb_sync_dir(spool, &s, &e);
-        free(capture_end());
-        st = server_state(&sv);
-        int now = cJSON_GetArraySize(item(st, "requests"));
-        cJSON_Delete(st);
+        int now;
+        rc = sync_counting(&sv, spool, &s, &e, &now);
         CHECK(rc != 0 && strstr(e.msg, cursor) && strstr(e.msg, "damaged sync cursor") && strstr(e.msg, cases[i][1]) &&
                   strstr(e.msg, "hint:") && now == requests,
               "damaged cursor %s: refused naming '%s', no request sent (%d more): %s", cases[i][0], cases[i][1],
@@ -1184,12 +1190,8 @@ static void test_sync_damaged(void) {
         for (const char *p = bad; p < bad + (at - text); p++) line += *p == '\n';
         char where[4400];
         snprintf(where, sizeof where, "%s:%d: history record's _step is", rows, line);
-        capture_begin();
-        rc = wandb_sync_dir(spool, &s, &e);
-        free(capture_end());
-        st = server_state(&sv);
-        int now = cJSON_GetArraySize(item(st, "requests"));
-        cJSON_Delete(st);
+        int now;
+        rc = sync_counting(&sv, spool, &s, &e, &now);
         CHECK(rc != 0 && strstr(e.msg, where) && strstr(e.msg, "hint:") && now == requests,
               "a history row with %s: refused naming its line, no request sent: %s", steps[i][1], rc ? e.msg : "(synced)");
         free(bad), free(text);
@@ -1211,15 +1213,8 @@ static void test_sync_killed(void) {
     Server sv;
     if (!server_start(&sv, NULL)) return;
     WandbSettings s = settings(&sv, "killed01");
-    s.mode = "offline";
-    s.request_bytes = 2048;
-    capture_begin();
-    WandbRun *r = wandb_init(&s);
-    standard_run(r, 0);
     char spool[4200];
-    snprintf(spool, sizeof spool, "%s", wandb_spool_dir(r));
-    wandb_finish(r, 0);
-    free(capture_end());
+    free(offline_standard_run(&s, spool, sizeof spool));
 
     inject(&sv, "{\"match\":\"FileStream\",\"after\":2,\"action\":{\"delay_ms\":2000}}");
     fflush(NULL);
