@@ -21,6 +21,7 @@ paper's, and what differs in the setup.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,8 +174,24 @@ def run_row(exp, form, rid, label, run, sets, obj, dry, extra=()):
     return ("complete", "", out) if rc == 0 else ("failed", f"make O={os.path.relpath(obj, REPO)} exited {rc}", out)
 
 
+def checked_sets(sets):
+    """--set NAME=VALUE... as given, refused here once rather than by every row's configuration: a name that is not
+    a symbol's, and RUN_NAME, which each row sets to its own (one name would send every row to one folder)."""
+    for a in sets:
+        name = a.split("=", 1)[0]
+        name = name[len("CONFIG_"):] if name.startswith("CONFIG_") else name
+        if "=" not in a or not re.fullmatch(r"[A-Z0-9_]+", name):
+            raise PaperError(f"--set {a}: not NAME=VALUE with a Kconfig symbol's name (hint: e.g. --set NUM_THREADS=1)")
+        if name == "RUN_NAME":
+            raise PaperError(f"--set {a}: every row names its own run (<the defconfig's RUN_NAME>-<row>), and one "
+                             f"name would send every row to one folder (hint: keep a second set of runs apart with "
+                             f"--set OUTPUT_DIR=DIR --output DIR)")
+    return sets
+
+
 def cmd_run(args):
     exps = experiments(args.only)
+    extra = checked_sets(args.set)
     status_path = os.path.join(REPO, args.output, "paper", f"status-{args.form}.json")
     status = load_json(status_path) or {}
     t0, bad = time.time(), 0
@@ -183,7 +200,7 @@ def cmd_run(args):
             say(f"paper: {exp['title']}: {label} ({args.form} form, run {run})")
             obj = os.path.join(os.path.abspath(args.build), run)
             t1 = time.time()
-            st, why, out = run_row(exp, args.form, rid, label, run, sets, obj, args.dry_run, args.set)
+            st, why, out = run_row(exp, args.form, rid, label, run, sets, obj, args.dry_run, extra)
             if run_steps.Stop.signal:
                 say("paper: stopped; run make paper again to go on (complete runs are skipped)")
                 return 128 + run_steps.Stop.signal

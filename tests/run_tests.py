@@ -4860,6 +4860,13 @@ def test_paper_rows(tmp):
     R.check(cfg.get("VIT_DATA_CIFAR10") and cfg.get("VIT_PATCH") == 8 and cfg.get("VIT_BATCH_SIZE") == 128 and
             cfg.get("DATA_DIR") == data, "the CIFAR-10 row: patch 8, batch 128, and --set applied to it")
     R.check(not os.path.exists(os.path.join(tmp, "paper-out2", "paper")), "a dry run writes no status")
+    for bad, says in (("RUN_NAME=mine", "every row names its own run"), ("CONFIG_RUN_NAME=mine", "every row names its own run"),
+                      ("NUM_THREADS", "not NAME=VALUE"), ("num_threads=1", "not NAME=VALUE")):
+        r = run([sys.executable, os.path.join(REPO, "scripts", "paper.py"), "run", "--dry-run", "--only", "fig6",
+                 "--build", os.path.join(tmp, "paper-build-refused"), "--set", bad], env=env)
+        R.check(r.returncode == 2 and r.stderr.count("\n") == 1 and f"--set {bad}: {says}" in r.stderr and
+                "hint:" in r.stderr and not os.path.exists(os.path.join(tmp, "paper-build-refused")),
+                f"paper.py run --set {bad}: refused in one line before any row is configured: {r.stderr}")
 
 
 def sweep_logs(out):
