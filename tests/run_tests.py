@@ -2359,6 +2359,16 @@ def test_sample_options(ws):
         R.check(r.returncode == 2 and lines and f"'{args[0]}' is not an option here, or lacks its value" in lines[0]
                 and "hint" in lines[0] and any(x.startswith("usage:") for x in lines) and not r.stdout,
                 f"sample {' '.join(args)}: the refused argument is named before the usage: {r.stderr.strip()[:300]}")
+    # the same for train, and a missing --out or --step is named; nothing is written
+    out = os.path.join(ws.dir, "train-args")
+    for args, says in ((["--out", out, "--step", "V0", "--stpe", "x"], "'--stpe' is not an option here"),
+                       (["--out", out, "--step"], "'--step' is not an option here, or lacks its value"),
+                       (["--step", "V0"], "train needs --out DIR and --step NAME")):
+        r = run([ws.binary("V0"), "train"] + args, env=env)
+        lines = r.stderr.strip().splitlines()
+        R.check(r.returncode == 2 and lines and says in lines[0] and "hint" in lines[0] and
+                any(x.startswith("usage:") for x in lines) and not os.path.exists(out),
+                f"train {' '.join(args[-2:])}: the refused argument is named before the usage: {r.stderr.strip()[:300]}")
     r = run([ws.binary("V0"), "sample", "--ckpt", ck, "--length", "4", "--top-k", "3", "--temperature", "1e2",
              "--seed", "7"], env=env)
     R.check(r.returncode == 0 and len(r.stdout.split()) >= 4, f"valid options still sample: {r.stderr}")

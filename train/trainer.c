@@ -41,9 +41,13 @@ int run_train_args(int argc, char **argv, const char **out, const char **step) {
             *step = argv[++i];
         else if (!strcmp(argv[i], "--set") && i + 1 < argc)
             kconfig_runtime_set(argv[++i]);
-        else
+        else {
+            usage_refuse(argv[i]);
             return 0;
+        }
     }
+    if (!*out || !*step)
+        fprintf(stderr, "error: train needs --out DIR and --step NAME (hint: make passes both; the usage follows)\n");
     return *out && *step;
 }
 

@@ -90,7 +90,8 @@ void run_track(TrainRun *r, const char *name, double *value);
 
 /* The train command's arguments, the same in every family: --out DIR and --step NAME (both required), and any
  * number of --set NAME=VALUE (a run-time symbol's value for this run, applied here: lib/runconfig.h). Returns 0
- * where an argument is unknown, lacks its value, or --out or --step is missing: the caller prints its usage. */
+ * where an argument is unknown, lacks its value, or --out or --step is missing, after one line naming it: the caller
+ * prints its usage. */
 int run_train_args(int argc, char **argv, const char **out, const char **step);
 
 /* Sets the file names in out (created if needed, by rank 0) and the initial progress; r->w must be set. With
