@@ -9,7 +9,7 @@
  * for the whole run followed by sync (nothing listening: offline after a
  * short grace), a server back within the init bound (a last attempt at its
  * end), a server appearing mid-run (the rows go up live), interrupted syncs
- * (a failing request, a killed sync), disabled and offline modes. The server records protocol
+ * (a failing request, a killed sync), a spool cut short by a failed write, disabled and offline modes. The server records protocol
  * violations; every scenario asserts there are none, and that the API key
  * never appears in stdout, stderr or the spool. Run from the repository root. */
 #define _GNU_SOURCE
@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1208,6 +1209,79 @@ static void test_sync_damaged(void) {
     server_stop(&sv);
 }
 
+/* The spool's writes fail part way through an online run (a file size limit stands in for a full disk) and the
+ * run is killed once the live upload has sent every row. The spool ends at its last whole record, the cursor says
+ * it is short, and a sync says so and sends no history again: no row twice, and the server's summary, newer than
+ * the spool's, stays. Before, the sync took the cursor for a damaged one and stopped. */
+static void test_spool_short(void) {
+    Server sv;
+    if (!server_start(&sv, NULL)) return;
+    WandbSettings s = settings(&sv, "short001");
+    char spool[4200], cursor[4300], rows_path[4300], log[4200];
+    snprintf(spool, sizeof spool, "%s/wandb-c/short001", tmp);
+    snprintf(cursor, sizeof cursor, "%s/sync_state.json", spool);
+    snprintf(rows_path, sizeof rows_path, "%s/spool.jsonl", spool);
+    snprintf(log, sizeof log, "%s/short001.log", tmp);
+    const long limit = 4000; /* bytes: the header, run and config records and a few dozen rows */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &(struct rlimit){(rlim_t)limit, (rlim_t)limit});
+        WandbRun *r = wandb_init(&s);
+        standard_steps(r, 0, STEPS, 0);
+        for (;;) pause(); /* killed with every row acknowledged, before finish */
+    }
+    long sent = -1;
+    for (int i = 0; i < 2000 && sent != STEPS; i++) {
+        sleep_s(0.01);
+        char *text = read_file(cursor, NULL, NULL);
+        cJSON *c = cJSON_Parse(text ? text : "");
+        sent = cJSON_IsNumber(item(c, "history_sent")) ? (long)num(c, "history_sent") : -1;
+        cJSON_Delete(c);
+        free(text);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    char *out = read_file(log, NULL, NULL), *cur = read_file(cursor, NULL, NULL);
+    size_t n = 0;
+    char *rows = read_file(rows_path, &n, NULL);
+    cJSON *c = cJSON_Parse(cur ? cur : "");
+    int kept = spool_records(spool, "history");
+    CHECK(sent == STEPS && out && strstr(out, "write failed") && strstr(out, "takes no more records"),
+          "short spool: the live upload sent all %d rows (%ld) and the failed write was reported once: %s", STEPS, sent,
+          out ? out : "(no log)");
+    CHECK(rows && n > 0 && n <= (size_t)limit && rows[n - 1] == '\n' && kept > 0 && kept < STEPS,
+          "short spool: %zu bytes ending at a whole record, %d of the %d rows", n, kept, STEPS);
+    CHECK(cJSON_IsTrue(item(c, "spool_short")), "short spool: the cursor says so: %s", cur ? cur : "(none)");
+    cJSON *st = server_state(&sv);
+    const cJSON *summary = item(find_run(st, "short001"), "summary");
+    double last_loss = cJSON_IsNumber(item(summary, "train/loss")) ? num(summary, "train/loss") : -1;
+    cJSON_Delete(st);
+    Err e;
+    capture_begin();
+    int rc = wandb_sync_dir(spool, &s, &e);
+    char *sync_out = capture_end();
+    CHECK(rc == 0 && strstr(sync_out, "spool.jsonl is short") && strstr(sync_out, "the server keeps") &&
+              strstr(sync_out, "hint:"),
+          "short spool: the sync says the spool is short, not the cursor damaged: %s%s", rc ? e.msg : "", sync_out);
+    st = server_state(&sv);
+    const cJSON *run = find_run(st, "short001");
+    check_no_violations(st, "short spool sync");
+    CHECK(cJSON_GetArraySize(item(run, "rows")) == STEPS && num(run, "duplicates") == 0 &&
+              fabs(last_loss - loss_at(STEPS - 1)) < 1e-12 &&
+              fabs(num(item(run, "summary"), "train/loss") - last_loss) < 1e-12,
+          "short spool: the server keeps its %d rows, none twice, and its newest summary (train/loss %g, then %g)",
+          cJSON_GetArraySize(item(run, "rows")), last_loss, num(item(run, "summary"), "train/loss"));
+    cJSON_Delete(st);
+    cJSON_Delete(c);
+    free(out), free(cur), free(rows), free(sync_out);
+    server_stop(&sv);
+}
+
 /* A sync killed with SIGKILL while a request is in flight, then rerun. */
 static void test_sync_killed(void) {
     Server sv;
@@ -1433,6 +1507,7 @@ int main(void) {
     TIMED(test_sync_resumes_after_failure());
     TIMED(test_sync_killed());
     TIMED(test_sync_damaged());
+    TIMED(test_spool_short());
     TIMED(test_attach_results());
     TIMED(test_disabled());
 

@@ -204,6 +204,7 @@ void wb_state_save(Uplink *u) {
     cJSON_AddNumberToObject(s, "history_offset", (double)u->hist_offset);
     cJSON_AddItemToObject(s, "uploaded", cJSON_Duplicate(u->uploaded, 1));
     cJSON_AddBoolToObject(s, "complete", u->complete);
+    if (atomic_load(&u->spool_short)) cJSON_AddTrueToObject(s, "spool_short");
     char *text = cJSON_Print(s);
     Err e;
     if (write_file_atomic(u->state_path, text, strlen(text), &e) != 0 && !u->state_failed) {
@@ -231,12 +232,14 @@ int wb_state_load(Uplink *u, Err *e) {
     free(text);
     const char *base = wb_str_item(s, "base_url"), *url = wb_str_item(s, "url");
     long sent = cursor_count(s, "history_sent"), off = cursor_count(s, "history_offset");
-    const cJSON *up = cJSON_GetObjectItem(s, "uploaded"), *done = cJSON_GetObjectItem(s, "complete"), *it;
+    const cJSON *up = cJSON_GetObjectItem(s, "uploaded"), *done = cJSON_GetObjectItem(s, "complete"), *it,
+                *short_ = cJSON_GetObjectItem(s, "spool_short");
     const char *bad = !cJSON_IsObject(s) ? "not a JSON object" : !base || !url ? "no base_url or url string"
                       : sent < 0 || off < 0 ? "history_sent or history_offset is not a whole number >= 0"
                       : off < sent ? "history_offset is below history_sent"
                       : !cJSON_IsArray(up) ? "uploaded is not a list"
-                      : done && !cJSON_IsBool(done) ? "complete is not true or false" : NULL;
+                      : done && !cJSON_IsBool(done) ? "complete is not true or false"
+                      : short_ && !cJSON_IsBool(short_) ? "spool_short is not true or false" : NULL;
     if (!bad)
         cJSON_ArrayForEach(it, up) if (!cJSON_IsString(it)) bad = "uploaded holds a value that is not a file name";
     if (bad) {
@@ -246,6 +249,7 @@ int wb_state_load(Uplink *u, Err *e) {
                        u->state_path, bad);
     }
     int ours = !strcmp(base, u->base);
+    if (cJSON_IsTrue(short_)) atomic_store(&u->spool_short, 1); /* a fact about the spool, whichever server */
     if (ours) {
         u->hist_sent = sent;
         u->hist_offset = off;

@@ -23,8 +23,10 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define WB_DEFAULT_BASE "https://api.wandb.ai"
 #define WB_HIST_PREFIX "{\"t\":\"history\",\"row\":"
@@ -82,6 +84,7 @@ typedef struct {
     long hist_sent;   /* spool history records acknowledged */
     cJSON *uploaded;  /* run paths acknowledged in "uploaded" */
     int complete, state_failed;
+    atomic_int spool_short; /* the spool stopped taking records (a failed write): history_sent may exceed its rows */
 } Uplink;
 
 typedef struct {
@@ -133,10 +136,13 @@ void wb_kv_json(WbBuf *b, const WbKV *kv);
 void wb_summary_json(WbBuf *b, const WbKV *kv);
 void wb_summary_record(WbBuf *b, const WbKV *kv);
 
-/* The spool of a run being written (spool.jsonl opened for appending). */
+/* The spool of a run being written (spool.jsonl opened for appending). After a failed write it takes no more
+ * records, so that it stays what a sync can replay: the run's records up to one, in order, with none missing. */
 typedef struct {
-    char *dir; /* <root>/wandb-c/<run_id>[-k], NULL without a spool */
-    int fd, failed;
+    char *dir;   /* <root>/wandb-c/<run_id>[-k], NULL without a spool */
+    int fd;
+    off_t size;  /* bytes of whole records written */
+    int failed;  /* a write failed: the records from there on are not in the spool */
 } SpoolWriter;
 
 void wb_spool_open(SpoolWriter *w, const char *root, const char *run_id);

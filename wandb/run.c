@@ -284,6 +284,7 @@ static void close_row(WandbRun *r) {
     } else {
         wb_buf_puts(&rec, "}\n");
         wb_spool_write(&r->spool, rec.p, rec.n);
+        if (r->spool.failed) atomic_store(&r->up.spool_short, 1); /* before the row can be acknowledged */
         pthread_mutex_lock(&r->up.mu);
         for (int i = 0; i < r->row.n; i++) wb_kv_set(&r->summary, r->row.it[i].key, strlen(r->row.it[i].key), r->row.it[i].v);
         r->summary_dirty = 1;

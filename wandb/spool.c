@@ -124,14 +124,25 @@ static int kv_parse(WbKV *kv, const char *s, double *step) {
 
 /* ---------------------------------------------------------------- writing */
 
-/* One write(2) per record, straight to the kernel: a crash loses at most the open row. */
+/* One write(2) per record, straight to the kernel: a crash loses at most the open row. The first write that
+ * fails (a full disk) is cut off again and ends the spool: records after a gap would be replayed at the wrong
+ * offsets, and a partial one would join the next into a damaged line. */
 void wb_spool_write(SpoolWriter *w, const char *rec, size_t n) {
-    if (w->fd < 0) return;
-    if (write(w->fd, rec, n) != (ssize_t)n && !w->failed) {
-        w->failed = 1;
-        wb_say("%s/spool.jsonl: write failed: %s (hint: is the disk full? the spool misses records from here on)",
-               w->dir, strerror(errno));
+    if (w->fd < 0 || w->failed) return;
+    size_t done = 0;
+    ssize_t got = 0;
+    /* after a short write, writing the rest gives the error */
+    while (done < n && (got = write(w->fd, rec + done, n - done)) > 0) done += (size_t)got;
+    if (done == n) {
+        w->size += (off_t)n;
+        return;
     }
+    int err = got < 0 ? errno : ENOSPC;
+    w->failed = 1;
+    if (done > 0 && ftruncate(w->fd, w->size) != 0)
+        wb_say("%s/spool.jsonl: cannot cut off a partial record: %s", w->dir, strerror(errno));
+    wb_say("%s/spool.jsonl: write failed: %s; the spool takes no more records (hint: is the disk full? a later "
+           "sync uploads what it holds; the live upload, if any, goes on)", w->dir, strerror(err));
 }
 
 void wb_spool_json(SpoolWriter *w, cJSON *rec) {
@@ -167,6 +178,7 @@ void wb_spool_open(SpoolWriter *w, const char *root, const char *run_id) {
         free(path);
     } else {
         w->dir = path;
+        w->size = 0;
         const char header[] = "{\"t\":\"spool\",\"version\":1}\n";
         wb_spool_write(w, header, sizeof header - 1);
     }

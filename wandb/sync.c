@@ -9,10 +9,13 @@
 #include <string.h>
 
 /* History from the cursor in chunks, the summary with the last chunk, the
- * files and their "uploaded" notice, then "complete" when the run ended. */
+ * files and their "uploaded" notice, then "complete" when the run ended. A
+ * short spool whose rows the live upload sent already has an older summary
+ * than the server's: it is not sent. */
 static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
     WbBuf summary = {0};
-    int stopped, rc = 0, summary_sent = sp->summary.n == 0;
+    int stopped, rc = 0,
+                 summary_sent = sp->summary.n == 0 || (atomic_load(&u->spool_short) && u->hist_sent >= sp->nrows);
     wb_summary_json(&summary, &sp->summary);
     while (rc == 0 && (u->hist_sent < sp->nrows || !summary_sent)) {
         long i = u->hist_sent, n = 0;
@@ -83,7 +86,7 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
     u.state_path = wb_join(spool_dir, "sync_state.json");
     int have_cursor = wb_state_load(&u, e);
     if (have_cursor < 0) goto out;
-    if (u.hist_sent > sp.nrows) {
+    if (u.hist_sent > sp.nrows && !atomic_load(&u.spool_short)) {
         err_set(e, "%s: damaged sync cursor: history_sent is %ld, but the spool holds %ld rows (hint: restore "
                    "spool.jsonl or the cursor from a copy; deleting the cursor sends the whole history again, which "
                    "the server then holds twice)", u.state_path, u.hist_sent, sp.nrows);
@@ -94,6 +97,10 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         rc = 0;
         goto out;
     }
+    if (atomic_load(&u.spool_short))
+        wb_say("%s/spool.jsonl is short: a write failed during the run, so it holds %ld history rows and no records "
+               "after them%s (hint: what the live upload did not send of the rest is lost)", spool_dir, sp.nrows,
+               u.hist_sent > sp.nrows ? "; the live upload sent more, which the server keeps" : "");
     long lines;
     int inserted;
     if (wb_upsert(&u, sp.run, sp.config, &lines, &inserted, &ie) != 0) {
