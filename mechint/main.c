@@ -112,6 +112,9 @@ static char *report_md(const cJSON *rep) {
     md_num(f, "A7 mean curl share (irreducible asymmetry)", get_num(a, "attn_asymmetry.summary.mean_curl_share"), "%.4f");
     md_num(f, "A8 induction loss on the repeated copy (nats)",
            get_num(a, "head_types.summary.induction_loss_second_copy"), "%.4f");
+    md_num(f, "A9 largest K-composition z (a head reading an earlier head's output as keys)",
+           get_num(a, "composition.summary.max_z_k"), "%.2f");
+    md_num(f, "A9 largest V-composition z", get_num(a, "composition.summary.max_z_v"), "%.2f");
     md_num(f, "A10 clean loss", get_num(a, "ablation.summary.clean_loss"), "%.4f");
     md_num(f, "A10 largest mean-ablation loss increase", get_num(a, "ablation.summary.max_dloss_mean"), "%.4f");
     md_num(f, "A10 heads carrying 90% of the ablation effect", get_num(a, "ablation.summary.heads_for_90pct_of_effect"),
@@ -214,6 +217,7 @@ static int analyze(const char *ckpt, const char *out, const char *sha) {
         add_step(rep, "kv_alignment", analysis_kv_alignment(&m), t0);
         add_step(rep, "pos_kernel", analysis_pos_kernel(&m), t0);
         add_step(rep, "pos_bias", analysis_pos_bias(&m, CONFIG_MECHINT_POS_GRID), t0);
+        add_step(rep, "composition", analysis_composition(&m, seed), t0);
     }
     if (IS_ENABLED(CONFIG_MECHINT_PATTERNS)) {
         cJSON *maps = NULL;

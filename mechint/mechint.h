@@ -74,6 +74,9 @@ cJSON *analysis_qk_symmetry(const Model *m);
 cJSON *analysis_kv_alignment(const Model *m);
 cJSON *analysis_pos_kernel(const Model *m);
 cJSON *analysis_pos_bias(const Model *m, int n);
+/* A9 (mechint/composition.c): Q-, K- and V-composition of every head into the heads of later layers of its stack,
+ * with z against random heads of the same shapes and tying (drawn from seed). */
+cJSON *analysis_composition(const Model *m, uint64_t seed);
 
 /* ---- known-answer building blocks (also used by tests/test_mechint.c) --- */
 
@@ -94,6 +97,10 @@ KVAlignment kv_alignment(const double *Wq, const double *Wk, const double *Wv, c
 /* Singular values of A B^T (A: n x r, B: m x r) from the r x r middle of
  * their QR factors; s gets r values. */
 int factored_svals(const double *A, int n, const double *B, int m, int r, double *s);
+
+/* TransformerLens' composition score ||A B||_F / (||A||_F ||B||_F) of A = U1 V1^T and B = U2 V2^T (each n x r),
+ * from r x r Grams: no n x n product is formed. */
+double composition_score(const double *U1, const double *V1, const double *U2, const double *V2, int n, int r);
 
 /* Positional kernel metrics of an n x n logit map K (row i = query).
  * causal: only j <= i counts. profile gets 2n-1 values t(delta), delta =

@@ -94,6 +94,7 @@ def plot_report(d):
               ("attn_asymmetry", "curl_share", "A7 curl share", 0, 1, "viridis"),
               ("head_types", "prev", "A8 previous-token", 0, 1, "viridis"),
               ("head_types", "induction", "A8 induction", 0, 1, "viridis"),
+              ("composition", "max_in_z_k", "A9 strongest K-composition in (z)", None, None, "magma"),
               ("ablation", "dloss_mean", "A10 mean-ablation dloss (nats)", None, None, "magma")]
     avail = [(p, grid(rep, p[0], p[1])) for p in panels]
     avail = [(p, g) for p, g in avail if g is not None and any(v == v for row in g for v in row)]
@@ -106,6 +107,26 @@ def plot_report(d):
         fig.suptitle(label, fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(d, "heads.png"), dpi=90)
+        plt.close(fig)
+    # composition: z of every head (rows) into every later head (columns), per mode
+    comp = rep["analyses"].get("composition", {})
+    if comp.get("applies"):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4.4), squeeze=False, layout="constrained")
+        names = [f"{rep['layers'][p // H]} h{p % H}" for p in range(L * H)]
+        zs = {k: [[v if v is not None else float("nan") for v in row] for row in comp["modes"][k]["z"]] for k in "qkv"}
+        top = max([abs(v) for g in zs.values() for row in g for v in row if v == v] + [1e-9])
+        for ax, k in zip(axes[0], "qkv"):
+            im = ax.imshow(zs[k], cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+            ax.set_title(f"A9 {k.upper()}-composition z", fontsize=9)
+            ax.set_xlabel("into head", fontsize=8)
+            if k == "q":
+                ax.set_ylabel("from head", fontsize=8)
+            if L * H <= 24:
+                ax.set_xticks(range(L * H), names, rotation=90, fontsize=6)
+                ax.set_yticks(range(L * H), names, fontsize=6)
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+        fig.suptitle(label, fontsize=8)
+        fig.savefig(os.path.join(d, "composition.png"), dpi=90)
         plt.close(fig)
     # positional: layer-0 kernel profile and +Pos key prior
     pk, pb = rep["analyses"].get("pos_kernel", {}), rep["analyses"].get("pos_bias", {})
@@ -169,6 +190,9 @@ METRICS = [
     ("A7 mean antisymmetric share", "attn_asymmetry", "mean_antisym_share"),
     ("A7 mean curl share", "attn_asymmetry", "mean_curl_share"),
     ("A8 induction loss (repeated copy)", "head_types", "induction_loss_second_copy"),
+    ("A9 max K-composition z", "composition", "max_z_k"),
+    ("A9 max V-composition z", "composition", "max_z_v"),
+    ("A9 corr of K- and V-composition", "composition", "corr_cs_k_v"),
     ("A10 clean loss", "ablation", "clean_loss"),
     ("A10 max mean-ablation dloss", "ablation", "max_dloss_mean"),
     ("A10 heads for 90% of effect", "ablation", "heads_for_90pct_of_effect"),

@@ -1951,8 +1951,8 @@ def test_mechint_end_to_end(ws, tmp):
         d = os.path.join(out, "mechint", stem)
         rep = json.load(open(os.path.join(d, "report.json"))) if os.path.isfile(os.path.join(d, "report.json")) else {}
         an = rep.get("analyses", {})
-        R.check(all(k in an for k in ("circuits", "qk_symmetry", "kv_alignment", "attn_asymmetry", "head_types",
-                                      "ablation", "kv_masks")) and os.path.isfile(os.path.join(d, "report.md")),
+        R.check(all(k in an for k in ("circuits", "qk_symmetry", "kv_alignment", "composition", "attn_asymmetry",
+                                      "head_types", "ablation", "kv_masks")) and os.path.isfile(os.path.join(d, "report.md")),
                 f"mechint {stem}: report.json has every analysis, report.md is written: {sorted(an)}")
         pngs = glob.glob(os.path.join(d, "*.png"))
         R.check(len(pngs) >= 3 and all(open(x, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for x in pngs),
@@ -1968,6 +1968,23 @@ def test_mechint_end_to_end(ws, tmp):
     notes = [mechint_plots.relative_note(a, b) for a, b in ((1.0, 1.2), (1e-12, 0.15), (0.001, 5.0))]
     R.check(notes == [", +20%", ", from about 0", ", 5e+03x"] and not re.search(r"[0-9]{5,}%", text),
             f"mechint: changes are a percentage, a factor over 10x, or 'from about 0': {notes}")
+    # A9's plots, from the report of a two-layer model (this run's models have one layer, so nothing composes)
+    rep = json.load(open(os.path.join(out, "mechint", "final_model_stepV1", "report.json")))
+    R.check(rep["analyses"].get("composition", {}).get("applies") is False,
+            f"mechint: one layer, so A9 does not apply: {rep['analyses'].get('composition')}")
+    fake = os.path.join(tmp, "mechint-composition-plot")
+    os.makedirs(fake, exist_ok=True)
+    z = [[None, None, 3.0, -1.0], [None, None, 0.5, 2.0], [None] * 4, [None] * 4]
+    mode = {"cs": z, "z": z, "pk": z, "baseline_mean": 0.25, "baseline_sd": 0.01}
+    rep.update(n_layer=2, layers=["h.0", "h.1"], attention_maps=None, analyses={"composition": {
+        "applies": True, "modes": {k: mode for k in "qkv"}, "summary": {"max_z_k": 3.0},
+        "per_head": [[{"max_in_z_k": None}] * 2, [{"max_in_z_k": 3.0}, {"max_in_z_k": 2.0}]]}})
+    with open(os.path.join(fake, "report.json"), "w") as f:
+        json.dump(rep, f)
+    r = run([sys.executable, os.path.join(REPO, "scripts", "mechint_plots.py"), "report", fake])
+    pngs = [os.path.join(fake, x) for x in ("composition.png", "heads.png")]
+    R.check(r.returncode == 0 and all(os.path.isfile(x) and open(x, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+                                      for x in pngs), f"mechint: A9's plots are drawn: {r.stderr[-1500:]}")
     # a folder with a junk file and a truncated checkpoint beside a good one
     bad = os.path.join(tmp, "mechint-bad")
     os.makedirs(bad, exist_ok=True)
@@ -2005,8 +2022,8 @@ def test_mechint_end_to_end(ws, tmp):
     r = ws.make("mechint", f"MODELS={only}")
     an = json.load(open(rep_path)).get("analyses", {}) if os.path.isfile(rep_path) else {}
     R.check(r.returncode == 0 and "ablation" in an and "kv_masks" in an and
-            not set(an) & {"circuits", "qk_symmetry", "kv_alignment", "pos_kernel", "pos_bias", "attn_asymmetry",
-                           "head_types"}, f"mechint: MECHINT_WEIGHTS=n and MECHINT_PATTERNS=n leave those analyses out: "
+            not set(an) & {"circuits", "qk_symmetry", "kv_alignment", "pos_kernel", "pos_bias", "composition",
+                           "attn_asymmetry", "head_types"}, f"mechint: MECHINT_WEIGHTS=n and MECHINT_PATTERNS=n leave those analyses out: "
             f"{sorted(an)} {r.stderr[-1000:]}")
     # MECHINT_MASK_TARGETS sets the points of the masks' curve; MECHINT_SEED the random baselines' draws and the
     # report's seed, never the learned masks (their training draws nothing: a GPT-2's held-out batches are fixed)

@@ -1,5 +1,5 @@
 /* mechint known-answer tests (catalogue section 6): hand-built matrices and
- * models with known answers for A1, A2, A3, A5, A6, A7, A8, A10 and A11,
+ * models with known answers for A1, A2, A3, A5, A6, A7, A8, A9, A10 and A11,
  * gauge invariance of the invariant metrics, and bad checkpoints. */
 #include <math.h>
 #include <stdlib.h>
@@ -276,6 +276,110 @@ static void test_grouped_heads(void) {
     free(W);
 }
 
+/* ------------------------------------------------------------------ A9 */
+
+/* A9 against the explicit d x d products, the Gaussian value 1/sqrt(d), and a hand-built two-layer circuit over
+ * residual blocks [tok | prev | out] (40 each): layer 0's OV copies tok into prev, layer 1's QK matches tok (query)
+ * against prev (key) and its OV copies tok into out. So layer 0 K-composes into layer 1 with CS_K = 1/sqrt(40)
+ * (catalogue A9's 0.1581) and writes where layer 1's keys read (PK_K = 1), while Q- and V-composition and their
+ * overlaps are exactly 0. */
+static double cs_explicit(const double *U1, const double *V1, const double *U2, const double *V2, int n, int r) {
+    double *A = xmalloc((size_t)n * n * 8), *B = xmalloc((size_t)n * n * 8), *AB = xmalloc((size_t)n * n * 8);
+    la_gemm(A, U1, 0, V1, 1, n, r, n);
+    la_gemm(B, U2, 0, V2, 1, n, r, n);
+    la_gemm(AB, A, 0, B, 0, n, n, n);
+    double cs = sqrt(la_frob2(AB, n * n) / (la_frob2(A, n * n) * la_frob2(B, n * n)));
+    free(A), free(B), free(AB);
+    return cs;
+}
+
+static double item_num(const cJSON *o, const char *a, const char *b) {
+    const cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(o, a), b);
+    return cJSON_IsNumber(c) ? c->valuedouble : NAN;
+}
+
+static double mode_at(const cJSON *o, const char *mode, const char *what, int p1, int p2) {
+    const cJSON *mx = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "modes"), mode), what);
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetArrayItem(mx, p1), p2);
+    return cJSON_IsNumber(c) ? c->valuedouble : NAN;
+}
+
+static void test_composition(void) {
+    Rng g = rng_seeded(9, 1);
+    double *U1 = gauss(&g, 12, 3), *V1 = gauss(&g, 12, 3), *U2 = gauss(&g, 12, 3), *V2 = gauss(&g, 12, 3);
+    double fact = composition_score(U1, V1, U2, V2, 12, 3), full = cs_explicit(U1, V1, U2, V2, 12, 3);
+    CHECK(fabs(fact - full) < 1e-12 * full, "A9: the factored composition score %.15f = the explicit one %.15f", fact,
+          full);
+    free(U1), free(V1), free(U2), free(V2);
+    double sum = 0;
+    for (int t = 0; t < 8; t++) {
+        double *a = gauss(&g, 768, 64), *b = gauss(&g, 768, 64), *c = gauss(&g, 768, 64), *e = gauss(&g, 768, 64);
+        sum += composition_score(a, b, c, e, 768, 64) / 8;
+        free(a), free(b), free(c), free(e);
+    }
+    CHECK(fabs(sum - 0.0361) < 0.0005, "A9: Gaussian heads (d 768, r 64) compose at %.4f ~ 1/sqrt(768) = 0.0361", sum);
+
+    enum { B = 40, D = 3 * B };
+    double beta = 30.0;
+    double *W[2][4];
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 4; k++) W[l][k] = xcalloc((size_t)(D + 1) * B, sizeof(double));
+    for (int i = 0; i < B; i++) {
+        W[0][0][(size_t)i * B + i] = 1.0;                 /* layer 0 Q, K: tok (not what is tested) */
+        W[0][1][(size_t)i * B + i] = 1.0;
+        W[0][2][(size_t)i * B + i] = 1.0;                 /* V reads tok */
+        W[0][3][(size_t)i * D + B + i] = 1.0;             /* O (r x d) writes prev */
+        W[1][0][(size_t)i * B + i] = beta;                /* Q reads tok */
+        W[1][1][(size_t)(B + i) * B + i] = 1.0;           /* K reads prev */
+        W[1][2][(size_t)i * B + i] = 1.0;                 /* V reads tok */
+        W[1][3][(size_t)i * D + 2 * B + i] = 1.0;         /* O writes out */
+    }
+    Head heads[2];
+    Layer layers[2] = {{.name = "h.0", .causal = 1, .head = &heads[0]}, {.name = "h.1", .causal = 1, .head = &heads[1]}};
+    for (int l = 0; l < 2; l++) heads[l] = (Head){W[l][0], W[l][1], W[l][2], W[l][3]};
+    Model m = {.family = "gpt2", .L = 2, .H = 1, .d = D, .r = B, .kv_heads = 1, .layer = layers};
+    cJSON *o = analysis_composition(&m, 3);
+    double k = mode_at(o, "k", "cs", 0, 1), q = mode_at(o, "q", "cs", 0, 1), v = mode_at(o, "v", "cs", 0, 1);
+    CHECK(fabs(k - 1 / sqrt(40.0)) < 1e-12 && q == 0 && v == 0,
+          "A9: layer 0 K-composes into layer 1 at 1/sqrt(40) (%.6f), Q and V at exactly 0 (%g, %g)", k, q, v);
+    double pk_k = mode_at(o, "k", "pk", 0, 1), pk_q = mode_at(o, "q", "pk", 0, 1), pk_v = mode_at(o, "v", "pk", 0, 1);
+    CHECK(fabs(pk_k - 1) < 1e-12 && fabs(pk_q) < 1e-12 && fabs(pk_v) < 1e-12,
+          "A9: layer 0 writes where layer 1's keys read (PK_K %.6f), not its queries or values (%g, %g)", pk_k, pk_q,
+          pk_v);
+    double zk = mode_at(o, "k", "z", 0, 1), zq = mode_at(o, "q", "z", 0, 1);
+    CHECK(zk > 5 && zq < 0 && isnan(mode_at(o, "k", "cs", 1, 0)) && isnan(mode_at(o, "k", "cs", 0, 0)),
+          "A9: K-composition stands out of the random baseline (z %.1f), Q-composition below it (z %.1f); no score "
+          "backwards or within a layer", zk, zq);
+    const cJSON *top = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "top_edges"), "k"), 0);
+    CHECK(top && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(top, "from")), "h.0 h0") &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(top, "to")), "h.1 h0") &&
+              fabs(item_num(o, "summary", "max_z_k") - zk) < 1e-12 && item_num(o, "summary", "pairs") == 1,
+          "A9: the top K edge is h.0 h0 -> h.1 h0, and the summary holds its z and one pair");
+    cJSON *again = analysis_composition(&m, 3), *other = analysis_composition(&m, 4);
+    char *a = cJSON_PrintUnformatted(o), *b = cJSON_PrintUnformatted(again);
+    double base3 = item_num(cJSON_GetObjectItem(o, "modes"), "k", "baseline_mean"),
+           base4 = item_num(cJSON_GetObjectItem(other, "modes"), "k", "baseline_mean");
+    CHECK(!strcmp(a, b) && base3 != base4 && mode_at(other, "k", "cs", 0, 1) == k,
+          "A9: the same seed gives the same report, another seed another baseline (%.6f, %.6f), the same scores",
+          base3, base4);
+    free(a), free(b);
+    cJSON_Delete(again), cJSON_Delete(other);
+    cJSON_Delete(o);
+    /* the same with Q = K tied (the KV variant's pointer): the baseline draws tie them too, and still runs */
+    heads[1].Wq = heads[1].Wk;
+    o = analysis_composition(&m, 3);
+    double base = item_num(cJSON_GetObjectItem(o, "modes"), "k", "baseline_mean");
+    CHECK(isfinite(base) && base > 0 && base < 0.5, "A9 with Q = K: a finite baseline (%.4f)", base);
+    cJSON_Delete(o);
+    /* one layer, or layers of two stacks (encoder, decoder): nothing composes */
+    layers[1].name[0] = 'x';
+    o = analysis_composition(&m, 3);
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItem(o, "applies")), "A9: layers of two stacks are not paired");
+    cJSON_Delete(o);
+    for (int l = 0; l < 2; l++)
+        for (int kk = 0; kk < 4; kk++) free(W[l][kk]);
+}
+
 /* ------------------------------------------------------------------ A10, A11 through the gpt2 runner */
 
 #if IS_ENABLED(CONFIG_GPT2)
@@ -542,6 +646,7 @@ int main(void) {
     test_positional_and_hodge();
     test_detectors();
     test_grouped_heads();
+    test_composition();
 #if IS_ENABLED(CONFIG_GPT2)
     test_runner();
 #endif
