@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <unistr.h>
 
 #include "bpe.h"
@@ -122,8 +123,13 @@ int main(int argc, char **argv) {
     snprintf(train_path, plen, "%s_train_000001.bin", prefix);
     size_t nval = (size_t)val_tokens;
     /* both written before either is moved into place: a failure (a full disk on the large training shard) leaves
-     * an earlier pair as it was, never a new validation shard beside an old training one */
+     * an earlier pair as it was, never a new validation shard beside an old training one. The earlier training
+     * shard keeps a second name (a hard link) until the new validation shard is in place too: should that last
+     * rename fail, it is put back (or, with none before, the new one removed), so the pair is never mixed. */
     AtomicFile val_f, train_f;
+    char *earlier = xmalloc(plen + 32);
+    snprintf(earlier, plen + 32, "%s.earlier.%ld", train_path, (long)getpid());
+    int kept = link(train_path, earlier) == 0, none_before = !kept && errno == ENOENT;
     rc = 1;
     if (shard_stage(&train_f, train_path, ids + nval, n - nval, &e) == 0) {
         /* both on disk (a full disk may show only at fsync) before the first rename */
@@ -131,9 +137,15 @@ int main(int argc, char **argv) {
             atomic_abort(&train_f);
         else if (atomic_sync(&train_f, &e) != 0 || atomic_commit(&train_f, &e) != 0)
             atomic_abort(&val_f);
+        else if (atomic_commit(&val_f, &e) != 0)
+            err_with_hint(&e, &e, kept && rename(earlier, train_path) == 0 ? "the earlier pair of shards is kept as it was"
+                                  : none_before && unlink(train_path) == 0 ? "the new training shard is removed again"
+                                  : "the training shard is new, the validation shard is not: tokenize again");
         else
-            rc = atomic_commit(&val_f, &e) == 0 ? 0 : 1;
+            rc = 0;
     }
+    if (kept) unlink(earlier); /* gone already where it was put back */
+    free(earlier);
     if (rc == 0) {
         printf("wrote %s (%zu tokens)\n", val_path, nval);
         printf("wrote %s (%zu tokens)\n", train_path, n - nval);

@@ -4128,8 +4128,23 @@ def test_bpe_end_to_end(tmp, sanitize):
     errs = [x for x in r.stderr.splitlines() if "error" in x]
     R.check(r.returncode == 1 and len(errs) == 1 and "hint" in errs[0] and
             {x: open(f"{prefix}_{x}.bin", "rb").read() for x in pair} == pair and
-            not glob.glob(f"{prefix}_*.tmp.*"),
+            not glob.glob(f"{prefix}_*.tmp.*") and not glob.glob(f"{prefix}_*.earlier.*"),
             f"a training shard that cannot be written leaves the earlier pair and no temporary file: {r.stderr}")
+    # the validation shard's rename fails after the training shard's succeeded (its name is taken by a folder): the
+    # earlier training shard is put back, so the pair is not mixed (until 2026-12-08 the new one stayed)
+    val = f"{prefix}_val_000000.bin"
+    os.rename(val, val + ".aside")
+    os.makedirs(os.path.join(val, "in-the-way"))
+    r = subprocess.run([tokenizer, "--encoder", os.path.join(data, "gpt2-bpe", "encoder.json"), "--vocab",
+                        os.path.join(data, "gpt2-bpe", "vocab.bpe"), "--input", text_in, "--out-prefix", prefix,
+                        "--val-tokens", "16384"], capture_output=True, text=True)
+    errs = [x for x in r.stderr.splitlines() if "error" in x]
+    R.check(r.returncode == 1 and len(errs) == 1 and val in errs[0] and "the earlier pair of shards is kept" in errs[0]
+            and open(f"{prefix}_train_000001.bin", "rb").read() == pair["train_000001"] and
+            not glob.glob(f"{prefix}_*.tmp.*") and not glob.glob(f"{prefix}_*.earlier.*"),
+            f"a validation shard that cannot be renamed into place: the earlier training shard is put back: {r.stderr}")
+    shutil.rmtree(val)
+    os.rename(val + ".aside", val)
     r = run([tokenizer, "--input", text_in])
     R.check(r.returncode == 2 and "are required" in r.stderr and "hint" in r.stderr.splitlines()[0],
             f"tokenize without its required options: the error and a hint: {r.stderr}")
