@@ -31,9 +31,9 @@ static void gram_root(const double *W, int d, int r, double *R) {
  * numerical rank. */
 static int basis_rows(const double *W, int d, int r, double *B) {
     double *U = xmalloc((size_t)d * r * sizeof(double)), *s = xmalloc((size_t)r * sizeof(double));
-    la_svd(W, d, r, U, s, NULL);
     int rank = 0;
-    while (rank < r && s[rank] > 1e-10 * (s[0] > 0 ? s[0] : 1.0)) rank++;
+    if (la_svd(W, d, r, U, s, NULL) == 0) /* else (NaN weights, say) rank 0: no overlap is reported */
+        while (rank < r && s[rank] > 1e-10 * (s[0] > 0 ? s[0] : 1.0)) rank++;
     memset(B, 0, (size_t)r * d * sizeof(double));
     for (int c = 0; c < rank; c++)
         for (int i = 0; i < d; i++) B[(size_t)c * d + i] = U[(size_t)i * r + c];
@@ -100,20 +100,6 @@ static void factors_set(Factors *f, int p, const double *Wq, const double *Wk, c
         f->read_rank[p * 3 + k] = basis_rows(U2[k], d, r, f->read_basis + ((size_t)p * 3 + k) * dr);
     }
     free(WoT), free(R), free(T);
-}
-
-double composition_score(const double *U1, const double *V1, const double *U2, const double *V2, int n, int r) {
-    size_t rr = (size_t)r * r, nr = (size_t)n * r;
-    double *R = xmalloc(4 * rr * sizeof(double)), *Y = xmalloc(nr * sizeof(double)), *W = xmalloc(nr * sizeof(double));
-    double *X = xmalloc(rr * sizeof(double));
-    gram_root(U1, n, r, R), gram_root(V1, n, r, R + rr), gram_root(U2, n, r, R + 2 * rr), gram_root(V2, n, r, R + 3 * rr);
-    la_gemm(Y, V1, 0, R, 1, n, r, r);
-    la_gemm(W, U2, 0, R + 3 * rr, 1, n, r, r);
-    la_gemm(X, Y, 1, W, 0, r, n, r);
-    double a = frob_of_product(R, R + rr, r), b = frob_of_product(R + 2 * rr, R + 3 * rr, r);
-    double cs = a > 0 && b > 0 ? sqrt(la_frob2(X, (int)rr)) / (a * b) : NAN;
-    free(R), free(Y), free(W), free(X);
-    return cs;
 }
 
 /* Scores and overlaps of head p1 writing into the n2 heads from p2 on: cs and pk get n2 x 3 values (head-major).
@@ -206,7 +192,9 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     /* [N x N] matrices per mode, NaN where h2 is not in a later layer of h1's stack */
     double *cs = xmalloc((size_t)3 * N * N * sizeof(double)), *pk = xmalloc((size_t)3 * N * N * sizeof(double));
     for (size_t i = 0; i < (size_t)3 * N * N; i++) cs[i] = pk[i] = NAN;
+    /* sums over the pairs whose scores are all finite (a head with W_O = 0 has none) */
     double sum[3] = {0}, sk = 0, sv = 0, skk = 0, svv = 0, skv = 0, *in_z = xmalloc((size_t)3 * N * sizeof(double));
+    long finite = 0;
     double *c = xmalloc((size_t)3 * H * sizeof(double)), *o = xmalloc((size_t)3 * H * sizeof(double));
     for (int i = 0; i < 3 * N; i++) in_z[i] = NAN;
     for (int p1 = 0; p1 < N; p1++)
@@ -218,11 +206,13 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
                 for (int k = 0; k < 3; k++) {
                     size_t at = ((size_t)k * N + p1) * N + p2;
                     cs[at] = c[h2 * 3 + k], pk[at] = o[h2 * 3 + k];
-                    sum[k] += cs[at];
                     double z = sd[k] > 0 ? (cs[at] - mean[k]) / sd[k] : NAN;
                     if (isfinite(z) && !(in_z[k * N + p2] >= z)) in_z[k * N + p2] = z;
                 }
-                double ck = c[h2 * 3 + 1], cv = c[h2 * 3 + 2];
+                double cq = c[h2 * 3], ck = c[h2 * 3 + 1], cv = c[h2 * 3 + 2];
+                if (!isfinite(cq) || !isfinite(ck) || !isfinite(cv)) continue;
+                finite++;
+                sum[0] += cq, sum[1] += ck, sum[2] += cv;
                 sk += ck, sv += cv, skk += ck * ck, svv += cv * cv, skv += ck * cv;
             }
         }
@@ -233,6 +223,7 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     cJSON_AddTrueToObject(res, "applies");
     cJSON *s = cJSON_CreateObject();
     cJSON_AddNumberToObject(s, "pairs", (double)pairs * H * H);
+    cJSON_AddNumberToObject(s, "pairs_with_scores", (double)finite);
     for (int k = 0; k < 3; k++) {
         cJSON *mo = cJSON_CreateObject(), *mc = cJSON_CreateArray(), *mz = cJSON_CreateArray(), *mp = cJSON_CreateArray();
         double best_z = -INFINITY;
@@ -273,11 +264,11 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
         cJSON_AddItemToObject(top, MODE[k], edges);
         char key[32];
         snprintf(key, sizeof key, "mean_cs_%s", MODE[k]);
-        cJSON_AddItemToObject(s, key, num(sum[k] / ((double)pairs * H * H)));
+        cJSON_AddItemToObject(s, key, num(finite ? sum[k] / (double)finite : NAN));
         snprintf(key, sizeof key, "max_z_%s", MODE[k]);
         cJSON_AddItemToObject(s, key, num(best_z));
     }
-    double np = (double)pairs * H * H, cov = skv / np - sk / np * (sv / np);
+    double np = finite ? (double)finite : 1.0, cov = skv / np - sk / np * (sv / np);
     double vk = skk / np - sk / np * (sk / np), vv = svv / np - sv / np * (sv / np);
     cJSON_AddItemToObject(s, "corr_cs_k_v", num(vk > 0 && vv > 0 ? cov / sqrt(vk * vv) : NAN));
     cJSON_AddNumberToObject(s, "baseline_draws", DRAWS);

@@ -98,10 +98,6 @@ KVAlignment kv_alignment(const double *Wq, const double *Wk, const double *Wv, c
  * their QR factors; s gets r values. */
 int factored_svals(const double *A, int n, const double *B, int m, int r, double *s);
 
-/* TransformerLens' composition score ||A B||_F / (||A||_F ||B||_F) of A = U1 V1^T and B = U2 V2^T (each n x r),
- * from r x r Grams: no n x n product is formed. */
-double composition_score(const double *U1, const double *V1, const double *U2, const double *V2, int n, int r);
-
 /* Positional kernel metrics of an n x n logit map K (row i = query).
  * causal: only j <= i counts. profile gets 2n-1 values t(delta), delta =
  * i - j from -(n-1) to n-1 (index delta + n - 1; NAN where no pair). */

@@ -304,20 +304,67 @@ static double mode_at(const cJSON *o, const char *mode, const char *what, int p1
     return cJSON_IsNumber(c) ? c->valuedouble : NAN;
 }
 
+/* A model of L layers x H heads of Gaussian weights (bias rows too: they must not count); free with free_random. */
+static Model random_model(Rng *g, int L, int H, int d, int r, Layer *layers, Head *heads) {
+    for (int l = 0; l < L; l++) {
+        snprintf(layers[l].name, sizeof layers[l].name, "h.%d", l);
+        layers[l].head = heads + l * H;
+        for (int h = 0; h < H; h++)
+            heads[l * H + h] = (Head){gauss(g, d + 1, r), gauss(g, d + 1, r), gauss(g, d + 1, r), gauss(g, r, d)};
+    }
+    return (Model){.family = "gpt2", .L = L, .H = H, .d = d, .r = r, .kv_heads = H, .layer = layers};
+}
+
+static void free_random(Model *m) {
+    for (int p = 0; p < m->L * m->H; p++) {
+        Head *hd = &m->layer[p / m->H].head[p % m->H];
+        free((void *)hd->Wq), free((void *)hd->Wk), free((void *)hd->Wv), free((void *)hd->Wo);
+    }
+}
+
 static void test_composition(void) {
     Rng g = rng_seeded(9, 1);
-    double *U1 = gauss(&g, 12, 3), *V1 = gauss(&g, 12, 3), *U2 = gauss(&g, 12, 3), *V2 = gauss(&g, 12, 3);
-    double fact = composition_score(U1, V1, U2, V2, 12, 3), full = cs_explicit(U1, V1, U2, V2, 12, 3);
-    CHECK(fabs(fact - full) < 1e-12 * full, "A9: the factored composition score %.15f = the explicit one %.15f", fact,
-          full);
-    free(U1), free(V1), free(U2), free(V2);
-    double sum = 0;
-    for (int t = 0; t < 8; t++) {
-        double *a = gauss(&g, 768, 64), *b = gauss(&g, 768, 64), *c = gauss(&g, 768, 64), *e = gauss(&g, 768, 64);
-        sum += composition_score(a, b, c, e, 768, 64) / 8;
-        free(a), free(b), free(c), free(e);
-    }
-    CHECK(fabs(sum - 0.0361) < 0.0005, "A9: Gaussian heads (d 768, r 64) compose at %.4f ~ 1/sqrt(768) = 0.0361", sum);
+    Layer rl[2];
+    Head rh[4];
+    Model rm = random_model(&g, 2, 2, 12, 3, rl, rh);
+    cJSON *o = analysis_composition(&rm, 3);
+    double worst = 0;
+    for (int h1 = 0; h1 < 2; h1++)
+        for (int h2 = 0; h2 < 2; h2++) {
+            const Head *a = &rh[h1], *b = &rh[2 + h2];
+            double *WoTa = xmalloc(12 * 3 * 8), *WoTb = xmalloc(12 * 3 * 8);
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 12; j++) WoTa[j * 3 + i] = a->Wo[i * 12 + j], WoTb[j * 3 + i] = b->Wo[i * 12 + j];
+            double want[3] = {cs_explicit(a->Wv, WoTa, b->Wq, b->Wk, 12, 3), cs_explicit(a->Wv, WoTa, b->Wk, b->Wq, 12, 3),
+                              cs_explicit(a->Wv, WoTa, b->Wv, WoTb, 12, 3)};
+            for (int k = 0; k < 3; k++)
+                worst = fmax(worst, fabs(mode_at(o, (const char *[]){"q", "k", "v"}[k], "cs", h1, 2 + h2) - want[k]) /
+                                        want[k]);
+            free(WoTa), free(WoTb);
+        }
+    CHECK(worst < 1e-12, "A9 on random heads: every score equals the one of the explicit d x d products, bias rows "
+          "left out (worst relative difference %.2g)", worst);
+    cJSON_Delete(o);
+    /* a head that writes nothing (W_O = 0) has no scores; the summary averages the others */
+    memset((void *)rh[1].Wo, 0, 3 * 12 * sizeof(double));
+    o = analysis_composition(&rm, 3);
+    CHECK(item_num(o, "summary", "pairs") == 4 && item_num(o, "summary", "pairs_with_scores") == 2 &&
+              isfinite(item_num(o, "summary", "mean_cs_k")) && isfinite(item_num(o, "summary", "corr_cs_k_v")) &&
+              isnan(mode_at(o, "k", "cs", 1, 2)),
+          "A9: a head with W_O = 0 has no scores, and the summary is over the other 2 of 4 pairs (%g)",
+          item_num(o, "summary", "pairs_with_scores"));
+    cJSON_Delete(o);
+    free_random(&rm);
+    /* random heads compose at 1/sqrt(d): the baseline of a model of that shape */
+    Layer gl[2];
+    Head gh[2];
+    Model gm = random_model(&g, 2, 1, 768, 64, gl, gh);
+    o = analysis_composition(&gm, 3);
+    double base_q = item_num(cJSON_GetObjectItem(o, "modes"), "q", "baseline_mean");
+    CHECK(fabs(base_q - 0.0361) < 0.0005, "A9: Gaussian heads (d 768, r 64) compose at %.4f ~ 1/sqrt(768) = 0.0361",
+          base_q);
+    cJSON_Delete(o);
+    free_random(&gm);
 
     enum { B = 40, D = 3 * B };
     double beta = 30.0;
@@ -338,7 +385,7 @@ static void test_composition(void) {
     Layer layers[2] = {{.name = "h.0", .causal = 1, .head = &heads[0]}, {.name = "h.1", .causal = 1, .head = &heads[1]}};
     for (int l = 0; l < 2; l++) heads[l] = (Head){W[l][0], W[l][1], W[l][2], W[l][3]};
     Model m = {.family = "gpt2", .L = 2, .H = 1, .d = D, .r = B, .kv_heads = 1, .layer = layers};
-    cJSON *o = analysis_composition(&m, 3);
+    o = analysis_composition(&m, 3);
     double k = mode_at(o, "k", "cs", 0, 1), q = mode_at(o, "q", "cs", 0, 1), v = mode_at(o, "v", "cs", 0, 1);
     CHECK(fabs(k - 1 / sqrt(40.0)) < 1e-12 && q == 0 && v == 0,
           "A9: layer 0 K-composes into layer 1 at 1/sqrt(40) (%.6f), Q and V at exactly 0 (%g, %g)", k, q, v);
@@ -358,6 +405,7 @@ static void test_composition(void) {
     cJSON *again = analysis_composition(&m, 3), *other = analysis_composition(&m, 4);
     char *a = cJSON_PrintUnformatted(o), *b = cJSON_PrintUnformatted(again);
     double base3 = item_num(cJSON_GetObjectItem(o, "modes"), "k", "baseline_mean"),
+           base3_q = item_num(cJSON_GetObjectItem(o, "modes"), "q", "baseline_mean"),
            base4 = item_num(cJSON_GetObjectItem(other, "modes"), "k", "baseline_mean");
     CHECK(!strcmp(a, b) && base3 != base4 && mode_at(other, "k", "cs", 0, 1) == k,
           "A9: the same seed gives the same report, another seed another baseline (%.6f, %.6f), the same scores",
@@ -365,11 +413,16 @@ static void test_composition(void) {
     free(a), free(b);
     cJSON_Delete(again), cJSON_Delete(other);
     cJSON_Delete(o);
-    /* the same with Q = K tied (the KV variant's pointer): the baseline draws tie them too, and still runs */
+    /* Q = K tied (the KV variant's pointers, the same in every head): the random heads are tied too, so W_QK is
+     * symmetric in every draw and Q- and K-composition have one baseline (untied, each its own) */
+    heads[0].Wq = heads[0].Wk;
     heads[1].Wq = heads[1].Wk;
     o = analysis_composition(&m, 3);
-    double base = item_num(cJSON_GetObjectItem(o, "modes"), "k", "baseline_mean");
-    CHECK(isfinite(base) && base > 0 && base < 0.5, "A9 with Q = K: a finite baseline (%.4f)", base);
+    double tied_q = item_num(cJSON_GetObjectItem(o, "modes"), "q", "baseline_mean"),
+           tied_k = item_num(cJSON_GetObjectItem(o, "modes"), "k", "baseline_mean");
+    CHECK(isfinite(tied_q) && tied_q == tied_k && base3_q != base3,
+          "A9 with Q = K: a tied baseline, the same for Q and K (%.6f, %.6f; untied %.6f, %.6f)", tied_q, tied_k,
+          base3_q, base3);
     cJSON_Delete(o);
     /* one layer, or layers of two stacks (encoder, decoder): nothing composes */
     layers[1].name[0] = 'x';
