@@ -1209,10 +1209,48 @@ static void test_sync_damaged(void) {
     server_stop(&sv);
 }
 
-/* The spool's writes fail part way through an online run (a file size limit stands in for a full disk) and the
- * run is killed once the live upload has sent every row. The spool ends at its last whole record, the cursor says
- * it is short, and a sync says so and sends no history again: no row twice, and the server's summary, newer than
- * the spool's, stays. Before, the sync took the cursor for a damaged one and stopped. */
+/* An online run in a child whose files may not grow past limit bytes (a full disk's stand-in), its output in log.
+ * finish: it ends normally; else it is killed once the live upload has sent every row (returns 0 if that never
+ * came). */
+static int run_with_file_limit(const WandbSettings *s, const char *cursor, const char *log, long limit, int finish) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &(struct rlimit){(rlim_t)limit, (rlim_t)limit});
+        WandbRun *r = wandb_init(s);
+        if (finish) {
+            standard_run(r, 0);
+            wandb_finish(r, 0);
+            _exit(0);
+        }
+        standard_steps(r, 0, STEPS, 0);
+        for (;;) pause(); /* killed with every row acknowledged, before finish */
+    }
+    long sent = -1;
+    for (int i = 0; i < 2000 && !finish && sent != STEPS; i++) {
+        sleep_s(0.01);
+        char *text = read_file(cursor, NULL, NULL);
+        cJSON *c = cJSON_Parse(text ? text : "");
+        sent = cJSON_IsNumber(item(c, "history_sent")) ? (long)num(c, "history_sent") : -1;
+        cJSON_Delete(c);
+        free(text);
+    }
+    if (!finish) kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    return finish ? WIFEXITED(status) && WEXITSTATUS(status) == 0 : sent == STEPS;
+}
+
+/* The spool's writes fail part way through an online run and the run is killed once the live upload has sent
+ * every row. The spool ends at its last whole record, the cursor says it is short, and a sync says so and sends no
+ * history again: no row twice, and the server's summary, newer than the spool's, stays. Before, the sync took the
+ * cursor for a damaged one and stopped. The same holds for a cursor the full disk kept from being updated (the
+ * server's line count gives it away), and a short spool of a run that ended keeps it ended when results are
+ * attached (its exit code is in the cursor, not in the spool). */
 static void test_spool_short(void) {
     Server sv;
     if (!server_start(&sv, NULL)) return;
@@ -1223,36 +1261,14 @@ static void test_spool_short(void) {
     snprintf(rows_path, sizeof rows_path, "%s/spool.jsonl", spool);
     snprintf(log, sizeof log, "%s/short001.log", tmp);
     const long limit = 4000; /* bytes: the header, run and config records and a few dozen rows */
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        signal(SIGXFSZ, SIG_IGN);
-        setrlimit(RLIMIT_FSIZE, &(struct rlimit){(rlim_t)limit, (rlim_t)limit});
-        WandbRun *r = wandb_init(&s);
-        standard_steps(r, 0, STEPS, 0);
-        for (;;) pause(); /* killed with every row acknowledged, before finish */
-    }
-    long sent = -1;
-    for (int i = 0; i < 2000 && sent != STEPS; i++) {
-        sleep_s(0.01);
-        char *text = read_file(cursor, NULL, NULL);
-        cJSON *c = cJSON_Parse(text ? text : "");
-        sent = cJSON_IsNumber(item(c, "history_sent")) ? (long)num(c, "history_sent") : -1;
-        cJSON_Delete(c);
-        free(text);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    int all_sent = run_with_file_limit(&s, cursor, log, limit, 0);
     char *out = read_file(log, NULL, NULL), *cur = read_file(cursor, NULL, NULL);
     size_t n = 0;
     char *rows = read_file(rows_path, &n, NULL);
     cJSON *c = cJSON_Parse(cur ? cur : "");
     int kept = spool_records(spool, "history");
-    CHECK(sent == STEPS && out && strstr(out, "write failed") && strstr(out, "takes no more records"),
-          "short spool: the live upload sent all %d rows (%ld) and the failed write was reported once: %s", STEPS, sent,
+    CHECK(all_sent && out && strstr(out, "write failed") && strstr(out, "takes no more records"),
+          "short spool: the live upload sent all %d rows and the failed write was reported: %s", STEPS,
           out ? out : "(no log)");
     CHECK(rows && n > 0 && n <= (size_t)limit && rows[n - 1] == '\n' && kept > 0 && kept < STEPS,
           "short spool: %zu bytes ending at a whole record, %d of the %d rows", n, kept, STEPS);
@@ -1262,23 +1278,68 @@ static void test_spool_short(void) {
     double last_loss = cJSON_IsNumber(item(summary, "train/loss")) ? num(summary, "train/loss") : -1;
     cJSON_Delete(st);
     Err e;
-    capture_begin();
-    int rc = wandb_sync_dir(spool, &s, &e);
-    char *sync_out = capture_end();
-    CHECK(rc == 0 && strstr(sync_out, "spool.jsonl is short") && strstr(sync_out, "the server keeps") &&
-              strstr(sync_out, "hint:"),
-          "short spool: the sync says the spool is short, not the cursor damaged: %s%s", rc ? e.msg : "", sync_out);
-    st = server_state(&sv);
-    const cJSON *run = find_run(st, "short001");
-    check_no_violations(st, "short spool sync");
-    CHECK(cJSON_GetArraySize(item(run, "rows")) == STEPS && num(run, "duplicates") == 0 &&
-              fabs(last_loss - loss_at(STEPS - 1)) < 1e-12 &&
-              fabs(num(item(run, "summary"), "train/loss") - last_loss) < 1e-12,
-          "short spool: the server keeps its %d rows, none twice, and its newest summary (train/loss %g, then %g)",
-          cJSON_GetArraySize(item(run, "rows")), last_loss, num(item(run, "summary"), "train/loss"));
-    cJSON_Delete(st);
+    for (int stale = 1; stale >= 0; stale--) {
+        /* first with the cursor of 10 rows before (as if its later writes had failed too), then the real one */
+        char text[512];
+        snprintf(text, sizeof text, "{\"base_url\":\"%s\",\"url\":\"%s\",\"history_sent\":10,\"history_offset\":10,"
+                 "\"uploaded\":[]}", sv.url, str(c, "url"));
+        write_text(cursor, stale ? text : cur ? cur : "");
+        capture_begin();
+        int rc = wandb_sync_dir(spool, &s, &e);
+        char *sync_out = capture_end();
+        CHECK(rc == 0 && (stale ? strstr(sync_out, "history lines past this spool's cursor") != NULL
+                                : strstr(sync_out, "spool.jsonl is short") && strstr(sync_out, "the server keeps")) &&
+                  strstr(sync_out, "hint:"),
+              "short spool, %s cursor: the sync says the spool is short, not the cursor damaged: %s%s",
+              stale ? "a stale" : "its", rc ? e.msg : "", sync_out);
+        st = server_state(&sv);
+        const cJSON *run = find_run(st, "short001");
+        check_no_violations(st, "short spool sync");
+        CHECK(cJSON_GetArraySize(item(run, "rows")) == STEPS && num(run, "duplicates") == 0 &&
+                  fabs(last_loss - loss_at(STEPS - 1)) < 1e-12 &&
+                  fabs(num(item(run, "summary"), "train/loss") - last_loss) < 1e-12,
+              "short spool, %s cursor: the server keeps its %d rows, none twice, and its newest summary (train/loss "
+              "%g, then %g)", stale ? "a stale" : "its", cJSON_GetArraySize(item(run, "rows")), last_loss,
+              num(item(run, "summary"), "train/loss"));
+        cJSON_Delete(st);
+        free(sync_out);
+    }
     cJSON_Delete(c);
-    free(out), free(cur), free(rows), free(sync_out);
+    free(out), free(cur), free(rows);
+
+    /* a run that ended online with a short spool, then results attached: ended again, with its exit code */
+    WandbSettings s2 = settings(&sv, "short002");
+    char root[4200], spool2[4300], cursor2[4400], plot[4300];
+    snprintf(root, sizeof root, "%s/short-ended", tmp);
+    snprintf(spool2, sizeof spool2, "%s/wandb-c/short002", root);
+    snprintf(cursor2, sizeof cursor2, "%s/sync_state.json", spool2);
+    snprintf(log, sizeof log, "%s/short002.log", tmp);
+    snprintf(plot, sizeof plot, "%s/short-plot.png", tmp);
+    s2.dir = root;
+    int ended = run_with_file_limit(&s2, cursor2, log, limit, 1);
+    cur = read_file(cursor2, NULL, NULL);
+    c = cJSON_Parse(cur ? cur : "");
+    st = server_state(&sv);
+    const cJSON *run = find_run(st, "short002");
+    CHECK(ended && spool_records(spool2, "exit") == 0 && cJSON_IsTrue(item(run, "completed")) &&
+              cJSON_IsTrue(item(c, "complete")) && cJSON_IsTrue(item(c, "spool_short")) &&
+              num(c, "exit_code") == 0,
+          "short spool of an ended run: no exit record in it, the run completed on the server, the cursor holds "
+          "the exit code: %s", cur ? cur : "(none)");
+    cJSON_Delete(st), cJSON_Delete(c), free(cur);
+    CHECK(write_file_atomic(plot, "png", 3, &e) == 0, "%s", e.msg);
+    const char *files[] = {plot};
+    capture_begin();
+    int rc = wandb_attach_spool(root, "{\"probe/accuracy\":0.5}", files, 1, "mechint", &s2, &e);
+    out = capture_end();
+    st = server_state(&sv);
+    run = find_run(st, "short002");
+    CHECK(rc == 0 && cJSON_IsTrue(item(run, "completed")) && num(run, "reopened") == 1 && num(run, "exitcode") == 0 &&
+              in_strings(item(run, "uploaded"), "mechint/short-plot.png") && !strstr(out, "left unfinished"),
+          "short spool of an ended run: attached results reopen it, and it ends again with its exit code: %s", out);
+    check_no_violations(st, "attach to a short spool");
+    cJSON_Delete(st);
+    free(out);
     server_stop(&sv);
 }
 

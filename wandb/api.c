@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +206,7 @@ void wb_state_save(Uplink *u) {
     cJSON_AddItemToObject(s, "uploaded", cJSON_Duplicate(u->uploaded, 1));
     cJSON_AddBoolToObject(s, "complete", u->complete);
     if (atomic_load(&u->spool_short)) cJSON_AddTrueToObject(s, "spool_short");
+    if (u->exit_known) cJSON_AddNumberToObject(s, "exit_code", u->exit_code);
     char *text = cJSON_Print(s);
     Err e;
     if (write_file_atomic(u->state_path, text, strlen(text), &e) != 0 && !u->state_failed) {
@@ -233,13 +235,17 @@ int wb_state_load(Uplink *u, Err *e) {
     const char *base = wb_str_item(s, "base_url"), *url = wb_str_item(s, "url");
     long sent = cursor_count(s, "history_sent"), off = cursor_count(s, "history_offset");
     const cJSON *up = cJSON_GetObjectItem(s, "uploaded"), *done = cJSON_GetObjectItem(s, "complete"), *it,
-                *short_ = cJSON_GetObjectItem(s, "spool_short");
+                *short_ = cJSON_GetObjectItem(s, "spool_short"), *code = cJSON_GetObjectItem(s, "exit_code");
     const char *bad = !cJSON_IsObject(s) ? "not a JSON object" : !base || !url ? "no base_url or url string"
                       : sent < 0 || off < 0 ? "history_sent or history_offset is not a whole number >= 0"
                       : off < sent ? "history_offset is below history_sent"
                       : !cJSON_IsArray(up) ? "uploaded is not a list"
                       : done && !cJSON_IsBool(done) ? "complete is not true or false"
-                      : short_ && !cJSON_IsBool(short_) ? "spool_short is not true or false" : NULL;
+                      : short_ && !cJSON_IsBool(short_) ? "spool_short is not true or false"
+                      : code && !(cJSON_IsNumber(code) && code->valuedouble == floor(code->valuedouble) &&
+                                  fabs(code->valuedouble) <= INT_MAX)
+                          ? "exit_code is not a whole number"
+                          : NULL;
     if (!bad)
         cJSON_ArrayForEach(it, up) if (!cJSON_IsString(it)) bad = "uploaded holds a value that is not a file name";
     if (bad) {
@@ -256,6 +262,8 @@ int wb_state_load(Uplink *u, Err *e) {
         cJSON_Delete(u->uploaded);
         u->uploaded = cJSON_Duplicate(up, 1);
         u->complete = cJSON_IsTrue(done);
+        u->exit_known = code != NULL;
+        u->exit_code = code ? (int)code->valuedouble : 0;
         set_str(&u->url, url);
     }
     cJSON_Delete(s);

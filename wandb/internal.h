@@ -85,6 +85,7 @@ typedef struct {
     cJSON *uploaded;  /* run paths acknowledged in "uploaded" */
     int complete, state_failed;
     atomic_int spool_short; /* the spool stopped taking records (a failed write): history_sent may exceed its rows */
+    int exit_known, exit_code; /* the run's exit code went up with "complete" (a short spool may not hold it) */
 } Uplink;
 
 typedef struct {
@@ -143,6 +144,7 @@ typedef struct {
     int fd;
     off_t size;  /* bytes of whole records written */
     int failed;  /* a write failed: the records from there on are not in the spool */
+    atomic_int *failed_flag; /* set too when a write fails (the run's Uplink.spool_short), or NULL */
 } SpoolWriter;
 
 void wb_spool_open(SpoolWriter *w, const char *root, const char *run_id);

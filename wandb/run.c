@@ -241,6 +241,7 @@ static void *worker_main(void *arg) {
             u->hist_sent += b.n;
             cJSON_ArrayForEach(it, b.uploaded) cJSON_AddItemToArray(u->uploaded, cJSON_CreateString(it->valuestring));
             u->complete = final;
+            if (final) u->exit_known = 1, u->exit_code = code;
             wb_state_save(u);
         }
         batch_free(&b);
@@ -284,7 +285,6 @@ static void close_row(WandbRun *r) {
     } else {
         wb_buf_puts(&rec, "}\n");
         wb_spool_write(&r->spool, rec.p, rec.n);
-        if (r->spool.failed) atomic_store(&r->up.spool_short, 1); /* before the row can be acknowledged */
         pthread_mutex_lock(&r->up.mu);
         for (int i = 0; i < r->row.n; i++) wb_kv_set(&r->summary, r->row.it[i].key, strlen(r->row.it[i].key), r->row.it[i].v);
         r->summary_dirty = 1;
@@ -363,6 +363,7 @@ WandbRun *wandb_init(const WandbSettings *s) {
     if (s->config_json && !cJSON_IsObject(config))
         wb_say("the run config is not a JSON object; the run goes without one");
 
+    r->spool.failed_flag = &r->up.spool_short; /* set by the failed write itself, before its row can be queued */
     wb_spool_open(&r->spool, wb_first(s->dir, wb_first(wb_env("WANDB_DIR"), "wandb")), run_id);
     wb_spool_json(&r->spool, run);
     if (cJSON_IsObject(config)) {

@@ -124,25 +124,35 @@ static int kv_parse(WbKV *kv, const char *s, double *step) {
 
 /* ---------------------------------------------------------------- writing */
 
+/* Writes a record at the end of fd, which holds size bytes of whole records: 0, or an errno with any partial
+ * record cut off again (-1 in *cut when even that failed: the file then ends in a partial line). */
+static int write_record(int fd, off_t size, const char *rec, size_t n, int *cut) {
+    size_t done = 0;
+    ssize_t got = 0;
+    *cut = 0;
+    /* after a short write, writing the rest gives the error */
+    while (done < n && (got = write(fd, rec + done, n - done)) > 0) done += (size_t)got;
+    if (done == n) return 0;
+    int err = got < 0 ? errno : ENOSPC;
+    if (done > 0 && ftruncate(fd, size) != 0) *cut = -1;
+    return err;
+}
+
 /* One write(2) per record, straight to the kernel: a crash loses at most the open row. The first write that
  * fails (a full disk) is cut off again and ends the spool: records after a gap would be replayed at the wrong
  * offsets, and a partial one would join the next into a damaged line. */
 void wb_spool_write(SpoolWriter *w, const char *rec, size_t n) {
     if (w->fd < 0 || w->failed) return;
-    size_t done = 0;
-    ssize_t got = 0;
-    /* after a short write, writing the rest gives the error */
-    while (done < n && (got = write(w->fd, rec + done, n - done)) > 0) done += (size_t)got;
-    if (done == n) {
+    int cut, err = write_record(w->fd, w->size, rec, n, &cut);
+    if (!err) {
         w->size += (off_t)n;
         return;
     }
-    int err = got < 0 ? errno : ENOSPC;
     w->failed = 1;
-    if (done > 0 && ftruncate(w->fd, w->size) != 0)
-        wb_say("%s/spool.jsonl: cannot cut off a partial record: %s", w->dir, strerror(errno));
-    wb_say("%s/spool.jsonl: write failed: %s; the spool takes no more records (hint: is the disk full? a later "
-           "sync uploads what it holds; the live upload, if any, goes on)", w->dir, strerror(err));
+    if (w->failed_flag) atomic_store(w->failed_flag, 1);
+    wb_say("%s/spool.jsonl: write failed: %s; the spool takes no more records%s (hint: is the disk full? a later "
+           "sync uploads what it holds; the live upload, if any, goes on)", w->dir, strerror(err),
+           cut ? ", and its last line is a partial record" : "");
 }
 
 void wb_spool_json(SpoolWriter *w, cJSON *rec) {
@@ -197,15 +207,23 @@ void wb_spool_close(SpoolWriter *w) {
     }
 }
 
-/* Appends records to the spool in dir with one write: they go in whole or not at all. */
+/* Appends records to the spool in dir: they go in whole or not at all. */
 int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e) {
     char *path = wb_join(dir, "spool.jsonl");
-    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
-    int ok = fd >= 0 && write(fd, rec, n) == (ssize_t)n && fsync(fd) == 0;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC), cut = 0, err = fd < 0 ? errno : 0;
+    off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (!err && size < 0) err = errno;
+    if (!err) err = write_record(fd, size, rec, n, &cut);
+    if (!err && fsync(fd) != 0) {
+        err = errno;
+        if (ftruncate(fd, size) != 0) cut = -1; /* not durable: not there either */
+    }
     if (fd >= 0) close(fd);
-    if (!ok) err_set(e, "%s: cannot append: %s", path, strerror(errno));
+    if (err)
+        err_set(e, "%s: cannot append: %s (hint: is the disk full? %s)", path, strerror(err),
+                cut ? "its last line is now a partial record: cut it off before a sync" : "the spool is as it was");
     free(path);
-    return ok ? 0 : -1;
+    return err ? -1 : 0;
 }
 
 /* Relative, '/'-separated, no empty, "." or ".." parts, no control characters. */

@@ -59,13 +59,14 @@ static int sync_send(Uplink *u, Spool *sp, const char *dir, Err *e) {
         *e = fe;
         return -1;
     }
-    if (sp->has_exit) {
+    if (sp->has_exit || u->exit_known) { /* a short spool may lack the exit record the server had */
         size_t len;
-        char *body = wb_filestream_body(0, NULL, 0, NULL, NULL, 1, sp->exit_code, &len);
+        char *body = wb_filestream_body(0, NULL, 0, NULL, NULL, 1, sp->has_exit ? sp->exit_code : u->exit_code, &len);
         rc = wb_filestream(u, body, len, &stopped, e);
         free(body);
         if (rc == 0) {
             u->complete = 1;
+            u->exit_known = 1, u->exit_code = sp->has_exit ? sp->exit_code : u->exit_code;
             wb_state_save(u);
         }
     }
@@ -97,10 +98,6 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         rc = 0;
         goto out;
     }
-    if (atomic_load(&u.spool_short))
-        wb_say("%s/spool.jsonl is short: a write failed during the run, so it holds %ld history rows and no records "
-               "after them%s (hint: what the live upload did not send of the rest is lost)", spool_dir, sp.nrows,
-               u.hist_sent > sp.nrows ? "; the live upload sent more, which the server keeps" : "");
     long lines;
     int inserted;
     if (wb_upsert(&u, sp.run, sp.config, &lines, &inserted, &ie) != 0) {
@@ -114,14 +111,28 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         /* a request whose answer was lost (a killed upload) was stored: those lines are ours, go on after them */
         u.hist_sent += lines - u.hist_offset;
         u.hist_offset = lines;
-    }
+    } else if (lines > u.hist_offset) {
+        /* more lines than the spool has rows left: the live upload went on after the spool's writes failed, and the
+         * cursor (on the same full disk) could not say so. Nothing of the history is sent again. */
+        wb_say("%s: the server holds %ld history lines past this spool's cursor, more than the %ld rows the spool has "
+               "left (hint: its writes failed while the live upload went on, or another process logged to run %s; "
+               "nothing of the history is sent again)", spool_dir, lines - u.hist_offset, sp.nrows - u.hist_sent,
+               u.run_id ? u.run_id : "?");
+        atomic_store(&u.spool_short, 1);
+        u.hist_sent += lines - u.hist_offset;
+        u.hist_offset = lines;
+    } else if (atomic_load(&u.spool_short))
+        wb_say("%s/spool.jsonl is short: a write failed during the run, so it holds %ld history rows and no records "
+               "after them%s (hint: what the live upload did not send of the rest is lost)", spool_dir, sp.nrows,
+               u.hist_sent > sp.nrows ? "; the live upload sent more, which the server keeps" : "");
     wb_state_save(&u);
     u.last_fs = wall_seconds(); /* pacing also keeps a rerun's first request apart from an interrupted sync's last */
     if (sync_send(&u, &sp, spool_dir, &ie) != 0) {
         err_set(e, "%s: %s (hint: run the sync again; it resumes where it stopped)", spool_dir, ie.msg);
         goto out;
     }
-    wb_say("synced %s to %s%s", spool_dir, u.url, sp.has_exit ? "" : " (no exit record: the run is left unfinished)");
+    wb_say("synced %s to %s%s", spool_dir, u.url,
+           sp.has_exit || u.exit_known ? "" : " (no exit record: the run is left unfinished)");
     rc = 0;
 out:
     wb_uplink_free(&u);
