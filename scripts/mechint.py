@@ -111,12 +111,14 @@ def st_tensors(path):
     header.pop("__metadata__", None)
     # each tensor against its CRC-32 in metadata tensor_crc32 and for finite values, as the C loader does
     # (train/checkpoint.c): a flipped bit must not reach an export
-    try:
-        crcs = json.loads(meta["tensor_crc32"]) if "tensor_crc32" in meta else None
-    except ValueError:
-        crcs = None
-    if "tensor_crc32" in meta and not isinstance(crcs, dict):
-        raise ValueError("metadata 'tensor_crc32' is not a JSON object: the header was damaged or edited")
+    crcs = None
+    if "tensor_crc32" in meta:
+        try:
+            crcs = json.loads(meta["tensor_crc32"])
+        except ValueError:
+            pass
+        if not isinstance(crcs, dict):
+            raise ValueError("metadata 'tensor_crc32' is not a JSON object: the header was damaged or edited")
     tensors = {}
     for name, e in header.items():
         if e.get("dtype") != "F32":
