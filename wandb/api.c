@@ -255,15 +255,15 @@ int wb_state_load(Uplink *u, Err *e) {
                        u->state_path, bad);
     }
     int ours = !strcmp(base, u->base);
-    if (cJSON_IsTrue(short_)) atomic_store(&u->spool_short, 1); /* a fact about the spool, whichever server */
+    if (cJSON_IsTrue(short_)) atomic_store(&u->spool_short, 1); /* facts about the spool and the run, whichever server */
+    u->exit_known = code != NULL;
+    u->exit_code = code ? (int)code->valuedouble : 0;
     if (ours) {
         u->hist_sent = sent;
         u->hist_offset = off;
         cJSON_Delete(u->uploaded);
         u->uploaded = cJSON_Duplicate(up, 1);
         u->complete = cJSON_IsTrue(done);
-        u->exit_known = code != NULL;
-        u->exit_code = code ? (int)code->valuedouble : 0;
         set_str(&u->url, url);
     }
     cJSON_Delete(s);

@@ -207,12 +207,18 @@ void wb_spool_close(SpoolWriter *w) {
     }
 }
 
-/* Appends records to the spool in dir: they go in whole or not at all. */
+/* Appends records to the spool in dir: they go in whole or not at all. A last line without its newline (a record
+ * cut short by a crash, which the reader skips) is cut off first, so that the records do not join it. */
 int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e) {
     char *path = wb_join(dir, "spool.jsonl");
-    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC), cut = 0, err = fd < 0 ? errno : 0;
-    off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
-    if (!err && size < 0) err = errno;
+    size_t have = 0;
+    char *text = read_file(path, &have, NULL);
+    int err = text ? 0 : errno, cut = 0, fd = -1;
+    if (!err && (fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) err = errno;
+    off_t size = (off_t)have;
+    while (text && size > 0 && text[size - 1] != '\n') size--;
+    free(text);
+    if (!err && (off_t)have > size && ftruncate(fd, size) != 0) err = errno;
     if (!err) err = write_record(fd, size, rec, n, &cut);
     if (!err && fsync(fd) != 0) {
         err = errno;
@@ -221,7 +227,8 @@ int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e) {
     if (fd >= 0) close(fd);
     if (err)
         err_set(e, "%s: cannot append: %s (hint: is the disk full? %s)", path, strerror(err),
-                cut ? "its last line is now a partial record: cut it off before a sync" : "the spool is as it was");
+                cut ? "what was appended may stay at its end: check its last line before a sync"
+                    : "the spool holds its records as before");
     free(path);
     return err ? -1 : 0;
 }

@@ -111,17 +111,8 @@ int wandb_sync_dir(const char *spool_dir, const WandbSettings *s, Err *e) {
         /* a request whose answer was lost (a killed upload) was stored: those lines are ours, go on after them */
         u.hist_sent += lines - u.hist_offset;
         u.hist_offset = lines;
-    } else if (lines > u.hist_offset) {
-        /* more lines than the spool has rows left: the live upload went on after the spool's writes failed, and the
-         * cursor (on the same full disk) could not say so. Nothing of the history is sent again. */
-        wb_say("%s: the server holds %ld history lines past this spool's cursor, more than the %ld rows the spool has "
-               "left (hint: its writes failed while the live upload went on, or another process logged to run %s; "
-               "nothing of the history is sent again)", spool_dir, lines - u.hist_offset, sp.nrows - u.hist_sent,
-               u.run_id ? u.run_id : "?");
-        atomic_store(&u.spool_short, 1);
-        u.hist_sent += lines - u.hist_offset;
-        u.hist_offset = lines;
-    } else if (atomic_load(&u.spool_short))
+    }
+    if (atomic_load(&u.spool_short))
         wb_say("%s/spool.jsonl is short: a write failed during the run, so it holds %ld history rows and no records "
                "after them%s (hint: what the live upload did not send of the rest is lost)", spool_dir, sp.nrows,
                u.hist_sent > sp.nrows ? "; the live upload sent more, which the server keeps" : "");
