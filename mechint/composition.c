@@ -192,9 +192,10 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     /* [N x N] matrices per mode, NaN where h2 is not in a later layer of h1's stack */
     double *cs = xmalloc((size_t)3 * N * N * sizeof(double)), *pk = xmalloc((size_t)3 * N * N * sizeof(double));
     for (size_t i = 0; i < (size_t)3 * N * N; i++) cs[i] = pk[i] = NAN;
-    /* sums over the pairs whose scores are all finite (a head with W_O = 0 has none) */
+    /* sums per mode over the pairs with a finite score (a head with W_O = 0 has none as h1, and none in V as h2),
+     * and for the K/V correlation over the pairs with both */
     double sum[3] = {0}, sk = 0, sv = 0, skk = 0, svv = 0, skv = 0, *in_z = xmalloc((size_t)3 * N * sizeof(double));
-    long finite = 0;
+    long finite[3] = {0}, finite_kv = 0;
     double *c = xmalloc((size_t)3 * H * sizeof(double)), *o = xmalloc((size_t)3 * H * sizeof(double));
     for (int i = 0; i < 3 * N; i++) in_z[i] = NAN;
     for (int p1 = 0; p1 < N; p1++)
@@ -209,10 +210,11 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
                     double z = sd[k] > 0 ? (cs[at] - mean[k]) / sd[k] : NAN;
                     if (isfinite(z) && !(in_z[k * N + p2] >= z)) in_z[k * N + p2] = z;
                 }
-                double cq = c[h2 * 3], ck = c[h2 * 3 + 1], cv = c[h2 * 3 + 2];
-                if (!isfinite(cq) || !isfinite(ck) || !isfinite(cv)) continue;
-                finite++;
-                sum[0] += cq, sum[1] += ck, sum[2] += cv;
+                for (int k = 0; k < 3; k++)
+                    if (isfinite(c[h2 * 3 + k])) sum[k] += c[h2 * 3 + k], finite[k]++;
+                double ck = c[h2 * 3 + 1], cv = c[h2 * 3 + 2];
+                if (!isfinite(ck) || !isfinite(cv)) continue;
+                finite_kv++;
                 sk += ck, sv += cv, skk += ck * ck, svv += cv * cv, skv += ck * cv;
             }
         }
@@ -223,7 +225,7 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     cJSON_AddTrueToObject(res, "applies");
     cJSON *s = cJSON_CreateObject();
     cJSON_AddNumberToObject(s, "pairs", (double)pairs * H * H);
-    cJSON_AddNumberToObject(s, "pairs_with_scores", (double)finite);
+
     for (int k = 0; k < 3; k++) {
         cJSON *mo = cJSON_CreateObject(), *mc = cJSON_CreateArray(), *mz = cJSON_CreateArray(), *mp = cJSON_CreateArray();
         double best_z = -INFINITY;
@@ -264,11 +266,13 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
         cJSON_AddItemToObject(top, MODE[k], edges);
         char key[32];
         snprintf(key, sizeof key, "mean_cs_%s", MODE[k]);
-        cJSON_AddItemToObject(s, key, num(finite ? sum[k] / (double)finite : NAN));
+        cJSON_AddItemToObject(s, key, num(finite[k] ? sum[k] / (double)finite[k] : NAN));
+        snprintf(key, sizeof key, "pairs_with_cs_%s", MODE[k]);
+        cJSON_AddNumberToObject(s, key, (double)finite[k]);
         snprintf(key, sizeof key, "max_z_%s", MODE[k]);
         cJSON_AddItemToObject(s, key, num(best_z));
     }
-    double np = finite ? (double)finite : 1.0, cov = skv / np - sk / np * (sv / np);
+    double np = finite_kv ? (double)finite_kv : 1.0, cov = skv / np - sk / np * (sv / np);
     double vk = skk / np - sk / np * (sk / np), vv = svv / np - sv / np * (sv / np);
     cJSON_AddItemToObject(s, "corr_cs_k_v", num(vk > 0 && vv > 0 ? cov / sqrt(vk * vv) : NAN));
     cJSON_AddNumberToObject(s, "baseline_draws", DRAWS);
