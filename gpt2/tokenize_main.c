@@ -129,7 +129,9 @@ int main(int argc, char **argv) {
     AtomicFile val_f, train_f;
     char *earlier = xmalloc(plen + 32);
     snprintf(earlier, plen + 32, "%s.earlier.%ld", train_path, (long)getpid());
-    int kept = link(train_path, earlier) == 0, none_before = !kept && errno == ENOENT;
+    unlink(earlier); /* left by a killed tokenize of the same pid, if any: a second name of an old shard */
+    int kept = link(train_path, earlier) == 0, none_before = !kept && errno == ENOENT,
+        keep_earlier = 0; /* the rename back failed: the earlier shard's last name */
     rc = 1;
     if (shard_stage(&train_f, train_path, ids + nval, n - nval, &e) == 0) {
         /* both on disk (a full disk may show only at fsync) before the first rename */
@@ -137,14 +139,25 @@ int main(int argc, char **argv) {
             atomic_abort(&train_f);
         else if (atomic_sync(&train_f, &e) != 0 || atomic_commit(&train_f, &e) != 0)
             atomic_abort(&val_f);
-        else if (atomic_commit(&val_f, &e) != 0)
-            err_with_hint(&e, &e, kept && rename(earlier, train_path) == 0 ? "the earlier pair of shards is kept as it was"
-                                  : none_before && unlink(train_path) == 0 ? "the new training shard is removed again"
-                                  : "the training shard is new, the validation shard is not: tokenize again");
-        else
+        else if (atomic_commit(&val_f, &e) != 0) {
+            char hint[4400];
+            if (kept && rename(earlier, train_path) == 0)
+                snprintf(hint, sizeof hint, "the earlier pair of shards is kept as it was; free %s and tokenize again",
+                         val_path);
+            else if (none_before && unlink(train_path) == 0)
+                snprintf(hint, sizeof hint, "the new training shard is removed again; free %s and tokenize again",
+                         val_path);
+            else {
+                keep_earlier = kept;
+                snprintf(hint, sizeof hint, "the training shard is new and the validation shard is not: tokenize "
+                         "again%s%s", kept ? "; the earlier training shard is in " : "", kept ? earlier : "");
+            }
+            err_with_hint(&e, &e, hint);
+        } else {
             rc = 0;
+        }
     }
-    if (kept) unlink(earlier); /* gone already where it was put back */
+    if (kept && !keep_earlier) unlink(earlier); /* gone already where it was put back */
     free(earlier);
     if (rc == 0) {
         printf("wrote %s (%zu tokens)\n", val_path, nval);

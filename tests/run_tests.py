@@ -4139,7 +4139,8 @@ def test_bpe_end_to_end(tmp, sanitize):
                         os.path.join(data, "gpt2-bpe", "vocab.bpe"), "--input", text_in, "--out-prefix", prefix,
                         "--val-tokens", "16384"], capture_output=True, text=True)
     errs = [x for x in r.stderr.splitlines() if "error" in x]
-    R.check(r.returncode == 1 and len(errs) == 1 and val in errs[0] and "the earlier pair of shards is kept" in errs[0]
+    R.check(r.returncode == 1 and len(errs) == 1 and val in errs[0] and
+            f"the earlier pair of shards is kept as it was; free {val} and tokenize again" in errs[0]
             and open(f"{prefix}_train_000001.bin", "rb").read() == pair["train_000001"] and
             not glob.glob(f"{prefix}_*.tmp.*") and not glob.glob(f"{prefix}_*.earlier.*"),
             f"a validation shard that cannot be renamed into place: the earlier training shard is put back: {r.stderr}")
