@@ -258,9 +258,9 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
                     best = i;
             if (best < 0) break;
             used[best] = 1;
-            double c = cs[(size_t)k * N * N + best];
-            cJSON_AddItemToArray(edges, edge(m, (int)(best / N), (int)(best % N), c,
-                                             sd[k] > 0 ? (c - mean[k]) / sd[k] : NAN));
+            double score = cs[(size_t)k * N * N + best];
+            cJSON_AddItemToArray(edges, edge(m, (int)(best / N), (int)(best % N), score,
+                                             sd[k] > 0 ? (score - mean[k]) / sd[k] : NAN));
         }
         free(used);
         cJSON_AddItemToObject(top, MODE[k], edges);
@@ -281,13 +281,13 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     for (int l = 0; l < L; l++) {
         cJSON *row = cJSON_CreateArray();
         for (int h = 0; h < H; h++) {
-            cJSON *c = cJSON_CreateObject();
+            cJSON *hd = cJSON_CreateObject();
             for (int k = 0; k < 3; k++) {
                 char key[32];
                 snprintf(key, sizeof key, "max_in_z_%s", MODE[k]);
-                cJSON_AddItemToObject(c, key, num(in_z[k * N + l * H + h]));
+                cJSON_AddItemToObject(hd, key, num(in_z[k * N + l * H + h]));
             }
-            cJSON_AddItemToArray(row, c);
+            cJSON_AddItemToArray(row, hd);
         }
         cJSON_AddItemToArray(layers, row);
     }
