@@ -1158,6 +1158,10 @@ static void test_sync_damaged(void) {
         {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[7]}", "not a file name"},
         {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[],\"complete\":1}",
          "complete"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[],"
+         "\"spool_short\":\"yes\"}", "spool_short is not"},
+        {"{\"base_url\":\"B\",\"url\":\"u\",\"history_sent\":1,\"history_offset\":1,\"uploaded\":[],"
+         "\"exit_code\":1.5}", "exit_code is not a whole number"},
         {many, "but the spool holds"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
