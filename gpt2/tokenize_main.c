@@ -127,11 +127,15 @@ int main(int argc, char **argv) {
      * shard keeps a second name (a hard link) until the new validation shard is in place too: should that last
      * rename fail, it is put back (or, with none before, the new one removed), so the pair is never mixed. */
     AtomicFile val_f, train_f;
-    char *earlier = xmalloc(plen + 32);
-    snprintf(earlier, plen + 32, "%s.earlier.%ld", train_path, (long)getpid());
-    unlink(earlier); /* left by a killed tokenize of the same pid, if any: a second name of an old shard */
-    int kept = link(train_path, earlier) == 0, none_before = !kept && errno == ENOENT,
-        keep_earlier = 0; /* the rename back failed: the earlier shard's last name */
+    char *earlier = xmalloc(plen + 48);
+    int kept = 0, none_before = 0;
+    for (int k = 0; k < 100; k++) { /* a name no other tokenize holds (one left behind may be a shard's last name) */
+        snprintf(earlier, plen + 48, "%s.earlier.%ld.%d", train_path, (long)getpid(), k);
+        kept = link(train_path, earlier) == 0;
+        none_before = !kept && errno == ENOENT;
+        if (kept || errno != EEXIST) break;
+    }
+    int keep_earlier = 0; /* the rename back failed: the earlier shard's last name */
     rc = 1;
     if (shard_stage(&train_f, train_path, ids + nval, n - nval, &e) == 0) {
         /* both on disk (a full disk may show only at fsync) before the first rename */

@@ -213,7 +213,7 @@ int wb_spool_append(const char *dir, const char *rec, size_t n, Err *e) {
     char *path = wb_join(dir, "spool.jsonl");
     size_t have = 0;
     char *text = read_file(path, &have, NULL);
-    int err = text ? 0 : errno, cut = 0, fd = -1;
+    int err = text ? 0 : errno ? errno : EIO, cut = 0, fd = -1; /* never go on from a size of 0 */
     if (!err && (fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC)) < 0) err = errno;
     off_t size = (off_t)have;
     while (text && size > 0 && text[size - 1] != '\n') size--;
