@@ -27,17 +27,15 @@ static void gram_root(const double *W, int d, int r, double *R) {
     if (la_qr(W, d, r, NULL, R) != 0) memset(R, 0, (size_t)r * r * sizeof(double));
 }
 
-/* Orthonormal basis of col(W) (d x r), stored as rows of B (r x d; rows past the rank are zero); returns the
- * numerical rank. */
-static int basis_rows(const double *W, int d, int r, double *B) {
-    double *U = xmalloc((size_t)d * r * sizeof(double)), *s = xmalloc((size_t)r * sizeof(double));
-    int rank = 0;
-    if (la_svd(W, d, r, U, s, NULL) == 0) /* else (NaN weights, say) rank 0: no overlap is reported */
-        while (rank < r && s[rank] > 1e-10 * (s[0] > 0 ? s[0] : 1.0)) rank++;
+/* Orthonormal basis of col(W) (d x r, la_orth) into B, zero-padded to r vectors: as rows (r x d) or as columns
+ * (d x r); returns the numerical rank (0 for NaN weights: no overlap is reported). */
+static int basis(const double *W, int d, int r, double *B, int as_rows) {
+    double *Q = xmalloc((size_t)d * r * sizeof(double));
+    int rank = la_orth(W, d, r, Q);
     memset(B, 0, (size_t)r * d * sizeof(double));
-    for (int c = 0; c < rank; c++)
-        for (int i = 0; i < d; i++) B[(size_t)c * d + i] = U[(size_t)i * r + c];
-    free(U), free(s);
+    for (int i = 0; i < d; i++)
+        for (int c = 0; c < rank; c++) B[as_rows ? (size_t)c * d + i : (size_t)i * r + c] = Q[(size_t)i * rank + c];
+    free(Q);
     return rank;
 }
 
@@ -88,16 +86,14 @@ static void factors_set(Factors *f, int p, const double *Wq, const double *Wk, c
     f->n_qk[p] = frob_of_product(Rq, Rk, r);
     f->n_ov[p] = frob_of_product(Rv, Ro, r);
     la_gemm(f->write + p * dr, WoT, 0, Rv, 1, d, r, r);
-    f->write_rank[p] = basis_rows(WoT, d, r, T); /* rows; the write side wants columns */
-    for (int c = 0; c < r; c++)
-        for (int i = 0; i < d; i++) f->write_basis[p * dr + (size_t)i * r + c] = T[(size_t)c * d + i];
+    f->write_rank[p] = basis(WoT, d, r, f->write_basis + p * dr, 0);
     const double *U2[3] = {Wq, Wk, Wv}, *S2[3] = {Rk, Rq, Ro};
     for (int k = 0; k < 3; k++) {
         double *read = f->read + ((size_t)p * 3 + k) * dr;
         la_gemm(T, U2[k], 0, S2[k], 1, d, r, r); /* d x r, stored transposed */
         for (int i = 0; i < d; i++)
             for (int c = 0; c < r; c++) read[(size_t)c * d + i] = T[(size_t)i * r + c];
-        f->read_rank[p * 3 + k] = basis_rows(U2[k], d, r, f->read_basis + ((size_t)p * 3 + k) * dr);
+        f->read_rank[p * 3 + k] = basis(U2[k], d, r, f->read_basis + ((size_t)p * 3 + k) * dr, 1);
     }
     free(WoT), free(R), free(T);
 }
@@ -152,18 +148,8 @@ cJSON *analysis_composition(const Model *m, uint64_t seed) {
     long pairs = 0;
     for (int l1 = 0; l1 < L; l1++)
         for (int l2 = l1 + 1; l2 < L; l2++) pairs += same_stack(m->layer[l1].name, m->layer[l2].name);
-    if (!pairs) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddFalseToObject(o, "applies");
-        cJSON_AddStringToObject(o, "why", "no two layers of one stack: nothing composes");
-        return o;
-    }
-    if (d < r) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddFalseToObject(o, "applies");
-        cJSON_AddStringToObject(o, "why", "the head dim is above the model dim");
-        return o;
-    }
+    if (!pairs) return not_applicable("no two layers of one stack: nothing composes");
+    if (d < r) return not_applicable("the head dim is above the model dim");
     /* the baseline: CS of random heads with this variant's tying, per mode */
     Rng g = rng_seeded(seed, 9);
     double *store[4], mean[3] = {0}, m2[3] = {0}, *X = xmalloc((size_t)3 * H * r * r * sizeof(double));

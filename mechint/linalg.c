@@ -138,6 +138,17 @@ int la_pinv(const double *A, int m, int n, double rcond, double *P) {
     return info;
 }
 
+int la_orth(const double *W, int n, int r, double *Q) {
+    int k = n < r ? n : r, rank = 0;
+    double *U = xmalloc((size_t)n * k * sizeof(double)), *s = xmalloc((size_t)k * sizeof(double));
+    if (la_svd(W, n, r, U, s, NULL) == 0)
+        while (rank < k && s[rank] > 1e-10 * (s[0] > 0 ? s[0] : 1.0)) rank++;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < rank; c++) Q[(size_t)i * rank + c] = U[(size_t)i * k + c];
+    free(U), free(s);
+    return rank;
+}
+
 double la_erank(const double *s, int n) {
     double total = 0.0, h = 0.0;
     for (int i = 0; i < n; i++) total += s[i] > 0 ? s[i] : 0.0;

@@ -26,6 +26,10 @@ int la_geev(const double *A, int n, double *wr, double *wi);
  * below rcond * s_max count as zero. */
 int la_pinv(const double *A, int m, int n, double rcond, double *P);
 
+/* Orthonormal basis of col(W) (n x r) into Q (n x rank, the left singular vectors above 1e-10 of the largest);
+ * returns the numerical rank, 0 when the SVD fails (NaN weights). */
+int la_orth(const double *W, int n, int r, double *Q);
+
 /* Effective rank exp(-sum p ln p), p = s / sum s, of non-negative values. */
 double la_erank(const double *s, int n);
 

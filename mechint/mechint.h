@@ -74,6 +74,8 @@ cJSON *analysis_qk_symmetry(const Model *m);
 cJSON *analysis_kv_alignment(const Model *m);
 cJSON *analysis_pos_kernel(const Model *m);
 cJSON *analysis_pos_bias(const Model *m, int n);
+/* {"applies": false, "why": why}: the result of an analysis the variant or the model makes meaningless. */
+cJSON *not_applicable(const char *why);
 /* A9 (mechint/composition.c): Q-, K- and V-composition of every head into the heads of later layers of its stack,
  * with z against random heads of the same shapes and tying (drawn from seed). */
 cJSON *analysis_composition(const Model *m, uint64_t seed);

@@ -27,7 +27,7 @@ static double *transpose(const double *A, int rows, int cols) {
     return t;
 }
 
-static cJSON *not_applicable(const char *why) {
+cJSON *not_applicable(const char *why) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddFalseToObject(o, "applies");
     cJSON_AddStringToObject(o, "why", why);
@@ -212,24 +212,10 @@ cJSON *analysis_qk_symmetry(const Model *m) {
 
 /* ------------------------------------------------------------------ A3 */
 
-/* Orthonormal basis of col(W) (n x r): columns of U with s > tol; returns the rank. */
-static int orth(const double *W, int n, int r, double *Q) {
-    int k = n < r ? n : r;
-    double *U = xmalloc((size_t)n * k * sizeof(double)), *s = xmalloc((size_t)k * sizeof(double));
-    la_svd(W, n, r, U, s, NULL);
-    int rank = 0;
-    for (int c = 0; c < k; c++)
-        if (s[c] > 1e-10 * (s[0] > 0 ? s[0] : 1.0)) rank++;
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < rank; c++) Q[(size_t)i * rank + c] = U[(size_t)i * k + c];
-    free(U), free(s);
-    return rank;
-}
-
 KVAlignment kv_alignment(const double *Wq, const double *Wk, const double *Wv, const double *Wo, int n, int r, int d) {
     KVAlignment a = {NAN, (double)r / n, NAN, NAN, NAN, NAN};
     double *Qk = xmalloc((size_t)n * r * sizeof(double)), *Qv = xmalloc((size_t)n * r * sizeof(double));
-    int rk = orth(Wk, n, r, Qk), rv = orth(Wv, n, r, Qv);
+    int rk = la_orth(Wk, n, r, Qk), rv = la_orth(Wv, n, r, Qv);
     if (rk == 0 || rv == 0) goto out;
     double *X = xmalloc((size_t)rk * rv * sizeof(double)), *s = xmalloc((size_t)(rk < rv ? rk : rv) * sizeof(double));
     la_gemm(X, Qk, 1, Qv, 0, rk, n, rv);
